@@ -1,0 +1,65 @@
+# Quarry: `make test` and `make demo` set up everything they need, idempotently.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+PY_STAMP := $(VENV)/.quarry-installed
+NODE_STAMP := node_modules/.quarry-installed
+ARTIFACTS_STAMP := artifacts/.quarry-compiled
+SOL_SOURCES := $(shell find contracts -name '*.sol' -not -path '*/test/*' 2>/dev/null)
+
+.PHONY: help setup redis compile test test-contracts test-python lint bench demo clean
+
+help:
+	@echo "make demo   run the marketplace locally"
+	@echo "make test   run every test (Hardhat + pytest)"
+	@echo "make bench  run every benchmark in benchmarks/"
+
+setup: $(PY_STAMP) $(NODE_STAMP) redis
+
+$(PY_STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing redis-server with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server is missing: run 'sudo apt-get install redis-server' and try again" >&2; exit 1; \
+	  fi; }
+
+$(ARTIFACTS_STAMP): $(NODE_STAMP) hardhat.config.js $(SOL_SOURCES)
+	npx hardhat compile --quiet
+	@touch $@
+
+compile: $(ARTIFACTS_STAMP)
+
+lint: $(PY_STAMP)
+	$(VENV)/bin/ruff check market miner verifier client tests benchmarks
+
+test-contracts: $(ARTIFACTS_STAMP)
+	npx hardhat test
+
+test-python: setup $(ARTIFACTS_STAMP)
+	$(PY) -m pytest -q
+
+test: setup lint test-contracts test-python
+
+bench: setup $(ARTIFACTS_STAMP)
+	@set -e; for script in benchmarks/*.py; do \
+	  echo "== $$script"; $(PY) $$script; done
+
+demo: setup $(ARTIFACTS_STAMP)
+	$(VENV)/bin/market demo
+
+clean:
+	rm -rf artifacts cache .quarry .pytest_cache

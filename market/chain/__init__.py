@@ -1,0 +1,1 @@
+"""Chain layer: contract artifacts, deployment, typed wrappers and the local devnet."""

@@ -1,0 +1,30 @@
+"""Shared CLI plumbing: argparse wiring and the one-line-error exit convention."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from market.errors import QuarryError
+
+
+def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse `argv`, call the chosen subcommand's `func`, and turn a QuarryError into one line.
+
+    Every subcommand sets `func` (taking the parsed namespace, returning an exit code or None)
+    with `parser.set_defaults(func=...)`.
+    """
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int | None] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except QuarryError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""Inference engines shared by miners (generate) and verifiers (score)."""

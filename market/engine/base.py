@@ -1,0 +1,78 @@
+"""The engine interface: what miners call to generate and verifiers call to score.
+
+Every engine (single-process torch, pipelined torch, vLLM) implements `Engine`, so the
+miner's worker loop and the verifier's scorer never care which one runs underneath.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete. `temperature == 0` means greedy; `seed` makes sampling repeatable."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """The completion: exact token ids (what receipts hash), text, and each token's logprob."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" (EOS) or "length" (max_tokens)
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Teacher-forced log-probabilities of `output_ids` given the prompt."""
+
+    logprobs: tuple[float, ...]
+    argmax_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def total_logprob(self) -> float:
+        return float(sum(self.logprobs))
+
+    @property
+    def perplexity(self) -> float:
+        if not self.logprobs:
+            return 1.0
+        return math.exp(-self.total_logprob / len(self.logprobs))
+
+
+class Engine(ABC):
+    """Batched generation and scoring over one loaded model."""
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        """Complete every request; outputs are in request order."""
+
+    @abstractmethod
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
+    ) -> list[ScoreResult]:
+        """One teacher-forced forward pass per batch: logprob of each output token."""
+
+    def close(self) -> None:
+        """Release processes and memory; engines holding none need not override."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Model manifests, the embedded tiny model, and loading from local directories."""

@@ -1,0 +1,1 @@
+"""Layer placement and request routing across heterogeneous miners."""

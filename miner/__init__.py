@@ -1,0 +1,1 @@
+"""Quarry miner package."""
