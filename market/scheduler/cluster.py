@@ -76,6 +76,31 @@ class Cluster:
         return self.link(a, b).rtt_s
 
 
+@dataclass
+class Placement:
+    """Which blocks each server holds: `ranges[name] = (start, end)`, end exclusive.
+
+    `pipelines` lists full chains of servers covering [0, L) when the placer builds them
+    explicitly (Parallax); placers that leave chaining to the router (CG-BP, PETALS) leave
+    it empty.
+    """
+
+    ranges: dict[str, tuple[int, int]]
+    pipelines: list[list[str]] = field(default_factory=list)
+    algorithm: str = ""
+
+    def blocks(self, name: str) -> int:
+        start, end = self.ranges.get(name, (0, 0))
+        return end - start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm,
+            "ranges": {k: list(v) for k, v in self.ranges.items()},
+            "pipelines": self.pipelines,
+        }
+
+
 def cluster_from_dict(data: dict[str, Any]) -> Cluster:
     """Build a Cluster from the TOML/JSON document shape documented in the README."""
     try:
