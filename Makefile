@@ -58,8 +58,11 @@ bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/*.py; do \
 	  echo "== $$script"; $(PY) $$script; done
 
+# Placeholder until the marketplace flow lands: bring up the devnet, show it, stop it.
 demo: setup $(ARTIFACTS_STAMP)
-	$(VENV)/bin/market demo
+	$(VENV)/bin/market devnet up
+	$(VENV)/bin/market devnet status
+	$(VENV)/bin/market devnet down
 
 clean:
 	rm -rf artifacts cache .quarry .pytest_cache
