@@ -1,0 +1,87 @@
+"""The off-chain protocol: bytes that Python and the contracts must agree on.
+
+- `canonical`: canonical JSON, `request_hash`, `json_hash` (modelId), `keccak`;
+- `requests`: OpenAI-Batch request lines (validation, JSONL), `output_hash`;
+- `merkle`: OpenZeppelin StandardMerkleTree (input and result trees);
+- `eip712`: Receipt, Vote, Report, ChallengeSet: struct hashes, signing, recovery.
+
+Importing this package pulls in eth-account but not web3.
+"""
+
+from market.protocol.canonical import (
+    canonical_json,
+    canonical_json_bytes,
+    json_hash,
+    keccak,
+    request_hash,
+)
+from market.protocol.eip712 import (
+    ChallengeSet,
+    Receipt,
+    Report,
+    Vote,
+    domain,
+    recover,
+    sign,
+    sign_all,
+    struct_hash,
+    typed_digest,
+)
+from market.protocol.errors import (
+    CanonicalJSONError,
+    MerkleError,
+    ProtocolError,
+    RequestError,
+    SignatureError,
+)
+from market.protocol.merkle import (
+    StandardMerkleTree,
+    input_tree,
+    leaf_hash,
+    result_tree,
+    verify_proof,
+)
+from market.protocol.requests import (
+    ParsedRequest,
+    SamplingParams,
+    load_jsonl,
+    output_hash,
+    parse_jsonl,
+    sampling_params,
+    validate_request,
+)
+
+__all__ = [
+    "CanonicalJSONError",
+    "ChallengeSet",
+    "MerkleError",
+    "ParsedRequest",
+    "ProtocolError",
+    "Receipt",
+    "Report",
+    "RequestError",
+    "SamplingParams",
+    "SignatureError",
+    "StandardMerkleTree",
+    "Vote",
+    "canonical_json",
+    "canonical_json_bytes",
+    "domain",
+    "input_tree",
+    "json_hash",
+    "keccak",
+    "leaf_hash",
+    "load_jsonl",
+    "output_hash",
+    "parse_jsonl",
+    "recover",
+    "request_hash",
+    "result_tree",
+    "sampling_params",
+    "sign",
+    "sign_all",
+    "struct_hash",
+    "typed_digest",
+    "validate_request",
+    "verify_proof",
+]

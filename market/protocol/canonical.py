@@ -1,0 +1,130 @@
+"""Canonical JSON and the hashes built on it.
+
+Canonical JSON is what `requestHash` and `modelId` commit to, so two parties that parse and
+re-serialise the same object must produce the same bytes. The rules follow RFC 8785 (JCS),
+which any language can reproduce:
+
+- object keys sorted by their UTF-16 code units (the same as code-point order for the
+  ASCII keys Quarry uses), no whitespace anywhere;
+- strings as UTF-8, not ASCII-escaped; only `"`, `\\` and control characters are escaped;
+- integers as integers (Python ints of any size, never `1.0` or `1e3`);
+- finite floats in ECMAScript `Number.prototype.toString` form: the shortest digits that
+  round-trip, so `0.7` stays `0.7` and an integral float such as `1.0` becomes `1`;
+- NaN, infinities, bytes, sets, non-string keys and other non-JSON values are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from eth_hash.auto import keccak as _keccak
+
+from market.protocol.errors import CanonicalJSONError
+
+__all__ = ["canonical_json", "canonical_json_bytes", "keccak", "request_hash", "json_hash"]
+
+
+def keccak(data: bytes) -> bytes:
+    """Ethereum's keccak256 (not NIST SHA3-256)."""
+    return _keccak(data)
+
+
+def _format_float(value: float, path: str) -> str:
+    if math.isnan(value) or math.isinf(value):
+        raise CanonicalJSONError(f"{path or 'value'}: {value!r} has no JSON form")
+    if value == 0:
+        return "0"  # both 0.0 and -0.0, as in JCS
+    # repr() gives the shortest digits that round-trip; Decimal splits them for us.
+    sign, digit_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    digits = "".join(map(str, digit_tuple))
+    k = len(digits)
+    n = exponent + k  # value = 0.digits * 10**n
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+        text = f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return ("-" if value < 0 else "") + text
+
+
+def _encode(value: Any, path: str, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        out.append(str(int(value)))
+    elif isinstance(value, float):
+        out.append(_format_float(float(value), path))
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                raise CanonicalJSONError(
+                    f"{path or 'object'}: key {key!r} is a {type(key).__name__}, not a string"
+                )
+        keys = sorted(value, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
+        out.append("{")
+        for i, key in enumerate(keys):
+            if i:
+                out.append(",")
+            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(":")
+            _encode(value[key], f"{path}.{key}" if path else key, out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(item, f"{path}[{i}]", out)
+        out.append("]")
+    else:
+        raise CanonicalJSONError(
+            f"{path or 'value'}: {type(value).__name__} is not a JSON type"
+        )
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text of `value` (see the module docstring for the rules)."""
+    out: list[str] = []
+    _encode(value, "", out)
+    return "".join(out)
+
+
+def canonical_json_bytes(value: Any) -> bytes:
+    """The canonical JSON of `value` as UTF-8 bytes: the preimage of every Quarry JSON hash."""
+    text = canonical_json(value)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates survive json.dumps but not UTF-8
+        raise CanonicalJSONError(f"string is not valid Unicode: {exc.reason}") from exc
+
+
+def json_hash(value: Any) -> bytes:
+    """keccak256 of the canonical JSON of `value` (modelId uses this over the manifest)."""
+    return keccak(canonical_json_bytes(value))
+
+
+def request_hash(request: Mapping[str, Any]) -> bytes:
+    """`requestHash = keccak256(canonical JSON)` of one batch request line (the parsed object).
+
+    It hashes exactly what it is given: validate first with `validate_request` when the
+    object comes from outside.
+    """
+    if not isinstance(request, Mapping):
+        raise CanonicalJSONError(f"a request is a JSON object, not a {type(request).__name__}")
+    return json_hash(request)

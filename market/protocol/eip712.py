@@ -1,0 +1,284 @@
+"""EIP-712 messages: the one place Python spells Quarry's typed-data structs.
+
+Every struct is signed under the domain `{name: "Quarry", version: "1", chainId,
+verifyingContract}` of the contract that checks it: Receipt -> TaskRegistry (Arbitration
+checks receipts against TaskRegistry's domain), Vote -> Arbitration, Report and
+ChallengeSet -> VerifierCommittee. Signatures are 65 bytes `r ++ s ++ v` with v in {27, 28},
+what OpenZeppelin's `ECDSA.recover` expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import astuple, dataclass
+from typing import Any, ClassVar
+
+from eth_account import Account
+from eth_account.messages import SignableMessage, encode_typed_data
+from eth_utils import is_address, to_checksum_address
+
+from market.protocol.canonical import keccak
+from market.protocol.errors import SignatureError
+
+__all__ = [
+    "DOMAIN_NAME",
+    "DOMAIN_VERSION",
+    "TYPES",
+    "TYPE_STRINGS",
+    "TYPEHASHES",
+    "Receipt",
+    "Vote",
+    "Report",
+    "ChallengeSet",
+    "domain",
+    "domain_separator",
+    "struct_hash",
+    "typed_digest",
+    "sign",
+    "recover",
+]
+
+DOMAIN_NAME = "Quarry"
+DOMAIN_VERSION = "1"
+
+_DOMAIN_FIELDS = [
+    {"name": "name", "type": "string"},
+    {"name": "version", "type": "string"},
+    {"name": "chainId", "type": "uint256"},
+    {"name": "verifyingContract", "type": "address"},
+]
+
+TYPES: dict[str, list[dict[str, str]]] = {
+    "Receipt": [
+        {"name": "taskId", "type": "uint256"},
+        {"name": "shard", "type": "uint32"},
+        {"name": "index", "type": "uint32"},
+        {"name": "requestHash", "type": "bytes32"},
+        {"name": "outputHash", "type": "bytes32"},
+        {"name": "outputTokens", "type": "uint32"},
+        {"name": "modelId", "type": "bytes32"},
+    ],
+    "Vote": [
+        {"name": "disputeId", "type": "uint256"},
+        {"name": "minerAtFault", "type": "bool"},
+    ],
+    "Report": [
+        {"name": "epoch", "type": "uint256"},
+        {"name": "miners", "type": "address[]"},
+        {"name": "scoresBps", "type": "uint16[]"},
+        {"name": "evidenceRoot", "type": "bytes32"},
+    ],
+    "ChallengeSet": [
+        {"name": "epoch", "type": "uint256"},
+        {"name": "challengeSetHash", "type": "bytes32"},
+    ],
+}
+
+# "Receipt(uint256 taskId,...)": what Solidity's *_TYPEHASH constants must hash.
+TYPE_STRINGS: dict[str, str] = {
+    name: f"{name}({','.join(f['type'] + ' ' + f['name'] for f in fields)})"
+    for name, fields in TYPES.items()
+}
+TYPEHASHES: dict[str, bytes] = {name: keccak(s.encode()) for name, s in TYPE_STRINGS.items()}
+
+
+class _Struct:
+    """A typed-data struct: snake_case fields in the type's order, camelCase on the wire."""
+
+    TYPE: ClassVar[str]
+
+    def message(self) -> dict[str, Any]:
+        """The EIP-712 message (camelCase keys), as eth-account and ethers take it."""
+        values = astuple(self)  # type: ignore[call-overload]
+        return {f["name"]: _wire(v) for f, v in zip(TYPES[self.TYPE], values, strict=True)}
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        """The ABI tuple, in field order, for passing the struct to a contract."""
+        return tuple(_wire(v) for v in astuple(self))  # type: ignore[call-overload]
+
+    def struct_hash(self) -> bytes:
+        return struct_hash(self.TYPE, self.message())
+
+    def digest(self, chain_id: int, verifying_contract: str) -> bytes:
+        return typed_digest(self.TYPE, self.message(), chain_id, verifying_contract)
+
+    def sign(self, private_key: Any, chain_id: int, verifying_contract: str) -> bytes:
+        return sign(self.TYPE, self.message(), private_key, chain_id, verifying_contract)
+
+    def recover(self, signature: bytes, chain_id: int, verifying_contract: str) -> str:
+        return recover(self.TYPE, self.message(), signature, chain_id, verifying_contract)
+
+
+def _wire(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True)
+class Receipt(_Struct):
+    """A miner's signed statement that `outputHash` answers request `index` of the task."""
+
+    TYPE: ClassVar[str] = "Receipt"
+    task_id: int
+    shard: int
+    index: int
+    request_hash: bytes
+    output_hash: bytes
+    output_tokens: int
+    model_id: bytes
+
+    @classmethod
+    def from_message(cls, m: Mapping[str, Any]) -> Receipt:
+        return cls(
+            int(m["taskId"]), int(m["shard"]), int(m["index"]), _b32(m["requestHash"]),
+            _b32(m["outputHash"]), int(m["outputTokens"]), _b32(m["modelId"]),
+        )
+
+
+@dataclass(frozen=True)
+class Vote(_Struct):
+    """A committee member's verdict on a dispute."""
+
+    TYPE: ClassVar[str] = "Vote"
+    dispute_id: int
+    miner_at_fault: bool
+
+
+@dataclass(frozen=True)
+class Report(_Struct):
+    """An epoch's reputation scores, co-signed by a committee quorum."""
+
+    TYPE: ClassVar[str] = "Report"
+    epoch: int
+    miners: tuple[str, ...]
+    scores_bps: tuple[int, ...]
+    evidence_root: bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "miners", tuple(to_checksum_address(m) for m in self.miners))
+        object.__setattr__(self, "scores_bps", tuple(int(s) for s in self.scores_bps))
+        if len(self.miners) != len(self.scores_bps):
+            raise SignatureError(
+                f"Report has {len(self.miners)} miners but {len(self.scores_bps)} scores"
+            )
+
+
+@dataclass(frozen=True)
+class ChallengeSet(_Struct):
+    """The hash of an epoch's challenge prompts, committed before they are sent."""
+
+    TYPE: ClassVar[str] = "ChallengeSet"
+    epoch: int
+    challenge_set_hash: bytes
+
+
+def _b32(value: Any) -> bytes:
+    if isinstance(value, str):
+        value = bytes.fromhex(value.removeprefix("0x"))
+    value = bytes(value)
+    if len(value) != 32:
+        raise SignatureError(f"expected 32 bytes, got {len(value)}")
+    return value
+
+
+def domain(chain_id: int, verifying_contract: str) -> dict[str, Any]:
+    """Quarry's EIP-712 domain for the contract at `verifying_contract` on `chain_id`."""
+    if not isinstance(chain_id, int) or isinstance(chain_id, bool) or chain_id <= 0:
+        raise SignatureError(f"chainId must be a positive integer, got {chain_id!r}")
+    if not isinstance(verifying_contract, str) or not is_address(verifying_contract):
+        raise SignatureError(f"verifyingContract {verifying_contract!r} is not an address")
+    return {
+        "name": DOMAIN_NAME,
+        "version": DOMAIN_VERSION,
+        "chainId": chain_id,
+        "verifyingContract": to_checksum_address(verifying_contract),
+    }
+
+
+def _signable(
+    primary_type: str, message: Mapping[str, Any], chain_id: int, verifying_contract: str
+) -> SignableMessage:
+    if primary_type not in TYPES:
+        raise SignatureError(f"unknown struct {primary_type!r} (known: {', '.join(TYPES)})")
+    expected = [f["name"] for f in TYPES[primary_type]]
+    if sorted(message) != sorted(expected):
+        raise SignatureError(
+            f"{primary_type} needs fields {expected}, got {sorted(message)}"
+        )
+    try:
+        return encode_typed_data(
+            full_message={
+                "types": {"EIP712Domain": _DOMAIN_FIELDS, primary_type: TYPES[primary_type]},
+                "primaryType": primary_type,
+                "domain": domain(chain_id, verifying_contract),
+                "message": dict(message),
+            }
+        )
+    except SignatureError:
+        raise
+    except Exception as exc:  # eth-account raises several types for values that do not fit
+        raise SignatureError(f"cannot encode {primary_type}: {exc}") from exc
+
+
+def domain_separator(chain_id: int, verifying_contract: str) -> bytes:
+    """The domain separator (what OpenZeppelin's `_domainSeparatorV4()` returns)."""
+    return bytes(
+        _signable("ChallengeSet", {"epoch": 0, "challengeSetHash": b"\0" * 32}, chain_id,
+                  verifying_contract).header
+    )
+
+
+def struct_hash(primary_type: str, message: Mapping[str, Any]) -> bytes:
+    """hashStruct(message): the receipt's result-tree leaf value and `_hashTypedDataV4` input.
+
+    The struct hash does not depend on the domain; a placeholder domain is used to encode.
+    """
+    return bytes(_signable(primary_type, message, 1, "0x" + "00" * 20).body)
+
+
+def typed_digest(
+    primary_type: str, message: Mapping[str, Any], chain_id: int, verifying_contract: str
+) -> bytes:
+    """keccak256("\\x19\\x01" ++ domainSeparator ++ hashStruct): the hash that is signed."""
+    s = _signable(primary_type, message, chain_id, verifying_contract)
+    return keccak(b"\x19" + bytes(s.version) + bytes(s.header) + bytes(s.body))
+
+
+def sign(
+    primary_type: str,
+    message: Mapping[str, Any],
+    private_key: Any,
+    chain_id: int,
+    verifying_contract: str,
+) -> bytes:
+    """Sign a typed-data struct; returns the 65-byte signature."""
+    signable = _signable(primary_type, message, chain_id, verifying_contract)
+    try:
+        signed = Account.sign_message(signable, private_key)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"cannot sign {primary_type}: bad private key ({exc})") from exc
+    return bytes(signed.signature)
+
+
+def recover(
+    primary_type: str,
+    message: Mapping[str, Any],
+    signature: bytes,
+    chain_id: int,
+    verifying_contract: str,
+) -> str:
+    """The checksummed address that signed `message` under the given domain."""
+    signable = _signable(primary_type, message, chain_id, verifying_contract)
+    sig = bytes(signature)
+    if len(sig) != 65:
+        raise SignatureError(f"a signature is 65 bytes, got {len(sig)}")
+    try:
+        return str(Account.recover_message(signable, signature=sig))
+    except Exception as exc:  # eth-keys raises BadSignature and ValueError subclasses
+        raise SignatureError(f"invalid {primary_type} signature: {exc}") from exc
+
+
+def sign_all(
+    struct: _Struct, private_keys: Sequence[Any], chain_id: int, verifying_contract: str
+) -> list[bytes]:
+    """One signature per key (a committee's quorum), in the keys' order."""
+    return [struct.sign(k, chain_id, verifying_contract) for k in private_keys]

@@ -1,0 +1,253 @@
+"""Batch request lines (the OpenAI Batch input shape) and the output hash miners sign.
+
+A request line is
+
+    {"custom_id": str, "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
+     "body": {"model": str, "prompt": str | "messages": [...], "max_tokens": int,
+              "temperature": number, "top_p": number, "seed": int}}
+
+`max_tokens` is required (it bounds the shard budget); `temperature`, `top_p` and `seed` may
+be left out and then mean greedy decoding (0.0), 1.0 and 0 (see `SamplingParams`). Unknown
+keys are rejected rather than ignored, since a field such as `n` or `stop` would change the
+output without changing what the miner was paid to do.
+
+Validation never rewrites the object: `requestHash` covers the line exactly as uploaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eth_abi import encode as abi_encode
+
+from market.protocol.canonical import keccak, request_hash
+from market.protocol.errors import RequestError
+
+__all__ = [
+    "COMPLETIONS_URL",
+    "CHAT_COMPLETIONS_URL",
+    "ParsedRequest",
+    "SamplingParams",
+    "validate_request",
+    "sampling_params",
+    "parse_jsonl",
+    "load_jsonl",
+    "output_hash",
+    "token_ids_hash",
+]
+
+COMPLETIONS_URL = "/v1/completions"
+CHAT_COMPLETIONS_URL = "/v1/chat/completions"
+_TOP_KEYS = {"custom_id", "method", "url", "body"}
+_BODY_KEYS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed"}
+_ROLES = {"system", "user", "assistant"}
+MAX_SEED = 2**64 - 1
+MAX_TOKEN_ID = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The effective generation settings of a request, defaults filled in."""
+
+    model: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    prompt: str | None  # /v1/completions
+    messages: tuple[tuple[str, str], ...] | None  # /v1/chat/completions: (role, content)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One validated line of a batch file: its 0-based index, line number, object and hash."""
+
+    index: int
+    line: int
+    request: dict[str, Any]
+    request_hash: bytes
+
+    @property
+    def custom_id(self) -> str:
+        return str(self.request["custom_id"])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def validate_request(obj: Any, *, line: int | None = None) -> dict[str, Any]:
+    """Check one request object; return it unchanged, or raise RequestError naming the field."""
+
+    def fail(field: str, message: str) -> RequestError:
+        return RequestError(message, field=field, line=line)
+
+    if not isinstance(obj, Mapping):
+        raise fail("", f"a request line must be a JSON object, not {type(obj).__name__}")
+    for key in obj:
+        if key not in _TOP_KEYS:
+            raise fail(str(key), f"unknown field (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    for key in ("custom_id", "method", "url", "body"):
+        if key not in obj:
+            raise fail(key, "missing")
+    if not isinstance(obj["custom_id"], str) or not obj["custom_id"]:
+        raise fail("custom_id", "must be a non-empty string")
+    if obj["method"] != "POST":
+        raise fail("method", f"must be \"POST\", got {obj['method']!r}")
+    url = obj["url"]
+    if url not in (COMPLETIONS_URL, CHAT_COMPLETIONS_URL):
+        raise fail("url", f"must be {COMPLETIONS_URL!r} or {CHAT_COMPLETIONS_URL!r}, got {url!r}")
+    body = obj["body"]
+    if not isinstance(body, Mapping):
+        raise fail("body", "must be a JSON object")
+    for key in body:
+        if key not in _BODY_KEYS:
+            raise fail(f"body.{key}", f"unknown field (allowed: {', '.join(sorted(_BODY_KEYS))})")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise fail("body.model", "must be a non-empty string" if "model" in body else "missing")
+    if url == COMPLETIONS_URL:
+        if "messages" in body:
+            raise fail("body.messages", f"not allowed with {COMPLETIONS_URL} (use prompt)")
+        if "prompt" not in body:
+            raise fail("body.prompt", "missing")
+        if not isinstance(body["prompt"], str):
+            raise fail("body.prompt", "must be a string")
+    else:
+        if "prompt" in body:
+            raise fail("body.prompt", f"not allowed with {CHAT_COMPLETIONS_URL} (use messages)")
+        if "messages" not in body:
+            raise fail("body.messages", "missing")
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise fail("body.messages", "must be a non-empty list")
+        for i, message in enumerate(messages):
+            where = f"body.messages[{i}]"
+            if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
+                raise fail(where, "must be an object with exactly 'role' and 'content'")
+            if message["role"] not in _ROLES:
+                raise fail(f"{where}.role", f"must be one of {sorted(_ROLES)}")
+            if not isinstance(message["content"], str):
+                raise fail(f"{where}.content", "must be a string")
+    if "max_tokens" not in body:
+        raise fail("body.max_tokens", "missing")
+    if not _is_int(body["max_tokens"]) or not 1 <= body["max_tokens"] <= 2**32 - 1:
+        raise fail("body.max_tokens", "must be an integer in [1, 2**32-1]")
+    if "temperature" in body and not (
+        _is_number(body["temperature"]) and 0 <= body["temperature"] <= 2
+    ):
+        raise fail("body.temperature", "must be a number in [0, 2]")
+    if "top_p" in body and not (_is_number(body["top_p"]) and 0 < body["top_p"] <= 1):
+        raise fail("body.top_p", "must be a number in (0, 1]")
+    if "seed" in body and not (_is_int(body["seed"]) and 0 <= body["seed"] <= MAX_SEED):
+        raise fail("body.seed", "must be an integer in [0, 2**64-1]")
+    return obj  # type: ignore[return-value]
+
+
+def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
+    """The effective settings of a validated request: greedy, top_p 1 and seed 0 by default."""
+    validate_request(request)
+    body = request["body"]
+    messages = body.get("messages")
+    return SamplingParams(
+        model=body["model"],
+        max_tokens=int(body["max_tokens"]),
+        temperature=float(body.get("temperature", 0.0)),
+        top_p=float(body.get("top_p", 1.0)),
+        seed=int(body.get("seed", 0)),
+        prompt=body.get("prompt"),
+        messages=None if messages is None else tuple((m["role"], m["content"]) for m in messages),
+    )
+
+
+def parse_jsonl(source: str | bytes | Iterable[str]) -> list[ParsedRequest]:
+    """Parse and validate a batch file's text; errors name the 1-based line number.
+
+    Blank lines are skipped (they still count for line numbers); `custom_id`s must be unique.
+    """
+    if isinstance(source, bytes):
+        try:
+            source = source.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"batch file is not UTF-8: {exc}") from exc
+    lines = source.splitlines() if isinstance(source, str) else source
+    out: list[ParsedRequest] = []
+    seen: dict[str, int] = {}
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text, parse_constant=_reject_constant)
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise RequestError(f"not valid JSON: {exc}", line=number) from exc
+        validate_request(obj, line=number)
+        custom_id = obj["custom_id"]
+        if custom_id in seen:
+            raise RequestError(
+                f"duplicate custom_id {custom_id!r} (first on line {seen[custom_id]})",
+                field="custom_id",
+                line=number,
+            )
+        seen[custom_id] = number
+        out.append(ParsedRequest(len(out), number, obj, request_hash(obj)))
+    if not out:
+        raise RequestError("batch file has no requests")
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_jsonl(path: str | Path) -> list[ParsedRequest]:
+    """`parse_jsonl` over a file; errors name the file and the line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RequestError(f"cannot read batch file {path}: {exc.strerror}") from exc
+    try:
+        return parse_jsonl(data)
+    except RequestError as exc:
+        raise RequestError(f"{path}: {exc}") from exc
+
+
+def token_ids_hash(token_ids: Sequence[int]) -> bytes:
+    """keccak256(abi.encodePacked(uint32[] tokenIds)).
+
+    Solidity's `abi.encodePacked` pads each element of an array to 32 bytes (only the
+    top-level scalars are packed tightly), and writes no length. So this is the keccak of
+    the token ids as consecutive 32-byte big-endian words, and the empty list hashes to
+    keccak256("").
+    """
+    words = bytearray()
+    for i, token in enumerate(token_ids):
+        if not _is_int(token) or not 0 <= token <= MAX_TOKEN_ID:
+            raise RequestError(f"token id {token!r} is not a uint32", field=f"token_ids[{i}]")
+        words += token.to_bytes(32, "big")
+    return keccak(bytes(words))
+
+
+def output_hash(text: str, token_ids: Sequence[int]) -> bytes:
+    """The Receipt's outputHash:
+
+    keccak256(abi.encode(keccak256(bytes(text)), keccak256(abi.encodePacked(uint32[] ids))))
+
+    where `bytes(text)` is the UTF-8 encoding and the packed array uses 32-byte words (see
+    `token_ids_hash`). Verifiers score the token ids, never a re-tokenisation of the text.
+    """
+    if not isinstance(text, str):
+        raise RequestError(f"output text must be a string, not {type(text).__name__}")
+    try:
+        text_hash = keccak(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"output text is not valid Unicode: {exc.reason}") from exc
+    return keccak(abi_encode(["bytes32", "bytes32"], [text_hash, token_ids_hash(token_ids)]))

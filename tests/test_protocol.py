@@ -1,0 +1,300 @@
+"""Canonical JSON, request lines, output hashes and EIP-712, checked against fixed vectors,
+JavaScript (ethers v6) and the rules the contracts rely on."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from eth_abi import encode as abi_encode
+from eth_account import Account
+
+from market.errors import QuarryError
+from market.protocol import (
+    CanonicalJSONError,
+    ChallengeSet,
+    Receipt,
+    Report,
+    RequestError,
+    SignatureError,
+    Vote,
+    canonical_json,
+    keccak,
+    output_hash,
+    parse_jsonl,
+    recover,
+    request_hash,
+    sampling_params,
+    validate_request,
+)
+from market.protocol.eip712 import TYPE_STRINGS, TYPES, domain, domain_separator, typed_digest
+from market.protocol.requests import token_ids_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+JS = ROOT / "tests" / "js"
+needs_node = pytest.mark.skipif(
+    shutil.which("node") is None or not (ROOT / "node_modules" / "ethers").exists(),
+    reason="node and node_modules are needed for the JavaScript cross-check",
+)
+
+
+def run_js(script: str, payload: object) -> object:
+    proc = subprocess.run(
+        ["node", str(JS / script)], input=json.dumps(payload), capture_output=True, text=True,
+        cwd=ROOT, timeout=60, check=True,
+    )
+    return json.loads(proc.stdout)
+
+
+def completion(**body: object) -> dict:
+    base = {"model": "tiny", "prompt": "Hello", "max_tokens": 16}
+    base.update(body)
+    return {"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": base}
+
+
+# -- canonical JSON -----------------------------------------------------------------------
+
+
+def test_canonical_json_sorted_compact_utf8() -> None:
+    value = {"b": 1, "a": [True, None, "é\n\"x\""], "c": {"z": 0.5, "y": -3}}
+    assert canonical_json(value) == '{"a":[true,null,"é\\n\\"x\\""],"b":1,"c":{"y":-3,"z":0.5}}'
+
+
+def test_canonical_json_numbers() -> None:
+    assert canonical_json([1, 10**30, 1.0, 0.7, -0.0, 1e21, 1e-7, 1e20]) == (
+        "[1,1000000000000000000000000000000,1,0.7,0,1e+21,1e-7,100000000000000000000]"
+    )
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, b"x", {1, 2}, object()])
+def test_canonical_json_rejects_non_json(bad: object) -> None:
+    with pytest.raises(CanonicalJSONError) as info:
+        canonical_json({"body": {"x": bad}})
+    assert "body.x" in str(info.value)
+    assert isinstance(info.value, QuarryError)
+
+
+def test_canonical_json_rejects_non_string_keys_and_lone_surrogates() -> None:
+    with pytest.raises(CanonicalJSONError, match="key 1"):
+        canonical_json({1: "a"})
+    with pytest.raises(CanonicalJSONError, match="Unicode"):
+        request_hash({"custom_id": "\ud800"})
+
+
+def test_request_hash_is_keccak_of_canonical_bytes_and_key_order_free() -> None:
+    a = completion(temperature=0.7, seed=3)
+    b = json.loads(json.dumps(dict(reversed(list(a.items())))))
+    assert request_hash(a) == request_hash(b) == keccak(canonical_json(a).encode())
+    assert request_hash(a) != request_hash(completion(temperature=0.7, seed=4))
+    # A fixed vector, so any change to the canonical form is caught.
+    assert canonical_json(a) == (
+        '{"body":{"max_tokens":16,"model":"tiny","prompt":"Hello","seed":3,"temperature":0.7},'
+        '"custom_id":"r1","method":"POST","url":"/v1/completions"}'
+    )
+
+
+@needs_node
+def test_canonical_json_matches_javascript() -> None:
+    values = [
+        completion(temperature=0.7, top_p=0.95, seed=12345),
+        {"ü": "日本語 ✓", "a": [1.5, 2.0, 1e-7, 123456.789, 1e21, -0.25], "Z": {"b": None}},
+        [0.1 + 0.2, 5e-324, 1.7976931348623157e308, 100.0, 9007199254740991],
+    ]
+    assert run_js("canonical_json.js", values) == [canonical_json(v) for v in values]
+
+
+# -- request lines ------------------------------------------------------------------------
+
+
+def test_validate_accepts_both_endpoints_and_does_not_rewrite() -> None:
+    req = completion(temperature=0.0, top_p=1, seed=0)
+    assert validate_request(req) is req
+    chat = {
+        "custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "m", "max_tokens": 4,
+                 "messages": [{"role": "system", "content": "be brief"},
+                              {"role": "user", "content": "hi"}]},
+    }
+    validate_request(chat)
+    params = sampling_params(chat)
+    assert params.messages == (("system", "be brief"), ("user", "hi"))
+    assert (params.temperature, params.top_p, params.seed, params.prompt) == (0.0, 1.0, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda r: r.pop("custom_id"), "custom_id"),
+        (lambda r: r.update(custom_id=""), "custom_id"),
+        (lambda r: r.update(method="GET"), "method"),
+        (lambda r: r.update(url="/v1/embeddings"), "url"),
+        (lambda r: r.update(extra=1), "extra"),
+        (lambda r: r.update(body=[]), "body"),
+        (lambda r: r["body"].pop("model"), "body.model"),
+        (lambda r: r["body"].pop("prompt"), "body.prompt"),
+        (lambda r: r["body"].update(prompt=["a", "b"]), "body.prompt"),
+        (lambda r: r["body"].update(messages=[]), "body.messages"),
+        (lambda r: r["body"].pop("max_tokens"), "body.max_tokens"),
+        (lambda r: r["body"].update(max_tokens=0), "body.max_tokens"),
+        (lambda r: r["body"].update(max_tokens=True), "body.max_tokens"),
+        (lambda r: r["body"].update(max_tokens=2.0), "body.max_tokens"),
+        (lambda r: r["body"].update(temperature=-0.1), "body.temperature"),
+        (lambda r: r["body"].update(temperature=math.nan), "body.temperature"),
+        (lambda r: r["body"].update(top_p=0), "body.top_p"),
+        (lambda r: r["body"].update(seed=-1), "body.seed"),
+        (lambda r: r["body"].update(seed=1.5), "body.seed"),
+        (lambda r: r["body"].update(n=2), "body.n"),
+    ],
+)
+def test_validate_names_the_bad_field(mutate, field: str) -> None:
+    req = completion()
+    mutate(req)
+    with pytest.raises(RequestError) as info:
+        validate_request(req)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+
+
+def test_chat_message_errors_name_the_message() -> None:
+    req = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+           "body": {"model": "m", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "a"},
+                                 {"role": "bot", "content": "b"}]}}
+    with pytest.raises(RequestError, match=r"body\.messages\[1\]\.role"):
+        validate_request(req)
+
+
+def test_parse_jsonl_hashes_and_names_lines() -> None:
+    lines = [json.dumps(completion()), "", json.dumps({**completion(), "custom_id": "r2"})]
+    parsed = parse_jsonl("\n".join(lines) + "\n")
+    assert [(p.index, p.line, p.custom_id) for p in parsed] == [(0, 1, "r1"), (1, 3, "r2")]
+    assert parsed[1].request_hash == request_hash(parsed[1].request)
+
+    with pytest.raises(RequestError, match=r"^line 2: not valid JSON"):
+        parse_jsonl(json.dumps(completion()) + "\n{oops\n")
+    with pytest.raises(RequestError, match=r"^line 2: body\.max_tokens: "):
+        parse_jsonl(json.dumps(completion()) + "\n" + json.dumps(
+            {**completion(max_tokens=-1), "custom_id": "x"}))
+    with pytest.raises(RequestError, match=r"^line 2: custom_id: duplicate .*line 1"):
+        parse_jsonl(json.dumps(completion()) + "\n" + json.dumps(completion()))
+    with pytest.raises(RequestError, match=r"^line 1: not valid JSON: NaN"):
+        parse_jsonl('{"custom_id": NaN}')
+    with pytest.raises(RequestError, match="no requests"):
+        parse_jsonl("\n\n")
+
+
+# -- output hash --------------------------------------------------------------------------
+
+
+def test_output_hash_encoding() -> None:
+    ids = [0, 1, 50256, 2**32 - 1]
+    packed = b"".join(i.to_bytes(32, "big") for i in ids)  # encodePacked pads array items
+    text_hash = keccak("héllo".encode())
+    expected = keccak(abi_encode(["bytes32", "bytes32"], [text_hash, keccak(packed)]))
+    assert output_hash("héllo", ids) == expected
+    assert token_ids_hash([]) == keccak(b"")
+    assert output_hash("héllo", ids) != output_hash("héllo", ids[:-1])
+    with pytest.raises(RequestError, match="uint32"):
+        output_hash("x", [2**32])
+    with pytest.raises(RequestError, match="uint32"):
+        output_hash("x", [-1])
+
+
+# -- EIP-712 ------------------------------------------------------------------------------
+
+CHAIN = 31337
+TASKS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+KEY = Account.from_key("0x" + "42" * 32)
+
+
+def receipt() -> Receipt:
+    return Receipt(7, 1, 12, keccak(b"req"), output_hash("out", [1, 2, 3]), 3, keccak(b"model"))
+
+
+def test_type_strings_and_manual_struct_hash() -> None:
+    assert TYPE_STRINGS["Receipt"] == (
+        "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,"
+        "uint32 outputTokens,bytes32 modelId)"
+    )
+    assert TYPE_STRINGS["Vote"] == "Vote(uint256 disputeId,bool minerAtFault)"
+    r = receipt()
+    manual = keccak(abi_encode(
+        ["bytes32", "uint256", "uint32", "uint32", "bytes32", "bytes32", "uint32", "bytes32"],
+        [keccak(TYPE_STRINGS["Receipt"].encode()), *r.as_tuple()],
+    ))
+    assert r.struct_hash() == manual
+    rep = Report(3, (KEY.address,), (9000,), b"\x05" * 32)
+    manual_rep = keccak(abi_encode(
+        ["bytes32", "uint256", "bytes32", "bytes32", "bytes32"],
+        [keccak(TYPE_STRINGS["Report"].encode()), 3,
+         keccak(abi_encode(["address"], [KEY.address])), keccak((9000).to_bytes(32, "big")),
+         b"\x05" * 32],
+    ))
+    assert rep.struct_hash() == manual_rep
+    domain_hash = keccak(abi_encode(
+        ["bytes32", "bytes32", "bytes32", "uint256", "address"],
+        [keccak(b"EIP712Domain(string name,string version,uint256 chainId,"
+                b"address verifyingContract)"),
+         keccak(b"Quarry"), keccak(b"1"), CHAIN, TASKS],
+    ))
+    assert domain_separator(CHAIN, TASKS) == domain_hash
+    assert r.digest(CHAIN, TASKS) == keccak(b"\x19\x01" + domain_hash + manual)
+
+
+def test_sign_recover_and_domain_binding() -> None:
+    for struct in (receipt(), Vote(4, True), Report(3, (KEY.address,), (9000,), b"\x05" * 32),
+                   ChallengeSet(2, keccak(b"set"))):
+        sig = struct.sign(KEY.key, CHAIN, TASKS)
+        assert len(sig) == 65 and sig[64] in (27, 28)
+        assert struct.recover(sig, CHAIN, TASKS) == KEY.address
+        # Another chain or contract recovers someone else: signatures do not replay.
+        assert struct.recover(sig, CHAIN + 1, TASKS) != KEY.address
+        assert struct.recover(sig, CHAIN, "0x" + "11" * 20) != KEY.address
+    r = receipt()
+    assert Receipt.from_message(r.message()) == r
+
+
+def test_eip712_bad_inputs() -> None:
+    with pytest.raises(SignatureError, match="unknown struct"):
+        recover("Nope", {}, b"\0" * 65, CHAIN, TASKS)
+    with pytest.raises(SignatureError, match="needs fields"):
+        typed_digest("Vote", {"disputeId": 1}, CHAIN, TASKS)
+    with pytest.raises(SignatureError, match="65 bytes"):
+        receipt().recover(b"\0" * 64, CHAIN, TASKS)
+    with pytest.raises(SignatureError, match="chainId"):
+        domain(0, TASKS)
+    with pytest.raises(SignatureError, match="verifyingContract"):
+        domain(CHAIN, "0x1234")
+    with pytest.raises(SignatureError, match="2 miners but 1 scores"):
+        Report(1, (KEY.address, TASKS), (1,), b"\0" * 32)
+    with pytest.raises(SignatureError, match="cannot encode"):
+        Vote(-1, True).struct_hash()
+
+
+@needs_node
+def test_eip712_matches_ethers() -> None:
+    structs = [receipt(), Vote(4, False), ChallengeSet(2, keccak(b"set")),
+               Report(3, (KEY.address, TASKS), (9000, 1), b"\x05" * 32)]
+
+    def js_value(v: object) -> object:
+        if isinstance(v, bytes):
+            return "0x" + v.hex()
+        if isinstance(v, list):
+            return [js_value(x) for x in v]
+        return v
+
+    items = [
+        {"type": s.TYPE, "message": {k: js_value(v) for k, v in s.message().items()},
+         "signature": "0x" + s.sign(KEY.key, CHAIN, TASKS).hex()}
+        for s in structs
+    ]
+    result = run_js("eip712.js", {"domain": domain(CHAIN, TASKS), "types": TYPES, "items": items})
+    for s, out in zip(structs, result["items"], strict=True):
+        assert out["typeString"] == TYPE_STRINGS[s.TYPE]
+        assert out["structHash"] == "0x" + s.struct_hash().hex()
+        assert out["digest"] == "0x" + s.digest(CHAIN, TASKS).hex()
+        assert out["signer"] == KEY.address
