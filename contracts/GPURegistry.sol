@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
+import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {Address} from "@openzeppelin/contracts/utils/Address.sol";
+import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
+import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+
+/// @notice A miner's GPUs.
+struct GpuSpec {
+    string name;
+    uint32 memoryMiB;
+    uint16 count;
+}
+
+/// @notice Everything Quarry keeps about a miner.
+struct MinerInfo {
+    uint256 stake;
+    uint256 locked;
+    uint16 reputationBps;
+    uint256 pricePerToken;
+    string endpoint;
+    GpuSpec gpu;
+    uint64 exitRequestedAt;
+    bool active;
+}
+
+/// @title GPURegistry
+/// @notice Miners: staked registration, served models, collateral locked by open shards,
+/// slashing and committee-written reputation.
+/// @dev Slashed wei always goes to PaymentEscrow.credit for the named beneficiary, so it is
+/// pulled like every other payment. Stake locked as collateral (an open shard, or a shard
+/// under dispute, whose collateral stays locked until the dispute resolves) cannot leave.
+contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard {
+    /// @notice Most models one miner may list.
+    uint256 public constant MAX_MODELS = 16;
+    /// @notice 100% in basis points.
+    uint16 public constant BPS = 10_000;
+
+    /// @notice Least stake (wei) a miner must hold to register and to stay eligible.
+    uint256 public minStake;
+    /// @notice Seconds between {requestExit} and {withdrawStake}.
+    uint64 public unbondingPeriod;
+    /// @notice Reputation a newly registered miner starts at.
+    uint16 public initialReputationBps;
+    /// @notice Miners below this reputation are untrusted and never eligible.
+    uint16 public untrustedBelowBps = 4000;
+
+    address public taskRegistry;
+    address public arbitration;
+    address public committee;
+    IPaymentEscrow public escrow;
+
+    mapping(address miner => MinerInfo) private _miners;
+    mapping(address miner => bytes32[]) private _models;
+    mapping(address miner => mapping(bytes32 modelId => bool)) private _serves;
+
+    event TaskRegistrySet(address taskRegistry);
+    event ArbitrationSet(address arbitration);
+    event CommitteeSet(address committee);
+    event EscrowSet(address escrow);
+    event MinStakeSet(uint256 minStake);
+    event UnbondingPeriodSet(uint64 unbondingPeriod);
+    event UntrustedBelowSet(uint16 bps);
+    event InitialReputationSet(uint16 bps);
+    /// @notice A miner registered with `stake` wei.
+    event MinerRegistered(
+        address indexed miner, bytes32[] modelIds, GpuSpec gpu, string endpoint, uint256 pricePerToken, uint256 stake
+    );
+    /// @notice A miner changed its models, GPUs, endpoint or price.
+    event MinerUpdated(address indexed miner, bytes32[] modelIds, GpuSpec gpu, string endpoint, uint256 pricePerToken);
+    event StakeAdded(address indexed miner, uint256 amount, uint256 stake);
+    event ExitRequested(address indexed miner, uint64 withdrawableAt);
+    event StakeWithdrawn(address indexed miner, uint256 amount);
+    event CollateralLocked(address indexed miner, uint256 amount, uint256 locked);
+    event CollateralUnlocked(address indexed miner, uint256 amount, uint256 locked);
+    event Slashed(address indexed miner, uint256 amount, address indexed beneficiary, address indexed by);
+    event ReputationSet(address indexed miner, uint16 bps);
+
+    error Unauthorized(address caller);
+    error AlreadySet();
+    error ZeroAddress();
+    error NotWired();
+    /// @notice `msg.value` (or the stake left) is below `minStake`.
+    error InsufficientStake(uint256 required, uint256 got);
+    error AlreadyRegistered(address miner);
+    error NotRegistered(address miner);
+    error TooManyModels(uint256 max, uint256 got);
+    error NoModels();
+    error DuplicateModel(bytes32 modelId);
+    error InvalidGpuSpec();
+    error EmptyEndpoint();
+    error ZeroAmount();
+    error AlreadyExiting(address miner);
+    error NotExiting(address miner);
+    error UnbondingNotOver(uint64 withdrawableAt);
+    /// @notice Stake is locked as collateral and cannot leave.
+    error StakeLocked(uint256 locked);
+    /// @notice `stake - locked` is smaller than the collateral asked.
+    error InsufficientFreeStake(uint256 free, uint256 requested);
+    error UnlockExceedsLocked(uint256 locked, uint256 requested);
+    error InvalidBps(uint256 bps);
+
+    /// @param minStake_ Least stake (wei) to register.
+    /// @param unbondingPeriod_ Seconds from {requestExit} to {withdrawStake}.
+    /// @param initialReputationBps_ Reputation of a new miner (basis points, <= 10000).
+    constructor(uint256 minStake_, uint64 unbondingPeriod_, uint16 initialReputationBps_) Ownable(msg.sender) {
+        if (initialReputationBps_ > BPS) revert InvalidBps(initialReputationBps_);
+        minStake = minStake_;
+        unbondingPeriod = unbondingPeriod_;
+        initialReputationBps = initialReputationBps_;
+    }
+
+    modifier onlyRegistered() {
+        if (!_miners[msg.sender].active) revert NotRegistered(msg.sender);
+        _;
+    }
+
+    // ------------------------------------------------------------------ wiring and params
+
+    /// @notice Sets TaskRegistry (locks, unlocks, slashes). One-time, owner only.
+    function setTaskRegistry(address a) external onlyOwner {
+        if (taskRegistry != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        taskRegistry = a;
+        emit TaskRegistrySet(a);
+    }
+
+    /// @notice Sets Arbitration (slashes). One-time, owner only.
+    function setArbitration(address a) external onlyOwner {
+        if (arbitration != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        arbitration = a;
+        emit ArbitrationSet(a);
+    }
+
+    /// @notice Sets VerifierCommittee (writes reputation). One-time, owner only.
+    function setCommittee(address a) external onlyOwner {
+        if (committee != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        committee = a;
+        emit CommitteeSet(a);
+    }
+
+    /// @notice Sets PaymentEscrow (receives slashed stake). One-time, owner only.
+    function setEscrow(address a) external onlyOwner {
+        if (address(escrow) != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        escrow = IPaymentEscrow(a);
+        emit EscrowSet(a);
+    }
+
+    /// @notice Sets the least stake to register (applies to new registrations and eligibility).
+    function setMinStake(uint256 v) external onlyOwner {
+        minStake = v;
+        emit MinStakeSet(v);
+    }
+
+    /// @notice Sets the unbonding period in seconds (applies to exits already requested too).
+    function setUnbondingPeriod(uint64 v) external onlyOwner {
+        unbondingPeriod = v;
+        emit UnbondingPeriodSet(v);
+    }
+
+    /// @notice Sets the reputation below which a miner is untrusted (basis points).
+    function setUntrustedBelowBps(uint16 v) external onlyOwner {
+        if (v > BPS) revert InvalidBps(v);
+        untrustedBelowBps = v;
+        emit UntrustedBelowSet(v);
+    }
+
+    /// @notice Sets the reputation new miners start at (basis points).
+    function setInitialReputationBps(uint16 v) external onlyOwner {
+        if (v > BPS) revert InvalidBps(v);
+        initialReputationBps = v;
+        emit InitialReputationSet(v);
+    }
+
+    // ------------------------------------------------------------------ miners
+
+    /// @notice Registers the caller as a miner with `msg.value` as stake.
+    /// @param modelIds Models served (1..16, distinct).
+    /// @param gpu GPU description (count and memory must be non-zero).
+    /// @param endpoint Where clients and the market reach the miner.
+    /// @param pricePerToken Asking price in wei per token.
+    function register(bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint, uint256 pricePerToken)
+        external
+        payable
+    {
+        MinerInfo storage m = _miners[msg.sender];
+        if (m.active) revert AlreadyRegistered(msg.sender);
+        if (msg.value == 0 || msg.value < minStake) revert InsufficientStake(minStake, msg.value);
+        _setProfile(msg.sender, modelIds, gpu, endpoint);
+        m.stake = msg.value;
+        m.locked = 0;
+        m.reputationBps = initialReputationBps;
+        m.pricePerToken = pricePerToken;
+        m.exitRequestedAt = 0;
+        m.active = true;
+        emit MinerRegistered(msg.sender, modelIds, gpu, endpoint, pricePerToken, msg.value);
+    }
+
+    /// @notice Adds `msg.value` to the caller's stake.
+    function addStake() external payable onlyRegistered {
+        if (msg.value == 0) revert ZeroAmount();
+        MinerInfo storage m = _miners[msg.sender];
+        m.stake += msg.value;
+        emit StakeAdded(msg.sender, msg.value, m.stake);
+    }
+
+    /// @notice Replaces the caller's models, GPU spec, endpoint and price.
+    /// @param modelIds Models served (1..16, distinct).
+    /// @param gpu GPU description.
+    /// @param endpoint Where clients and the market reach the miner.
+    /// @param pricePerToken Asking price in wei per token.
+    function update(bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint, uint256 pricePerToken)
+        external
+        onlyRegistered
+    {
+        bytes32[] storage old = _models[msg.sender];
+        for (uint256 i = 0; i < old.length; ++i) {
+            delete _serves[msg.sender][old[i]];
+        }
+        delete _models[msg.sender];
+        _setProfile(msg.sender, modelIds, gpu, endpoint);
+        _miners[msg.sender].pricePerToken = pricePerToken;
+        emit MinerUpdated(msg.sender, modelIds, gpu, endpoint, pricePerToken);
+    }
+
+    /// @notice Starts the caller's exit: it stops being eligible at once, and may withdraw its
+    /// stake after `unbondingPeriod` once no collateral is locked.
+    function requestExit() external onlyRegistered {
+        MinerInfo storage m = _miners[msg.sender];
+        if (m.exitRequestedAt != 0) revert AlreadyExiting(msg.sender);
+        m.exitRequestedAt = uint64(block.timestamp);
+        emit ExitRequested(msg.sender, uint64(block.timestamp) + unbondingPeriod);
+    }
+
+    /// @notice Sends the caller its whole stake and removes its registration. Needs a prior
+    /// {requestExit}, an elapsed `unbondingPeriod`, and no locked collateral.
+    function withdrawStake() external nonReentrant onlyRegistered {
+        MinerInfo storage m = _miners[msg.sender];
+        if (m.exitRequestedAt == 0) revert NotExiting(msg.sender);
+        uint64 at = m.exitRequestedAt + unbondingPeriod;
+        if (block.timestamp < at) revert UnbondingNotOver(at);
+        if (m.locked != 0) revert StakeLocked(m.locked);
+        uint256 amount = m.stake;
+        bytes32[] storage old = _models[msg.sender];
+        for (uint256 i = 0; i < old.length; ++i) {
+            delete _serves[msg.sender][old[i]];
+        }
+        delete _models[msg.sender];
+        delete _miners[msg.sender];
+        emit StakeWithdrawn(msg.sender, amount);
+        if (amount > 0) Address.sendValue(payable(msg.sender), amount);
+    }
+
+    // ------------------------------------------------------------------ Quarry hooks
+
+    /// @notice Locks `amount` of `miner`'s free stake as shard collateral. TaskRegistry only.
+    function lockCollateral(address miner, uint256 amount) external {
+        if (msg.sender != taskRegistry || msg.sender == address(0)) revert Unauthorized(msg.sender);
+        MinerInfo storage m = _miners[miner];
+        if (!m.active) revert NotRegistered(miner);
+        uint256 free = m.stake - m.locked;
+        if (free < amount) revert InsufficientFreeStake(free, amount);
+        m.locked += amount;
+        emit CollateralLocked(miner, amount, m.locked);
+    }
+
+    /// @notice Unlocks `amount` of `miner`'s collateral. TaskRegistry only.
+    function unlockCollateral(address miner, uint256 amount) external {
+        if (msg.sender != taskRegistry || msg.sender == address(0)) revert Unauthorized(msg.sender);
+        MinerInfo storage m = _miners[miner];
+        if (amount > m.locked) revert UnlockExceedsLocked(m.locked, amount);
+        m.locked -= amount;
+        emit CollateralUnlocked(miner, amount, m.locked);
+    }
+
+    /// @notice Takes up to `amount` wei of `miner`'s stake and credits it to `beneficiary` in
+    /// PaymentEscrow. Locked collateral shrinks with the stake if the stake falls below it.
+    /// TaskRegistry or Arbitration only.
+    /// @return slashed The wei actually taken (`min(amount, stake)`).
+    function slash(address miner, uint256 amount, address beneficiary) external nonReentrant returns (uint256 slashed) {
+        if (msg.sender == address(0) || (msg.sender != taskRegistry && msg.sender != arbitration)) {
+            revert Unauthorized(msg.sender);
+        }
+        if (beneficiary == address(0)) revert ZeroAddress();
+        if (address(escrow) == address(0)) revert NotWired();
+        MinerInfo storage m = _miners[miner];
+        slashed = amount < m.stake ? amount : m.stake;
+        if (slashed == 0) return 0;
+        m.stake -= slashed;
+        if (m.locked > m.stake) m.locked = m.stake;
+        emit Slashed(miner, slashed, beneficiary, msg.sender);
+        escrow.credit{value: slashed}(beneficiary);
+    }
+
+    /// @notice Writes `miner`'s reputation. VerifierCommittee only.
+    function setReputation(address miner, uint16 bps) external {
+        if (msg.sender != committee || msg.sender == address(0)) revert Unauthorized(msg.sender);
+        if (bps > BPS) revert InvalidBps(bps);
+        MinerInfo storage m = _miners[miner];
+        if (!m.active) revert NotRegistered(miner);
+        m.reputationBps = bps;
+        emit ReputationSet(miner, bps);
+    }
+
+    // ------------------------------------------------------------------ views
+
+    /// @notice True when `miner` may claim work for `modelId` at reputation floor `minRepBps`:
+    /// registered, not exiting, stake >= minStake, serves the model, and reputation at least
+    /// `max(minRepBps, untrustedBelowBps)`.
+    function isEligible(address miner, bytes32 modelId, uint16 minRepBps) external view returns (bool) {
+        MinerInfo storage m = _miners[miner];
+        if (!m.active || m.exitRequestedAt != 0 || m.stake < minStake) return false;
+        if (!_serves[miner][modelId]) return false;
+        uint16 floor = minRepBps > untrustedBelowBps ? minRepBps : untrustedBelowBps;
+        return m.reputationBps >= floor;
+    }
+
+    /// @notice True when `miner` is registered (possibly exiting).
+    function isRegistered(address miner) external view returns (bool) {
+        return _miners[miner].active;
+    }
+
+    /// @notice Everything about `miner` (all zero when not registered).
+    function minerInfo(address miner) external view returns (MinerInfo memory) {
+        return _miners[miner];
+    }
+
+    /// @notice Models `miner` serves.
+    function modelsOf(address miner) external view returns (bytes32[] memory) {
+        return _models[miner];
+    }
+
+    /// @notice True when `miner` lists `modelId`.
+    function servesModel(address miner, bytes32 modelId) external view returns (bool) {
+        return _serves[miner][modelId];
+    }
+
+    // ------------------------------------------------------------------ internal
+
+    function _setProfile(address miner, bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint)
+        private
+    {
+        if (modelIds.length == 0) revert NoModels();
+        if (modelIds.length > MAX_MODELS) revert TooManyModels(MAX_MODELS, modelIds.length);
+        if (gpu.count == 0 || gpu.memoryMiB == 0) revert InvalidGpuSpec();
+        if (bytes(endpoint).length == 0) revert EmptyEndpoint();
+        mapping(bytes32 => bool) storage serves = _serves[miner];
+        for (uint256 i = 0; i < modelIds.length; ++i) {
+            if (serves[modelIds[i]]) revert DuplicateModel(modelIds[i]);
+            serves[modelIds[i]] = true;
+        }
+        _models[miner] = modelIds;
+        MinerInfo storage m = _miners[miner];
+        m.gpu = gpu;
+        m.endpoint = endpoint;
+    }
+}

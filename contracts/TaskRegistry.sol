@@ -1,0 +1,562 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
+import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {Receipt} from "./lib/QuarryTypes.sol";
+import {ITaskRegistry, Task, Shard, ShardState} from "./interfaces/ITaskRegistry.sol";
+import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
+import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+
+/// @title TaskRegistry
+/// @notice Batch jobs, their shards, and the EIP-712 domain `{name: "Quarry", version: "1",
+/// chainId, verifyingContract: this}` that miners sign their Receipts in.
+///
+/// Deploy and wire (any deploy order; every wiring setter is one-time and owner only, a second
+/// call reverts `AlreadySet()`):
+///   1. `PaymentEscrow()`
+///   2. `GPURegistry(minStake, unbondingPeriod, initialReputationBps)`
+///   3. `TaskRegistry(collateralBps, claimTimeout, challengeWindow, reclaimPenaltyBps)`
+///   4. `VerifierCommittee(minVerifierStake, unbondingPeriod, epochDuration, genesisTime)`
+///      (genesisTime 0 means the deploy block's timestamp)
+///   5. `Arbitration(minBond, disputeTimeout, faultSlashBps, verifierRewardBps, minerBondShareBps)`
+///   then:
+///   - escrow.setTaskRegistry(task), escrow.setArbitration(arb), escrow.setGPURegistry(gpu),
+///     escrow.setCommittee(committee)
+///   - gpu.setTaskRegistry(task), gpu.setArbitration(arb), gpu.setCommittee(committee),
+///     gpu.setEscrow(escrow)
+///   - task.setGPURegistry(gpu), task.setEscrow(escrow), task.setArbitration(arb)
+///   - committee.setGPURegistry(gpu), committee.setEscrow(escrow) (treasury defaults to the owner)
+///   - arb.setTaskRegistry(task), arb.setGPURegistry(gpu), arb.setCommittee(committee),
+///     arb.setEscrow(escrow)
+///
+/// Money: the whole payment `numRequests * maxTokensPerRequest * pricePerToken` sits in
+/// PaymentEscrow under the task id. A shard's budget is `requests * maxTokensPerRequest *
+/// pricePerToken`; the budgets add up to the payment exactly.
+contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712 {
+    /// @notice EIP-712 type hash of {Receipt}.
+    bytes32 public constant RECEIPT_TYPEHASH = keccak256(
+        "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"
+    );
+    /// @notice 100% in basis points.
+    uint16 public constant BPS = 10_000;
+    /// @notice Hard cap on shards per task, so every per-task computation stays gas-bounded.
+    uint32 public constant MAX_SHARDS_CAP = 1024;
+
+    /// @notice Share of a shard's budget locked from the miner's stake while it holds the shard.
+    uint16 public collateralBps;
+    /// @notice Seconds a miner has from claim to submit.
+    uint64 public claimTimeout;
+    /// @notice Seconds after a submit during which the client (or its arbiter) may dispute.
+    uint64 public challengeWindow;
+    /// @notice Share of the collateral an expired claim loses to the client.
+    uint16 public reclaimPenaltyBps;
+    /// @notice Most shards one task may have (<= MAX_SHARDS_CAP).
+    uint32 public maxShardsPerTask = MAX_SHARDS_CAP;
+
+    IGPURegistry public gpuRegistry;
+    IPaymentEscrow public escrow;
+    address public arbitration;
+
+    /// @notice Number of tasks created; task ids run from 1 to `taskCount`.
+    uint256 public taskCount;
+    mapping(uint256 taskId => Task) private _tasks;
+    mapping(uint256 taskId => mapping(uint32 shard => Shard)) private _shards;
+
+    event GPURegistrySet(address gpuRegistry);
+    event EscrowSet(address escrow);
+    event ArbitrationSet(address arbitration);
+    event ParamsSet(uint16 collateralBps, uint64 claimTimeout, uint64 challengeWindow, uint16 reclaimPenaltyBps);
+    event MaxShardsPerTaskSet(uint32 maxShardsPerTask);
+    /// @notice A client posted a task and paid `payment` wei into escrow.
+    event TaskCreated(
+        uint256 indexed taskId,
+        address indexed client,
+        bytes32 indexed modelId,
+        bytes32 inputRoot,
+        string inputURI,
+        uint32 numRequests,
+        uint32 shardSize,
+        uint32 numShards,
+        uint256 payment,
+        uint64 deadline
+    );
+    event ShardClaimed(
+        uint256 indexed taskId, uint32 indexed shard, address indexed miner, uint64 claimExpiry, uint256 collateral
+    );
+    event ResultSubmitted(
+        uint256 indexed taskId,
+        uint32 indexed shard,
+        address indexed miner,
+        bytes32 resultRoot,
+        string resultURI,
+        uint64 tokensUsed,
+        uint64 windowEnd
+    );
+    /// @notice An expired claim was taken back; `reopened` false means the shard was refunded.
+    event ClaimReclaimed(
+        uint256 indexed taskId, uint32 indexed shard, address indexed miner, uint256 penalty, bool reopened
+    );
+    event ShardFinalized(
+        uint256 indexed taskId, uint32 indexed shard, address indexed miner, uint256 payment, uint256 refund
+    );
+    event ShardRefunded(uint256 indexed taskId, uint32 indexed shard, uint256 amount);
+    /// @notice The client cancelled; every still-open shard's budget (`refund` wei in all) went back.
+    event TaskCancelled(uint256 indexed taskId, uint256 refund);
+    event ShardDisputed(uint256 indexed taskId, uint32 indexed shard);
+    event ShardDisputeResolved(uint256 indexed taskId, uint32 indexed shard, bool minerAtFault);
+
+    error Unauthorized(address caller);
+    error AlreadySet();
+    error ZeroAddress();
+    error NotWired();
+    error InvalidBps(uint256 bps);
+    error InvalidMaxShards(uint32 v);
+    /// @notice `msg.value` is not the task's maximum cost.
+    error WrongPayment(uint256 expected, uint256 got);
+    error ZeroRequests();
+    error ZeroShardSize();
+    error ZeroMaxTokens();
+    error ZeroPrice();
+    error DeadlineInPast(uint64 deadline);
+    error TooManyShards(uint256 max, uint256 got);
+    error UnknownTask(uint256 taskId);
+    error BadShard(uint256 taskId, uint32 shard);
+    error ShardNotOpen(ShardState state);
+    error ShardNotClaimed(ShardState state);
+    error ShardNotSubmitted(ShardState state);
+    error ShardNotDisputed(ShardState state);
+    error ShardNotRefundable(ShardState state);
+    /// @notice The caller may not claim: not registered, exiting, wrong model or low reputation.
+    error NotEligible(address miner);
+    error DeadlinePassed(uint64 deadline);
+    error DeadlineNotPassed(uint64 deadline);
+    error NotShardMiner(address caller);
+    error ClaimExpired(uint64 claimExpiry);
+    error ClaimNotExpired(uint64 claimExpiry);
+    error TooManyTokens(uint256 max, uint256 got);
+    error ZeroResultRoot();
+    /// @notice {finalizeShard} before the challenge window closed.
+    error WindowNotClosed(uint64 windowEnd);
+    error AlreadyFinalized();
+    /// @notice The shard is frozen by an open dispute.
+    error DisputeOpen();
+    error OutsideWindow(uint64 windowEnd);
+    error NotClient(address caller);
+    error AlreadyCancelled();
+
+    /// @param collateralBps_ Share of a shard's budget locked from the claiming miner's stake.
+    /// @param claimTimeout_ Seconds from claim to the submit deadline.
+    /// @param challengeWindow_ Seconds from submit to the end of the dispute window.
+    /// @param reclaimPenaltyBps_ Share of the collateral an expired claim pays the client.
+    constructor(uint16 collateralBps_, uint64 claimTimeout_, uint64 challengeWindow_, uint16 reclaimPenaltyBps_)
+        Ownable(msg.sender)
+        EIP712("Quarry", "1")
+    {
+        _setParams(collateralBps_, claimTimeout_, challengeWindow_, reclaimPenaltyBps_);
+    }
+
+    modifier onlyArbitration() {
+        if (msg.sender != arbitration || msg.sender == address(0)) revert Unauthorized(msg.sender);
+        _;
+    }
+
+    // ------------------------------------------------------------------ wiring and params
+
+    /// @notice Sets GPURegistry. One-time, owner only.
+    function setGPURegistry(address a) external onlyOwner {
+        if (address(gpuRegistry) != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        gpuRegistry = IGPURegistry(a);
+        emit GPURegistrySet(a);
+    }
+
+    /// @notice Sets PaymentEscrow. One-time, owner only.
+    function setEscrow(address a) external onlyOwner {
+        if (address(escrow) != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        escrow = IPaymentEscrow(a);
+        emit EscrowSet(a);
+    }
+
+    /// @notice Sets Arbitration (may freeze and resolve shards). One-time, owner only.
+    function setArbitration(address a) external onlyOwner {
+        if (arbitration != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        arbitration = a;
+        emit ArbitrationSet(a);
+    }
+
+    /// @notice Sets the economic parameters (apply to claims and submits made afterwards).
+    function setParams(uint16 collateralBps_, uint64 claimTimeout_, uint64 challengeWindow_, uint16 reclaimPenaltyBps_)
+        external
+        onlyOwner
+    {
+        _setParams(collateralBps_, claimTimeout_, challengeWindow_, reclaimPenaltyBps_);
+    }
+
+    /// @notice Sets the most shards a new task may have (1..MAX_SHARDS_CAP).
+    function setMaxShardsPerTask(uint32 v) external onlyOwner {
+        if (v == 0 || v > MAX_SHARDS_CAP) revert InvalidMaxShards(v);
+        maxShardsPerTask = v;
+        emit MaxShardsPerTaskSet(v);
+    }
+
+    // ------------------------------------------------------------------ client
+
+    /// @notice Posts a batch job; `msg.value` must be exactly
+    /// `numRequests * maxTokensPerRequest * pricePerToken` and goes into PaymentEscrow.
+    /// @param modelId keccak256 of the model's canonical manifest.
+    /// @param inputRoot StandardMerkleTree root over (uint256 index, bytes32 requestHash).
+    /// @param inputURI Where the requests JSONL lives (content-addressed store).
+    /// @param numRequests Number of requests (> 0).
+    /// @param shardSize Requests per shard (> 0); the last shard may be shorter.
+    /// @param maxTokensPerRequest Token budget per request (> 0).
+    /// @param pricePerToken Wei per output token (> 0).
+    /// @param deadline After it no shard is claimed and unfinished shards are refunded.
+    /// @param minReputationBps Least miner reputation to claim (the untrusted floor also applies).
+    /// @param arbiter Optional address allowed to dispute on the client's behalf (zero: none).
+    /// @return taskId The new task's id (from 1).
+    function createTask(
+        bytes32 modelId,
+        bytes32 inputRoot,
+        string calldata inputURI,
+        uint32 numRequests,
+        uint32 shardSize,
+        uint32 maxTokensPerRequest,
+        uint256 pricePerToken,
+        uint64 deadline,
+        uint16 minReputationBps,
+        address arbiter
+    ) external payable nonReentrant returns (uint256 taskId) {
+        if (address(escrow) == address(0) || address(gpuRegistry) == address(0)) revert NotWired();
+        if (numRequests == 0) revert ZeroRequests();
+        if (shardSize == 0) revert ZeroShardSize();
+        if (maxTokensPerRequest == 0) revert ZeroMaxTokens();
+        if (pricePerToken == 0) revert ZeroPrice();
+        if (deadline <= block.timestamp) revert DeadlineInPast(deadline);
+        if (minReputationBps > BPS) revert InvalidBps(minReputationBps);
+        uint256 shards = (uint256(numRequests) + shardSize - 1) / shardSize;
+        if (shards > maxShardsPerTask) revert TooManyShards(maxShardsPerTask, shards);
+        uint256 expected = uint256(numRequests) * maxTokensPerRequest * pricePerToken;
+        if (msg.value != expected) revert WrongPayment(expected, msg.value);
+
+        taskId = ++taskCount;
+        Task storage t = _tasks[taskId];
+        t.client = msg.sender;
+        t.arbiter = arbiter;
+        t.modelId = modelId;
+        t.inputRoot = inputRoot;
+        t.inputURI = inputURI;
+        t.numRequests = numRequests;
+        t.shardSize = shardSize;
+        t.maxTokensPerRequest = maxTokensPerRequest;
+        t.numShards = uint32(shards);
+        t.pricePerToken = pricePerToken;
+        t.deadline = deadline;
+        t.createdAt = uint64(block.timestamp);
+        t.minReputationBps = minReputationBps;
+        _emitCreated(taskId, t, expected);
+        escrow.deposit{value: msg.value}(taskId);
+    }
+
+    /// @notice Cancels the task: the budget of every shard still Open goes back to the client
+    /// now; shards already claimed or submitted run to their end. Client only, once.
+    /// @param taskId The task.
+    function cancelTask(uint256 taskId) external nonReentrant {
+        Task storage t = _task(taskId);
+        if (msg.sender != t.client) revert NotClient(msg.sender);
+        if (t.cancelled) revert AlreadyCancelled();
+        t.cancelled = true;
+        // Escrow holds exactly the budgets of Open shards plus the committed ones.
+        uint256 refund = escrow.escrowed(taskId) - t.committed;
+        emit TaskCancelled(taskId, refund);
+        escrow.release(taskId, t.client, refund);
+    }
+
+    /// @notice After the deadline, refunds an unfinished shard to the client: an Open shard, or a
+    /// Claimed shard whose claim expired (then as {reclaimExpired}). Anyone may call.
+    /// @param taskId The task.
+    /// @param shard The shard index.
+    function refundUnfinished(uint256 taskId, uint32 shard) external nonReentrant {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        if (block.timestamp < t.deadline) revert DeadlineNotPassed(t.deadline);
+        ShardState st = _stateOf(t, s);
+        if (st == ShardState.Open) {
+            s.state = ShardState.Refunded;
+            uint256 amount = _budget(t, shard);
+            emit ShardRefunded(taskId, shard, amount);
+            escrow.release(taskId, t.client, amount);
+        } else if (st == ShardState.Claimed) {
+            _reclaim(taskId, t, shard, s);
+        } else {
+            revert ShardNotRefundable(st);
+        }
+    }
+
+    // ------------------------------------------------------------------ miner
+
+    /// @notice Claims an Open shard before the deadline. Locks `budget * collateralBps / 10000`
+    /// of the caller's stake and starts a claim that expires after `claimTimeout`.
+    /// @param taskId The task.
+    /// @param shard The shard index.
+    function claimShard(uint256 taskId, uint32 shard) external nonReentrant {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        ShardState st = _stateOf(t, s);
+        if (st != ShardState.Open) revert ShardNotOpen(st);
+        if (block.timestamp >= t.deadline) revert DeadlinePassed(t.deadline);
+        if (!gpuRegistry.isEligible(msg.sender, t.modelId, t.minReputationBps)) revert NotEligible(msg.sender);
+        uint256 budget = _budget(t, shard);
+        uint256 collateral = budget * collateralBps / BPS;
+        uint64 expiry = uint64(block.timestamp) + claimTimeout;
+        s.state = ShardState.Claimed;
+        s.miner = msg.sender;
+        s.claimExpiry = expiry;
+        s.collateral = collateral;
+        t.committed += budget;
+        emit ShardClaimed(taskId, shard, msg.sender, expiry, collateral);
+        gpuRegistry.lockCollateral(msg.sender, collateral);
+    }
+
+    /// @notice Submits the shard's result before the claim expires and opens the challenge window.
+    /// @param taskId The task.
+    /// @param shard The shard index.
+    /// @param resultRoot StandardMerkleTree root over (uint256 index, bytes32 receiptStructHash).
+    /// @param resultURI Where outputs and signed receipts live.
+    /// @param tokensUsed Output tokens billed (<= shard requests * maxTokensPerRequest).
+    function submitResult(uint256 taskId, uint32 shard, bytes32 resultRoot, string calldata resultURI, uint64 tokensUsed)
+        external
+        nonReentrant
+    {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        if (s.state != ShardState.Claimed) revert ShardNotClaimed(s.state);
+        if (msg.sender != s.miner) revert NotShardMiner(msg.sender);
+        if (block.timestamp >= s.claimExpiry) revert ClaimExpired(s.claimExpiry);
+        (uint32 start, uint32 end) = _range(t, shard);
+        uint256 maxTokens = uint256(end - start) * t.maxTokensPerRequest;
+        if (tokensUsed > maxTokens) revert TooManyTokens(maxTokens, tokensUsed);
+        if (resultRoot == bytes32(0)) revert ZeroResultRoot();
+        uint64 windowEnd = uint64(block.timestamp) + challengeWindow;
+        s.state = ShardState.Submitted;
+        s.submittedAt = uint64(block.timestamp);
+        s.windowEnd = windowEnd;
+        s.resultRoot = resultRoot;
+        s.resultURI = resultURI;
+        s.tokensUsed = tokensUsed;
+        emit ResultSubmitted(taskId, shard, msg.sender, resultRoot, resultURI, tokensUsed, windowEnd);
+    }
+
+    // ------------------------------------------------------------------ anyone
+
+    /// @notice Takes back a Claimed shard whose claim expired without a result. The shard
+    /// reopens (or is refunded when past the deadline or cancelled); `reclaimPenaltyBps` of the
+    /// collateral is slashed to the client and the rest unlocked. Anyone may call.
+    /// @param taskId The task.
+    /// @param shard The shard index.
+    function reclaimExpired(uint256 taskId, uint32 shard) external nonReentrant {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        if (s.state != ShardState.Claimed) revert ShardNotClaimed(s.state);
+        _reclaim(taskId, t, shard, s);
+    }
+
+    /// @notice Settles a Submitted shard after its window: pays the miner `tokensUsed * price`,
+    /// refunds the rest of the shard budget to the client, unlocks the collateral. Anyone may call.
+    /// @param taskId The task.
+    /// @param shard The shard index.
+    function finalizeShard(uint256 taskId, uint32 shard) external nonReentrant {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        ShardState st = s.state;
+        if (st == ShardState.Finalized) revert AlreadyFinalized();
+        if (st == ShardState.Disputed) revert DisputeOpen();
+        if (st != ShardState.Submitted) revert ShardNotSubmitted(_stateOf(t, s));
+        if (block.timestamp < s.windowEnd) revert WindowNotClosed(s.windowEnd);
+        uint256 budget = _budget(t, shard);
+        uint256 payment = uint256(s.tokensUsed) * t.pricePerToken;
+        uint256 refund = budget - payment;
+        s.state = ShardState.Finalized;
+        t.committed -= budget;
+        address miner = s.miner;
+        emit ShardFinalized(taskId, shard, miner, payment, refund);
+        escrow.release(taskId, miner, payment);
+        escrow.release(taskId, t.client, refund);
+        gpuRegistry.unlockCollateral(miner, s.collateral);
+    }
+
+    // ------------------------------------------------------------------ Arbitration hooks
+
+    /// @notice Freezes a Submitted shard inside its window. Arbitration only.
+    function markDisputed(uint256 taskId, uint32 shard) external onlyArbitration {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        if (s.state != ShardState.Submitted) revert ShardNotSubmitted(_stateOf(t, s));
+        if (block.timestamp >= s.windowEnd) revert OutsideWindow(s.windowEnd);
+        s.state = ShardState.Disputed;
+        emit ShardDisputed(taskId, shard);
+    }
+
+    /// @notice Ends a dispute. Fault: the shard is Refunded, its whole budget goes back to the
+    /// client and the collateral is unlocked (Arbitration slashes it in the same transaction).
+    /// No fault: the shard returns to Submitted with its window closed, so it can be finalized
+    /// at once. Arbitration only.
+    /// @return miner The shard's miner.
+    /// @return collateral The shard's collateral (unlocked on fault, still locked otherwise).
+    /// @return client The task's client.
+    function resolveDispute(uint256 taskId, uint32 shard, bool minerAtFault)
+        external
+        onlyArbitration
+        returns (address miner, uint256 collateral, address client)
+    {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        if (s.state != ShardState.Disputed) revert ShardNotDisputed(s.state);
+        miner = s.miner;
+        collateral = s.collateral;
+        client = t.client;
+        emit ShardDisputeResolved(taskId, shard, minerAtFault);
+        if (minerAtFault) {
+            uint256 budget = _budget(t, shard);
+            s.state = ShardState.Refunded;
+            t.committed -= budget;
+            emit ShardRefunded(taskId, shard, budget);
+            escrow.release(taskId, client, budget);
+            gpuRegistry.unlockCollateral(miner, collateral);
+        } else {
+            s.state = ShardState.Submitted;
+            s.windowEnd = uint64(block.timestamp);
+        }
+    }
+
+    // ------------------------------------------------------------------ views
+
+    /// @notice The task (reverts {UnknownTask} for an unknown id).
+    function getTask(uint256 taskId) external view returns (Task memory) {
+        return _task(taskId);
+    }
+
+    /// @notice The shard; `state` reads Refunded for an Open shard of a cancelled task.
+    function getShard(uint256 taskId, uint32 shard) external view returns (Shard memory s) {
+        Task storage t = _task(taskId);
+        Shard storage st = _shard(taskId, t, shard);
+        s = st;
+        s.state = _stateOf(t, st);
+    }
+
+    /// @notice Number of shards of the task.
+    function numShards(uint256 taskId) external view returns (uint32) {
+        return _task(taskId).numShards;
+    }
+
+    /// @notice The shard's request index range [start, end).
+    function shardRange(uint256 taskId, uint32 shard) external view returns (uint32 start, uint32 end) {
+        Task storage t = _task(taskId);
+        _shard(taskId, t, shard);
+        return _range(t, shard);
+    }
+
+    /// @notice The shard's budget in wei: requests * maxTokensPerRequest * pricePerToken.
+    function shardBudget(uint256 taskId, uint32 shard) external view returns (uint256) {
+        Task storage t = _task(taskId);
+        _shard(taskId, t, shard);
+        return _budget(t, shard);
+    }
+
+    /// @notice EIP-712 struct hash of a receipt (the value the result tree commits to).
+    function receiptStructHash(Receipt calldata r) public pure returns (bytes32) {
+        return keccak256(
+            abi.encode(
+                RECEIPT_TYPEHASH, r.taskId, r.shard, r.index, r.requestHash, r.outputHash, r.outputTokens, r.modelId
+            )
+        );
+    }
+
+    /// @notice Full EIP-712 digest of a receipt under this contract's domain (what the miner signs).
+    function hashReceipt(Receipt calldata r) external view returns (bytes32) {
+        return _hashTypedDataV4(receiptStructHash(r));
+    }
+
+    /// @notice This contract's EIP-712 domain separator.
+    function domainSeparator() external view returns (bytes32) {
+        return _domainSeparatorV4();
+    }
+
+    // ------------------------------------------------------------------ internal
+
+    function _setParams(uint16 cBps, uint64 claimTimeout_, uint64 window, uint16 pBps) private {
+        if (cBps > BPS) revert InvalidBps(cBps);
+        if (pBps > BPS) revert InvalidBps(pBps);
+        collateralBps = cBps;
+        claimTimeout = claimTimeout_;
+        challengeWindow = window;
+        reclaimPenaltyBps = pBps;
+        emit ParamsSet(cBps, claimTimeout_, window, pBps);
+    }
+
+    function _emitCreated(uint256 taskId, Task storage t, uint256 payment) private {
+        emit TaskCreated(
+            taskId,
+            t.client,
+            t.modelId,
+            t.inputRoot,
+            t.inputURI,
+            t.numRequests,
+            t.shardSize,
+            t.numShards,
+            payment,
+            t.deadline
+        );
+    }
+
+    function _reclaim(uint256 taskId, Task storage t, uint32 shard, Shard storage s) private {
+        if (block.timestamp < s.claimExpiry) revert ClaimNotExpired(s.claimExpiry);
+        address miner = s.miner;
+        uint256 collateral = s.collateral;
+        uint256 penalty = collateral * reclaimPenaltyBps / BPS;
+        uint256 budget = _budget(t, shard);
+        bool reopen = !t.cancelled && block.timestamp < t.deadline;
+        t.committed -= budget;
+        delete _shards[taskId][shard];
+        if (!reopen) _shards[taskId][shard].state = ShardState.Refunded;
+        emit ClaimReclaimed(taskId, shard, miner, penalty, reopen);
+        if (!reopen) {
+            emit ShardRefunded(taskId, shard, budget);
+            escrow.release(taskId, t.client, budget);
+        }
+        gpuRegistry.unlockCollateral(miner, collateral);
+        gpuRegistry.slash(miner, penalty, t.client);
+    }
+
+    function _task(uint256 taskId) private view returns (Task storage t) {
+        t = _tasks[taskId];
+        if (t.client == address(0)) revert UnknownTask(taskId);
+    }
+
+    function _shard(uint256 taskId, Task storage t, uint32 shard) private view returns (Shard storage) {
+        if (shard >= t.numShards) revert BadShard(taskId, shard);
+        return _shards[taskId][shard];
+    }
+
+    /// @dev Cancellation flips Open shards to Refunded without touching them (no loop).
+    function _stateOf(Task storage t, Shard storage s) private view returns (ShardState) {
+        ShardState st = s.state;
+        if (st == ShardState.Open && t.cancelled) return ShardState.Refunded;
+        return st;
+    }
+
+    function _range(Task storage t, uint32 shard) private view returns (uint32 start, uint32 end) {
+        uint256 s = uint256(shard) * t.shardSize;
+        uint256 e = s + t.shardSize;
+        if (e > t.numRequests) e = t.numRequests;
+        return (uint32(s), uint32(e));
+    }
+
+    function _budget(Task storage t, uint32 shard) private view returns (uint256) {
+        (uint32 start, uint32 end) = _range(t, shard);
+        return uint256(end - start) * t.maxTokensPerRequest * t.pricePerToken;
+    }
+}

@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+/// @notice What the other Quarry contracts need from GPURegistry.
+interface IGPURegistry {
+    function lockCollateral(address miner, uint256 amount) external;
+    function unlockCollateral(address miner, uint256 amount) external;
+    function slash(address miner, uint256 amount, address beneficiary) external returns (uint256 slashed);
+    function setReputation(address miner, uint16 bps) external;
+    function isEligible(address miner, bytes32 modelId, uint16 minRepBps) external view returns (bool);
+    function isRegistered(address miner) external view returns (bool);
+}
