@@ -1,0 +1,214 @@
+"""Create the embedded tiny model: a Llama-architecture random init from a seed.
+
+Same arguments -> byte-identical files -> same modelId, on every run and machine: weights
+come from numpy's PCG64 seeded per tensor by (seed, tensor name), in float32, written with
+safetensors under fixed metadata, and every JSON file is written by this code (no library
+version strings). No torch is needed to create a model.
+
+The init is scaled so the random model is useful for tests: large embeddings and a large
+lm_head make next-token distributions peaked (a clear top-1 margin), so greedy output is
+stable under tiny numeric differences (batched vs unbatched, pipelined vs not), while
+sampling at temperature 1 still departs from greedy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from market.model.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ModelError,
+    build_manifest,
+    write_manifest,
+)
+from market.model.tokenizer import (
+    ASSISTANT,
+    BOS_ID,
+    DEFAULT_VOCAB_SIZE,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    SYSTEM,
+    TOKENIZER_FILES,
+    USER,
+    write_tokenizer,
+)
+
+DEFAULT_NAME = "quarry-tiny"
+DEFAULT_LAYERS = 4
+DEFAULT_HIDDEN = 128
+DEFAULT_SEED = 0
+DEFAULT_MAX_POSITIONS = 1024
+HEAD_DIM = 32
+
+# Init scales (std multipliers). EMBED_STD keeps the token embedding dominant in the
+# residual stream; LOGIT_SCALE sets how peaked the output distribution is.
+EMBED_STD = 1.0
+ATTN_OUT_SCALE = 0.5
+MLP_OUT_SCALE = 0.5
+LOGIT_SCALE = 10.0
+
+NEVER_GENERATED = (PAD_ID, BOS_ID, *(SPECIAL_TOKENS.index(t) for t in (SYSTEM, USER, ASSISTANT)))
+
+WEIGHTS_FILE = "model.safetensors"
+OUTPUT_FILES = (
+    "config.json",
+    "generation_config.json",
+    WEIGHTS_FILE,
+    *TOKENIZER_FILES,
+    MANIFEST_NAME,
+)
+
+
+def llama_config(
+    *,
+    layers: int,
+    hidden: int,
+    vocab_size: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    max_positions: int,
+) -> dict[str, Any]:
+    """config.json content, written explicitly so it does not vary with transformers."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_positions,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "use_cache": True,
+    }
+
+
+def _tensor_specs(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...], float | None]]:
+    """(name, shape, std) for every LlamaForCausalLM parameter; std None means ones (norms)."""
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    d = cfg["head_dim"]
+    q_out, kv_out = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    specs: list[tuple[str, tuple[int, ...], float | None]] = [
+        ("model.embed_tokens.weight", (v, h), EMBED_STD),
+        ("model.norm.weight", (h,), None),
+        ("lm_head.weight", (v, h), LOGIT_SCALE / math.sqrt(h)),
+    ]
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        specs += [
+            (p + "input_layernorm.weight", (h,), None),
+            (p + "post_attention_layernorm.weight", (h,), None),
+            (p + "self_attn.q_proj.weight", (q_out, h), 1 / math.sqrt(h)),
+            (p + "self_attn.k_proj.weight", (kv_out, h), 1 / math.sqrt(h)),
+            (p + "self_attn.v_proj.weight", (kv_out, h), 1 / math.sqrt(h)),
+            (p + "self_attn.o_proj.weight", (h, q_out), ATTN_OUT_SCALE / math.sqrt(q_out)),
+            (p + "mlp.gate_proj.weight", (i, h), 1 / math.sqrt(h)),
+            (p + "mlp.up_proj.weight", (i, h), 1 / math.sqrt(h)),
+            (p + "mlp.down_proj.weight", (h, i), MLP_OUT_SCALE / math.sqrt(i)),
+        ]
+    return specs
+
+
+def _random_tensor(seed: int, name: str, shape: tuple[int, ...], std: float | None) -> np.ndarray:
+    if std is None:
+        return np.ones(shape, dtype=np.float32)
+    name_words = np.frombuffer(hashlib.sha256(name.encode()).digest()[:16], dtype="<u4")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *name_words])))
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_bytes((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def create_model(
+    out_dir: Path,
+    *,
+    name: str = DEFAULT_NAME,
+    layers: int = DEFAULT_LAYERS,
+    hidden: int = DEFAULT_HIDDEN,
+    seed: int = DEFAULT_SEED,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
+) -> Manifest:
+    """Write a deterministic random Llama model (HF format + quarry-manifest.json) to `out_dir`.
+
+    `heads` defaults to hidden // 32, `kv_heads` to half of that (grouped-query attention),
+    `intermediate` to 3 * hidden. `vocab_size` caps the tokenizer (the corpus may yield fewer).
+    """
+    from safetensors.numpy import save_file
+
+    out_dir = Path(out_dir)
+    for label, value, low in (("layers", layers, 1), ("hidden", hidden, 8), ("seed", seed, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ModelError(f"{label} must be an integer >= {low}, got {value!r}")
+    heads = heads if heads is not None else max(1, hidden // HEAD_DIM)
+    kv_heads = kv_heads if kv_heads is not None else (heads // 2 if heads % 2 == 0 else heads)
+    intermediate = intermediate if intermediate is not None else 3 * hidden
+    if heads < 1 or hidden % heads:
+        raise ModelError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+    if (hidden // heads) % 2:
+        raise ModelError(f"head dim hidden/heads = {hidden // heads} must be even (RoPE)")
+    if kv_heads < 1 or heads % kv_heads:
+        raise ModelError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
+    if intermediate < 1 or max_positions < 2:
+        raise ModelError("intermediate must be >= 1 and max_positions >= 2")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ModelError(f"{out_dir} exists and is not a directory")
+    if out_dir.is_dir():
+        stray = sorted(p.name for p in out_dir.iterdir() if p.name not in OUTPUT_FILES)
+        if stray:
+            raise ModelError(
+                f"{out_dir} is not empty (holds {', '.join(stray[:5])}); "
+                "choose an empty or new directory"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    actual_vocab = write_tokenizer(out_dir, vocab_size)
+    cfg = llama_config(
+        layers=layers,
+        hidden=hidden,
+        vocab_size=actual_vocab,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate=intermediate,
+        max_positions=max_positions,
+    )
+    _write_json(out_dir / "config.json", cfg)
+    _write_json(
+        out_dir / "generation_config.json",
+        {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
+    )
+    tensors = {
+        tname: _random_tensor(seed, tname, shape, std)
+        for tname, shape, std in _tensor_specs(cfg)
+    }
+    # Zero logits for pad/bos/role tokens: far below the peaked top-1, so the random model
+    # never emits them, while EOS keeps a random row and ends some generations naturally.
+    tensors["lm_head.weight"][list(NEVER_GENERATED)] = 0.0
+    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    manifest = build_manifest(out_dir, name)
+    write_manifest(manifest, out_dir)
+    return manifest

@@ -1,0 +1,115 @@
+"""Load a model from a local Hugging Face directory, only after its files match the manifest.
+
+Nothing is fetched from a hub (`local_files_only`), no code from the directory runs
+(`trust_remote_code=False`), only safetensors weights load, and every parameter must come
+from the file: a missing or unexpected tensor is an error, never a silent random init.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from market.model.manifest import Manifest, ModelError, load_manifest
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
+
+
+def resolve_device(device: Any = None) -> torch.device:
+    """`None` means the GPU when there is one, else the CPU."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelError(f"unknown device {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: Any, device: torch.device) -> torch.dtype:
+    """`None` means fp32 on CPU and bf16 on GPU; names like "bf16" are accepted."""
+    import torch
+
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = DTYPE_NAMES.get(str(dtype).lower().removeprefix("torch."))
+    if name is None:
+        raise ModelError(f"unknown dtype {dtype!r}; use one of {sorted(set(DTYPE_NAMES))}")
+    return getattr(torch, name)
+
+
+def load_model(
+    model_dir: Path,
+    manifest: Manifest | None = None,
+    device: Any = None,
+    dtype: Any = None,
+) -> tuple[Any, Any]:
+    """Verify `model_dir` against `manifest` (default: its quarry-manifest.json), then load.
+
+    Returns `(model, tokenizer)`: an eval-mode `AutoModelForCausalLM` on `device` in `dtype`
+    and its fast tokenizer. Raises ModelFileMismatch naming any file whose sha256 differs.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelError(f"model directory {model_dir} does not exist")
+    if manifest is None:
+        manifest = load_manifest(model_dir)
+    manifest.verify(model_dir)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            dtype=torch_dtype,
+            local_files_only=True,
+            use_safetensors=True,
+            trust_remote_code=False,
+            output_loading_info=True,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_dir, local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load the model in {model_dir}: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
+    problems = {
+        "missing": missing,
+        "unexpected": list(info.get("unexpected_keys", ())),
+        "mismatched": [str(m[0]) if isinstance(m, tuple) else str(m)
+                       for m in info.get("mismatched_keys", ())],
+    }
+    bad = {k: v for k, v in problems.items() if v}
+    if bad:
+        detail = "; ".join(f"{k} tensors: {', '.join(v[:5])}" for k, v in bad.items())
+        raise ModelError(f"weights in {model_dir} do not fit the architecture ({detail})")
+    model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer
