@@ -56,10 +56,10 @@ def is_model_file(name: str) -> bool:
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Canonical JSON (sorted keys, no whitespace, UTF-8, integers as integers)."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    """The shared protocol canonical JSON (RFC 8785 style) that modelId commits to."""
+    from market.protocol.canonical import canonical_json_bytes
+
+    return canonical_json_bytes(obj)
 
 
 def sha256_file(path: Path) -> str:
