@@ -1,0 +1,197 @@
+// Shared deploy+wire fixture and EIP-712 / Merkle helpers for the Quarry contract tests.
+const { ethers } = require("hardhat");
+const { StandardMerkleTree } = require("@openzeppelin/merkle-tree");
+
+const P = {
+  minStake: ethers.parseEther("1"),
+  minerUnbonding: 100n,
+  initialRepBps: 5000,
+  collateralBps: 5000,
+  claimTimeout: 600n,
+  challengeWindow: 300n,
+  reclaimPenaltyBps: 2000,
+  minVerifierStake: ethers.parseEther("1"),
+  verifierUnbonding: 100n,
+  epochDuration: 60n,
+  minBond: ethers.parseEther("0.1"),
+  disputeTimeout: 600n,
+  faultSlashBps: 10000,
+  verifierRewardBps: 2000,
+  minerBondShareBps: 5000,
+};
+
+const MODEL = ethers.keccak256(ethers.toUtf8Bytes("tiny-llama"));
+const OTHER_MODEL = ethers.keccak256(ethers.toUtf8Bytes("other-model"));
+const GPU = { name: "NVIDIA H100", memoryMiB: 81920, count: 1 };
+const PRICE = ethers.parseUnits("1", "gwei");
+
+const RECEIPT_TYPES = {
+  Receipt: [
+    { name: "taskId", type: "uint256" },
+    { name: "shard", type: "uint32" },
+    { name: "index", type: "uint32" },
+    { name: "requestHash", type: "bytes32" },
+    { name: "outputHash", type: "bytes32" },
+    { name: "outputTokens", type: "uint32" },
+    { name: "modelId", type: "bytes32" },
+  ],
+};
+const VOTE_TYPES = {
+  Vote: [
+    { name: "disputeId", type: "uint256" },
+    { name: "minerAtFault", type: "bool" },
+  ],
+};
+const REPORT_TYPES = {
+  Report: [
+    { name: "epoch", type: "uint256" },
+    { name: "miners", type: "address[]" },
+    { name: "scoresBps", type: "uint16[]" },
+    { name: "evidenceRoot", type: "bytes32" },
+  ],
+};
+const CHALLENGE_TYPES = {
+  ChallengeSet: [
+    { name: "epoch", type: "uint256" },
+    { name: "challengeSetHash", type: "bytes32" },
+  ],
+};
+
+async function domainOf(contract, chainId) {
+  const cid = chainId ?? (await ethers.provider.getNetwork()).chainId;
+  return { name: "Quarry", version: "1", chainId: cid, verifyingContract: await contract.getAddress() };
+}
+
+function sortByAddress(signers) {
+  return [...signers].sort((a, b) => (BigInt(a.address) < BigInt(b.address) ? -1 : 1));
+}
+
+async function deployQuarry() {
+  const signers = await ethers.getSigners();
+  const [owner, client, arbiter, miner, miner2, outsider] = signers;
+  const verifiers = signers.slice(6, 10);
+
+  const escrow = await (await ethers.getContractFactory("PaymentEscrow")).deploy();
+  const gpu = await (await ethers.getContractFactory("GPURegistry")).deploy(
+    P.minStake, P.minerUnbonding, P.initialRepBps);
+  const task = await (await ethers.getContractFactory("TaskRegistry")).deploy(
+    P.collateralBps, P.claimTimeout, P.challengeWindow, P.reclaimPenaltyBps);
+  const committee = await (await ethers.getContractFactory("VerifierCommittee")).deploy(
+    P.minVerifierStake, P.verifierUnbonding, P.epochDuration, 0);
+  const arb = await (await ethers.getContractFactory("Arbitration")).deploy(
+    P.minBond, P.disputeTimeout, P.faultSlashBps, P.verifierRewardBps, P.minerBondShareBps);
+
+  await escrow.setTaskRegistry(task);
+  await escrow.setArbitration(arb);
+  await escrow.setGPURegistry(gpu);
+  await escrow.setCommittee(committee);
+  await gpu.setTaskRegistry(task);
+  await gpu.setArbitration(arb);
+  await gpu.setCommittee(committee);
+  await gpu.setEscrow(escrow);
+  await task.setGPURegistry(gpu);
+  await task.setEscrow(escrow);
+  await task.setArbitration(arb);
+  await committee.setGPURegistry(gpu);
+  await committee.setEscrow(escrow);
+  await arb.setTaskRegistry(task);
+  await arb.setGPURegistry(gpu);
+  await arb.setCommittee(committee);
+  await arb.setEscrow(escrow);
+
+  for (const m of [miner, miner2]) {
+    await gpu.connect(m).register([MODEL], GPU, "http://miner.local", PRICE, { value: P.minStake });
+  }
+  for (const v of verifiers) {
+    await committee.connect(v).register({ value: P.minVerifierStake });
+  }
+  return { escrow, gpu, task, committee, arb, owner, client, arbiter, miner, miner2, outsider, verifiers, signers };
+}
+
+/** Default task: 10 requests, shards of 4 (sizes 4, 4, 2), 100 tokens max, 1 gwei per token. */
+async function createTask(task, client, over = {}) {
+  const now = BigInt((await ethers.provider.getBlock("latest")).timestamp);
+  const a = {
+    modelId: MODEL,
+    inputRoot: ethers.keccak256(ethers.toUtf8Bytes("inputs")),
+    inputURI: "store://inputs",
+    numRequests: 10,
+    shardSize: 4,
+    maxTokens: 100,
+    price: PRICE,
+    deadline: now + 3600n,
+    minRep: 0,
+    arbiter: ethers.ZeroAddress,
+    ...over,
+  };
+  const value = over.value ?? BigInt(a.numRequests) * BigInt(a.maxTokens) * a.price;
+  const tx = await task.connect(client).createTask(
+    a.modelId, a.inputRoot, a.inputURI, a.numRequests, a.shardSize, a.maxTokens, a.price, a.deadline,
+    a.minRep, a.arbiter, { value });
+  const rc = await tx.wait();
+  const ev = rc.logs.map((l) => { try { return task.interface.parseLog(l); } catch { return null; } })
+    .find((e) => e && e.name === "TaskCreated");
+  return { taskId: ev.args.taskId, args: a, value, tx };
+}
+
+function receiptStructHash(r) {
+  return ethers.TypedDataEncoder.hashStruct("Receipt", RECEIPT_TYPES, r);
+}
+
+/**
+ * Builds signed receipts and the result tree for a shard's index range.
+ * Returns { root, receipts, sigs, tree, proofOf(i) }.
+ */
+async function buildResult(task, taskId, shard, start, end, minerSigner, modelId = MODEL, tokens = 10) {
+  const domain = await domainOf(task);
+  const receipts = [];
+  const sigs = [];
+  for (let i = start; i < end; i++) {
+    const r = {
+      taskId,
+      shard,
+      index: i,
+      requestHash: ethers.keccak256(ethers.toUtf8Bytes(`req-${taskId}-${i}`)),
+      outputHash: ethers.keccak256(ethers.toUtf8Bytes(`out-${taskId}-${i}`)),
+      outputTokens: tokens,
+      modelId,
+    };
+    receipts.push(r);
+    sigs.push(await minerSigner.signTypedData(domain, RECEIPT_TYPES, r));
+  }
+  const values = receipts.map((r) => [r.index, receiptStructHash(r)]);
+  const tree = StandardMerkleTree.of(values, ["uint256", "bytes32"]);
+  const proofOf = (k) => tree.getProof(k);
+  return { root: tree.root, receipts, sigs, tree, proofOf };
+}
+
+async function signVotes(arb, signers, disputeId, minerAtFault, domainOver = {}) {
+  const domain = { ...(await domainOf(arb)), ...domainOver };
+  const sorted = sortByAddress(signers);
+  return Promise.all(sorted.map((s) => s.signTypedData(domain, VOTE_TYPES, { disputeId, minerAtFault })));
+}
+
+async function signReport(committee, signers, report, domainOver = {}) {
+  const domain = { ...(await domainOf(committee)), ...domainOver };
+  const sorted = sortByAddress(signers);
+  return Promise.all(sorted.map((s) => s.signTypedData(domain, REPORT_TYPES, report)));
+}
+
+async function signChallengeSet(committee, signers, value, domainOver = {}) {
+  const domain = { ...(await domainOf(committee)), ...domainOver };
+  const sorted = sortByAddress(signers);
+  return Promise.all(sorted.map((s) => s.signTypedData(domain, CHALLENGE_TYPES, value)));
+}
+
+/** Gas cost in wei of a mined transaction. */
+async function gasCost(tx) {
+  const rc = await tx.wait();
+  return rc.gasUsed * rc.gasPrice;
+}
+
+module.exports = {
+  P, MODEL, OTHER_MODEL, GPU, PRICE,
+  RECEIPT_TYPES, VOTE_TYPES, REPORT_TYPES, CHALLENGE_TYPES,
+  domainOf, sortByAddress, deployQuarry, createTask, receiptStructHash, buildResult,
+  signVotes, signReport, signChallengeSet, gasCost,
+};
