@@ -36,6 +36,9 @@ __all__ = [
     "typed_digest",
     "sign",
     "recover",
+    "sign_all",
+    "quorum_signatures",
+    "sort_signatures",
 ]
 
 DOMAIN_NAME = "Quarry"
@@ -280,5 +283,26 @@ def recover(
 def sign_all(
     struct: _Struct, private_keys: Sequence[Any], chain_id: int, verifying_contract: str
 ) -> list[bytes]:
-    """One signature per key (a committee's quorum), in the keys' order."""
+    """One signature per key, in the keys' order."""
     return [struct.sign(k, chain_id, verifying_contract) for k in private_keys]
+
+
+def quorum_signatures(
+    struct: _Struct, private_keys: Sequence[Any], chain_id: int, verifying_contract: str
+) -> list[bytes]:
+    """One signature per key, ordered by signer address ascending: the contracts recover
+    quorum signatures in order and require strictly ascending signers (no duplicates)."""
+    signed = [
+        (int(Account.from_key(k).address, 16), struct.sign(k, chain_id, verifying_contract))
+        for k in private_keys
+    ]
+    return [sig for _, sig in sorted(signed, key=lambda pair: pair[0])]
+
+
+def sort_signatures(
+    struct: _Struct, signatures: Sequence[bytes], chain_id: int, verifying_contract: str
+) -> list[bytes]:
+    """Already collected signatures (e.g. from other verifiers), put in ascending signer order."""
+    keyed = [(int(struct.recover(s, chain_id, verifying_contract), 16), bytes(s))
+             for s in signatures]
+    return [sig for _, sig in sorted(keyed, key=lambda pair: pair[0])]

@@ -32,6 +32,7 @@ __all__ = [
     "verify_proof",
     "input_tree",
     "result_tree",
+    "receipts_tree",
 ]
 
 INDEX_HASH_TYPES: tuple[str, str] = ("uint256", "bytes32")
@@ -167,11 +168,21 @@ def input_tree(request_hashes: Sequence[bytes]) -> StandardMerkleTree:
     return StandardMerkleTree([(i, h) for i, h in enumerate(request_hashes)], INDEX_HASH_TYPES)
 
 
+def receipts_tree(receipts: Sequence[Any]) -> StandardMerkleTree:
+    """A shard's result tree straight from its `Receipt`s: leaf `(r.index, r.struct_hash())`.
+
+    This is the leaf `Arbitration.receiptLeaf` recomputes, with `index` the request's global
+    index in the task (within the shard's `[start, end)`).
+    """
+    return StandardMerkleTree([(r.index, r.struct_hash()) for r in receipts], INDEX_HASH_TYPES)
+
+
 def result_tree(receipt_struct_hashes: Sequence[bytes], first_index: int = 0) -> StandardMerkleTree:
     """A shard's result tree: leaf j is `(uint256 first_index + j, bytes32 structHash_j)`.
 
-    Pass the receipts' EIP-712 struct hashes in index order, and the receipt `index` of the
-    first one as `first_index` (see the contracts' docs for whether that index is global).
+    Pass the receipts' EIP-712 struct hashes in index order, and the global request index
+    of the first one (the shard's `start`) as `first_index`: Arbitration checks the leaf
+    `(receipt.index, structHash)` with the task-wide index.
     """
     return StandardMerkleTree(
         [(first_index + j, h) for j, h in enumerate(receipt_struct_hashes)], INDEX_HASH_TYPES

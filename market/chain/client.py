@@ -1,0 +1,292 @@
+"""A connection to one EVM chain: sending signed transactions from local accounts, decoding
+reverts and events, and the devnet-only clock and snapshot controls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from eth_utils import event_abi_to_log_topic, to_checksum_address
+from web3 import Web3
+from web3.contract import Contract
+from web3.contract.contract import ContractFunction
+from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception
+
+from market.chain.artifacts import Artifact
+from market.chain.errors import ChainError, ErrorDecoder, default_decoder
+
+ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
+
+
+@cache
+def anvil_account(index: int) -> LocalAccount:
+    """Account `index` of Anvil's default mnemonic (funded with 10,000 ETH on a devnet)."""
+    if not isinstance(index, int) or index < 0:
+        raise ChainError(f"account index must be a non-negative integer, got {index!r}")
+    Account.enable_unaudited_hdwallet_features()
+    return Account.from_mnemonic(ANVIL_MNEMONIC, account_path=f"m/44'/60'/0'/0/{index}")
+
+
+def as_account(key_or_account: LocalAccount | str | bytes) -> LocalAccount:
+    """A LocalAccount from itself or from a private key (hex string or bytes)."""
+    if isinstance(key_or_account, LocalAccount):
+        return key_or_account
+    try:
+        return Account.from_key(key_or_account)
+    except (ValueError, TypeError) as exc:
+        raise ChainError(f"not a valid private key: {exc}") from exc
+
+
+@dataclass
+class TxResult:
+    """A mined transaction: its receipt, the wei it cost in gas, and its decoded events."""
+
+    tx_hash: str
+    block_number: int
+    gas_used: int
+    gas_cost: int  # gasUsed * effectiveGasPrice, in wei
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    contract_address: str | None = None
+
+    def event(self, name: str) -> dict[str, Any]:
+        """The arguments of the first event called `name` (ChainError when there is none)."""
+        for event_name, args in self.events:
+            if event_name == name:
+                return args
+        raise ChainError(f"transaction {self.tx_hash} emitted no {name} event")
+
+    def all(self, name: str) -> list[dict[str, Any]]:
+        """The arguments of every event called `name`, in log order."""
+        return [args for event_name, args in self.events if event_name == name]
+
+
+class Chain:
+    """One JSON-RPC endpoint. Transactions are signed locally, so any EVM node works."""
+
+    def __init__(
+        self, rpc_url: str, *, timeout: float = 30.0, decoder: ErrorDecoder | None = None
+    ) -> None:
+        self.rpc_url = rpc_url
+        self.timeout = timeout
+        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+        self._decoder = decoder
+        self._chain_id: int | None = None
+        self._contracts: dict[str, tuple[str, Contract]] = {}  # address -> (name, contract)
+        self._topics: dict[tuple[str, bytes], str] = {}  # (address, topic0) -> event name
+        self._send_lock = threading.Lock()
+
+    # -- basics ---------------------------------------------------------------------------
+
+    @property
+    def decoder(self) -> ErrorDecoder:
+        if self._decoder is None:
+            self._decoder = default_decoder()
+        return self._decoder
+
+    def is_up(self) -> bool:
+        """Whether the node answers JSON-RPC."""
+        try:
+            return self.w3.is_connected()
+        except Exception:  # any transport failure means "not up"
+            return False
+
+    @property
+    def chain_id(self) -> int:
+        if self._chain_id is None:
+            self._chain_id = int(self._rpc(lambda: self.w3.eth.chain_id))
+        return self._chain_id
+
+    def block_number(self) -> int:
+        return int(self._rpc(lambda: self.w3.eth.block_number))
+
+    def timestamp(self) -> int:
+        """The latest block's timestamp (the contracts' `block.timestamp` is at least this)."""
+        return int(self._rpc(lambda: self.w3.eth.get_block("latest"))["timestamp"])
+
+    def balance(self, address: str) -> int:
+        return int(self._rpc(lambda: self.w3.eth.get_balance(to_checksum_address(address))))
+
+    def _rpc(self, thunk: Any) -> Any:
+        try:
+            return thunk()
+        except (OSError, Web3Exception) as exc:
+            if isinstance(exc, ContractLogicError):
+                raise
+            raise ChainError(f"chain at {self.rpc_url} did not answer: {exc}") from exc
+        except Exception as exc:  # requests' errors are not OSError subclasses everywhere
+            if type(exc).__module__.startswith(("requests", "urllib3")):
+                raise ChainError(f"chain at {self.rpc_url} did not answer: {exc}") from exc
+            raise
+
+    # -- contracts ------------------------------------------------------------------------
+
+    def contract(self, name: str, address: str, abi: Sequence[dict[str, Any]]) -> Contract:
+        """A web3 contract bound to `address`, remembered so its events are decoded."""
+        address = to_checksum_address(address)
+        contract = self.w3.eth.contract(address=address, abi=list(abi), decode_tuples=True)
+        self._contracts[address] = (name, contract)
+        for item in abi:
+            if item.get("type") == "event" and not item.get("anonymous"):
+                self._topics[(address, event_abi_to_log_topic(item))] = item["name"]
+        return contract
+
+    def deploy(
+        self, artifact: Artifact, sender: LocalAccount, *args: Any, value: int = 0
+    ) -> tuple[Contract, TxResult]:
+        """Deploy `artifact` with constructor `args`; returns the bound contract and receipt."""
+        factory = self.w3.eth.contract(abi=artifact.abi, bytecode=artifact.bytecode)
+        result = self.send(factory.constructor(*args), sender, value=value,
+                           where=f"{artifact.name}.constructor")
+        if not result.contract_address:
+            raise ChainError(f"deploying {artifact.name} created no contract")
+        return self.contract(artifact.name, result.contract_address, artifact.abi), result
+
+    def where(self, fn: Any) -> str:
+        address = getattr(fn, "address", None)
+        name = self._contracts.get(address, ("contract", None))[0] if address else "contract"
+        return f"{name}.{getattr(fn, 'fn_name', '?')}"
+
+    def call(self, fn: ContractFunction, *, block: int | str = "latest") -> Any:
+        """Run a view (or simulate a transaction) and decode its reverts."""
+        try:
+            return self._rpc(lambda: fn.call(block_identifier=block))
+        except ContractLogicError as exc:
+            raise self._revert(exc, self.where(fn)) from None
+
+    def send(
+        self,
+        fn: Any,
+        sender: LocalAccount,
+        *,
+        value: int = 0,
+        gas: int | None = None,
+        where: str | None = None,
+    ) -> TxResult:
+        """Sign `fn` (a contract function or constructor call) as `sender`, send it, and wait
+        for its receipt. A revert raises the `ContractRevert` subclass named after the error."""
+        where = where or self.where(fn)
+        tx: dict[str, Any] = {
+            "from": sender.address,
+            "value": int(value),
+            "chainId": self.chain_id,
+        }
+        if gas is not None:
+            tx["gas"] = int(gas)
+        with self._send_lock:
+            try:
+                tx["nonce"] = self._rpc(
+                    lambda: self.w3.eth.get_transaction_count(sender.address, "pending")
+                )
+                built = self._rpc(lambda: fn.build_transaction(tx))  # estimates gas: may revert
+            except ContractLogicError as exc:
+                raise self._revert(exc, where) from None
+            signed = sender.sign_transaction(built)
+            tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
+        try:
+            receipt = self.w3.eth.wait_for_transaction_receipt(
+                tx_hash, timeout=self.timeout, poll_latency=0.05
+            )
+        except TimeExhausted as exc:
+            raise ChainError(f"{where}: transaction {tx_hash.hex()} not mined: {exc}") from exc
+        if receipt["status"] != 1:
+            # Replay it as a call on the parent block's state to recover the revert data.
+            try:
+                self.w3.eth.call({**built, "gas": built["gas"]}, receipt["blockNumber"] - 1)
+            except ContractLogicError as exc:
+                raise self._revert(exc, where) from None
+            raise ChainError(f"{where}: transaction {tx_hash.hex()} reverted (no reason)")
+        return TxResult(
+            tx_hash="0x" + bytes(tx_hash).hex(),
+            block_number=int(receipt["blockNumber"]),
+            gas_used=int(receipt["gasUsed"]),
+            gas_cost=int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]),
+            events=self._decode_logs(receipt["logs"]),
+            contract_address=receipt.get("contractAddress"),
+        )
+
+    def transfer(self, sender: LocalAccount, to: str, value: int) -> TxResult:
+        """Send plain ether."""
+        tx = {
+            "from": sender.address, "to": to_checksum_address(to), "value": int(value),
+            "chainId": self.chain_id,
+            "nonce": self.w3.eth.get_transaction_count(sender.address, "pending"),
+            "gas": 21000, "maxFeePerGas": 2 * self.w3.eth.gas_price + 1,
+            "maxPriorityFeePerGas": 1,
+        }
+        signed = sender.sign_transaction(tx)
+        tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
+        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=self.timeout)
+        return TxResult("0x" + bytes(tx_hash).hex(), int(receipt["blockNumber"]),
+                        int(receipt["gasUsed"]),
+                        int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]))
+
+    def _revert(self, exc: ContractLogicError, where: str) -> Exception:
+        data = exc.data
+        if isinstance(data, dict):  # some nodes nest it: {"data": "0x..."}
+            data = data.get("data")
+        if isinstance(data, str) and data.startswith("0x"):
+            return self.decoder.exception(bytes.fromhex(data[2:]), where)
+        return self.decoder.exception(b"", where) if data in (None, "0x") else ChainError(
+            f"{where} reverted: {exc.message or exc}"
+        )
+
+    def _decode_logs(self, logs: Sequence[Any]) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        for log in logs:
+            if not log["topics"]:
+                continue
+            address = to_checksum_address(log["address"])
+            name = self._topics.get((address, bytes(log["topics"][0])))
+            if name is None:
+                continue
+            contract = self._contracts[address][1]
+            decoded = contract.events[name]().process_log(log)
+            out.append((name, _plain(decoded["args"])))
+        return out
+
+    # -- devnet controls (Anvil, Hardhat) -------------------------------------------------
+
+    def rpc(self, method: str, params: Sequence[Any] = ()) -> Any:
+        """A raw JSON-RPC call; errors become ChainError."""
+        response = self._rpc(lambda: self.w3.provider.make_request(method, list(params)))
+        if "error" in response:
+            raise ChainError(f"{method} failed: {response['error']}")
+        return response.get("result")
+
+    def snapshot(self) -> str:
+        return str(self.rpc("evm_snapshot"))
+
+    def revert_to(self, snapshot_id: str) -> None:
+        if not self.rpc("evm_revert", [snapshot_id]):
+            raise ChainError(f"evm_revert to snapshot {snapshot_id} failed")
+
+    def mine(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.rpc("evm_mine")
+
+    def advance_time(self, seconds: int) -> int:
+        """Move the chain clock forward and mine a block at the new time; returns it."""
+        self.rpc("evm_increaseTime", [int(seconds)])
+        self.rpc("evm_mine")
+        return self.timestamp()
+
+    def set_balance(self, address: str, wei: int) -> None:
+        self.rpc("anvil_setBalance", [to_checksum_address(address), hex(int(wei))])
+
+
+def _plain(value: Any) -> Any:
+    """AttributeDicts and HexBytes into dicts and bytes, so results compare and print simply."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) and not isinstance(value, bytes):
+        if hasattr(value, "_asdict"):
+            return {k: _plain(v) for k, v in value._asdict().items()}
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        return bytes(value)
+    return value

@@ -1,0 +1,492 @@
+"""Typed wrappers over the five Quarry contracts.
+
+Each wrapper takes the `Chain`, the contract's address, and (for transactions) the local
+account that signs. Transactions return a `TxResult` (gas, decoded events); reverts raise
+the `ContractRevert` subclass named after the custom error. Struct results come back as the
+frozen dataclasses below, with snake_case fields. Amounts are wei, times are chain seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from enum import IntEnum
+from typing import Any, ClassVar, TypeVar
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+from web3.contract import Contract
+from web3.exceptions import ABIFunctionNotFound, MismatchedABI, Web3ValidationError
+
+from market.chain.artifacts import load_artifact
+from market.chain.client import Chain, TxResult, _plain
+from market.chain.errors import ChainError
+from market.protocol.eip712 import Receipt, Report
+
+ZERO_ADDRESS = "0x" + "00" * 20
+
+T = TypeVar("T")
+_ABI_ERRORS = (ABIFunctionNotFound, MismatchedABI, Web3ValidationError)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def _struct(cls: type[T], value: Any) -> T:
+    """A dataclass from a decoded struct (named tuple or dict), matching camelCase to snake."""
+    data = _plain(value)
+    if not isinstance(data, dict):
+        raise ChainError(f"expected a struct for {cls.__name__}, got {type(value).__name__}")
+    by_snake = {_snake(k): v for k, v in data.items()}
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name not in by_snake:
+            raise ChainError(f"{cls.__name__}: the contract returned no field {f.name!r}")
+        kwargs[f.name] = by_snake[f.name]
+    hook = getattr(cls, "_convert", None)
+    return cls(**(hook(kwargs) if hook else kwargs))
+
+
+class ShardState(IntEnum):
+    OPEN = 0
+    CLAIMED = 1
+    SUBMITTED = 2
+    DISPUTED = 3
+    FINALIZED = 4
+    REFUNDED = 5
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_mi_b: int
+    count: int
+
+    def as_tuple(self) -> tuple[str, int, int]:
+        return (self.name, self.memory_mi_b, self.count)
+
+
+@dataclass(frozen=True)
+class MinerInfo:
+    stake: int
+    locked: int
+    reputation_bps: int
+    price_per_token: int
+    endpoint: str
+    gpu: GpuSpec
+    exit_requested_at: int
+    active: bool
+
+    @staticmethod
+    def _convert(kw: dict[str, Any]) -> dict[str, Any]:
+        return {**kw, "gpu": _struct(GpuSpec, kw["gpu"])}
+
+
+@dataclass(frozen=True)
+class Task:
+    client: str
+    arbiter: str
+    model_id: bytes
+    input_root: bytes
+    input_uri: str
+    num_requests: int
+    shard_size: int
+    max_tokens_per_request: int
+    num_shards: int
+    price_per_token: int
+    deadline: int
+    created_at: int
+    min_reputation_bps: int
+    cancelled: bool
+    committed: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    state: ShardState
+    miner: str
+    claim_expiry: int
+    submitted_at: int
+    window_end: int
+    tokens_used: int
+    collateral: int
+    result_root: bytes
+    result_uri: str
+
+    @staticmethod
+    def _convert(kw: dict[str, Any]) -> dict[str, Any]:
+        return {**kw, "state": ShardState(kw["state"])}
+
+
+@dataclass(frozen=True)
+class VerifierInfo:
+    stake: int
+    exit_requested_at: int
+    member: bool
+
+
+class QuarryContract:
+    """A thin wrapper: `_tx` sends as a given account, `_call` reads."""
+
+    NAME: ClassVar[str]
+
+    def __init__(self, chain: Chain, address: str) -> None:
+        self.chain = chain
+        self.address = to_checksum_address(address)
+        abi = load_artifact(self.NAME).abi
+        self.contract: Contract = chain.contract(self.NAME, self.address, abi)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.address})"
+
+    def _fn(self, name: str, *args: Any) -> Any:
+        try:
+            return self.contract.functions[name](*args)
+        except _ABI_ERRORS as exc:
+            raise ChainError(f"{self.NAME}.{name}: bad arguments {args!r}: {exc}") from exc
+
+    def _tx(self, sender: LocalAccount, name: str, *args: Any, value: int = 0) -> TxResult:
+        try:
+            return self.chain.send(self._fn(name, *args), sender, value=value,
+                                   where=f"{self.NAME}.{name}")
+        except _ABI_ERRORS as exc:
+            raise ChainError(f"{self.NAME}.{name}: bad arguments {args!r}: {exc}") from exc
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            return self.chain.call(self._fn(name, *args))
+        except _ABI_ERRORS as exc:
+            raise ChainError(f"{self.NAME}.{name}: bad arguments {args!r}: {exc}") from exc
+
+    def owner(self) -> str:
+        return str(self._call("owner"))
+
+    def events(self, name: str, from_block: int = 0, **filters: Any) -> list[dict[str, Any]]:
+        """Arguments of every `name` event since `from_block`, filtered on indexed args."""
+        event = self.contract.events[name]
+        logs = event().get_logs(from_block=from_block,
+                                argument_filters=filters or None)
+        return [_plain(log["args"]) | {"blockNumber": log["blockNumber"]} for log in logs]
+
+
+class PaymentEscrow(QuarryContract):
+    NAME = "PaymentEscrow"
+
+    def withdraw(self, sender: LocalAccount) -> TxResult:
+        return self._tx(sender, "withdraw")
+
+    def withdrawable(self, account: str) -> int:
+        return int(self._call("withdrawable", to_checksum_address(account)))
+
+    def escrowed(self, task_id: int) -> int:
+        return int(self._call("escrowed", task_id))
+
+    def total_escrowed(self) -> int:
+        return int(self._call("totalEscrowed"))
+
+    def total_withdrawable(self) -> int:
+        return int(self._call("totalWithdrawable"))
+
+    def balance(self) -> int:
+        """The contract's wei: always `total_escrowed() + total_withdrawable()`."""
+        return self.chain.balance(self.address)
+
+
+class GPURegistry(QuarryContract):
+    NAME = "GPURegistry"
+
+    def register(
+        self,
+        sender: LocalAccount,
+        model_ids: Sequence[bytes],
+        gpu: GpuSpec,
+        endpoint: str,
+        price_per_token: int,
+        stake: int,
+    ) -> TxResult:
+        return self._tx(sender, "register", list(model_ids), gpu.as_tuple(), endpoint,
+                        price_per_token, value=stake)
+
+    def add_stake(self, sender: LocalAccount, amount: int) -> TxResult:
+        return self._tx(sender, "addStake", value=amount)
+
+    def update(
+        self,
+        sender: LocalAccount,
+        model_ids: Sequence[bytes],
+        gpu: GpuSpec,
+        endpoint: str,
+        price_per_token: int,
+    ) -> TxResult:
+        return self._tx(sender, "update", list(model_ids), gpu.as_tuple(), endpoint,
+                        price_per_token)
+
+    def request_exit(self, sender: LocalAccount) -> TxResult:
+        return self._tx(sender, "requestExit")
+
+    def withdraw_stake(self, sender: LocalAccount) -> TxResult:
+        return self._tx(sender, "withdrawStake")
+
+    def is_eligible(self, miner: str, model_id: bytes, min_rep_bps: int = 0) -> bool:
+        return bool(self._call("isEligible", to_checksum_address(miner), model_id, min_rep_bps))
+
+    def is_registered(self, miner: str) -> bool:
+        return bool(self._call("isRegistered", to_checksum_address(miner)))
+
+    def miner_info(self, miner: str) -> MinerInfo:
+        return _struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
+
+    def models_of(self, miner: str) -> list[bytes]:
+        return [bytes(m) for m in self._call("modelsOf", to_checksum_address(miner))]
+
+    def min_stake(self) -> int:
+        return int(self._call("minStake"))
+
+
+class TaskRegistry(QuarryContract):
+    NAME = "TaskRegistry"
+
+    def create_task(
+        self,
+        sender: LocalAccount,
+        *,
+        model_id: bytes,
+        input_root: bytes,
+        input_uri: str,
+        num_requests: int,
+        shard_size: int,
+        max_tokens_per_request: int,
+        price_per_token: int,
+        deadline: int,
+        min_reputation_bps: int = 0,
+        arbiter: str = ZERO_ADDRESS,
+        payment: int | None = None,
+    ) -> tuple[int, TxResult]:
+        """Post a task paying `payment` (default: the exact maximum cost); returns its id."""
+        if payment is None:
+            payment = num_requests * max_tokens_per_request * price_per_token
+        result = self._tx(
+            sender, "createTask", model_id, input_root, input_uri, num_requests, shard_size,
+            max_tokens_per_request, price_per_token, deadline, min_reputation_bps,
+            to_checksum_address(arbiter), value=payment,
+        )
+        return int(result.event("TaskCreated")["taskId"]), result
+
+    def claim_shard(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
+        return self._tx(sender, "claimShard", task_id, shard)
+
+    def submit_result(
+        self,
+        sender: LocalAccount,
+        task_id: int,
+        shard: int,
+        result_root: bytes,
+        result_uri: str,
+        tokens_used: int,
+    ) -> TxResult:
+        return self._tx(sender, "submitResult", task_id, shard, result_root, result_uri,
+                        tokens_used)
+
+    def reclaim_expired(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
+        return self._tx(sender, "reclaimExpired", task_id, shard)
+
+    def finalize_shard(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
+        return self._tx(sender, "finalizeShard", task_id, shard)
+
+    def cancel_task(self, sender: LocalAccount, task_id: int) -> TxResult:
+        return self._tx(sender, "cancelTask", task_id)
+
+    def refund_unfinished(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
+        return self._tx(sender, "refundUnfinished", task_id, shard)
+
+    def get_task(self, task_id: int) -> Task:
+        return _struct(Task, self._call("getTask", task_id))
+
+    def get_shard(self, task_id: int, shard: int) -> Shard:
+        return _struct(Shard, self._call("getShard", task_id, shard))
+
+    def shard_range(self, task_id: int, shard: int) -> tuple[int, int]:
+        start, end = self._call("shardRange", task_id, shard)
+        return int(start), int(end)
+
+    def shard_budget(self, task_id: int, shard: int) -> int:
+        return int(self._call("shardBudget", task_id, shard))
+
+    def num_shards(self, task_id: int) -> int:
+        return int(self._call("numShards", task_id))
+
+    def task_count(self) -> int:
+        return int(self._call("taskCount"))
+
+    def hash_receipt(self, receipt: Receipt) -> bytes:
+        """The EIP-712 digest the contract computes for `receipt` (what the miner signs)."""
+        return bytes(self._call("hashReceipt", receipt.as_tuple()))
+
+    def receipt_struct_hash(self, receipt: Receipt) -> bytes:
+        return bytes(self._call("receiptStructHash", receipt.as_tuple()))
+
+    def domain_separator(self) -> bytes:
+        return bytes(self._call("domainSeparator"))
+
+    def params(self) -> dict[str, int]:
+        names = ("collateralBps", "claimTimeout", "challengeWindow", "reclaimPenaltyBps")
+        return {_snake(n): int(self._call(n)) for n in names}
+
+
+class VerifierCommittee(QuarryContract):
+    NAME = "VerifierCommittee"
+
+    def register(self, sender: LocalAccount, stake: int) -> TxResult:
+        return self._tx(sender, "register", value=stake)
+
+    def request_exit(self, sender: LocalAccount) -> TxResult:
+        return self._tx(sender, "requestExit")
+
+    def withdraw_stake(self, sender: LocalAccount) -> TxResult:
+        return self._tx(sender, "withdrawStake")
+
+    def commit_challenge_set(
+        self, sender: LocalAccount, epoch: int, challenge_set_hash: bytes,
+        sigs: Sequence[bytes],
+    ) -> TxResult:
+        """`sigs`: member signatures, signers ascending (see `eip712.quorum_signatures`)."""
+        return self._tx(sender, "commitChallengeSet", epoch, challenge_set_hash, list(sigs))
+
+    def submit_reputation(self, sender: LocalAccount, report: Report,
+                          sigs: Sequence[bytes]) -> TxResult:
+        return self._tx(sender, "submitReputation", report.epoch, list(report.miners),
+                        list(report.scores_bps), report.evidence_root, list(sigs))
+
+    def prove_equivocation(
+        self, sender: LocalAccount, verifier: str, a: Report, sig_a: bytes, b: Report,
+        sig_b: bytes,
+    ) -> TxResult:
+        return self._tx(sender, "proveEquivocation", to_checksum_address(verifier),
+                        a.as_tuple(), sig_a, b.as_tuple(), sig_b)
+
+    def quorum(self) -> int:
+        return int(self._call("quorum"))
+
+    def is_member(self, account: str) -> bool:
+        return bool(self._call("isMember", to_checksum_address(account)))
+
+    def members(self) -> list[str]:
+        return [to_checksum_address(m) for m in self._call("members")]
+
+    def verifier_info(self, account: str) -> VerifierInfo:
+        return _struct(VerifierInfo, self._call("verifierInfo", to_checksum_address(account)))
+
+    def current_epoch(self) -> int:
+        return int(self._call("currentEpoch"))
+
+    def epoch_duration(self) -> int:
+        return int(self._call("epochDuration"))
+
+    def genesis_time(self) -> int:
+        return int(self._call("genesisTime"))
+
+    def leader_of(self, epoch: int) -> str:
+        return to_checksum_address(self._call("leaderOf", epoch))
+
+    def challenge_set_of(self, epoch: int) -> bytes:
+        return bytes(self._call("challengeSetOf", epoch))
+
+    def reported(self, epoch: int) -> bool:
+        return bool(self._call("reported", epoch))
+
+    def last_commit_hash(self) -> bytes:
+        return bytes(self._call("lastCommitHash"))
+
+    def hash_challenge_set(self, epoch: int, challenge_set_hash: bytes) -> bytes:
+        return bytes(self._call("hashChallengeSet", epoch, challenge_set_hash))
+
+    def hash_report(self, report: Report) -> bytes:
+        return bytes(self._call("hashReport", report.as_tuple()))
+
+    def domain_separator(self) -> bytes:
+        return bytes(self._call("domainSeparator"))
+
+
+class DisputeStatus(IntEnum):
+    NONE = 0
+    OPEN = 1
+    MINER_AT_FAULT = 2
+    MINER_NOT_AT_FAULT = 3
+    EXPIRED = 4
+
+
+@dataclass(frozen=True)
+class Dispute:
+    task_id: int
+    shard: int
+    status: DisputeStatus
+    opener: str
+    miner: str
+    bond: int
+    opened_at: int
+    deadline: int
+    receipt: Receipt
+    evidence_uri: str
+
+    @staticmethod
+    def _convert(kw: dict[str, Any]) -> dict[str, Any]:
+        return {**kw, "status": DisputeStatus(kw["status"]),
+                "receipt": Receipt.from_message(kw["receipt"])}
+
+
+class Arbitration(QuarryContract):
+    NAME = "Arbitration"
+
+    def open_dispute(
+        self,
+        sender: LocalAccount,
+        task_id: int,
+        shard: int,
+        receipt: Receipt,
+        miner_sig: bytes,
+        proof: Sequence[bytes],
+        evidence_uri: str,
+        bond: int,
+    ) -> tuple[int, TxResult]:
+        """Dispute one receipt (by the task's client or arbiter); returns the dispute id."""
+        result = self._tx(sender, "openDispute", task_id, shard, receipt.as_tuple(), miner_sig,
+                          list(proof), evidence_uri, value=bond)
+        return int(result.event("DisputeOpened")["disputeId"]), result
+
+    def resolve(self, sender: LocalAccount, dispute_id: int, miner_at_fault: bool,
+                sigs: Sequence[bytes]) -> TxResult:
+        """`sigs`: committee Vote signatures, signers ascending (`eip712.quorum_signatures`)."""
+        return self._tx(sender, "resolve", dispute_id, miner_at_fault, list(sigs))
+
+    def expire_dispute(self, sender: LocalAccount, dispute_id: int) -> TxResult:
+        return self._tx(sender, "expireDispute", dispute_id)
+
+    def get_dispute(self, dispute_id: int) -> Dispute:
+        return _struct(Dispute, self._call("getDispute", dispute_id))
+
+    def dispute_count(self) -> int:
+        return int(self._call("disputeCount"))
+
+    def min_bond(self) -> int:
+        return int(self._call("minBond"))
+
+    def hash_vote(self, dispute_id: int, miner_at_fault: bool) -> bytes:
+        return bytes(self._call("hashVote", dispute_id, miner_at_fault))
+
+    def receipt_leaf(self, receipt: Receipt) -> bytes:
+        return bytes(self._call("receiptLeaf", receipt.as_tuple()))
+
+    def domain_separator(self) -> bytes:
+        return bytes(self._call("domainSeparator"))
+
+    def params(self) -> dict[str, int]:
+        names = ("minBond", "disputeTimeout", "faultSlashBps", "verifierRewardBps",
+                 "minerBondShareBps")
+        return {_snake(n): int(self._call(n)) for n in names}
+
+
+WRAPPERS: dict[str, type[QuarryContract]] = {
+    c.NAME: c for c in (PaymentEscrow, GPURegistry, TaskRegistry, VerifierCommittee, Arbitration)
+}

@@ -1,0 +1,247 @@
+"""Deploy and wire the five contracts, the deployment file, and `Quarry`: every wrapper on one
+connection.
+
+Order and wiring follow TaskRegistry's NatSpec: PaymentEscrow, GPURegistry, TaskRegistry,
+VerifierCommittee, Arbitration, then each contract's one-time setters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import is_address, to_checksum_address
+
+from market.chain.artifacts import CONTRACT_NAMES, load_artifact
+from market.chain.client import Chain, TxResult
+from market.chain.contracts import (
+    Arbitration,
+    GPURegistry,
+    PaymentEscrow,
+    TaskRegistry,
+    VerifierCommittee,
+)
+from market.config import deployment_path
+from market.errors import ConfigError
+
+ETHER = 10**18
+
+
+@dataclass(frozen=True)
+class DeployParams:
+    """Every amount (wei) and duration (seconds) the constructors take. The defaults are the
+    devnet's: small stakes and short windows so a whole life cycle runs in seconds."""
+
+    # GPURegistry
+    min_stake: int = ETHER // 10
+    miner_unbonding_period: int = 60
+    initial_reputation_bps: int = 5000
+    # TaskRegistry
+    collateral_bps: int = 2000
+    claim_timeout: int = 600
+    challenge_window: int = 60
+    reclaim_penalty_bps: int = 5000
+    # VerifierCommittee
+    min_verifier_stake: int = ETHER // 10
+    verifier_unbonding_period: int = 60
+    epoch_duration: int = 300
+    genesis_time: int = 0  # 0: the deploy block's timestamp
+    # Arbitration
+    min_bond: int = ETHER // 100
+    dispute_timeout: int = 600
+    fault_slash_bps: int = 10_000
+    verifier_reward_bps: int = 2000
+    miner_bond_share_bps: int = 5000
+
+    def constructor_args(self, name: str) -> tuple[Any, ...]:
+        return {
+            "PaymentEscrow": (),
+            "GPURegistry": (self.min_stake, self.miner_unbonding_period,
+                            self.initial_reputation_bps),
+            "TaskRegistry": (self.collateral_bps, self.claim_timeout, self.challenge_window,
+                             self.reclaim_penalty_bps),
+            "VerifierCommittee": (self.min_verifier_stake, self.verifier_unbonding_period,
+                                  self.epoch_duration, self.genesis_time),
+            "Arbitration": (self.min_bond, self.dispute_timeout, self.fault_slash_bps,
+                            self.verifier_reward_bps, self.miner_bond_share_bps),
+        }[name]
+
+
+DEVNET_PARAMS = DeployParams()
+
+
+@dataclass
+class Deployment:
+    """What `deployment.json` holds: enough for any process to reach the contracts."""
+
+    chain_id: int
+    rpc_url: str
+    addresses: dict[str, str]  # contract name -> checksummed address
+    deploy_block: int
+    deployer: str
+    params: dict[str, int] = field(default_factory=dict)
+    anvil_pid: int | None = None
+    anvil_log: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chainId": self.chain_id,
+            "rpcUrl": self.rpc_url,
+            "addresses": self.addresses,
+            "deployBlock": self.deploy_block,
+            "deployer": self.deployer,
+            "params": self.params,
+            "anvilPid": self.anvil_pid,
+            "anvilLog": self.anvil_log,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str = "deployment") -> Deployment:
+        try:
+            addresses = {str(k): to_checksum_address(v) for k, v in data["addresses"].items()}
+            missing = [n for n in CONTRACT_NAMES if n not in addresses]
+            if missing:
+                raise ConfigError(f"{source}: no address for {', '.join(missing)}")
+            return cls(
+                chain_id=int(data["chainId"]),
+                rpc_url=str(data["rpcUrl"]),
+                addresses=addresses,
+                deploy_block=int(data["deployBlock"]),
+                deployer=to_checksum_address(data["deployer"]),
+                params={str(k): int(v) for k, v in data.get("params", {}).items()},
+                anvil_pid=None if data.get("anvilPid") is None else int(data["anvilPid"]),
+                anvil_log=data.get("anvilLog"),
+            )
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{source} is malformed: {type(exc).__name__}: {exc}") from exc
+
+    def save(self, path: Path | None = None) -> Path:
+        """Write atomically (a reader never sees half a file)."""
+        path = path or deployment_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Deployment:
+        """The deployment file (default `$QUARRY_HOME/deployment.json`)."""
+        path = path or deployment_path()
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(
+                f"no deployment file at {path}: start a devnet with `market devnet up` "
+                "(or set QUARRY_HOME to where one was written)"
+            ) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read deployment file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"deployment file {path} is not a JSON object")
+        return cls.from_json(data, str(path))
+
+
+def deploy(
+    chain: Chain, deployer: LocalAccount, params: DeployParams = DEVNET_PARAMS
+) -> tuple[Deployment, list[TxResult]]:
+    """Deploy the five contracts from `deployer` and wire them; returns the deployment (not
+    yet saved) and every transaction's result."""
+    txs: list[TxResult] = []
+    contracts = {}
+    for name in CONTRACT_NAMES:
+        contract, result = chain.deploy(load_artifact(name), deployer,
+                                        *params.constructor_args(name))
+        contracts[name] = contract
+        txs.append(result)
+    a = {name: c.address for name, c in contracts.items()}
+    wiring = [
+        ("PaymentEscrow", "setTaskRegistry", "TaskRegistry"),
+        ("PaymentEscrow", "setArbitration", "Arbitration"),
+        ("PaymentEscrow", "setGPURegistry", "GPURegistry"),
+        ("PaymentEscrow", "setCommittee", "VerifierCommittee"),
+        ("GPURegistry", "setTaskRegistry", "TaskRegistry"),
+        ("GPURegistry", "setArbitration", "Arbitration"),
+        ("GPURegistry", "setCommittee", "VerifierCommittee"),
+        ("GPURegistry", "setEscrow", "PaymentEscrow"),
+        ("TaskRegistry", "setGPURegistry", "GPURegistry"),
+        ("TaskRegistry", "setEscrow", "PaymentEscrow"),
+        ("TaskRegistry", "setArbitration", "Arbitration"),
+        ("VerifierCommittee", "setGPURegistry", "GPURegistry"),
+        ("VerifierCommittee", "setEscrow", "PaymentEscrow"),
+        ("Arbitration", "setTaskRegistry", "TaskRegistry"),
+        ("Arbitration", "setGPURegistry", "GPURegistry"),
+        ("Arbitration", "setCommittee", "VerifierCommittee"),
+        ("Arbitration", "setEscrow", "PaymentEscrow"),
+    ]
+    for target, setter, wired in wiring:
+        fn = contracts[target].functions[setter](a[wired])
+        txs.append(chain.send(fn, deployer, where=f"{target}.{setter}"))
+    deployment = Deployment(
+        chain_id=chain.chain_id,
+        rpc_url=chain.rpc_url,
+        addresses=a,
+        deploy_block=txs[0].block_number,
+        deployer=deployer.address,
+        params=asdict(params),
+    )
+    return deployment, txs
+
+
+class Quarry:
+    """The five contracts on one connection: `q.tasks`, `q.gpu`, `q.escrow`, `q.arbitration`,
+    `q.committee`, plus `q.chain` and `q.deployment`."""
+
+    def __init__(self, deployment: Deployment, chain: Chain | None = None) -> None:
+        self.deployment = deployment
+        self.chain = chain or Chain(deployment.rpc_url)
+        a = deployment.addresses
+        self.escrow = PaymentEscrow(self.chain, a["PaymentEscrow"])
+        self.gpu = GPURegistry(self.chain, a["GPURegistry"])
+        self.tasks = TaskRegistry(self.chain, a["TaskRegistry"])
+        self.committee = VerifierCommittee(self.chain, a["VerifierCommittee"])
+        self.arbitration = Arbitration(self.chain, a["Arbitration"])
+
+    @classmethod
+    def connect(cls, path: Path | None = None, *, check: bool = True) -> Quarry:
+        """From the deployment file; with `check`, fail clearly if the chain is gone or
+        another chain answers at its URL."""
+        q = cls(Deployment.load(path))
+        if check:
+            q.check()
+        return q
+
+    def check(self) -> None:
+        from market.chain.errors import ChainError
+
+        if not self.chain.is_up():
+            raise ChainError(
+                f"no chain answers at {self.deployment.rpc_url}; is the devnet running? "
+                "(`market devnet status`)"
+            )
+        if self.chain.chain_id != self.deployment.chain_id:
+            raise ChainError(
+                f"chain at {self.deployment.rpc_url} has id {self.chain.chain_id}, "
+                f"the deployment says {self.deployment.chain_id}"
+            )
+        code = self.chain.w3.eth.get_code(self.tasks.address)
+        if not code:
+            raise ChainError(
+                f"no TaskRegistry code at {self.tasks.address}: the chain was restarted "
+                "without redeploying; run `market devnet down` and `market devnet up`"
+            )
+
+    @property
+    def chain_id(self) -> int:
+        return self.deployment.chain_id
+
+    def address(self, name: str) -> str:
+        if name not in self.deployment.addresses or not is_address(self.deployment.addresses[name]):
+            raise ConfigError(f"deployment has no contract {name!r}")
+        return self.deployment.addresses[name]
