@@ -1,0 +1,375 @@
+const { expect } = require("chai");
+const { ethers } = require("hardhat");
+const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
+const {
+  P, MODEL, OTHER_MODEL, GPU, PRICE, RECEIPT_TYPES, domainOf, deployQuarry, createTask, receiptStructHash,
+} = require("./helpers");
+
+const S = { Open: 0n, Claimed: 1n, Submitted: 2n, Disputed: 3n, Finalized: 4n, Refunded: 5n };
+const BUDGET4 = 4n * 100n * PRICE; // shard of 4 requests
+const BUDGET2 = 2n * 100n * PRICE; // last shard of 2 requests
+const COLL4 = (BUDGET4 * BigInt(P.collateralBps)) / 10000n;
+const ROOT = ethers.keccak256(ethers.toUtf8Bytes("result-root"));
+
+describe("TaskRegistry", function () {
+  async function withTask() {
+    const q = await deployQuarry();
+    const t = await createTask(q.task, q.client);
+    return { ...q, taskId: t.taskId, targs: t.args, payment: t.value };
+  }
+  async function claimed() {
+    const q = await withTask();
+    await q.task.connect(q.miner).claimShard(q.taskId, 0);
+    return q;
+  }
+  async function submitted() {
+    const q = await claimed();
+    await q.task.connect(q.miner).submitResult(q.taskId, 0, ROOT, "store://out", 250);
+    return q;
+  }
+
+  describe("params and wiring", function () {
+    it("exposes constructor params; owner setters validate", async function () {
+      const { task, outsider, gpu } = await loadFixture(deployQuarry);
+      expect(await task.collateralBps()).to.equal(P.collateralBps);
+      expect(await task.claimTimeout()).to.equal(P.claimTimeout);
+      expect(await task.challengeWindow()).to.equal(P.challengeWindow);
+      expect(await task.reclaimPenaltyBps()).to.equal(P.reclaimPenaltyBps);
+      expect(await task.maxShardsPerTask()).to.equal(1024);
+      await expect(task.setParams(1, 2, 3, 4)).to.emit(task, "ParamsSet").withArgs(1, 2, 3, 4);
+      await expect(task.setParams(10001, 2, 3, 4)).to.be.revertedWithCustomError(task, "InvalidBps");
+      await expect(task.setParams(1, 2, 3, 10001)).to.be.revertedWithCustomError(task, "InvalidBps");
+      await expect(task.setMaxShardsPerTask(0)).to.be.revertedWithCustomError(task, "InvalidMaxShards");
+      await expect(task.setMaxShardsPerTask(1025)).to.be.revertedWithCustomError(task, "InvalidMaxShards");
+      await expect(task.setMaxShardsPerTask(8)).to.emit(task, "MaxShardsPerTaskSet").withArgs(8);
+      await expect(task.connect(outsider).setParams(1, 2, 3, 4)).to.be.revertedWithCustomError(task, "OwnableUnauthorizedAccount");
+      for (const f of ["setGPURegistry", "setEscrow", "setArbitration"]) {
+        await expect(task[f](gpu)).to.be.revertedWithCustomError(task, "AlreadySet");
+      }
+      const F = await ethers.getContractFactory("TaskRegistry");
+      await expect(F.deploy(10001, 1, 1, 1)).to.be.revertedWithCustomError(task, "InvalidBps");
+      const fresh = await F.deploy(1, 1, 1, 1);
+      for (const f of ["setGPURegistry", "setEscrow", "setArbitration"]) {
+        await expect(fresh[f](ethers.ZeroAddress)).to.be.revertedWithCustomError(fresh, "ZeroAddress");
+      }
+      const now = BigInt(await time.latest());
+      await expect(fresh.createTask(MODEL, ROOT, "u", 1, 1, 1, 1, now + 100n, 0, ethers.ZeroAddress, { value: 1 }))
+        .to.be.revertedWithCustomError(fresh, "NotWired");
+    });
+  });
+
+  describe("createTask", function () {
+    it("escrows exactly the maximum cost and records the task", async function () {
+      const { task, escrow, client, arbiter } = await loadFixture(deployQuarry);
+      const before = await ethers.provider.getBalance(escrow);
+      const { taskId, args, value, tx } = await createTask(task, client, { arbiter: arbiter.address, minRep: 4500 });
+      expect(taskId).to.equal(1n);
+      expect(value).to.equal(10n * 100n * PRICE);
+      await expect(tx).to.emit(task, "TaskCreated")
+        .withArgs(1, client.address, MODEL, args.inputRoot, args.inputURI, 10, 4, 3, value, args.deadline);
+      await expect(tx).to.emit(escrow, "Deposited").withArgs(1, value);
+      expect(await ethers.provider.getBalance(escrow)).to.equal(before + value);
+      expect(await escrow.escrowed(1)).to.equal(value);
+      const t = await task.getTask(1);
+      expect(t.client).to.equal(client.address);
+      expect(t.arbiter).to.equal(arbiter.address);
+      expect(t.modelId).to.equal(MODEL);
+      expect(t.inputURI).to.equal("store://inputs");
+      expect(t.numRequests).to.equal(10);
+      expect(t.shardSize).to.equal(4);
+      expect(t.maxTokensPerRequest).to.equal(100);
+      expect(t.numShards).to.equal(3);
+      expect(t.pricePerToken).to.equal(PRICE);
+      expect(t.deadline).to.equal(args.deadline);
+      expect(t.minReputationBps).to.equal(4500);
+      expect(t.cancelled).to.equal(false);
+      expect(t.committed).to.equal(0);
+      expect(await task.numShards(1)).to.equal(3);
+      expect(await task.taskCount()).to.equal(1);
+      expect(await task.shardRange(1, 0)).to.deep.equal([0n, 4n]);
+      expect(await task.shardRange(1, 2)).to.deep.equal([8n, 10n]);
+      expect(await task.shardBudget(1, 1)).to.equal(BUDGET4);
+      expect(await task.shardBudget(1, 2)).to.equal(BUDGET2);
+      const s = await task.getShard(1, 2);
+      expect(s.state).to.equal(S.Open);
+      expect(s.miner).to.equal(ethers.ZeroAddress);
+    });
+    it("reverts with the wrong payment", async function () {
+      const { task, client } = await loadFixture(deployQuarry);
+      const expected = 10n * 100n * PRICE;
+      await expect(createTask(task, client, { value: expected - 1n }))
+        .to.be.revertedWithCustomError(task, "WrongPayment").withArgs(expected, expected - 1n);
+      await expect(createTask(task, client, { value: expected + 1n }))
+        .to.be.revertedWithCustomError(task, "WrongPayment").withArgs(expected, expected + 1n);
+      await expect(createTask(task, client, { value: 0n }))
+        .to.be.revertedWithCustomError(task, "WrongPayment").withArgs(expected, 0);
+    });
+    it("reverts on each bad parameter", async function () {
+      const { task, client } = await loadFixture(deployQuarry);
+      const now = BigInt(await time.latest());
+      await expect(createTask(task, client, { numRequests: 0, value: 0n })).to.be.revertedWithCustomError(task, "ZeroRequests");
+      await expect(createTask(task, client, { shardSize: 0 })).to.be.revertedWithCustomError(task, "ZeroShardSize");
+      await expect(createTask(task, client, { maxTokens: 0, value: 0n })).to.be.revertedWithCustomError(task, "ZeroMaxTokens");
+      await expect(createTask(task, client, { price: 0n, value: 0n })).to.be.revertedWithCustomError(task, "ZeroPrice");
+      await expect(createTask(task, client, { deadline: now })).to.be.revertedWithCustomError(task, "DeadlineInPast");
+      await expect(createTask(task, client, { minRep: 10001 })).to.be.revertedWithCustomError(task, "InvalidBps");
+      await expect(createTask(task, client, { numRequests: 1025, shardSize: 1 }))
+        .to.be.revertedWithCustomError(task, "TooManyShards").withArgs(1024, 1025);
+      await task.setMaxShardsPerTask(2);
+      await expect(createTask(task, client)).to.be.revertedWithCustomError(task, "TooManyShards").withArgs(2, 3);
+      await createTask(task, client, { numRequests: 8 });
+    });
+  });
+
+  describe("claimShard", function () {
+    it("locks collateral and sets the claim expiry", async function () {
+      const { task, gpu, miner, taskId } = await loadFixture(withTask);
+      const tx = await task.connect(miner).claimShard(taskId, 0);
+      const now = BigInt(await time.latest());
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 0, miner.address, now + P.claimTimeout, COLL4);
+      await expect(tx).to.emit(gpu, "CollateralLocked").withArgs(miner.address, COLL4, COLL4);
+      const s = await task.getShard(taskId, 0);
+      expect(s.state).to.equal(S.Claimed);
+      expect(s.miner).to.equal(miner.address);
+      expect(s.claimExpiry).to.equal(now + P.claimTimeout);
+      expect(s.collateral).to.equal(COLL4);
+      expect((await gpu.minerInfo(miner)).locked).to.equal(COLL4);
+      expect((await task.getTask(taskId)).committed).to.equal(BUDGET4);
+    });
+    it("reverts for an ineligible miner", async function () {
+      const { task, gpu, client, miner, outsider, taskId } = await loadFixture(withTask);
+      await expect(task.connect(outsider).claimShard(taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
+      const t2 = await createTask(task, client, { minRep: 6000 });
+      await expect(task.connect(miner).claimShard(t2.taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(miner.address);
+      const t3 = await createTask(task, client, { modelId: OTHER_MODEL });
+      await expect(task.connect(miner).claimShard(t3.taskId, 0)).to.be.revertedWithCustomError(task, "NotEligible");
+      await gpu.connect(miner).requestExit();
+      await expect(task.connect(miner).claimShard(taskId, 0)).to.be.revertedWithCustomError(task, "NotEligible");
+    });
+    it("reverts on a taken shard, bad ids, after the deadline and without free stake", async function () {
+      const { task, gpu, client, miner, miner2, taskId, targs } = await loadFixture(withTask);
+      await task.connect(miner).claimShard(taskId, 0);
+      await expect(task.connect(miner2).claimShard(taskId, 0))
+        .to.be.revertedWithCustomError(task, "ShardNotOpen").withArgs(S.Claimed);
+      await expect(task.connect(miner).claimShard(taskId, 3)).to.be.revertedWithCustomError(task, "BadShard").withArgs(taskId, 3);
+      await expect(task.connect(miner).claimShard(99, 0)).to.be.revertedWithCustomError(task, "UnknownTask").withArgs(99);
+      const big = await createTask(task, client, { price: ethers.parseEther("0.01") }); // collateral 2 ETH > stake
+      await expect(task.connect(miner2).claimShard(big.taskId, 0))
+        .to.be.revertedWithCustomError(gpu, "InsufficientFreeStake").withArgs(P.minStake, ethers.parseEther("2"));
+      await time.increaseTo(targs.deadline);
+      await expect(task.connect(miner2).claimShard(taskId, 1))
+        .to.be.revertedWithCustomError(task, "DeadlinePassed").withArgs(targs.deadline);
+    });
+  });
+
+  describe("submitResult", function () {
+    it("records the result and opens the challenge window", async function () {
+      const { task, miner, taskId } = await loadFixture(claimed);
+      const tx = await task.connect(miner).submitResult(taskId, 0, ROOT, "store://out", 400);
+      const now = BigInt(await time.latest());
+      await expect(tx).to.emit(task, "ResultSubmitted")
+        .withArgs(taskId, 0, miner.address, ROOT, "store://out", 400, now + P.challengeWindow);
+      const s = await task.getShard(taskId, 0);
+      expect(s.state).to.equal(S.Submitted);
+      expect(s.submittedAt).to.equal(now);
+      expect(s.windowEnd).to.equal(now + P.challengeWindow);
+      expect(s.resultRoot).to.equal(ROOT);
+      expect(s.resultURI).to.equal("store://out");
+      expect(s.tokensUsed).to.equal(400);
+    });
+    it("reverts for too many tokens, the wrong miner, an expired claim, an unclaimed shard, a zero root", async function () {
+      const { task, miner, miner2, taskId } = await loadFixture(claimed);
+      await expect(task.connect(miner).submitResult(taskId, 0, ROOT, "u", 401))
+        .to.be.revertedWithCustomError(task, "TooManyTokens").withArgs(400, 401);
+      await expect(task.connect(miner2).submitResult(taskId, 0, ROOT, "u", 1))
+        .to.be.revertedWithCustomError(task, "NotShardMiner").withArgs(miner2.address);
+      await expect(task.connect(miner).submitResult(taskId, 1, ROOT, "u", 1))
+        .to.be.revertedWithCustomError(task, "ShardNotClaimed").withArgs(S.Open);
+      await expect(task.connect(miner).submitResult(taskId, 0, ethers.ZeroHash, "u", 1))
+        .to.be.revertedWithCustomError(task, "ZeroResultRoot");
+      const s = await task.getShard(taskId, 0);
+      await time.increaseTo(s.claimExpiry);
+      await expect(task.connect(miner).submitResult(taskId, 0, ROOT, "u", 1))
+        .to.be.revertedWithCustomError(task, "ClaimExpired").withArgs(s.claimExpiry);
+    });
+    it("caps tokens of the short last shard at its own size", async function () {
+      const { task, miner, taskId } = await loadFixture(withTask);
+      await task.connect(miner).claimShard(taskId, 2);
+      await expect(task.connect(miner).submitResult(taskId, 2, ROOT, "u", 201))
+        .to.be.revertedWithCustomError(task, "TooManyTokens").withArgs(200, 201);
+      await task.connect(miner).submitResult(taskId, 2, ROOT, "u", 200);
+    });
+  });
+
+  describe("finalizeShard", function () {
+    it("pays tokensUsed * price, refunds the rest, unlocks collateral, to the wei", async function () {
+      const { task, escrow, gpu, client, miner, outsider, taskId, payment } = await loadFixture(submitted);
+      const s = await task.getShard(taskId, 0);
+      await expect(task.connect(outsider).finalizeShard(taskId, 0))
+        .to.be.revertedWithCustomError(task, "WindowNotClosed").withArgs(s.windowEnd);
+      await time.increaseTo(s.windowEnd);
+      const pay = 250n * PRICE;
+      const refund = BUDGET4 - pay;
+      const tx = await task.connect(outsider).finalizeShard(taskId, 0);
+      await expect(tx).to.emit(task, "ShardFinalized").withArgs(taskId, 0, miner.address, pay, refund);
+      await expect(tx).to.emit(gpu, "CollateralUnlocked").withArgs(miner.address, COLL4, 0);
+      expect(await escrow.withdrawable(miner)).to.equal(pay);
+      expect(await escrow.withdrawable(client)).to.equal(refund);
+      expect(await escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
+      expect((await gpu.minerInfo(miner)).locked).to.equal(0);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Finalized);
+      expect((await task.getTask(taskId)).committed).to.equal(0);
+      await expect(task.finalizeShard(taskId, 0)).to.be.revertedWithCustomError(task, "AlreadyFinalized");
+      const bal = await ethers.provider.getBalance(escrow);
+      expect(bal).to.equal((await escrow.totalEscrowed()) + (await escrow.totalWithdrawable()));
+    });
+    it("pays nothing for zero tokens and everything for the full budget", async function () {
+      const { task, escrow, client, miner, miner2, taskId } = await loadFixture(withTask);
+      await task.connect(miner).claimShard(taskId, 0);
+      await task.connect(miner2).claimShard(taskId, 2);
+      await task.connect(miner).submitResult(taskId, 0, ROOT, "u", 0);
+      await task.connect(miner2).submitResult(taskId, 2, ROOT, "u", 200);
+      await time.increase(P.challengeWindow);
+      await task.finalizeShard(taskId, 0);
+      await task.finalizeShard(taskId, 2);
+      expect(await escrow.withdrawable(miner)).to.equal(0);
+      expect(await escrow.withdrawable(miner2)).to.equal(BUDGET2);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4);
+    });
+    it("reverts on a shard that is not submitted", async function () {
+      const { task, taskId } = await loadFixture(claimed);
+      await expect(task.finalizeShard(taskId, 0)).to.be.revertedWithCustomError(task, "ShardNotSubmitted").withArgs(S.Claimed);
+      await expect(task.finalizeShard(taskId, 1)).to.be.revertedWithCustomError(task, "ShardNotSubmitted").withArgs(S.Open);
+    });
+  });
+
+  describe("reclaimExpired", function () {
+    it("reopens the shard, slashes the penalty to the client, unlocks the rest, to the wei", async function () {
+      const { task, escrow, gpu, client, miner, miner2, outsider, taskId, payment } = await loadFixture(claimed);
+      const s = await task.getShard(taskId, 0);
+      await expect(task.connect(outsider).reclaimExpired(taskId, 0))
+        .to.be.revertedWithCustomError(task, "ClaimNotExpired").withArgs(s.claimExpiry);
+      await time.increaseTo(s.claimExpiry);
+      const penalty = (COLL4 * BigInt(P.reclaimPenaltyBps)) / 10000n;
+      const stakeBefore = (await gpu.minerInfo(miner)).stake;
+      const tx = await task.connect(outsider).reclaimExpired(taskId, 0);
+      await expect(tx).to.emit(task, "ClaimReclaimed").withArgs(taskId, 0, miner.address, penalty, true);
+      await expect(tx).to.emit(gpu, "Slashed").withArgs(miner.address, penalty, client.address, await task.getAddress());
+      const info = await gpu.minerInfo(miner);
+      expect(info.stake).to.equal(stakeBefore - penalty);
+      expect(info.locked).to.equal(0);
+      expect(await escrow.withdrawable(client)).to.equal(penalty);
+      expect(await escrow.escrowed(taskId)).to.equal(payment);
+      const sh = await task.getShard(taskId, 0);
+      expect(sh.state).to.equal(S.Open);
+      expect(sh.miner).to.equal(ethers.ZeroAddress);
+      expect((await task.getTask(taskId)).committed).to.equal(0);
+      await task.connect(miner2).claimShard(taskId, 0);
+      await expect(task.reclaimExpired(taskId, 1)).to.be.revertedWithCustomError(task, "ShardNotClaimed").withArgs(S.Open);
+    });
+    it("refunds the shard when the deadline has passed", async function () {
+      const { task, escrow, client, miner, taskId, targs } = await loadFixture(claimed);
+      await time.increaseTo(targs.deadline);
+      const penalty = (COLL4 * BigInt(P.reclaimPenaltyBps)) / 10000n;
+      const tx = await task.reclaimExpired(taskId, 0);
+      await expect(tx).to.emit(task, "ClaimReclaimed").withArgs(taskId, 0, miner.address, penalty, false);
+      await expect(tx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4 + penalty);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Refunded);
+    });
+  });
+
+  describe("cancelTask", function () {
+    it("refunds every open shard; claimed shards run to their end", async function () {
+      const { task, escrow, client, miner, miner2, taskId, payment } = await loadFixture(claimed);
+      await expect(task.connect(miner).cancelTask(taskId)).to.be.revertedWithCustomError(task, "NotClient").withArgs(miner.address);
+      const tx = await task.connect(client).cancelTask(taskId);
+      await expect(tx).to.emit(task, "TaskCancelled").withArgs(taskId, BUDGET4 + BUDGET2);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4 + BUDGET2);
+      expect(await escrow.escrowed(taskId)).to.equal(payment - BUDGET4 - BUDGET2);
+      expect((await task.getShard(taskId, 1)).state).to.equal(S.Refunded);
+      expect((await task.getShard(taskId, 2)).state).to.equal(S.Refunded);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Claimed);
+      expect((await task.getTask(taskId)).cancelled).to.equal(true);
+      await expect(task.connect(client).cancelTask(taskId)).to.be.revertedWithCustomError(task, "AlreadyCancelled");
+      await expect(task.connect(miner2).claimShard(taskId, 1))
+        .to.be.revertedWithCustomError(task, "ShardNotOpen").withArgs(S.Refunded);
+      await task.connect(miner).submitResult(taskId, 0, ROOT, "u", 100);
+      await time.increase(P.challengeWindow);
+      await task.finalizeShard(taskId, 0);
+      expect(await escrow.withdrawable(miner)).to.equal(100n * PRICE);
+      expect(await escrow.withdrawable(client)).to.equal(payment - 100n * PRICE);
+      expect(await escrow.escrowed(taskId)).to.equal(0);
+    });
+    it("an expired claim of a cancelled task is refunded, not reopened", async function () {
+      const { task, escrow, client, taskId, payment } = await loadFixture(claimed);
+      await task.connect(client).cancelTask(taskId);
+      await time.increase(P.claimTimeout);
+      await task.reclaimExpired(taskId, 0);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Refunded);
+      const penalty = (COLL4 * BigInt(P.reclaimPenaltyBps)) / 10000n;
+      expect(await escrow.withdrawable(client)).to.equal(payment + penalty);
+      expect(await escrow.escrowed(taskId)).to.equal(0);
+    });
+  });
+
+  describe("refundUnfinished", function () {
+    it("after the deadline refunds open shards and expired claims only", async function () {
+      const { task, escrow, client, miner, miner2, taskId, targs } = await loadFixture(withTask);
+      await task.connect(miner).claimShard(taskId, 0);
+      await task.connect(miner2).claimShard(taskId, 1);
+      await task.connect(miner2).submitResult(taskId, 1, ROOT, "u", 5);
+      await expect(task.refundUnfinished(taskId, 2))
+        .to.be.revertedWithCustomError(task, "DeadlineNotPassed").withArgs(targs.deadline);
+      await time.increaseTo(targs.deadline); // shard 0's claim (600 s) has expired by now
+      await expect(task.refundUnfinished(taskId, 2)).to.emit(task, "ShardRefunded").withArgs(taskId, 2, BUDGET2);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET2);
+      await expect(task.refundUnfinished(taskId, 2))
+        .to.be.revertedWithCustomError(task, "ShardNotRefundable").withArgs(S.Refunded);
+      await expect(task.refundUnfinished(taskId, 1))
+        .to.be.revertedWithCustomError(task, "ShardNotRefundable").withArgs(S.Submitted);
+      const penalty = (COLL4 * BigInt(P.reclaimPenaltyBps)) / 10000n;
+      await expect(task.refundUnfinished(taskId, 0)).to.emit(task, "ClaimReclaimed").withArgs(taskId, 0, miner.address, penalty, false);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET2 + BUDGET4 + penalty);
+    });
+    it("reverts ClaimNotExpired for a live claim past the deadline", async function () {
+      const { task, client, miner } = await loadFixture(deployQuarry);
+      const now = BigInt(await time.latest());
+      const { taskId } = await createTask(task, client, { deadline: now + 10n });
+      await task.connect(miner).claimShard(taskId, 0);
+      await time.increase(10);
+      await expect(task.refundUnfinished(taskId, 0)).to.be.revertedWithCustomError(task, "ClaimNotExpired");
+    });
+  });
+
+  describe("arbitration hooks", function () {
+    it("markDisputed and resolveDispute are Arbitration only", async function () {
+      const { task, outsider, taskId } = await loadFixture(submitted);
+      await expect(task.connect(outsider).markDisputed(taskId, 0))
+        .to.be.revertedWithCustomError(task, "Unauthorized").withArgs(outsider.address);
+      await expect(task.connect(outsider).resolveDispute(taskId, 0, true))
+        .to.be.revertedWithCustomError(task, "Unauthorized");
+    });
+  });
+
+  describe("EIP-712 receipts", function () {
+    it("type hash, struct hash, digest and domain match ethers", async function () {
+      const { task, miner } = await loadFixture(deployQuarry);
+      expect(await task.RECEIPT_TYPEHASH()).to.equal(ethers.id(
+        "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"));
+      const r = {
+        taskId: 5n, shard: 1, index: 6, requestHash: ethers.id("req"), outputHash: ethers.id("out"),
+        outputTokens: 42, modelId: MODEL,
+      };
+      const domain = await domainOf(task);
+      expect(await task.receiptStructHash(r)).to.equal(receiptStructHash(r));
+      expect(await task.domainSeparator()).to.equal(ethers.TypedDataEncoder.hashDomain(domain));
+      const digest = await task.hashReceipt(r);
+      expect(digest).to.equal(ethers.TypedDataEncoder.hash(domain, RECEIPT_TYPES, r));
+      const sig = await miner.signTypedData(domain, RECEIPT_TYPES, r);
+      expect(ethers.recoverAddress(digest, sig)).to.equal(miner.address);
+    });
+  });
+});
