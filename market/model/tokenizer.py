@@ -29,8 +29,10 @@ ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
 DEFAULT_VOCAB_SIZE = 512
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 
-# Jinja twin of `chat.format_chat`, so `tokenizer.apply_chat_template` renders the same text.
+# Jinja twin of `prompts.format_chat` (plus the leading BOS), so
+# `tokenizer.apply_chat_template(..., add_generation_prompt=True)` gives the same ids.
 CHAT_TEMPLATE = (
+    "{{ bos_token }}"
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|eos|>\\n' }}"
     "{% endfor %}"

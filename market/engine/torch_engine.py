@@ -1,0 +1,318 @@
+"""The default single-process engine: transformers model classes, fp32 on CPU, bf16 on GPU.
+
+generate: requests are batched (up to `max_batch_size`), left-padded with an attention mask
+and explicit position ids (so a padded row sees exactly the positions it would see alone),
+prefilled once, then decoded one token per step with the KV cache. Finished rows are
+dropped from the batch and the cache. A row stops at a stop token (EOS by default; the
+token is kept in `token_ids` and `logprobs`, not in `text`) or after `max_tokens`.
+Tokens are chosen by `sampling.select_next`, so logprobs are untempered.
+
+score: prompt + output per row, right-padded, one forward pass per batch through the
+decoder; the lm_head runs only at the positions that predict output tokens, so memory
+stays proportional to the output length, not to the vocabulary times the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from market.engine.base import Engine, GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.sampling import make_generators, select_next, validate_sampling
+from market.errors import QuarryError
+from market.model.loading import load_model, resolve_device, resolve_dtype
+from market.model.manifest import Manifest, load_manifest
+from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
+
+
+class EngineError(QuarryError):
+    """Bad input to an engine (empty prompt, unknown token id, too long a sequence...)."""
+
+
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad prompts: (input_ids, attention_mask, position_ids), each [B, T].
+
+    Positions count real tokens only (0 at each row's first token), so padding never shifts
+    RoPE positions: a padded row computes what it would compute alone.
+    """
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), positions.to(device)
+
+
+def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            return frozenset([eos] if isinstance(eos, int) else [int(e) for e in eos])
+    if tokenizer.eos_token_id is not None:
+        return frozenset([int(tokenizer.eos_token_id)])
+    return frozenset()
+
+
+class TorchEngine(Engine):
+    """A model from a verified local directory, run in this process with transformers."""
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        manifest: Manifest | None = None,
+        device: Any = None,
+        dtype: Any = None,
+        max_batch_size: int = 32,
+        max_batch_tokens: int = 65536,
+        stop_token_ids: Iterable[int] | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_batch_tokens < 1:
+            raise EngineError("max_batch_size and max_batch_tokens must be >= 1")
+        self.model_dir = Path(model_dir)
+        self.manifest = manifest if manifest is not None else load_manifest(self.model_dir)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model, self.tokenizer = load_model(
+            self.model_dir, self.manifest, device=self.device, dtype=self.dtype
+        )
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+        self.stop_token_ids = (
+            frozenset(int(t) for t in stop_token_ids)
+            if stop_token_ids is not None
+            else _stop_ids(self.model, self.tokenizer)
+        )
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = min(self.stop_token_ids) if self.stop_token_ids else 0
+        self.pad_id = int(pad)
+
+    # ----------------------------------------------------------------- identity and text
+    @property
+    def model_id(self) -> bytes:
+        return self.manifest.model_id
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids, special tokens (EOS, BOS) left out."""
+        return self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
+    def encode_prompt(self, prompt: str) -> tuple[int, ...]:
+        return encode_prompt(self.tokenizer, prompt)
+
+    def encode_chat(self, messages: Any) -> tuple[int, ...]:
+        return encode_chat(self.tokenizer, messages)
+
+    def request_from_body(self, body: Mapping[str, Any]) -> GenerationRequest:
+        """An OpenAI-style request body (prompt or messages) as a GenerationRequest."""
+        return request_from_body(self.tokenizer, body)
+
+    def request_from_line(self, line: Mapping[str, Any]) -> GenerationRequest:
+        """A validated batch request line as a GenerationRequest."""
+        return request_from_line(self.tokenizer, line)
+
+    # ----------------------------------------------------------------- validation
+    def _check_ids(self, ids: Sequence[int], what: str) -> None:
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise EngineError(f"{what}: token id {t!r} is outside [0, {self.vocab_size})")
+
+    def _validate_request(self, i: int, r: GenerationRequest) -> None:
+        if not r.prompt_ids:
+            raise EngineError(f"request {i}: empty prompt (it needs at least one token)")
+        self._check_ids(r.prompt_ids, f"request {i}")
+        if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 0:
+            raise EngineError(f"request {i}: max_tokens must be an integer >= 0")
+        if len(r.prompt_ids) + r.max_tokens > self.max_positions:
+            raise EngineError(
+                f"request {i}: prompt ({len(r.prompt_ids)}) + max_tokens ({r.max_tokens}) "
+                f"exceeds the model's {self.max_positions} positions"
+            )
+        try:
+            validate_sampling(r, i)
+        except QuarryError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def _batches(self, order: list[int], lengths: Sequence[int]) -> Iterable[list[int]]:
+        """Consecutive chunks of `order` within the batch-size and padded-token budgets."""
+        chunk: list[int] = []
+        width = 0
+        for i in order:
+            new_width = max(width, lengths[i])
+            if chunk and (
+                len(chunk) >= self.max_batch_size
+                or new_width * (len(chunk) + 1) > self.max_batch_tokens
+            ):
+                yield chunk
+                chunk, new_width = [], lengths[i]
+            chunk.append(i)
+            width = new_width
+        if chunk:
+            yield chunk
+
+    # ----------------------------------------------------------------- generate
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        requests = list(requests)
+        for i, r in enumerate(requests):
+            self._validate_request(i, r)
+        lengths = [len(r.prompt_ids) + r.max_tokens for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: (len(requests[i].prompt_ids), i))
+        results: list[GenerationOutput | None] = [None] * len(requests)
+        for chunk in self._batches(order, lengths):
+            for i, out in zip(chunk, self._generate_batch([requests[i] for i in chunk]),
+                              strict=True):
+                results[i] = out
+        return [r for r in results if r is not None]
+
+    @torch.inference_mode()
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        from transformers import DynamicCache
+
+        n = len(requests)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        live = [i for i in range(n) if requests[i].max_tokens > 0]
+        if live:
+            ids, mask, positions = left_pad(
+                [requests[i].prompt_ids for i in live], self.pad_id, self.device
+            )
+            cache = DynamicCache()
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1, :]
+            next_pos = positions[:, -1] + 1
+            generators = make_generators([requests[i] for i in live])
+        while live:
+            live_reqs = [requests[i] for i in live]
+            chosen, chosen_lp = select_next(logits, live_reqs, generators)
+            chosen_list = chosen.tolist()
+            lp_list = chosen_lp.tolist()
+            keep: list[int] = []
+            for row, i in enumerate(live):
+                tokens[i].append(chosen_list[row])
+                logprobs[i].append(lp_list[row])
+                if chosen_list[row] in self.stop_token_ids:
+                    finish[i] = "stop"
+                elif len(tokens[i]) < requests[i].max_tokens:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                chosen, mask, next_pos = chosen[index], mask[index], next_pos[index]
+                generators = [generators[row] for row in keep]
+                live = [live[row] for row in keep]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            out = self.model(
+                input_ids=chosen.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=next_pos.unsqueeze(1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        return [
+            GenerationOutput(
+                token_ids=tuple(tokens[i]),
+                text=self.decode(tokens[i]),
+                logprobs=tuple(logprobs[i]),
+                finish_reason=finish[i],
+            )
+            for i in range(n)
+        ]
+
+    # ----------------------------------------------------------------- score
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
+    ) -> list[ScoreResult]:
+        if len(prompt_ids) != len(output_ids):
+            raise EngineError(
+                f"{len(prompt_ids)} prompts but {len(output_ids)} outputs; they pair up"
+            )
+        prompts = [tuple(p) for p in prompt_ids]
+        outputs = [tuple(o) for o in output_ids]
+        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
+            if not p:
+                raise EngineError(f"sequence {i}: empty prompt (it needs at least one token)")
+            self._check_ids(p, f"sequence {i} prompt")
+            self._check_ids(o, f"sequence {i} output")
+            if len(p) + len(o) > self.max_positions:
+                raise EngineError(
+                    f"sequence {i}: prompt + output ({len(p) + len(o)} tokens) exceeds the "
+                    f"model's {self.max_positions} positions"
+                )
+        results: list[ScoreResult] = [ScoreResult((), ()) for _ in prompts]
+        todo = [i for i in range(len(prompts)) if outputs[i]]
+        lengths = [len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)]
+        todo.sort(key=lambda i: (lengths[i], i))
+        for chunk in self._batches(todo, lengths):
+            scored = self._score_batch([prompts[i] for i in chunk], [outputs[i] for i in chunk])
+            for i, res in zip(chunk, scored, strict=True):
+                results[i] = res
+        return results
+
+    @torch.inference_mode()
+    def _score_batch(
+        self, prompts: list[tuple[int, ...]], outputs: list[tuple[int, ...]]
+    ) -> list[ScoreResult]:
+        seqs = [p + o for p, o in zip(prompts, outputs, strict=True)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        rows, cols, targets = [], [], []
+        for r, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
+            seq = p + o
+            ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[r, : len(seq)] = 1
+            rows += [r] * len(o)
+            cols += range(len(p) - 1, len(p) - 1 + len(o))
+            targets += o
+        decoder = self.model.get_decoder()
+        hidden = decoder(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False
+        ).last_hidden_state
+        dev = self.device
+        picked = hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]
+        head = self.model.get_output_embeddings()
+        target = torch.tensor(targets, device=self.device)
+        lps, arg = [], []
+        step = 8192
+        for start in range(0, picked.shape[0], step):
+            logits = head(picked[start : start + step]).float()
+            logp = torch.log_softmax(logits, dim=-1)
+            lps.append(logp.gather(1, target[start : start + step, None]).squeeze(1))
+            arg.append(torch.argmax(logits, dim=-1))
+        lp_all = torch.cat(lps).tolist()
+        arg_all = torch.cat(arg).tolist()
+        results, pos = [], 0
+        for o in outputs:
+            results.append(
+                ScoreResult(
+                    logprobs=tuple(lp_all[pos : pos + len(o)]),
+                    argmax_ids=tuple(arg_all[pos : pos + len(o)]),
+                )
+            )
+            pos += len(o)
+        return results
