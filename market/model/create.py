@@ -17,9 +17,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from market.model.manifest import (
     MANIFEST_NAME,
@@ -56,6 +54,9 @@ MLP_OUT_SCALE = 0.5
 LOGIT_SCALE = 10.0
 
 NEVER_GENERATED = (PAD_ID, BOS_ID, *(SPECIAL_TOKENS.index(t) for t in (SYSTEM, USER, ASSISTANT)))
+
+if TYPE_CHECKING:
+    import numpy as np
 
 WEIGHTS_FILE = "model.safetensors"
 OUTPUT_FILES = (
@@ -129,6 +130,8 @@ def _tensor_specs(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...], float
 
 
 def _random_tensor(seed: int, name: str, shape: tuple[int, ...], std: float | None) -> np.ndarray:
+    import numpy as np
+
     if std is None:
         return np.ones(shape, dtype=np.float32)
     name_words = np.frombuffer(hashlib.sha256(name.encode()).digest()[:16], dtype="<u4")
