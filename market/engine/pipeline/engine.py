@@ -1,0 +1,694 @@
+"""PipelineEngine: the driver of a DeServe-style pipelined engine (DeServe section 4).
+
+Processes. The model's decoder layers are split into S contiguous ranges, one per stage
+process (`market.engine.pipeline.stage`). With `stages=S` (an int) the engine starts them
+locally, each with `--threads` torch threads (default: cores // S, at least 1, so S stages
+do not oversubscribe the CPU); with `stages=[endpoint, ...]` it drives stages started by
+hand on other hosts. The driver (this object) sits on the ring:
+
+    driver --d--> stage 0 --d--> stage 1 ... stage S-1 --d--> driver
+
+Hidden states travel over zmq PUSH/PULL as raw tensor bytes plus a JSON header (wire.py).
+Every hop, the return hop included, can get an injected one-way latency `link_latency_ms`,
+applied by a sender thread that releases each message at queue time + d (delay.py), so
+latency overlaps with compute as on a real link.
+
+Scheduling. Requests are cut into microbatches (FIFO, `microbatch_size` rows each). Each
+stage keeps the KV cache of its layers per microbatch id. The driver keeps N microbatches in
+flight, N from `scheduler.microbatches_in_flight` on measured stage times and link latency
+(about S * (1 + d / T_S)); rows that hit EOS / max_tokens leave their microbatch's caches,
+and when a microbatch empties it is freed and the next one is admitted from the queue
+(continuous refill). `mode="naive"` keeps S in flight (vLLM-style pipeline baseline).
+
+Selection. The last stage applies the final norm and lm_head to the last position and calls
+`market.engine.sampling.select_next` with per-request generators it builds from the request
+seeds (exactly as the single-process engine does), so only token ids and logprobs come back.
+
+Scoring. `score` runs through the pipeline: one teacher-forced pass per microbatch, the last
+stage returns log_softmax at each output position.
+
+Failure. Local stage processes are polled and every stage heartbeats the driver; a dead,
+crashed or silent stage makes `generate`/`score` raise StageFailedError naming it (within
+`stage_timeout_s`), after which the engine closes itself. `close()` (also the context
+manager exit and an atexit hook) stops every process it started; stages also exit on their
+own when their parent process disappears.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from market.engine.base import Engine, GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.pipeline import wire
+from market.engine.pipeline.delay import DelayedSender
+from market.engine.pipeline.errors import PipelineError, StageFailedError
+from market.engine.pipeline.parts import left_pad, load_config, split_layers
+from market.engine.pipeline.scheduler import PipelineTimings
+
+MODES = ("microbatch", "naive")
+_LIVE: weakref.WeakSet[PipelineEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for engine in list(_LIVE):
+        engine.close()
+
+
+@dataclass
+class _Microbatch:
+    id: int
+    rows: list[int]  # request indices, in the order the stages' caches hold them
+
+
+@dataclass
+class _Stage:
+    index: int
+    endpoint: str = ""
+    proc: subprocess.Popen | None = None
+    log_path: str | None = None
+    ctrl: Any = None  # zmq PUSH socket straight to the stage
+    last_hb: float = 0.0
+    layers: tuple[int, int] = (0, 0)
+    pid: int | None = None
+    host: str = ""
+
+
+class PipelineEngine(Engine):
+    """Pipelined generation over S stage processes; see the module docstring."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        stages: int | Sequence[str] = 2,
+        link_latency_ms: float = 0.0,
+        mode: str = "microbatch",
+        microbatch_size: int | None = None,
+        max_microbatch_size: int = 16,
+        layers: Sequence[tuple[int, int]] | None = None,
+        threads_per_stage: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        attn_implementation: str = "sdpa",
+        driver_bind: str | None = None,
+        driver_address: str | None = None,
+        startup_timeout_s: float = 180.0,
+        stage_timeout_s: float = 5.0,
+        progress_timeout_s: float = 600.0,
+        max_in_flight: int = 1024,
+        verify_manifest: bool = True,
+        calibrate: bool = True,
+    ) -> None:
+        self._closed = True  # until the processes exist: close() must be safe from here on
+        self.stages: list[_Stage] = []
+        self._ctx: zmq.Context | None = None
+        self._pull: Any = None
+        self._data: DelayedSender | None = None
+        self._logdir: tempfile.TemporaryDirectory | None = None
+
+        self.model_dir = str(model_dir)
+        if mode not in MODES:
+            raise PipelineError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (isinstance(link_latency_ms, int | float) and 0 <= link_latency_ms < 60_000):
+            raise PipelineError(f"link_latency_ms must be in [0, 60000), got {link_latency_ms!r}")
+        if microbatch_size is not None and microbatch_size < 1:
+            raise PipelineError(f"microbatch_size must be >= 1, got {microbatch_size}")
+        if max_microbatch_size < 1:
+            raise PipelineError(f"max_microbatch_size must be >= 1, got {max_microbatch_size}")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise PipelineError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        self.mode = mode
+        self.link_latency_ms = float(link_latency_ms)
+        self.microbatch_size = microbatch_size
+        self.max_microbatch_size = max_microbatch_size
+        self.stage_timeout_s = float(stage_timeout_s)
+        self.progress_timeout_s = float(progress_timeout_s)
+        self.max_in_flight = int(max_in_flight)
+
+        if not os.path.isdir(self.model_dir):
+            raise PipelineError(f"model directory {self.model_dir} does not exist")
+        if verify_manifest:
+            self._verify_manifest()
+        self.config = load_config(self.model_dir)
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.vocab_size = int(self.config.vocab_size)
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)
+        self.tokenizer = self._load_tokenizer()
+        self.eos_ids = self._eos_ids()
+        pad = self.config.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.tokenizer.pad_token_id or 0))
+
+        remote = not isinstance(stages, int)
+        if remote:
+            endpoints = [str(e) for e in stages]  # type: ignore[union-attr]
+            if not endpoints:
+                raise PipelineError("stages: give a stage count or a non-empty endpoint list")
+            self.num_stages = len(endpoints)
+        else:
+            self.num_stages = int(stages)  # type: ignore[arg-type]
+            ranges = (
+                [tuple(r) for r in layers]
+                if layers is not None
+                else split_layers(self.num_layers, self.num_stages)
+            )
+            self._check_ranges(ranges)  # type: ignore[arg-type]
+        self.timings = PipelineTimings(self.num_stages, configured_latency_s=link_latency_ms / 1000)
+        self.session = uuid.uuid4().hex[:12]
+        self._mb_ids = itertools.count(1)
+        self._broken: BaseException | None = None
+        self.threads_per_stage = threads_per_stage or max(
+            1, (os.cpu_count() or 1) // self.num_stages
+        )
+
+        self._ctx = zmq.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.bind(driver_bind or ("tcp://0.0.0.0:*" if remote else "tcp://127.0.0.1:*"))
+        bound = self._pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.driver_address = driver_address or bound.replace("0.0.0.0", socket.getfqdn())
+        self._closed = False
+        _LIVE.add(self)
+        try:
+            if remote:
+                self.stages = [_Stage(i, endpoint=e) for i, e in enumerate(endpoints)]
+            else:
+                self._spawn(ranges, device, dtype, attn_implementation, startup_timeout_s)  # type: ignore[arg-type]
+            self._hello(startup_timeout_s)
+            if calibrate:
+                self.calibrate()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup --------------------------------------------------------------------------
+    def _verify_manifest(self) -> None:
+        from market.model.manifest import load_manifest, manifest_path
+
+        path = manifest_path(Path(self.model_dir))
+        if path.is_file():
+            load_manifest(Path(self.model_dir)).verify(Path(self.model_dir))
+
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(
+                self.model_dir, local_files_only=True, trust_remote_code=False
+            )
+        except (OSError, ValueError) as exc:
+            raise PipelineError(f"cannot load the tokenizer in {self.model_dir}: {exc}") from exc
+
+    def _eos_ids(self) -> frozenset[int]:
+        eos = self.config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(int(i) for i in ids)
+
+    def _check_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
+        if len(ranges) != self.num_stages:
+            raise PipelineError(f"{len(ranges)} layer ranges for {self.num_stages} stages")
+        expect = 0
+        for k, (a, b) in enumerate(ranges):
+            if a != expect or b <= a:
+                raise PipelineError(
+                    f"stage {k} layers {a}:{b}: ranges must be contiguous and non-empty, "
+                    f"covering 0:{self.num_layers}"
+                )
+            expect = b
+        if expect != self.num_layers:
+            raise PipelineError(f"layer ranges end at {expect}, the model has {self.num_layers}")
+
+    def _spawn(
+        self, ranges: Sequence[tuple[int, int]], device: str, dtype: str, attn: str, timeout: float
+    ) -> None:
+        self._logdir = tempfile.TemporaryDirectory(prefix="quarry-pipeline-")
+        env = dict(os.environ)
+        threads = str(self.threads_per_stage)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
+        for k, (a, b) in enumerate(ranges):
+            log_path = os.path.join(self._logdir.name, f"stage{k}.log")
+            cmd = [
+                sys.executable,
+                "-m",
+                "market.engine.pipeline.stage",
+                "--model",
+                self.model_dir,
+                "--layers",
+                f"{a}:{b}",
+                "--listen",
+                "tcp://127.0.0.1:*",
+                "--threads",
+                threads,
+                "--device",
+                device,
+                "--dtype",
+                dtype,
+                "--attn-implementation",
+                attn,
+                "--announce",
+                self.driver_address,
+                "--parent-pid",
+                str(os.getpid()),
+            ]
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # Ctrl-C reaches the driver, which closes us
+                )
+            self.stages.append(_Stage(k, proc=proc, log_path=log_path, layers=(a, b), pid=proc.pid))
+        by_pid = {s.pid: s for s in self.stages}
+        deadline = time.monotonic() + timeout
+        while any(not s.endpoint for s in self.stages):
+            self._check_processes()
+            if time.monotonic() > deadline:
+                late = [s.index for s in self.stages if not s.endpoint]
+                raise StageFailedError(late[0], f"did not start within {timeout:.0f}s")
+            if self._pull.poll(100):
+                h, _ = wire.decode(self._pull.recv_multipart(copy=False))
+                if h.get("t") == "announce" and h.get("pid") in by_pid:
+                    by_pid[h["pid"]].endpoint = h["listen"]
+
+    def _hello(self, timeout: float) -> None:
+        assert self._ctx is not None
+        for s in self.stages:
+            s.ctrl = self._ctx.socket(zmq.PUSH)
+            s.ctrl.setsockopt(zmq.LINGER, 0)
+            s.ctrl.connect(s.endpoint)
+        d = self.link_latency_ms
+        for s in self.stages:
+            last = s.index == self.num_stages - 1
+            nxt = self.driver_address if last else self.stages[s.index + 1].endpoint
+            s.ctrl.send_multipart(
+                wire.encode(
+                    {
+                        "t": "hello",
+                        "s": self.session,
+                        "stage": s.index,
+                        "stages": self.num_stages,
+                        "driver": self.driver_address,
+                        "next": nxt,
+                        "latency_ms": d,
+                    }
+                )
+            )
+        pending = {s.index for s in self.stages}
+        deadline = time.monotonic() + timeout
+        while pending:
+            self._check_processes()
+            if time.monotonic() > deadline:
+                k = min(pending)
+                raise StageFailedError(
+                    k, f"no answer from {self.stages[k].endpoint} within {timeout:.0f}s"
+                )
+            if not self._pull.poll(100):
+                continue
+            h, _ = wire.decode(self._pull.recv_multipart(copy=False))
+            if h.get("t") != "ready" or h.get("s") != self.session:
+                continue
+            s = self.stages[int(h["stage"])]
+            s.layers, s.pid, s.host = (int(h["start"]), int(h["end"])), int(h["pid"]), h["host"]
+            s.last_hb = time.monotonic()
+            if int(h["num_layers"]) != self.num_layers:
+                raise PipelineError(
+                    f"stage {s.index} serves a model with {h['num_layers']} layers, "
+                    f"the driver's has {self.num_layers}"
+                )
+            pending.discard(s.index)
+        self._check_ranges([s.layers for s in self.stages])
+        self._data = DelayedSender(self._ctx, self.stages[0].endpoint, d / 1000.0, "stage0")
+
+    # -- liveness -----------------------------------------------------------------------
+    def _log_tail(self, s: _Stage) -> str:
+        if not s.log_path or not os.path.exists(s.log_path):
+            return ""
+        with open(s.log_path, "rb") as f:
+            lines = [ln for ln in f.read()[-4000:].decode(errors="replace").splitlines() if ln]
+        return f"; last log line: {lines[-1].strip()}" if lines else ""
+
+    def _check_processes(self) -> None:
+        for s in self.stages:
+            if s.proc is not None and s.proc.poll() is not None:
+                rc = s.proc.returncode
+                how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                raise StageFailedError(s.index, f"process {s.proc.pid} {how}{self._log_tail(s)}")
+
+    def _check_alive(self) -> None:
+        self._check_processes()
+        now = time.monotonic()
+        for s in self.stages:
+            if now - s.last_hb > self.stage_timeout_s:
+                raise StageFailedError(
+                    s.index,
+                    f"no heartbeat from {s.endpoint} for {now - s.last_hb:.1f}s "
+                    "(unreachable, hung or dead)",
+                )
+
+    def _ensure_open(self) -> None:
+        if self._broken is not None:
+            raise PipelineError(
+                f"pipeline engine is unusable after an earlier failure: {self._broken}"
+            )
+        if self._closed:
+            raise PipelineError("pipeline engine is closed")
+
+    # -- messaging ----------------------------------------------------------------------
+    def _send(self, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> None:
+        assert self._data is not None
+        header = {**header, "s": self.session, "times": [], "sent": time.monotonic()}
+        self._data.send(wire.encode(header, list(tensors)))
+
+    def _next_result(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """Wait for the next result from the last stage, watching every stage's health."""
+        deadline = time.monotonic() + self.progress_timeout_s
+        next_check = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_check:
+                self._check_alive()
+                next_check = now + 0.1
+            if now > deadline:
+                raise PipelineError(f"no pipeline progress for {self.progress_timeout_s:.0f}s")
+            if not self._pull.poll(100):
+                continue
+            h, tensors = wire.decode(self._pull.recv_multipart(copy=False))
+            kind = h.get("t")
+            if h.get("s") != self.session:
+                continue
+            if kind == "hb":
+                self.stages[int(h["stage"])].last_hb = time.monotonic()
+            elif kind == "error":
+                raise StageFailedError(int(h["stage"]), h.get("msg", "unknown error"))
+            elif kind == "result":
+                return h, tensors
+
+    def _run_guarded(self, fn: Any, *args: Any) -> Any:
+        """Any failure mid-run leaves stage state unknown: close everything, then re-raise."""
+        self._ensure_open()
+        try:
+            return fn(*args)
+        except BaseException as exc:  # KeyboardInterrupt included: never leave processes behind
+            self._broken = exc
+            self.close()
+            raise
+
+    # -- calibration --------------------------------------------------------------------
+    def calibrate(self, steps: int = 4) -> dict[str, float]:
+        """Time one lone microbatch (1 row) through the ring: per-stage time and per-hop latency.
+
+        With nothing else in flight, round trip - compute = hops * (one-way hop latency).
+        """
+        return self._run_guarded(self._calibrate, steps)
+
+    def _calibrate(self, steps: int) -> dict[str, float]:
+        mb = next(self._mb_ids)
+        hops = self.num_stages + 1
+        prompt = [i % self.vocab_size for i in range(1, 9)]
+        ids, _ = left_pad([prompt], self.pad_id)
+        self._send(
+            {"t": "prefill", "mb": mb, "lens": [len(prompt)], "sp": [[0.0, 1.0, 0, steps + 1]]},
+            [ids],
+        )
+        per_hop: list[float] = []
+        stage_samples: list[list[float]] = []
+        for i in range(steps + 1):
+            h, (tok, _) = self._next_result()
+            rtt = time.monotonic() - float(h["sent"])
+            if i > 0:  # decode steps only: prefill is not what the pipe runs in steady state
+                per_hop.append(max(0.0, rtt - sum(h["times"])) / hops)
+                stage_samples.append([float(t) for t in h["times"]])
+            if i < steps:
+                self._send({"t": "decode", "mb": mb}, [tok.view(-1, 1)])
+        self._send({"t": "free", "mb": mb})
+        per_hop.sort()
+        self.timings.set_hop_latency(per_hop[len(per_hop) // 2])
+        for sample in stage_samples:
+            self.timings.observe_stages(sample)
+        return self.stats()
+
+    def stats(self) -> dict[str, Any]:
+        """What the scheduler currently believes (for logs and benchmarks)."""
+        return {
+            "stage_ms": [round(t * 1000, 3) for t in self.timings.stage_s],
+            "bottleneck_stage_ms": round((self.timings.bottleneck_s or 0) * 1000, 3),
+            "hop_latency_ms": round(self.timings.link_latency_s * 1000, 3),
+            "driver_ms": round(self.timings.driver_s * 1000, 3),
+            "in_flight": self.timings.in_flight(self.mode, self.max_in_flight),
+        }
+
+    # -- generate -----------------------------------------------------------------------
+    def _validate(self, i: int, r: GenerationRequest) -> None:
+        from market.engine.sampling import validate_sampling
+
+        if not isinstance(r, GenerationRequest):
+            raise PipelineError(f"request {i}: expected GenerationRequest, got {type(r).__name__}")
+        if not r.prompt_ids:
+            raise PipelineError(f"request {i}: empty prompt")
+        bad = [t for t in r.prompt_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+        if bad:
+            raise PipelineError(
+                f"request {i}: token id {bad[0]!r} outside vocab [0, {self.vocab_size})"
+            )
+        if not isinstance(r.max_tokens, int) or r.max_tokens < 0:
+            raise PipelineError(
+                f"request {i}: max_tokens must be an int >= 0, got {r.max_tokens!r}"
+            )
+        if self.max_positions and len(r.prompt_ids) + r.max_tokens > self.max_positions:
+            raise PipelineError(
+                f"request {i}: prompt ({len(r.prompt_ids)}) + max_tokens ({r.max_tokens}) "
+                f"exceeds the model's {self.max_positions} positions"
+            )
+        validate_sampling(r, i)
+
+    def _pick_microbatch_size(self, pending: int) -> int:
+        if self.microbatch_size is not None:
+            return self.microbatch_size
+        n = self.timings.in_flight(self.mode, self.max_in_flight)
+        return max(1, min(self.max_microbatch_size, math.ceil(pending / n)))
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        self._ensure_open()
+        reqs = list(requests)
+        for i, r in enumerate(reqs):
+            self._validate(i, r)
+        if not reqs:
+            return []
+        return self._run_guarded(self._generate, reqs)
+
+    def _generate(self, reqs: list[GenerationRequest]) -> list[GenerationOutput]:
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[list[float]] = [[] for _ in reqs]
+        reasons: list[str] = ["length"] * len(reqs)
+        queue = collections.deque(i for i, r in enumerate(reqs) if r.max_tokens > 0)
+        size = self._pick_microbatch_size(len(queue))
+        inflight: dict[int, _Microbatch] = {}
+        self.last_run = {"microbatch_size": size, "max_in_flight": 0, "microbatches": 0}
+        while queue or inflight:
+            target = self.timings.in_flight(self.mode, self.max_in_flight)
+            while queue and len(inflight) < target:
+                rows = [queue.popleft() for _ in range(min(size, len(queue)))]
+                mb = _Microbatch(next(self._mb_ids), rows)
+                inflight[mb.id] = mb
+                ids, _ = left_pad([reqs[r].prompt_ids for r in rows], self.pad_id)
+                sp = [
+                    [reqs[r].temperature, reqs[r].top_p, reqs[r].seed, reqs[r].max_tokens]
+                    for r in rows
+                ]
+                self._send(
+                    {
+                        "t": "prefill",
+                        "mb": mb.id,
+                        "lens": [len(reqs[r].prompt_ids) for r in rows],
+                        "sp": sp,
+                    },
+                    [ids],
+                )
+                self.last_run["microbatches"] += 1
+            self.last_run["max_in_flight"] = max(self.last_run["max_in_flight"], len(inflight))
+            h, tensors = self._next_result()
+            t0 = time.perf_counter()
+            mb_or_none = inflight.get(int(h["mb"]))
+            if mb_or_none is None or h.get("kind") not in ("prefill", "decode"):
+                continue  # e.g. the calibration probe's tail
+            mb = mb_or_none
+            if h["kind"] == "decode":
+                self.timings.observe_stages(h["times"])
+            toks, lps = tensors
+            keep: list[int] = []
+            for j, r in enumerate(mb.rows):
+                tok = int(toks[j])
+                tokens[r].append(tok)
+                logprobs[r].append(float(lps[j]))
+                if tok in self.eos_ids:
+                    reasons[r] = "stop"
+                elif len(tokens[r]) < reqs[r].max_tokens:
+                    keep.append(j)
+            if not keep:
+                del inflight[mb.id]
+                self._send({"t": "free", "mb": mb.id})
+            else:
+                header: dict[str, Any] = {"t": "decode", "mb": mb.id}
+                if len(keep) < len(mb.rows):
+                    header["keep"] = keep
+                self._send(header, [toks[keep].view(-1, 1)])
+                mb.rows = [mb.rows[j] for j in keep]
+            self.timings.observe_driver(time.perf_counter() - t0)
+        return [
+            GenerationOutput(
+                token_ids=tuple(tokens[i]),
+                text=self._decode_text(tokens[i]),
+                logprobs=tuple(logprobs[i]),
+                finish_reason=reasons[i],
+            )
+            for i in range(len(reqs))
+        ]
+
+    def _decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- score --------------------------------------------------------------------------
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
+    ) -> list[ScoreResult]:
+        self._ensure_open()
+        if len(prompt_ids) != len(output_ids):
+            raise PipelineError(f"score: {len(prompt_ids)} prompts but {len(output_ids)} outputs")
+        rows = []
+        for i, (p, o) in enumerate(zip(prompt_ids, output_ids, strict=True)):
+            p, o = [int(t) for t in p], [int(t) for t in o]
+            if not p:
+                raise PipelineError(f"score row {i}: empty prompt")
+            bad = [t for t in p + o if not 0 <= t < self.vocab_size]
+            if bad:
+                raise PipelineError(
+                    f"score row {i}: token id {bad[0]} outside vocab [0, {self.vocab_size})"
+                )
+            if self.max_positions and len(p) + len(o) > self.max_positions:
+                raise PipelineError(
+                    f"score row {i}: {len(p) + len(o)} tokens exceed {self.max_positions}"
+                )
+            rows.append((p, o))
+        if not rows:
+            return []
+        return self._run_guarded(self._score, rows)
+
+    def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[ScoreResult]:
+        size = self._pick_microbatch_size(len(rows))
+        target = self.timings.in_flight(self.mode, self.max_in_flight)
+        chunks = [list(range(i, min(i + size, len(rows)))) for i in range(0, len(rows), size)]
+        results: dict[int, ScoreResult] = {}
+        pending: dict[int, list[int]] = {}
+        nxt = 0
+        while nxt < len(chunks) or pending:
+            while nxt < len(chunks) and len(pending) < target:
+                idx = chunks[nxt]
+                nxt += 1
+                mb = next(self._mb_ids)
+                pending[mb] = idx
+                full = [rows[i][0] + rows[i][1] for i in idx]
+                ids, _ = left_pad(full, self.pad_id)
+                self._send(
+                    {
+                        "t": "score",
+                        "mb": mb,
+                        "lens": [len(f) for f in full],
+                        "targets": [rows[i][1] for i in idx],
+                    },
+                    [ids],
+                )
+            h, (lp, am) = self._next_result()
+            idx_or_none = pending.pop(int(h["mb"]), None)
+            if idx_or_none is None:
+                continue
+            off = 0
+            for i in idx_or_none:
+                n = len(rows[i][1])
+                results[i] = ScoreResult(
+                    logprobs=tuple(float(x) for x in lp[off : off + n]),
+                    argmax_ids=tuple(int(x) for x in am[off : off + n]),
+                )
+                off += n
+        return [results[i] for i in range(len(rows))]
+
+    # -- teardown -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop stage processes we started (release hand-started ones) and free sockets."""
+        if self._closed and not self.stages and self._ctx is None:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        for s in self.stages:
+            if s.ctrl is not None:
+                try:
+                    kind = "shutdown" if s.proc is not None else "release"
+                    s.ctrl.send_multipart(wire.encode({"t": kind}), flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        deadline = time.monotonic() + 2.0
+        for s in self.stages:
+            if s.proc is None:
+                continue
+            try:
+                s.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                s.proc.terminate()
+                try:
+                    s.proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    s.proc.kill()
+                    s.proc.wait(timeout=5.0)
+        for s in self.stages:
+            if s.ctrl is not None:
+                s.ctrl.close(linger=0)
+                s.ctrl = None
+        self.stages = []
+        if self._pull is not None:
+            self._pull.close(linger=0)
+            self._pull = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+        if self._logdir is not None:
+            self._logdir.cleanup()
+            self._logdir = None
+
+    @property
+    def stage_pids(self) -> list[int | None]:
+        """Process ids of the stages (local or, as reported, remote)."""
+        return [s.pid for s in self.stages]
+
+    def __enter__(self) -> PipelineEngine:
+        return self
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,391 @@
+"""One pipeline stage as its own process: `python -m market.engine.pipeline.stage`.
+
+    python -m market.engine.pipeline.stage --model DIR --layers A:B \
+        --listen tcp://0.0.0.0:5555 [--next tcp://HOST:PORT] [--threads 1]
+
+The stage binds a PULL socket on `--listen`, loads only layers [A, B) (plus the embedding on
+the first stage, final norm + lm_head on the last) and waits for a driver (`PipelineEngine`)
+to say hello on that socket. The hello names the stage's index, where to send its output
+(the next stage's listen address, or the driver's for the last stage; `--next` overrides it,
+e.g. behind NAT), the injected link latency, and where heartbeats and errors go.
+
+Per microbatch id the stage keeps a `DynamicCache` of its own layers and the 2D left-padding
+mask; both are created at prefill, shrunk when the driver drops finished rows, and freed by
+a `free` message. The last stage turns hidden states into the next token with
+`market.engine.sampling.select_next` and sends only token ids + logprobs back to the driver.
+
+Messages (see wire.py): prefill, decode, score, free flow along the chain; hello, shutdown,
+release come straight from the driver; ready, hb, error go straight to the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+from market.engine.pipeline import wire
+from market.engine.pipeline.delay import DelayedSender
+from market.engine.pipeline.errors import PipelineError
+from market.engine.pipeline.parts import (
+    StageModel,
+    mask_from_lengths,
+    parse_layers,
+    positions_from_mask,
+)
+
+HEARTBEAT_S = 0.25
+
+
+@dataclass
+class MicrobatchState:
+    """What a stage remembers about one in-flight microbatch."""
+
+    cache: Any
+    mask: torch.Tensor  # [B, T] left-padding mask over everything cached so far
+    requests: list[Any] = field(default_factory=list)  # last stage: for select_next
+    generators: list[Any] = field(default_factory=list)
+
+
+class _Control:
+    """A lock-guarded PUSH socket to the driver (main thread and heartbeat thread share it)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self._lock = threading.Lock()
+        self._sock = ctx.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 1000)
+        self._sock.connect(endpoint)
+        self.endpoint = endpoint
+
+    def send(self, header: dict[str, Any]) -> None:
+        with self._lock:
+            try:
+                self._sock.send_multipart(wire.encode(header), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # driver gone or slow; heartbeats are best effort
+
+    def close(self) -> None:
+        with self._lock:
+            self._sock.close(linger=0)
+
+
+class StageServer:
+    def __init__(
+        self,
+        model_dir: str,
+        start: int,
+        end: int,
+        listen: str,
+        *,
+        next_override: str | None = None,
+        announce: str | None = None,
+        parent_pid: int | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attn_implementation: str = "sdpa",
+    ) -> None:
+        self.ctx = zmq.Context.instance()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        self.pull.bind(listen)
+        self.listen = self.pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.next_override = next_override
+        self.parent_pid = parent_pid
+        self.model = StageModel(
+            model_dir,
+            start,
+            end,
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+        )
+        self.states: dict[int, MicrobatchState] = {}
+        self.sender: DelayedSender | None = None
+        self.control: _Control | None = None
+        self.session = ""
+        self.stage = -1
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        if announce:
+            # Locally spawned: tell the parent where we listen (the port may have been '*').
+            ctl = _Control(self.ctx, announce)
+            ctl.send({"t": "announce", "listen": self.listen, "pid": os.getpid()})
+            time.sleep(0.05)
+            ctl.close()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        try:
+            while True:
+                if self.parent_pid and os.getppid() != self.parent_pid:
+                    return  # the engine that started us is gone: do not linger as an orphan
+                if not poller.poll(200):
+                    continue
+                frames = self.pull.recv_multipart(copy=False)
+                header, tensors = wire.decode(frames)
+                kind = header.get("t")
+                if kind == "shutdown":
+                    return
+                try:
+                    self.handle(kind, header, tensors)
+                except Exception as exc:  # report, keep serving: the driver decides
+                    self._report_error(kind, header, exc)
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self._hb_stop.set()
+        if self.sender is not None:
+            self.sender.close()
+        if self.control is not None:
+            self.control.close()
+        self.pull.close(linger=0)
+
+    def _report_error(self, kind: Any, header: dict[str, Any], exc: Exception) -> None:
+        msg = f"{type(exc).__name__}: {exc} (while handling {kind!r} mb={header.get('mb')})"
+        print(f"stage {self.stage}: {msg}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        if self.control is not None:
+            self.control.send({"t": "error", "stage": self.stage, "s": self.session, "msg": msg})
+
+    def _heartbeat(self) -> None:
+        while not self._hb_stop.wait(HEARTBEAT_S):
+            if self.parent_pid and os.getppid() != self.parent_pid:
+                os._exit(0)  # main thread may be mid-compute; a watchdog must not wait for it
+            ctl = self.control
+            if ctl is not None:
+                ctl.send({"t": "hb", "stage": self.stage, "s": self.session})
+
+    # -- dispatch -----------------------------------------------------------------------
+    def handle(self, kind: Any, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        if kind == "hello":
+            self._hello(h)
+        elif kind == "release":
+            self.states.clear()
+        elif kind == "prefill":
+            self._prefill(h, tensors)
+        elif kind == "decode":
+            self._decode(h, tensors)
+        elif kind == "score":
+            self._score(h, tensors)
+        elif kind == "free":
+            self.states.pop(int(h["mb"]), None)
+            if not self.model.spec.last:
+                self._forward(h, [])
+        else:
+            raise PipelineError(f"unknown message type {kind!r}")
+
+    def _hello(self, h: dict[str, Any]) -> None:
+        self.states.clear()
+        if self.sender is not None:
+            self.sender.close()
+        if self.control is not None:
+            self.control.close()
+        self.session = str(h["s"])
+        self.stage = int(h["stage"])
+        self.control = _Control(self.ctx, h["driver"])
+        nxt = self.next_override or h["next"]
+        self.sender = DelayedSender(self.ctx, nxt, float(h["latency_ms"]) / 1000.0, "next")
+        if self._hb_thread is None:
+            self._hb_thread = threading.Thread(target=self._heartbeat, daemon=True, name="hb")
+            self._hb_thread.start()
+        spec = self.model.spec
+        self.control.send(
+            {
+                "t": "ready",
+                "stage": self.stage,
+                "s": self.session,
+                "start": spec.start,
+                "end": spec.end,
+                "num_layers": spec.num_layers,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "threads": torch.get_num_threads(),
+                "next": nxt,
+            }
+        )
+
+    def _forward(self, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        assert self.sender is not None, "no hello yet"
+        self.sender.send(wire.encode(h, tensors))
+
+    # -- compute ------------------------------------------------------------------------
+    def _run(self, h: dict[str, Any], out: torch.Tensor, st: MicrobatchState | None, t0: float):
+        """After the layers ran: forward hidden states, or (last stage) pick the next tokens."""
+        if not self.model.spec.last:
+            h["times"].append(time.perf_counter() - t0)
+            self._forward(h, [out])
+            return
+        assert st is not None
+        from market.engine.sampling import select_next
+
+        logits = self.model.logits(out[:, -1, :])
+        tokens, logprobs = select_next(logits, st.requests, st.generators)
+        h["times"].append(time.perf_counter() - t0)
+        result = {"t": "result", "kind": h["t"], "mb": h["mb"], "s": h["s"], "times": h["times"]}
+        result["sent"] = h.get("sent")
+        self._forward(
+            result,
+            [torch.as_tensor(tokens, dtype=torch.long), torch.as_tensor(logprobs).float()],
+        )
+
+    def _prefill(self, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        (x,) = tensors
+        width = int(x.shape[1])
+        mask = mask_from_lengths(h["lens"], width)
+        st = MicrobatchState(cache=self.model.new_cache(), mask=mask)
+        if self.model.spec.last:
+            st.requests, st.generators = _sampling_state(h["sp"])
+        self.states[int(h["mb"])] = st
+        out = self.model(
+            x,
+            attention_mask=mask,
+            position_ids=positions_from_mask(mask, width),
+            cache_position=torch.arange(width),
+            cache=st.cache,
+        )
+        self._run(h, out, st, t0)
+
+    def _decode(self, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        (x,) = tensors
+        st = self.states.get(int(h["mb"]))
+        if st is None:
+            raise PipelineError(f"decode for unknown microbatch {h['mb']}")
+        keep = h.get("keep")
+        if keep is not None:  # rows that finished since the last step leave the cache
+            idx = torch.tensor(keep, dtype=torch.long)
+            st.cache.batch_select_indices(idx)
+            st.mask = st.mask[idx]
+            st.requests = [st.requests[i] for i in keep] if st.requests else []
+            st.generators = [st.generators[i] for i in keep] if st.generators else []
+        if int(x.shape[0]) != int(st.mask.shape[0]):
+            raise PipelineError(
+                f"decode for mb {h['mb']}: {x.shape[0]} rows, cache has {st.mask.shape[0]}"
+            )
+        past = int(st.mask.shape[1])
+        st.mask = torch.cat([st.mask, torch.ones((st.mask.shape[0], 1), dtype=st.mask.dtype)], 1)
+        out = self.model(
+            x,
+            attention_mask=st.mask,
+            position_ids=positions_from_mask(st.mask, 1),
+            cache_position=torch.tensor([past]),
+            cache=st.cache,
+        )
+        self._run(h, out, st, t0)
+
+    def _score(self, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        """Teacher-forced pass, no cache: the last stage returns each output token's logprob."""
+        t0 = time.perf_counter()
+        (x,) = tensors
+        width = int(x.shape[1])
+        mask = mask_from_lengths(h["lens"], width)
+        out = self.model(
+            x,
+            attention_mask=mask,
+            position_ids=positions_from_mask(mask, width),
+            cache_position=torch.arange(width),
+            cache=None,
+        )
+        if not self.model.spec.last:
+            h["times"].append(time.perf_counter() - t0)
+            self._forward(h, [out])
+            return
+        lps, amax = [], []
+        for i, targets in enumerate(h["targets"]):
+            n = len(targets)
+            if n == 0:
+                continue
+            # Output token j sits at column width-n+j and is predicted by column width-n+j-1.
+            logp = torch.log_softmax(self.model.logits(out[i, width - n - 1 : width - 1, :]), -1)
+            tgt = torch.tensor(targets, dtype=torch.long)
+            lps.append(logp.gather(1, tgt.unsqueeze(1)).squeeze(1))
+            amax.append(logp.argmax(-1))
+        h["times"].append(time.perf_counter() - t0)
+        result = {"t": "result", "kind": "score", "mb": h["mb"], "s": h["s"], "times": h["times"]}
+        flat_lp = torch.cat(lps) if lps else torch.zeros(0)
+        flat_am = torch.cat(amax) if amax else torch.zeros(0, dtype=torch.long)
+        self._forward(result, [flat_lp.float(), flat_am.long()])
+
+
+def _sampling_state(params: list[list[Any]]) -> tuple[list[Any], list[Any]]:
+    """Rebuild each row's request and its seeded generator, as the single-process engine does."""
+    from market.engine.base import GenerationRequest
+    from market.engine.sampling import make_generators
+
+    requests = [
+        GenerationRequest(
+            prompt_ids=(),
+            max_tokens=int(p[3]),
+            temperature=float(p[0]),
+            top_p=float(p[1]),
+            seed=int(p[2]),
+        )
+        for p in params
+    ]
+    return requests, make_generators(requests)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m market.engine.pipeline.stage",
+        description="Serve decoder layers A:B of a model as one pipeline stage.",
+    )
+    ap.add_argument("--model", required=True, help="HF-format model directory")
+    ap.add_argument("--layers", required=True, help="half-open decoder layer range A:B")
+    ap.add_argument("--listen", required=True, help="endpoint to bind, e.g. tcp://0.0.0.0:5555")
+    ap.add_argument("--next", default=None, help="override where outputs go (default: driver says)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for this stage")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager"])
+    ap.add_argument("--announce", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    try:
+        start, end = parse_layers(args.layers)
+        server = StageServer(
+            args.model,
+            start,
+            end,
+            args.listen,
+            next_override=args.next,
+            announce=args.announce,
+            parent_pid=args.parent_pid,
+            device=args.device,
+            dtype=getattr(torch, args.dtype),
+            attn_implementation=args.attn_implementation,
+        )
+    except (PipelineError, OSError, zmq.ZMQError) as exc:
+        print(f"error: stage {args.layers}: {exc}", file=sys.stderr)
+        return 2
+    print(f"stage layers {start}:{end} listening on {server.listen}", file=sys.stderr, flush=True)
+    try:
+        server.serve()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
