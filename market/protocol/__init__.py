@@ -21,9 +21,11 @@ from market.protocol.eip712 import (
     Report,
     Vote,
     domain,
+    quorum_signatures,
     recover,
     sign,
     sign_all,
+    sort_signatures,
     struct_hash,
     typed_digest,
 )
@@ -38,6 +40,7 @@ from market.protocol.merkle import (
     StandardMerkleTree,
     input_tree,
     leaf_hash,
+    receipts_tree,
     result_tree,
     verify_proof,
 )

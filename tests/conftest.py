@@ -1,0 +1,111 @@
+"""Shared fixtures: one Anvil per test session, deployed and wired, with miners and a verifier
+committee registered; each test runs inside an `evm_snapshot`/`evm_revert` pair.
+
+- `devnet_session` (session): the running chain and its `Devnet` bundle.
+- `devnet` (function): the same bundle, isolated: state and clock are rolled back after the
+  test. Use this one in tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import pytest
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from market.chain.client import Chain
+    from market.chain.deploy import Deployment, Quarry
+    from market.chain.devnet import AnvilProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_ID = bytes.fromhex("11" * 32)  # the model the test miners serve
+OTHER_MODEL_ID = bytes.fromhex("22" * 32)
+MINER_STAKE = 10**18
+VERIFIER_STAKE = 10**18
+PRICE = 10**9  # wei per token
+
+
+@dataclass
+class Devnet:
+    """Everything a chain test needs. Accounts are Anvil's default ones (10,000 ETH each)."""
+
+    MODEL_ID: ClassVar[bytes] = MODEL_ID
+    OTHER_MODEL_ID: ClassVar[bytes] = OTHER_MODEL_ID
+    MINER_STAKE: ClassVar[int] = MINER_STAKE
+    VERIFIER_STAKE: ClassVar[int] = VERIFIER_STAKE
+    PRICE: ClassVar[int] = PRICE
+
+    anvil: AnvilProcess
+    chain: Chain
+    deployment: Deployment
+    q: Quarry
+    deployer: LocalAccount
+    client: LocalAccount
+    client2: LocalAccount
+    miner: LocalAccount  # registered for MODEL_ID with MINER_STAKE
+    miner2: LocalAccount  # registered for MODEL_ID with MINER_STAKE
+    outsider: LocalAccount  # funded, registered nowhere
+    anyone: LocalAccount  # a third party for permissionless calls
+    verifiers: list[LocalAccount]  # the committee (4 members: quorum 3)
+
+    @property
+    def verifier_keys(self) -> list[bytes]:
+        return [bytes(v.key) for v in self.verifiers]
+
+
+def _ensure_artifacts() -> None:
+    """Compile once when the artifacts are missing (compiling is idempotent and offline)."""
+    import subprocess
+
+    from market.config import artifacts_dir
+
+    if (artifacts_dir() / "contracts" / "Arbitration.sol" / "Arbitration.json").exists():
+        return
+    if os.environ.get("QUARRY_ARTIFACTS"):
+        return  # the caller chose a directory; let the loader report what is missing
+    subprocess.run(["npx", "hardhat", "compile", "--quiet"], cwd=ROOT, check=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def devnet_session() -> Iterator[Devnet]:
+    from market.chain.client import Chain, anvil_account
+    from market.chain.contracts import GpuSpec
+    from market.chain.deploy import Quarry, deploy
+    from market.chain.devnet import start_anvil
+
+    _ensure_artifacts()
+    anvil = start_anvil(silent=True)
+    try:
+        chain = Chain(anvil.rpc_url)
+        accounts = [anvil_account(i) for i in range(12)]
+        deployment, _ = deploy(chain, accounts[0])
+        q = Quarry(deployment, chain)
+        net = Devnet(
+            anvil=anvil, chain=chain, deployment=deployment, q=q, deployer=accounts[0],
+            client=accounts[1], client2=accounts[2], miner=accounts[3], miner2=accounts[4],
+            outsider=accounts[5], anyone=accounts[10], verifiers=accounts[6:10],
+        )
+        gpu = GpuSpec("NVIDIA H100", 81920, 1)
+        for i, m in enumerate((net.miner, net.miner2)):
+            q.gpu.register(m, [MODEL_ID], gpu, f"http://127.0.0.1:{9100 + i}", PRICE,
+                           MINER_STAKE)
+        for v in net.verifiers:
+            q.committee.register(v, VERIFIER_STAKE)
+        yield net
+    finally:
+        anvil.stop()
+
+
+@pytest.fixture
+def devnet(devnet_session: Devnet) -> Iterator[Devnet]:
+    snapshot = devnet_session.chain.snapshot()
+    try:
+        yield devnet_session
+    finally:
+        devnet_session.chain.revert_to(snapshot)

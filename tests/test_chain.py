@@ -1,0 +1,475 @@
+"""The contracts through the Python wrappers on a real Anvil: the task life cycle with exact
+balances, disputes both ways, Python-made signatures and Merkle proofs accepted on-chain, and
+bad inputs raising the exception named after the custom error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pytest
+from eth_account.signers.local import LocalAccount
+
+from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, GpuSpec, ShardState
+from market.chain.errors import ContractRevert, revert_class
+from market.protocol import (
+    ChallengeSet,
+    Receipt,
+    Report,
+    Vote,
+    input_tree,
+    keccak,
+    output_hash,
+    quorum_signatures,
+    receipts_tree,
+    request_hash,
+)
+from market.protocol.eip712 import domain_separator
+from market.protocol.merkle import INDEX_HASH_TYPES, leaf_hash
+
+if TYPE_CHECKING:
+    from conftest import Devnet
+
+pytestmark = pytest.mark.chain
+
+MAX_TOKENS = 8
+MODEL_ID = bytes.fromhex("11" * 32)  # what the conftest miners serve (Devnet.MODEL_ID)
+PRICE = 10**9
+MINER_STAKE = 10**18
+
+
+@pytest.fixture(autouse=True)
+def _constants_match(devnet_session: Devnet) -> None:
+    assert (MODEL_ID, PRICE, MINER_STAKE) == (
+        devnet_session.MODEL_ID, devnet_session.PRICE, devnet_session.MINER_STAKE)
+
+
+def reverts(name: str):
+    return pytest.raises(revert_class(name))
+
+
+def requests(n: int, tag: str = "t") -> list[dict]:
+    return [
+        {"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "tiny", "prompt": f"Say {i}", "max_tokens": MAX_TOKENS, "seed": i}}
+        for i in range(n)
+    ]
+
+
+@dataclass
+class Posted:
+    task_id: int
+    payment: int
+    gas_cost: int
+    hashes: list[bytes]
+
+
+def post_task(net: Devnet, n: int, shard_size: int, *, client: LocalAccount | None = None,
+              arbiter: str = ZERO_ADDRESS, tag: str = "t") -> Posted:
+    client = client or net.client
+    hashes = [request_hash(r) for r in requests(n, tag)]
+    root = input_tree(hashes).root
+    deadline = net.chain.timestamp() + 3600
+    task_id, tx = net.q.tasks.create_task(
+        client, model_id=MODEL_ID, input_root=root, input_uri=f"store://{root.hex()}",
+        num_requests=n, shard_size=shard_size, max_tokens_per_request=MAX_TOKENS,
+        price_per_token=PRICE, deadline=deadline, arbiter=arbiter,
+    )
+    return Posted(task_id, n * MAX_TOKENS * PRICE, tx.gas_cost, hashes)
+
+
+@dataclass
+class Work:
+    receipts: list[Receipt]
+    sigs: list[bytes]
+    root: bytes
+    tokens: int
+
+    def proof(self, j: int) -> list[bytes]:
+        return receipts_tree(self.receipts).proof(j)
+
+
+def do_work(net: Devnet, posted: Posted, shard: int, miner: LocalAccount) -> Work:
+    """What a miner does off-chain: outputs, signed receipts, the result tree."""
+    start, end = net.q.tasks.shard_range(posted.task_id, shard)
+    receipts = []
+    for i in range(start, end):
+        ids = list(range(1, 1 + (i % MAX_TOKENS) + 1))  # 1..8 tokens
+        receipts.append(Receipt(posted.task_id, shard, i, posted.hashes[i],
+                                output_hash(f"answer {i}", ids), len(ids), MODEL_ID))
+    sigs = [r.sign(miner.key, net.chain.chain_id, net.q.tasks.address) for r in receipts]
+    tokens = sum(r.output_tokens for r in receipts)
+    return Work(receipts, sigs, receipts_tree(receipts).root, tokens)
+
+
+def claim_and_submit(net: Devnet, posted: Posted, shard: int,
+                     miner: LocalAccount | None = None) -> Work:
+    miner = miner or net.miner
+    net.q.tasks.claim_shard(miner, posted.task_id, shard)
+    work = do_work(net, posted, shard, miner)
+    net.q.tasks.submit_result(miner, posted.task_id, shard, work.root, "store://out", work.tokens)
+    return work
+
+
+def assert_escrow_invariant(net: Devnet) -> None:
+    e = net.q.escrow
+    assert e.balance() == e.total_escrowed() + e.total_withdrawable()
+
+
+def withdraw_exact(net: Devnet, account: LocalAccount, expected: int) -> None:
+    """Withdraw and check the account's balance grew by exactly `expected` minus gas."""
+    assert net.q.escrow.withdrawable(account.address) == expected
+    before = net.chain.balance(account.address)
+    tx = net.q.escrow.withdraw(account)
+    assert net.chain.balance(account.address) == before + expected - tx.gas_cost
+    assert net.q.escrow.withdrawable(account.address) == 0
+
+
+# -- life cycle ---------------------------------------------------------------------------
+
+
+def test_create_claim_submit_finalize_to_the_wei(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    before = net.chain.balance(net.client.address)
+    posted = post_task(net, 6, 6)
+    assert net.chain.balance(net.client.address) == before - posted.payment - posted.gas_cost
+    assert q.escrow.escrowed(posted.task_id) == posted.payment
+    task = q.tasks.get_task(posted.task_id)
+    assert (task.client, task.num_requests, task.num_shards) == (net.client.address, 6, 1)
+    assert task.input_root == input_tree(posted.hashes).root
+
+    claim = q.tasks.claim_shard(net.miner, posted.task_id, 0)
+    collateral = posted.payment * 2000 // 10_000
+    assert claim.event("ShardClaimed")["collateral"] == collateral
+    assert q.gpu.miner_info(net.miner.address).locked == collateral
+
+    work = do_work(net, posted, 0, net.miner)
+    q.tasks.submit_result(net.miner, posted.task_id, 0, work.root, "store://out", work.tokens)
+    shard = q.tasks.get_shard(posted.task_id, 0)
+    assert (shard.state, shard.result_root, shard.tokens_used) == (
+        ShardState.SUBMITTED, work.root, work.tokens)
+
+    with reverts("WindowNotClosed") as info:
+        q.tasks.finalize_shard(net.anyone, posted.task_id, 0)
+    assert info.value.args_dict == {"windowEnd": shard.window_end}
+    net.chain.advance_time(q.tasks.params()["challenge_window"])
+    fin = q.tasks.finalize_shard(net.anyone, posted.task_id, 0)
+    pay = work.tokens * PRICE
+    assert fin.event("ShardFinalized") == {"taskId": posted.task_id, "shard": 0,
+                                           "miner": net.miner.address, "payment": pay,
+                                           "refund": posted.payment - pay}
+    with reverts("AlreadyFinalized"):
+        q.tasks.finalize_shard(net.anyone, posted.task_id, 0)
+
+    assert q.escrow.escrowed(posted.task_id) == 0
+    assert q.gpu.miner_info(net.miner.address).locked == 0
+    assert_escrow_invariant(net)
+    withdraw_exact(net, net.miner, pay)
+    withdraw_exact(net, net.client, posted.payment - pay)
+    assert_escrow_invariant(net)
+    with reverts("NothingToWithdraw"):
+        q.escrow.withdraw(net.client)
+
+
+def test_expired_claim_is_reclaimed_and_reopened(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    posted = post_task(net, 4, 2)
+    q.tasks.claim_shard(net.miner, posted.task_id, 1)
+    collateral = q.tasks.get_shard(posted.task_id, 1).collateral
+    assert collateral == q.tasks.shard_budget(posted.task_id, 1) * 2000 // 10_000
+    with reverts("ClaimNotExpired"):
+        q.tasks.reclaim_expired(net.anyone, posted.task_id, 1)
+
+    net.chain.advance_time(q.tasks.params()["claim_timeout"])
+    with reverts("ClaimExpired"):
+        q.tasks.submit_result(net.miner, posted.task_id, 1, b"\x01" * 32, "late", 1)
+    tx = q.tasks.reclaim_expired(net.anyone, posted.task_id, 1)
+    penalty = collateral * 5000 // 10_000
+    assert tx.event("ClaimReclaimed")["penalty"] == penalty
+    assert tx.event("ClaimReclaimed")["reopened"] is True
+    info = q.gpu.miner_info(net.miner.address)
+    assert (info.stake, info.locked) == (MINER_STAKE - penalty, 0)
+    assert q.tasks.get_shard(posted.task_id, 1).state == ShardState.OPEN
+    assert q.escrow.escrowed(posted.task_id) == posted.payment  # the budget stays for the task
+    assert_escrow_invariant(net)
+
+    # The reopened shard runs to the end with another miner.
+    work = claim_and_submit(net, posted, 1, net.miner2)
+    net.chain.advance_time(q.tasks.params()["challenge_window"])
+    q.tasks.finalize_shard(net.anyone, posted.task_id, 1)
+    budget = q.tasks.shard_budget(posted.task_id, 1)
+    withdraw_exact(net, net.client, penalty + budget - work.tokens * PRICE)
+    withdraw_exact(net, net.miner2, work.tokens * PRICE)
+
+
+def test_cancel_refunds_open_shards_only(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    posted = post_task(net, 6, 2)
+    budget = q.tasks.shard_budget(posted.task_id, 0)
+    q.tasks.claim_shard(net.miner, posted.task_id, 0)
+    with reverts("NotClient"):
+        q.tasks.cancel_task(net.miner, posted.task_id)
+    tx = q.tasks.cancel_task(net.client, posted.task_id)
+    assert tx.event("TaskCancelled")["refund"] == 2 * budget
+    assert q.escrow.withdrawable(net.client.address) == 2 * budget
+    assert q.escrow.escrowed(posted.task_id) == budget
+    with reverts("AlreadyCancelled"):
+        q.tasks.cancel_task(net.client, posted.task_id)
+    assert q.tasks.get_shard(posted.task_id, 1).state == ShardState.REFUNDED
+    with reverts("ShardNotOpen") as info:
+        q.tasks.claim_shard(net.miner2, posted.task_id, 1)
+    assert info.value.args_dict == {"state": ShardState.REFUNDED}
+
+    # The claimed shard still finishes normally.
+    work = do_work(net, posted, 0, net.miner)
+    q.tasks.submit_result(net.miner, posted.task_id, 0, work.root, "store://out", work.tokens)
+    net.chain.advance_time(q.tasks.params()["challenge_window"])
+    q.tasks.finalize_shard(net.anyone, posted.task_id, 0)
+    assert q.escrow.escrowed(posted.task_id) == 0
+    withdraw_exact(net, net.client, 2 * budget + budget - work.tokens * PRICE)
+    assert_escrow_invariant(net)
+
+
+# -- disputes -----------------------------------------------------------------------------
+
+
+def open_dispute(net: Devnet, posted: Posted, work: Work, j: int, shard: int = 1,
+                 opener: LocalAccount | None = None) -> tuple[int, int]:
+    bond = net.q.arbitration.min_bond()
+    dispute_id, _ = net.q.arbitration.open_dispute(
+        opener or net.client, posted.task_id, shard, work.receipts[j], work.sigs[j],
+        work.proof(j), "store://evidence", bond)
+    return dispute_id, bond
+
+
+def votes(net: Devnet, dispute_id: int, at_fault: bool, n: int = 3) -> list[bytes]:
+    return quorum_signatures(Vote(dispute_id, at_fault), net.verifier_keys[:n],
+                             net.chain.chain_id, net.q.arbitration.address)
+
+
+def test_contracts_agree_with_python_hashes(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    cid = net.chain.chain_id
+    for contract in (q.tasks, q.arbitration, q.committee):
+        assert contract.domain_separator() == domain_separator(cid, contract.address)
+    r = Receipt(3, 1, 6, keccak(b"r"), output_hash("x", [1, 2]), 2, MODEL_ID)
+    assert q.tasks.receipt_struct_hash(r) == r.struct_hash()
+    assert q.tasks.hash_receipt(r) == r.digest(cid, q.tasks.address)
+    assert q.arbitration.receipt_leaf(r) == leaf_hash(INDEX_HASH_TYPES, (6, r.struct_hash()))
+    assert q.arbitration.hash_vote(9, True) == Vote(9, True).digest(cid, q.arbitration.address)
+    rep = Report(4, (net.miner.address, net.miner2.address), (100, 9999), keccak(b"ev"))
+    assert q.committee.hash_report(rep) == rep.digest(cid, q.committee.address)
+    cs = ChallengeSet(5, keccak(b"cs"))
+    assert q.committee.hash_challenge_set(5, cs.challenge_set_hash) == cs.digest(
+        cid, q.committee.address)
+
+
+def test_dispute_miner_at_fault(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    posted = post_task(net, 8, 4)
+    work = claim_and_submit(net, posted, 1)  # indices 4..7: the leaves use the global index
+    collateral = q.tasks.get_shard(posted.task_id, 1).collateral
+    budget = q.tasks.shard_budget(posted.task_id, 1)
+    dispute_id, bond = open_dispute(net, posted, work, 2)
+    d = q.arbitration.get_dispute(dispute_id)
+    assert (d.status, d.miner, d.receipt) == (DisputeStatus.OPEN, net.miner.address,
+                                              work.receipts[2])
+    assert q.tasks.get_shard(posted.task_id, 1).state == ShardState.DISPUTED
+    with reverts("DisputeOpen"):
+        q.tasks.finalize_shard(net.anyone, posted.task_id, 1)
+
+    tx = q.arbitration.resolve(net.anyone, dispute_id, True, votes(net, dispute_id, True))
+    voters = sorted(net.verifiers[:3], key=lambda a: int(a.address, 16))
+    assert tx.event("DisputeResolved")["voters"] == [v.address for v in voters]
+    each = collateral * 10_000 // 10_000 * 2000 // 10_000 // 3
+    assert tx.event("DisputeResolved")["slashed"] == collateral
+    assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.MINER_AT_FAULT
+    assert q.tasks.get_shard(posted.task_id, 1).state == ShardState.REFUNDED
+    info = q.gpu.miner_info(net.miner.address)
+    assert (info.stake, info.locked) == (MINER_STAKE - collateral, 0)
+    for v in voters:
+        withdraw_exact(net, v, each)
+    withdraw_exact(net, net.client, budget + bond + collateral - 3 * each)
+    assert q.escrow.escrowed(posted.task_id) == posted.payment - budget
+    assert_escrow_invariant(net)
+
+
+def test_dispute_no_fault_then_finalize(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    client_arbiter = net.client2
+    posted = post_task(net, 8, 4, arbiter=client_arbiter.address)
+    work = claim_and_submit(net, posted, 1)
+    with reverts("NotClientOrArbiter"):
+        open_dispute(net, posted, work, 0, opener=net.outsider)
+    dispute_id, bond = open_dispute(net, posted, work, 0, opener=client_arbiter)
+    q.arbitration.resolve(net.anyone, dispute_id, False, votes(net, dispute_id, False))
+    assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.MINER_NOT_AT_FAULT
+    shard = q.tasks.get_shard(posted.task_id, 1)
+    assert shard.state == ShardState.SUBMITTED
+    q.tasks.finalize_shard(net.anyone, posted.task_id, 1)  # the window closed at resolve
+    to_miner = bond * 5000 // 10_000
+    each = (bond - to_miner) // 3
+    for v in net.verifiers[:3]:
+        withdraw_exact(net, v, each)
+    assert q.escrow.withdrawable(net.verifiers[3].address) == 0
+    withdraw_exact(net, net.miner, bond - 3 * each + work.tokens * PRICE)
+    assert q.escrow.withdrawable(client_arbiter.address) == 0  # the bond is lost
+    assert_escrow_invariant(net)
+
+
+def test_dispute_rejects_bad_evidence(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    posted = post_task(net, 8, 4)
+    work = claim_and_submit(net, posted, 1)
+    bond = q.arbitration.min_bond()
+    task_id, r = posted.task_id, work.receipts[1]
+
+    def dispute(receipt: Receipt, sig: bytes, proof: list[bytes], value: int = bond) -> None:
+        q.arbitration.open_dispute(net.client, task_id, 1, receipt, sig, proof, "e", value)
+
+    wrong_key = r.sign(net.outsider.key, net.chain.chain_id, q.tasks.address)
+    with reverts("InvalidMinerSignature") as info:
+        dispute(r, wrong_key, work.proof(1))
+    assert info.value.args_dict == {"recovered": net.outsider.address,
+                                    "miner": net.miner.address}
+    wrong_chain = r.sign(net.miner.key, net.chain.chain_id + 1, q.tasks.address)
+    with reverts("InvalidMinerSignature") as info:
+        dispute(r, wrong_chain, work.proof(1))
+    assert info.value.args_dict["recovered"] != net.miner.address
+    with reverts("InvalidProof"):
+        dispute(r, work.sigs[1], work.proof(2))
+    other = Receipt(task_id, 1, 1, r.request_hash, r.output_hash, 1, MODEL_ID)  # index 1: shard 0
+    with reverts("ReceiptMismatch"):
+        dispute(other, other.sign(net.miner.key, net.chain.chain_id, q.tasks.address), [])
+    with reverts("InsufficientBond"):
+        dispute(r, work.sigs[1], work.proof(1), bond - 1)
+    with reverts("InvalidSignature"):
+        dispute(r, work.sigs[1][:64], work.proof(1))
+    net.chain.advance_time(q.tasks.params()["challenge_window"])
+    with reverts("OutsideWindow"):
+        dispute(r, work.sigs[1], work.proof(1))
+
+
+def test_resolve_rejects_bad_quorums(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    posted = post_task(net, 8, 4)
+    work = claim_and_submit(net, posted, 1)
+    dispute_id, _ = open_dispute(net, posted, work, 3)
+    cid, arb = net.chain.chain_id, q.arbitration.address
+    good = votes(net, dispute_id, True)
+    signer = Vote(dispute_id, True).recover(good[0], cid, arb)
+    with reverts("DuplicateSigner") as info:
+        q.arbitration.resolve(net.anyone, dispute_id, True, [good[0], good[0], good[1]])
+    assert info.value.args_dict == {"signer": signer}
+    with reverts("SignersNotSorted"):
+        q.arbitration.resolve(net.anyone, dispute_id, True, [good[1], good[0], good[2]])
+    with reverts("QuorumNotReached") as info:
+        q.arbitration.resolve(net.anyone, dispute_id, True, good[:2])
+    assert info.value.args_dict == {"required": 3, "got": 2}
+    with reverts("NotCommitteeMember"):
+        q.arbitration.resolve(net.anyone, dispute_id, True, quorum_signatures(
+            Vote(dispute_id, True), [net.outsider.key, *net.verifier_keys[:3]], cid, arb))
+    # A vote signed for another chain, or for the other verdict, recovers to a stranger. (One
+    # signature each: strangers' random addresses would otherwise trip the sort check first.)
+    wrong_chain = Vote(dispute_id, True).sign(net.verifier_keys[0], cid + 1, arb)
+    with reverts("NotCommitteeMember") as info:
+        q.arbitration.resolve(net.anyone, dispute_id, True, [wrong_chain])
+    assert info.value.args_dict["signer"] != net.verifiers[0].address
+    other_verdict = Vote(dispute_id, False).sign(net.verifier_keys[0], cid, arb)
+    with reverts("NotCommitteeMember"):
+        q.arbitration.resolve(net.anyone, dispute_id, True, [other_verdict])
+    q.arbitration.resolve(net.anyone, dispute_id, True, good)
+    with reverts("DisputeNotOpen"):
+        q.arbitration.resolve(net.anyone, dispute_id, True, good)
+
+
+# -- committee ----------------------------------------------------------------------------
+
+
+def test_reputation_report_and_challenge_set(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    cid, vc = net.chain.chain_id, q.committee.address
+    epoch = q.committee.current_epoch()
+    report = Report(epoch, (net.miner.address, net.miner2.address), (9000, 1000), keccak(b"ev"))
+    with reverts("DuplicateSigner"):
+        sig = report.sign(net.verifier_keys[0], cid, vc)
+        q.committee.submit_reputation(net.anyone, report, [sig, sig, sig])
+    q.committee.submit_reputation(net.anyone, report,
+                                  quorum_signatures(report, net.verifier_keys[:3], cid, vc))
+    assert q.gpu.miner_info(net.miner.address).reputation_bps == 9000
+    assert q.gpu.miner_info(net.miner2.address).reputation_bps == 1000
+    assert q.committee.reported(epoch)
+    # Below the untrusted floor the miner can no longer claim.
+    posted = post_task(net, 2, 2)
+    with reverts("NotEligible") as info:
+        q.tasks.claim_shard(net.miner2, posted.task_id, 0)
+    assert info.value.args_dict == {"miner": net.miner2.address}
+
+    cs = ChallengeSet(epoch + 1, keccak(b"challenges"))
+    with reverts("WrongEpoch"):
+        q.committee.commit_challenge_set(net.anyone, epoch, cs.challenge_set_hash, [])
+    q.committee.commit_challenge_set(
+        net.anyone, cs.epoch, cs.challenge_set_hash,
+        quorum_signatures(cs, net.verifier_keys, cid, vc))
+    assert q.committee.challenge_set_of(cs.epoch) == cs.challenge_set_hash
+    expected = keccak(b"\0" * 32 + cs.epoch.to_bytes(32, "big") + cs.challenge_set_hash)
+    assert q.committee.last_commit_hash() == expected
+    leader = q.committee.leader_of(cs.epoch + 1)
+    members = q.committee.members()
+    seed = keccak(expected + (cs.epoch + 1).to_bytes(32, "big"))
+    assert leader == members[int.from_bytes(seed, "big") % len(members)]
+
+
+def test_equivocation_slashes_a_verifier(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    cid, vc = net.chain.chain_id, q.committee.address
+    cheat = net.verifiers[0]
+    a = Report(0, (net.miner.address,), (100,), keccak(b"a"))
+    b = Report(0, (net.miner.address,), (9900,), keccak(b"b"))
+    q.committee.prove_equivocation(net.anyone, cheat.address, a, a.sign(cheat.key, cid, vc),
+                                   b, b.sign(cheat.key, cid, vc))
+    assert not q.committee.is_member(cheat.address)
+    assert q.committee.quorum() == 3 * 2 // 3 + 1
+    stake = 10**18
+    withdraw_exact(net, net.anyone, stake // 2)
+    withdraw_exact(net, net.deployer, stake - stake // 2)  # the treasury defaults to the owner
+
+
+# -- bad inputs ---------------------------------------------------------------------------
+
+
+def test_bad_inputs_name_the_custom_error(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    gpu = GpuSpec("RTX 4090", 24576, 2)
+    with reverts("InsufficientStake") as info:
+        q.gpu.register(net.outsider, [MODEL_ID], gpu, "http://x", PRICE, 0)
+    assert info.value.args_dict == {"required": q.gpu.min_stake(), "got": 0}
+    assert "GPURegistry.register reverted: InsufficientStake(required=" in str(info.value)
+    assert isinstance(info.value, ContractRevert) and info.value.error == "InsufficientStake"
+
+    with reverts("WrongPayment") as info:
+        q.tasks.create_task(net.client, model_id=MODEL_ID, input_root=b"\x01" * 32,
+                            input_uri="u", num_requests=3, shard_size=3,
+                            max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+                            deadline=net.chain.timestamp() + 100, payment=1)
+    assert info.value.args_dict == {"expected": 3 * MAX_TOKENS * PRICE, "got": 1}
+
+    posted = post_task(net, 2, 2)
+    with reverts("NotEligible"):
+        q.tasks.claim_shard(net.outsider, posted.task_id, 0)
+    with reverts("BadShard"):
+        q.tasks.claim_shard(net.miner, posted.task_id, 1)
+    with reverts("UnknownTask") as info:
+        q.tasks.get_task(999)
+    assert info.value.args_dict == {"taskId": 999}
+    q.tasks.claim_shard(net.miner, posted.task_id, 0)
+    with reverts("NotShardMiner"):
+        q.tasks.submit_result(net.miner2, posted.task_id, 0, b"\x01" * 32, "u", 1)
+    with reverts("TooManyTokens") as info:
+        q.tasks.submit_result(net.miner, posted.task_id, 0, b"\x01" * 32, "u", 2 * MAX_TOKENS + 1)
+    assert info.value.args_dict == {"max": 2 * MAX_TOKENS, "got": 2 * MAX_TOKENS + 1}
+    # OpenZeppelin's own errors decode too.
+    with reverts("OwnableUnauthorizedAccount") as info:
+        q.tasks._tx(net.outsider, "setParams", 1, 1, 1, 1)
+    assert info.value.args_dict == {"account": net.outsider.address}
+    assert_escrow_invariant(net)
