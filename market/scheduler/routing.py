@@ -23,12 +23,27 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from market.errors import QuarryError
 from market.scheduler.cluster import Cluster, Link, Placement, Server
 
 SERIALIZATION_S = 0.018
+
+
+@contextmanager
+def serialization_overhead(seconds: float) -> Iterator[None]:
+    """Temporarily use another per-message overhead (for sensitivity runs), then restore it."""
+    global SERIALIZATION_S
+    if seconds < 0:
+        raise QuarryError(f"serialization overhead must be >= 0, got {seconds}")
+    old, SERIALIZATION_S = SERIALIZATION_S, seconds
+    try:
+        yield
+    finally:
+        SERIALIZATION_S = old
+
 
 Hop = tuple[str, int, int]  # (server name, first block, end block exclusive)
 SOURCE = "<source>"
@@ -221,7 +236,11 @@ def dijkstra(
                 heapq.heappush(heap, (nd, v))
     if SINK not in dist:
         missing = uncovered_blocks(cluster, placement)
-        why = f"blocks {missing[:10]} are on no server" if missing else "every chain is blocked"
+        why = (
+            f"blocks {missing[:10]} are on no server"
+            if missing
+            else "every chain has an infinite cost (it needs more cache memory than a server has)"
+        )
         L = cluster.model.num_layers
         raise QuarryError(f"no feasible chain covers the model's {L} blocks: {why}")
     path: list[Hop] = []

@@ -21,9 +21,11 @@ Scattered scenario (Topology-Zoo-like, Table 3 AboveNet scale), generated becaus
 Topology Zoo files are not vendored: 23 nodes placed uniformly at random in a 4000 km x
 2500 km box (seeded); each node links to its 2 nearest neighbours, plus the edges of a
 minimum spanning tree so the graph is connected; each link has 1 Gbit/s and a one-way
-delay of distance / 200,000 km/s (light in fibre), which gives the 0.1-14 ms per link of
-AboveNet. RTTs are twice the delay of the delay-shortest path. 9 distinct nodes get
-servers (2 A100s, eta = 0.2, the rest MIGs); the client is a node without a server.
+delay of distance / 200,000 km/s (light in fibre). With the default seed this gives 30
+links of 0.9-6.5 ms (AboveNet: 31 links of 0.1-13.8 ms) and client-server RTTs of 4-37 ms.
+RTTs are twice the delay of the delay-shortest path; path bandwidth is 1 Gbit/s. 9
+distinct nodes get servers (2 A100s, eta = 0.2, the rest MIGs); the client is a node
+without a server.
 """
 
 from __future__ import annotations
