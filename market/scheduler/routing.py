@@ -186,16 +186,16 @@ def feasible_edges(cluster: Cluster, placement: Placement) -> list[tuple[str, st
     `from` is SOURCE for the first hop; edges into SINK close chains that reach block L.
     """
     L = cluster.model.num_layers
-    spans = _spans(cluster, placement)
+    spans = sorted(_spans(cluster, placement).items())
     edges: list[tuple[str, str, int, int]] = []
-    for j, (sj, ej) in sorted(spans.items()):
+    for j, (sj, ej) in spans:
         if feasible_hop(0, 0, sj, ej):
             edges.append((SOURCE, j, 0, ej))
-    for i, (si, ei) in sorted(spans.items()):
+    for i, (si, ei) in spans:
         if ei == L:
             edges.append((i, SINK, L, L))
             continue
-        for j, (sj, ej) in sorted(spans.items()):
+        for j, (sj, ej) in spans:
             if j != i and feasible_hop(si, ei, sj, ej):
                 edges.append((i, j, ei, ej))
     return edges
@@ -261,6 +261,25 @@ def uncovered_blocks(cluster: Cluster, placement: Placement) -> list[int]:
     return [b for b, c in enumerate(covered) if not c]
 
 
+class _HopTimes:
+    """Memoised (prefill, decode-step) time of running k blocks on server j for one client."""
+
+    def __init__(self, cluster: Cluster, client: str | None, l_in: int) -> None:
+        self.cluster, self.client, self.l_in = cluster, client, l_in
+        self._servers = {s.name: s for s in cluster.servers}
+        self._rtts: dict[str, tuple[float, float]] = {}
+
+    def __call__(self, name: str, blocks: int) -> tuple[float, float]:
+        if name not in self._rtts:
+            self._rtts[name] = (
+                prompt_rtt(self.cluster, self.client, name, self.l_in),
+                token_rtt(self.cluster, self.client, name),
+            )
+        t_in, t_tok = self._rtts[name]
+        srv = self._servers[name]
+        return t_in + blocks * srv.prefill_s_per_block, t_tok + blocks * srv.decode_s_per_block
+
+
 def shortest_path(
     cluster: Cluster,
     placement: Placement,
@@ -278,14 +297,11 @@ def shortest_path(
     """
     if l_max < 1:
         raise QuarryError(f"l_max must be >= 1, got {l_max}")
+    hop = _HopTimes(cluster, client, l_in)
 
     def cost(_i: str, j: str, s: int, e: int) -> float:
-        srv = cluster.server(j)
-        dec = token_rtt(cluster, client, j) + (e - s) * srv.decode_s_per_block
-        if decode_only:
-            return dec
-        pre = prompt_rtt(cluster, client, j, l_in) + (e - s) * srv.prefill_s_per_block
-        return (pre + (l_max - 1) * dec) / l_max
+        pre, dec = hop(j, e - s)
+        return dec if decode_only else (pre + (l_max - 1) * dec) / l_max
 
     return dijkstra(cluster, placement, cost)
 
@@ -345,13 +361,12 @@ def ws_rr(
     the wait is the max of t^W over the chosen hops (Corollary 3.7's start time).
     """
     waits: dict[tuple[str, int, int], float] = {}
+    hop = _HopTimes(cluster, client, l_in)
 
     def cost(_i: str, j: str, s: int, e: int) -> float:
-        srv = cluster.server(j)
         w = waiting_time(capacity.get(j, 0), active.get(j, ()), e - s)
         waits[(j, s, e)] = w
-        pre = prompt_rtt(cluster, client, j, l_in) + (e - s) * srv.prefill_s_per_block
-        dec = token_rtt(cluster, client, j) + (e - s) * srv.decode_s_per_block
+        pre, dec = hop(j, e - s)
         return w + pre + (l_max - 1) * dec
 
     path, total = dijkstra(cluster, placement, cost)
