@@ -298,3 +298,11 @@ def test_eip712_matches_ethers() -> None:
         assert out["structHash"] == "0x" + s.struct_hash().hex()
         assert out["digest"] == "0x" + s.digest(CHAIN, TASKS).hex()
         assert out["signer"] == KEY.address
+
+
+@needs_node
+def test_output_hash_matches_ethers_solidity_packing() -> None:
+    cases = [{"text": "héllo ✓", "ids": [0, 1, 50256, 2**32 - 1]}, {"text": "", "ids": []},
+             {"text": "a\nb", "ids": list(range(300))}]
+    assert run_js("output_hash.js", cases) == [
+        "0x" + output_hash(c["text"], c["ids"]).hex() for c in cases]

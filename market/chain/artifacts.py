@@ -11,15 +11,6 @@ from typing import Any
 from market.config import artifacts_dir
 from market.errors import ConfigError
 
-# The five Quarry contracts, in the order `deploy` creates them.
-CONTRACT_NAMES: tuple[str, ...] = (
-    "PaymentEscrow",
-    "GPURegistry",
-    "TaskRegistry",
-    "VerifierCommittee",
-    "Arbitration",
-)
-
 
 @dataclass(frozen=True)
 class Artifact:

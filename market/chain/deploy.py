@@ -7,16 +7,14 @@ VerifierCommittee, Arbitration, then each contract's one-time setters.
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
-from eth_utils import is_address, to_checksum_address
+from eth_utils import is_address
 
-from market.chain.artifacts import CONTRACT_NAMES, load_artifact
+from market.chain.artifacts import load_artifact
 from market.chain.client import Chain, TxResult
 from market.chain.contracts import (
     Arbitration,
@@ -25,7 +23,7 @@ from market.chain.contracts import (
     TaskRegistry,
     VerifierCommittee,
 )
-from market.config import deployment_path
+from market.chain.deployment import CONTRACT_NAMES, Deployment
 from market.errors import ConfigError
 
 ETHER = 10**18
@@ -72,80 +70,6 @@ class DeployParams:
 
 
 DEVNET_PARAMS = DeployParams()
-
-
-@dataclass
-class Deployment:
-    """What `deployment.json` holds: enough for any process to reach the contracts."""
-
-    chain_id: int
-    rpc_url: str
-    addresses: dict[str, str]  # contract name -> checksummed address
-    deploy_block: int
-    deployer: str
-    params: dict[str, int] = field(default_factory=dict)
-    anvil_pid: int | None = None
-    anvil_log: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "chainId": self.chain_id,
-            "rpcUrl": self.rpc_url,
-            "addresses": self.addresses,
-            "deployBlock": self.deploy_block,
-            "deployer": self.deployer,
-            "params": self.params,
-            "anvilPid": self.anvil_pid,
-            "anvilLog": self.anvil_log,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], source: str = "deployment") -> Deployment:
-        try:
-            addresses = {str(k): to_checksum_address(v) for k, v in data["addresses"].items()}
-            missing = [n for n in CONTRACT_NAMES if n not in addresses]
-            if missing:
-                raise ConfigError(f"{source}: no address for {', '.join(missing)}")
-            return cls(
-                chain_id=int(data["chainId"]),
-                rpc_url=str(data["rpcUrl"]),
-                addresses=addresses,
-                deploy_block=int(data["deployBlock"]),
-                deployer=to_checksum_address(data["deployer"]),
-                params={str(k): int(v) for k, v in data.get("params", {}).items()},
-                anvil_pid=None if data.get("anvilPid") is None else int(data["anvilPid"]),
-                anvil_log=data.get("anvilLog"),
-            )
-        except ConfigError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{source} is malformed: {type(exc).__name__}: {exc}") from exc
-
-    def save(self, path: Path | None = None) -> Path:
-        """Write atomically (a reader never sees half a file)."""
-        path = path or deployment_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        tmp.replace(path)
-        return path
-
-    @classmethod
-    def load(cls, path: Path | None = None) -> Deployment:
-        """The deployment file (default `$QUARRY_HOME/deployment.json`)."""
-        path = path or deployment_path()
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(
-                f"no deployment file at {path}: start a devnet with `market devnet up` "
-                "(or set QUARRY_HOME to where one was written)"
-            ) from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read deployment file {path}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"deployment file {path} is not a JSON object")
-        return cls.from_json(data, str(path))
 
 
 def deploy(

@@ -10,16 +10,18 @@ refused with an error naming it; a stale file (its chain gone) is replaced.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from market.chain.errors import ChainError
+from market.chain.deployment import Deployment
 from market.config import deployment_path, node_modules_dir, quarry_home
 from market.errors import ConfigError, QuarryError
 
@@ -141,11 +143,20 @@ def start_anvil(
     raise DevnetError(last_error)
 
 
-def _wait_for_rpc(proc: AnvilProcess, chain_id: int, timeout: float) -> None:
-    import json
-    import urllib.request
+def rpc_call(url: str, method: str, params: list[Any] | None = None,
+             timeout: float = 2.0) -> Any:
+    """One JSON-RPC call with the standard library (status and startup need no web3)."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []})
+    request = urllib.request.Request(url, data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        answer = json.loads(response.read())
+    if "error" in answer:
+        raise ValueError(f"{method}: {answer['error']}")
+    return answer["result"]
 
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []})
+
+def _wait_for_rpc(proc: AnvilProcess, chain_id: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.popen is not None and proc.popen.poll() is not None:
@@ -154,12 +165,7 @@ def _wait_for_rpc(proc: AnvilProcess, chain_id: int, timeout: float) -> None:
                 + _log_tail(proc.log_path)
             )
         try:
-            request = urllib.request.Request(
-                proc.rpc_url, data=body.encode(), headers={"Content-Type": "application/json"}
-            )
-            with urllib.request.urlopen(request, timeout=1) as response:
-                answer = json.loads(response.read())
-            if int(answer["result"], 16) == chain_id:
+            if int(rpc_call(proc.rpc_url, "eth_chainId", timeout=1), 16) == chain_id:
                 return
         except (OSError, ValueError, KeyError):
             pass
@@ -200,31 +206,32 @@ def stop_anvil(pid: int, *, timeout: float = 10.0,
 # -- the devnet the CLI manages -----------------------------------------------------------
 
 
-def up(port: int | None = None) -> Any:
+def up(port: int | None = None) -> Deployment:
     """Start Anvil, deploy and wire, write the deployment file; returns the Deployment."""
-    from market.chain.client import Chain, anvil_account
-    from market.chain.deploy import Deployment, deploy
-
     path = deployment_path()
     if path.exists():
-        state = status()
+        try:
+            state = status()
+        except ConfigError:
+            state = {"answers": False}
         if state["answers"]:
             raise DevnetError(
                 f"a devnet is already running at {state['rpcUrl']} (pid {state['anvilPid']}, "
                 f"file {path}); stop it with `market devnet down` first"
             )
-        # Stale: the chain is gone. Clean up whatever is left and start afresh.
-        down(quiet=True)
+        down(quiet=True)  # stale: its chain is gone; clear what is left and start afresh
     home = quarry_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "anvil.log"
     log_path.write_bytes(b"")
     proc = start_anvil(port, log_path=log_path)
     try:
-        chain = Chain(proc.rpc_url)
-        deployment, _ = deploy(chain, anvil_account(0))
-        deployment = Deployment(**{**deployment.__dict__, "anvil_pid": proc.pid,
-                                   "anvil_log": str(log_path)})
+        from market.chain.client import Chain, anvil_account  # web3: import only when needed
+        from market.chain.deploy import deploy
+
+        deployment, _ = deploy(Chain(proc.rpc_url), anvil_account(0))
+        deployment.anvil_pid = proc.pid
+        deployment.anvil_log = str(log_path)
         deployment.save(path)
     except BaseException:
         proc.stop()
@@ -233,22 +240,18 @@ def up(port: int | None = None) -> Any:
 
 
 def status() -> dict[str, Any]:
-    """What the deployment file says and whether its chain answers (and is that chain)."""
-    from market.chain.client import Chain
-    from market.chain.deploy import Deployment
-
+    """What the deployment file says, and whether its chain answers with its contracts."""
     path = deployment_path()
     deployment = Deployment.load(path)
-    chain = Chain(deployment.rpc_url, timeout=2)
-    answers = chain.is_up()
-    same = False
-    if answers:
-        try:
-            same = chain.chain_id == deployment.chain_id and bool(
-                chain.w3.eth.get_code(deployment.addresses["TaskRegistry"])
-            )
-        except ChainError:
-            same = False
+    block: int | None = None
+    try:
+        same_chain = int(rpc_call(deployment.rpc_url, "eth_chainId"), 16) == deployment.chain_id
+        code = rpc_call(deployment.rpc_url, "eth_getCode",
+                        [deployment.addresses["TaskRegistry"], "latest"])
+        answers = same_chain and code not in ("0x", "", None)
+        block = int(rpc_call(deployment.rpc_url, "eth_blockNumber"), 16)
+    except (OSError, ValueError, KeyError):
+        answers = False
     pid = deployment.anvil_pid
     return {
         "file": str(path),
@@ -258,21 +261,18 @@ def status() -> dict[str, Any]:
         "deployBlock": deployment.deploy_block,
         "anvilPid": pid,
         "anvilRunning": bool(pid and pid_alive(pid) and _is_anvil(pid)),
-        "answers": answers and same,
-        "blockNumber": chain.block_number() if answers else None,
+        "answers": answers,
+        "blockNumber": block if answers else None,
     }
 
 
 def down(quiet: bool = False) -> str:
     """Stop the devnet's Anvil and remove the deployment file; returns what was done."""
-    from market.chain.deploy import Deployment
-
     path = deployment_path()
     if not path.exists():
         return f"no devnet deployment at {path}; nothing to stop"
     try:
-        deployment = Deployment.load(path)
-        pid = deployment.anvil_pid
+        pid = Deployment.load(path).anvil_pid
     except ConfigError:
         pid = None
     message = f"removed {path}"
