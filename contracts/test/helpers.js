@@ -110,7 +110,10 @@ async function deployQuarry() {
 
 /** Default task: 10 requests, shards of 4 (sizes 4, 4, 2), 100 tokens max, 1 gwei per token. */
 async function createTask(task, client, over = {}) {
-  const now = BigInt((await ethers.provider.getBlock("latest")).timestamp);
+  // Pin the creating block to latest+1: after a fixture snapshot is restored, Hardhat would
+  // otherwise stamp the next block with the wall-clock time elapsed since the snapshot.
+  const now = BigInt((await ethers.provider.getBlock("latest")).timestamp) + 1n;
+  await ethers.provider.send("evm_setNextBlockTimestamp", [Number(now)]);
   const a = {
     modelId: MODEL,
     inputRoot: ethers.keccak256(ethers.toUtf8Bytes("inputs")),
