@@ -185,7 +185,10 @@ def manifest_path(path: Path) -> Path:
 
 def load_manifest(path: Path) -> Manifest:
     """Read a manifest file, or `<dir>/quarry-manifest.json` when given a model directory."""
-    path = manifest_path(path)
+    given = Path(path)
+    if not given.exists():
+        raise ModelError(f"{given} does not exist")
+    path = manifest_path(given)
     if not path.is_file():
         raise ModelError(
             f"no Quarry manifest at {path}; create a model with `market model create` or "
