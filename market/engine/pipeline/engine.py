@@ -45,10 +45,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,13 @@ from market.engine.base import Engine, GenerationOutput, GenerationRequest, Scor
 from market.engine.pipeline import wire
 from market.engine.pipeline.delay import DelayedSender
 from market.engine.pipeline.errors import PipelineError, StageFailedError
-from market.engine.pipeline.parts import left_pad, load_config, split_layers
+from market.engine.pipeline.parts import load_config, split_layers
 from market.engine.pipeline.scheduler import PipelineTimings
+from market.engine.sampling import validate_sampling
+from market.engine.torch_engine import EngineError, left_pad
+from market.errors import QuarryError
+from market.model.manifest import Manifest
+from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
 
 MODES = ("microbatch", "naive")
 _LIVE: weakref.WeakSet[PipelineEngine] = weakref.WeakSet()
@@ -86,10 +92,59 @@ class _Stage:
     proc: subprocess.Popen | None = None
     log_path: str | None = None
     ctrl: Any = None  # zmq PUSH socket straight to the stage
-    last_hb: float = 0.0
     layers: tuple[int, int] = (0, 0)
     pid: int | None = None
     host: str = ""
+
+
+class _Monitor:
+    """Owns the driver's control socket on its own thread: heartbeats, errors, hellos.
+
+    A separate thread (not the generate loop) so heartbeats are taken in, and judged fresh,
+    even while the caller is not inside `generate`; results use another socket.
+    """
+
+    def __init__(self, ctx: zmq.Context, host: str, session: str) -> None:
+        self.session = session
+        self._sock = ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.port = port
+        self.last_hb: dict[int, float] = {}
+        self.ready: dict[int, dict[str, Any]] = {}
+        self.announced: dict[int, str] = {}  # pid -> listen endpoint
+        self.errors: list[tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-monitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._sock.poll(100):
+                    continue
+                h, _ = wire.decode(self._sock.recv_multipart())
+                kind = h.get("t")
+                if kind == "announce":
+                    self.announced[int(h["pid"])] = str(h["listen"])
+                    continue
+                if h.get("s") != self.session:
+                    continue  # from an earlier session of a reused stage
+                stage = int(h["stage"])
+                if kind in ("hb", "ready"):
+                    self.last_hb[stage] = time.monotonic()
+                if kind == "ready":
+                    self.ready[stage] = h
+                elif kind == "error":
+                    self.errors.append((stage, str(h.get("msg", "unknown error"))))
+        except Exception as exc:  # a dead monitor must not read as silent stages
+            self.errors.append((-1, f"driver monitor failed: {exc}"))
+        finally:
+            self._sock.close(linger=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
 
 
 class PipelineEngine(Engine):
@@ -109,19 +164,22 @@ class PipelineEngine(Engine):
         dtype: str = "float32",
         device: str = "cpu",
         attn_implementation: str = "sdpa",
-        driver_bind: str | None = None,
-        driver_address: str | None = None,
+        driver_host: str | None = None,
+        driver_advertise: str | None = None,
         startup_timeout_s: float = 180.0,
         stage_timeout_s: float = 5.0,
         progress_timeout_s: float = 600.0,
         max_in_flight: int = 1024,
+        manifest: Manifest | None = None,
         verify_manifest: bool = True,
+        stop_token_ids: Iterable[int] | None = None,
         calibrate: bool = True,
     ) -> None:
         self._closed = True  # until the processes exist: close() must be safe from here on
         self.stages: list[_Stage] = []
         self._ctx: zmq.Context | None = None
         self._pull: Any = None
+        self._monitor: _Monitor | None = None
         self._data: DelayedSender | None = None
         self._logdir: tempfile.TemporaryDirectory | None = None
 
@@ -146,16 +204,22 @@ class PipelineEngine(Engine):
 
         if not os.path.isdir(self.model_dir):
             raise PipelineError(f"model directory {self.model_dir} does not exist")
-        if verify_manifest:
-            self._verify_manifest()
+        self.manifest = self._manifest(manifest, verify_manifest)
         self.config = load_config(self.model_dir)
         self.num_layers = int(self.config.num_hidden_layers)
         self.vocab_size = int(self.config.vocab_size)
-        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0)
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
         self.tokenizer = self._load_tokenizer()
-        self.eos_ids = self._eos_ids()
-        pad = self.config.pad_token_id
-        self.pad_id = int(pad if pad is not None else (self.tokenizer.pad_token_id or 0))
+        # Stop tokens and the pad id follow the single-process engine's rules exactly.
+        self.stop_token_ids = (
+            frozenset(int(t) for t in stop_token_ids)
+            if stop_token_ids is not None
+            else self._stop_ids()
+        )
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = min(self.stop_token_ids) if self.stop_token_ids else 0
+        self.pad_id = int(pad)
 
         remote = not isinstance(stages, int)
         if remote:
@@ -179,16 +243,20 @@ class PipelineEngine(Engine):
             1, (os.cpu_count() or 1) // self.num_stages
         )
 
+        # Two driver sockets: results (read by generate) and control (read by the monitor).
+        host = driver_host or ("0.0.0.0" if remote else "127.0.0.1")
+        advertise = driver_advertise or (socket.getfqdn() if host in ("0.0.0.0", "*") else host)
         self._ctx = zmq.Context()
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.bind(driver_bind or ("tcp://0.0.0.0:*" if remote else "tcp://127.0.0.1:*"))
-        bound = self._pull.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.driver_address = driver_address or bound.replace("0.0.0.0", socket.getfqdn())
         self._closed = False
         _LIVE.add(self)
         try:
+            self._pull = self._ctx.socket(zmq.PULL)
+            self._pull.setsockopt(zmq.LINGER, 0)
+            self._pull.setsockopt(zmq.RCVHWM, 0)
+            data_port = self._pull.bind_to_random_port(f"tcp://{host}")
+            self._monitor = _Monitor(self._ctx, host, self.session)
+            self.result_address = f"tcp://{advertise}:{data_port}"
+            self.control_address = f"tcp://{advertise}:{self._monitor.port}"
             if remote:
                 self.stages = [_Stage(i, endpoint=e) for i, e in enumerate(endpoints)]
             else:
@@ -201,12 +269,20 @@ class PipelineEngine(Engine):
             raise
 
     # -- setup --------------------------------------------------------------------------
-    def _verify_manifest(self) -> None:
+    def _manifest(self, manifest: Manifest | None, verify: bool) -> Manifest | None:
+        """The model's manifest (given, or the directory's own if it has one), verified.
+
+        Stages read the weights themselves; the driver checks the files once, up front.
+        A directory without a manifest is accepted (then `model_id` is unavailable).
+        """
         from market.model.manifest import load_manifest, manifest_path
 
-        path = manifest_path(Path(self.model_dir))
-        if path.is_file():
-            load_manifest(Path(self.model_dir)).verify(Path(self.model_dir))
+        path = Path(self.model_dir)
+        if manifest is None and manifest_path(path).is_file():
+            manifest = load_manifest(path)
+        if manifest is not None and verify:
+            manifest.verify(path)
+        return manifest
 
     def _load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
@@ -218,12 +294,46 @@ class PipelineEngine(Engine):
         except (OSError, ValueError) as exc:
             raise PipelineError(f"cannot load the tokenizer in {self.model_dir}: {exc}") from exc
 
-    def _eos_ids(self) -> frozenset[int]:
-        eos = self.config.eos_token_id
-        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    def _stop_ids(self) -> frozenset[int]:
+        """generation_config.json's eos, else config.json's, else the tokenizer's."""
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(self.model_dir, local_files_only=True)
+        except OSError:
+            gen = None
+        for source in (gen, self.config):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is not None:
+                return frozenset([eos] if isinstance(eos, int) else [int(e) for e in eos])
         if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return frozenset(int(i) for i in ids)
+            return frozenset([int(self.tokenizer.eos_token_id)])
+        return frozenset()
+
+    # -- identity and text (the same helpers the other engines offer) --------------------
+    @property
+    def model_id(self) -> bytes:
+        if self.manifest is None:
+            raise PipelineError(f"{self.model_dir} has no quarry manifest, so no model id")
+        return self.manifest.model_id
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids, special tokens (EOS, BOS) left out."""
+        return self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
+    def encode_prompt(self, prompt: str) -> tuple[int, ...]:
+        return encode_prompt(self.tokenizer, prompt)
+
+    def encode_chat(self, messages: Any) -> tuple[int, ...]:
+        return encode_chat(self.tokenizer, messages)
+
+    def request_from_body(self, body: Mapping[str, Any]) -> GenerationRequest:
+        return request_from_body(self.tokenizer, body)
+
+    def request_from_line(self, line: Mapping[str, Any]) -> GenerationRequest:
+        return request_from_line(self.tokenizer, line)
 
     def _check_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
         if len(ranges) != self.num_stages:
@@ -267,7 +377,7 @@ class PipelineEngine(Engine):
                 "--attn-implementation",
                 attn,
                 "--announce",
-                self.driver_address,
+                self.control_address,
                 "--parent-pid",
                 str(os.getpid()),
             ]
@@ -281,17 +391,16 @@ class PipelineEngine(Engine):
                     start_new_session=True,  # Ctrl-C reaches the driver, which closes us
                 )
             self.stages.append(_Stage(k, proc=proc, log_path=log_path, layers=(a, b), pid=proc.pid))
-        by_pid = {s.pid: s for s in self.stages}
+        assert self._monitor is not None
         deadline = time.monotonic() + timeout
         while any(not s.endpoint for s in self.stages):
             self._check_processes()
             if time.monotonic() > deadline:
                 late = [s.index for s in self.stages if not s.endpoint]
                 raise StageFailedError(late[0], f"did not start within {timeout:.0f}s")
-            if self._pull.poll(100):
-                h, _ = wire.decode(self._pull.recv_multipart(copy=False))
-                if h.get("t") == "announce" and h.get("pid") in by_pid:
-                    by_pid[h["pid"]].endpoint = h["listen"]
+            time.sleep(0.05)
+            for s in self.stages:
+                s.endpoint = self._monitor.announced.get(s.pid or -1, "")
 
     def _hello(self, timeout: float) -> None:
         assert self._ctx is not None
@@ -302,7 +411,7 @@ class PipelineEngine(Engine):
         d = self.link_latency_ms
         for s in self.stages:
             last = s.index == self.num_stages - 1
-            nxt = self.driver_address if last else self.stages[s.index + 1].endpoint
+            nxt = self.result_address if last else self.stages[s.index + 1].endpoint
             s.ctrl.send_multipart(
                 wire.encode(
                     {
@@ -310,35 +419,31 @@ class PipelineEngine(Engine):
                         "s": self.session,
                         "stage": s.index,
                         "stages": self.num_stages,
-                        "driver": self.driver_address,
+                        "driver": self.control_address,
                         "next": nxt,
                         "latency_ms": d,
                     }
                 )
             )
-        pending = {s.index for s in self.stages}
+        assert self._monitor is not None
         deadline = time.monotonic() + timeout
-        while pending:
+        while len(self._monitor.ready) < self.num_stages:
             self._check_processes()
+            self._check_errors()
             if time.monotonic() > deadline:
-                k = min(pending)
+                k = min(set(range(self.num_stages)) - set(self._monitor.ready))
                 raise StageFailedError(
                     k, f"no answer from {self.stages[k].endpoint} within {timeout:.0f}s"
                 )
-            if not self._pull.poll(100):
-                continue
-            h, _ = wire.decode(self._pull.recv_multipart(copy=False))
-            if h.get("t") != "ready" or h.get("s") != self.session:
-                continue
-            s = self.stages[int(h["stage"])]
+            time.sleep(0.05)
+        for s in self.stages:
+            h = self._monitor.ready[s.index]
             s.layers, s.pid, s.host = (int(h["start"]), int(h["end"])), int(h["pid"]), h["host"]
-            s.last_hb = time.monotonic()
             if int(h["num_layers"]) != self.num_layers:
                 raise PipelineError(
                     f"stage {s.index} serves a model with {h['num_layers']} layers, "
                     f"the driver's has {self.num_layers}"
                 )
-            pending.discard(s.index)
         self._check_ranges([s.layers for s in self.stages])
         self._data = DelayedSender(self._ctx, self.stages[0].endpoint, d / 1000.0, "stage0")
 
@@ -357,15 +462,25 @@ class PipelineEngine(Engine):
                 how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
                 raise StageFailedError(s.index, f"process {s.proc.pid} {how}{self._log_tail(s)}")
 
+    def _check_errors(self) -> None:
+        assert self._monitor is not None
+        if self._monitor.errors:
+            stage, msg = self._monitor.errors.pop(0)
+            if stage < 0:
+                raise PipelineError(msg)
+            raise StageFailedError(stage, msg)
+
     def _check_alive(self) -> None:
+        assert self._monitor is not None
         self._check_processes()
+        self._check_errors()
         now = time.monotonic()
         for s in self.stages:
-            if now - s.last_hb > self.stage_timeout_s:
+            silent = now - self._monitor.last_hb.get(s.index, 0.0)
+            if silent > self.stage_timeout_s:
                 raise StageFailedError(
                     s.index,
-                    f"no heartbeat from {s.endpoint} for {now - s.last_hb:.1f}s "
-                    "(unreachable, hung or dead)",
+                    f"no heartbeat from {s.endpoint} for {silent:.1f}s (unreachable, hung or dead)",
                 )
 
     def _ensure_open(self) -> None:
@@ -396,14 +511,7 @@ class PipelineEngine(Engine):
             if not self._pull.poll(100):
                 continue
             h, tensors = wire.decode(self._pull.recv_multipart(copy=False))
-            kind = h.get("t")
-            if h.get("s") != self.session:
-                continue
-            if kind == "hb":
-                self.stages[int(h["stage"])].last_hb = time.monotonic()
-            elif kind == "error":
-                raise StageFailedError(int(h["stage"]), h.get("msg", "unknown error"))
-            elif kind == "result":
+            if h.get("t") == "result" and h.get("s") == self.session:
                 return h, tensors
 
     def _run_guarded(self, fn: Any, *args: Any) -> Any:
@@ -428,7 +536,7 @@ class PipelineEngine(Engine):
         mb = next(self._mb_ids)
         hops = self.num_stages + 1
         prompt = [i % self.vocab_size for i in range(1, 9)]
-        ids, _ = left_pad([prompt], self.pad_id)
+        ids, _, _ = left_pad([prompt], self.pad_id)
         self._send(
             {"t": "prefill", "mb": mb, "lens": [len(prompt)], "sp": [[0.0, 1.0, 0, steps + 1]]},
             [ids],
@@ -461,28 +569,29 @@ class PipelineEngine(Engine):
         }
 
     # -- generate -----------------------------------------------------------------------
-    def _validate(self, i: int, r: GenerationRequest) -> None:
-        from market.engine.sampling import validate_sampling
+    def _check_ids(self, ids: Sequence[int], what: str) -> None:
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise EngineError(f"{what}: token id {t!r} is outside [0, {self.vocab_size})")
 
+    def _validate(self, i: int, r: GenerationRequest) -> None:
+        """Same checks, same EngineError, as the single-process engine."""
         if not isinstance(r, GenerationRequest):
-            raise PipelineError(f"request {i}: expected GenerationRequest, got {type(r).__name__}")
+            raise EngineError(f"request {i}: expected a GenerationRequest, got {type(r).__name__}")
         if not r.prompt_ids:
-            raise PipelineError(f"request {i}: empty prompt")
-        bad = [t for t in r.prompt_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
-        if bad:
-            raise PipelineError(
-                f"request {i}: token id {bad[0]!r} outside vocab [0, {self.vocab_size})"
-            )
-        if not isinstance(r.max_tokens, int) or r.max_tokens < 0:
-            raise PipelineError(
-                f"request {i}: max_tokens must be an int >= 0, got {r.max_tokens!r}"
-            )
-        if self.max_positions and len(r.prompt_ids) + r.max_tokens > self.max_positions:
-            raise PipelineError(
+            raise EngineError(f"request {i}: empty prompt (it needs at least one token)")
+        self._check_ids(r.prompt_ids, f"request {i}")
+        if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 0:
+            raise EngineError(f"request {i}: max_tokens must be an integer >= 0")
+        if len(r.prompt_ids) + r.max_tokens > self.max_positions:
+            raise EngineError(
                 f"request {i}: prompt ({len(r.prompt_ids)}) + max_tokens ({r.max_tokens}) "
                 f"exceeds the model's {self.max_positions} positions"
             )
-        validate_sampling(r, i)
+        try:
+            validate_sampling(r, i)
+        except QuarryError as exc:
+            raise EngineError(str(exc)) from exc
 
     def _pick_microbatch_size(self, pending: int) -> int:
         if self.microbatch_size is not None:
@@ -513,7 +622,7 @@ class PipelineEngine(Engine):
                 rows = [queue.popleft() for _ in range(min(size, len(queue)))]
                 mb = _Microbatch(next(self._mb_ids), rows)
                 inflight[mb.id] = mb
-                ids, _ = left_pad([reqs[r].prompt_ids for r in rows], self.pad_id)
+                ids, _, _ = left_pad([reqs[r].prompt_ids for r in rows], self.pad_id)
                 sp = [
                     [reqs[r].temperature, reqs[r].top_p, reqs[r].seed, reqs[r].max_tokens]
                     for r in rows
@@ -543,7 +652,7 @@ class PipelineEngine(Engine):
                 tok = int(toks[j])
                 tokens[r].append(tok)
                 logprobs[r].append(float(lps[j]))
-                if tok in self.eos_ids:
+                if tok in self.stop_token_ids:
                     reasons[r] = "stop"
                 elif len(tokens[r]) < reqs[r].max_tokens:
                     keep.append(j)
@@ -560,15 +669,12 @@ class PipelineEngine(Engine):
         return [
             GenerationOutput(
                 token_ids=tuple(tokens[i]),
-                text=self._decode_text(tokens[i]),
+                text=self.decode(tokens[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=reasons[i],
             )
             for i in range(len(reqs))
         ]
-
-    def _decode_text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # -- score --------------------------------------------------------------------------
     def score(
@@ -576,20 +682,20 @@ class PipelineEngine(Engine):
     ) -> list[ScoreResult]:
         self._ensure_open()
         if len(prompt_ids) != len(output_ids):
-            raise PipelineError(f"score: {len(prompt_ids)} prompts but {len(output_ids)} outputs")
+            raise EngineError(
+                f"{len(prompt_ids)} prompts but {len(output_ids)} outputs; they pair up"
+            )
         rows = []
         for i, (p, o) in enumerate(zip(prompt_ids, output_ids, strict=True)):
-            p, o = [int(t) for t in p], [int(t) for t in o]
+            p, o = list(p), list(o)
             if not p:
-                raise PipelineError(f"score row {i}: empty prompt")
-            bad = [t for t in p + o if not 0 <= t < self.vocab_size]
-            if bad:
-                raise PipelineError(
-                    f"score row {i}: token id {bad[0]} outside vocab [0, {self.vocab_size})"
-                )
-            if self.max_positions and len(p) + len(o) > self.max_positions:
-                raise PipelineError(
-                    f"score row {i}: {len(p) + len(o)} tokens exceed {self.max_positions}"
+                raise EngineError(f"sequence {i}: empty prompt (it needs at least one token)")
+            self._check_ids(p, f"sequence {i} prompt")
+            self._check_ids(o, f"sequence {i} output")
+            if len(p) + len(o) > self.max_positions:
+                raise EngineError(
+                    f"sequence {i}: prompt + output ({len(p) + len(o)} tokens) exceeds the "
+                    f"model's {self.max_positions} positions"
                 )
             rows.append((p, o))
         if not rows:
@@ -610,7 +716,7 @@ class PipelineEngine(Engine):
                 mb = next(self._mb_ids)
                 pending[mb] = idx
                 full = [rows[i][0] + rows[i][1] for i in idx]
-                ids, _ = left_pad(full, self.pad_id)
+                ids, _, _ = left_pad(full, self.pad_id)
                 self._send(
                     {
                         "t": "score",
@@ -669,6 +775,9 @@ class PipelineEngine(Engine):
                 s.ctrl.close(linger=0)
                 s.ctrl = None
         self.stages = []
+        if self._monitor is not None:
+            self._monitor.stop()
+            self._monitor = None
         if self._pull is not None:
             self._pull.close(linger=0)
             self._pull = None

@@ -259,25 +259,10 @@ def _layer_keys(config) -> list[str]:
 
 
 def positions_from_mask(mask: torch.Tensor, q: int) -> torch.Tensor:
-    """Position ids of the last `q` columns of a left-padded 2D mask (as HF `generate` does):
-    real tokens count from 0, pads get 1, so a row's positions ignore how much it was padded."""
-    pos = mask.long().cumsum(-1) - 1
-    pos.masked_fill_(mask == 0, 1)
-    return pos[:, -q:]
-
-
-def left_pad(
-    rows: list[list[int]] | list[tuple[int, ...]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token rows to one length: (ids [B, L], mask [B, L])."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids, mask
+    """Position ids of the last `q` columns of a left-padded 2D mask: real tokens count from 0
+    (pads get 0), so a row's positions ignore how much it was padded. Same rule as
+    `market.engine.torch_engine.left_pad`, which the single-process engine uses."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -q:]
 
 
 def mask_from_lengths(lengths: list[int], width: int) -> torch.Tensor:
