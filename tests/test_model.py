@@ -74,6 +74,16 @@ def test_same_arguments_give_identical_bytes_and_model_id(tmp_path: Path) -> Non
     }
 
 
+# The default model's identity is part of the protocol (receipts carry it, tests and the demo
+# use it). If a deliberate change to the corpus, tokenizer, init or manifest moves it, update
+# this value and say so in the change's note.
+DEFAULT_MODEL_ID = "0x6b69454fa9c1856ab18838ed2975cee46a953be718aedb249f7e75e6f664e0fc"
+
+
+def test_default_model_id_is_stable_across_machines(tmp_path: Path) -> None:
+    assert create_model(tmp_path / "default").model_id_hex == DEFAULT_MODEL_ID
+
+
 def test_recreating_in_place_is_idempotent(tmp_path: Path) -> None:
     first = create_model(tmp_path / "m", name="tiny", seed=1, **SMALL)
     before = _digests(tmp_path / "m")

@@ -1,1 +1,33 @@
-"""Model manifests, the embedded tiny model, and loading from local directories."""
+"""Model manifests, the embedded tiny model, and loading from local directories.
+
+- `create.create_model`: the deterministic tiny Llama (same arguments, same bytes, same modelId).
+- `manifest`: `Manifest` (name, architecture, sha256 per file) and `modelId`.
+- `loading.load_model`: verify files against the manifest, then load with transformers.
+- `prompts`: text and chat prompts (OpenAI request bodies) to token ids.
+
+Importing this package is cheap; torch and transformers load only inside `load_model`.
+"""
+
+from market.model.create import create_model
+from market.model.loading import load_model
+from market.model.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ModelError,
+    ModelFileMismatch,
+    build_manifest,
+    load_manifest,
+    write_manifest,
+)
+
+__all__ = [
+    "MANIFEST_NAME",
+    "Manifest",
+    "ModelError",
+    "ModelFileMismatch",
+    "build_manifest",
+    "create_model",
+    "load_manifest",
+    "load_model",
+    "write_manifest",
+]
