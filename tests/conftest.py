@@ -109,3 +109,17 @@ def devnet(devnet_session: Devnet) -> Iterator[Devnet]:
         yield devnet_session
     finally:
         devnet_session.chain.revert_to(snapshot)
+
+
+@pytest.fixture
+def deployment_file(devnet: Devnet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The session chain's deployment written to a private QUARRY_HOME (set in the env), for
+    code that reads `$QUARRY_HOME/deployment.json`. It carries no Anvil pid, so a
+    `market devnet down` there removes the file but never stops the session's chain."""
+    from market.chain.deployment import Deployment
+
+    home = tmp_path / "quarry-home"
+    monkeypatch.setenv("QUARRY_HOME", str(home))
+    d = devnet.deployment
+    return Deployment(d.chain_id, d.rpc_url, dict(d.addresses), d.deploy_block, d.deployer,
+                      dict(d.params)).save(home / "deployment.json")

@@ -473,3 +473,30 @@ def test_bad_inputs_name_the_custom_error(devnet: Devnet) -> None:
         q.tasks._tx(net.outsider, "setParams", 1, 1, 1, 1)
     assert info.value.args_dict == {"account": net.outsider.address}
     assert_escrow_invariant(net)
+
+
+# -- plumbing -----------------------------------------------------------------------------
+
+
+def test_events_transfer_and_connect(devnet: Devnet, deployment_file) -> None:
+    from market.chain.deploy import Quarry
+
+    net, q = devnet, devnet.q
+    first = post_task(net, 2, 1)
+    second = post_task(net, 3, 3, client=net.client2)
+    created = q.tasks.events("TaskCreated", from_block=net.deployment.deploy_block)
+    assert [e["taskId"] for e in created][-2:] == [first.task_id, second.task_id]
+    mine = q.tasks.events("TaskCreated", from_block=net.deployment.deploy_block,
+                          client=net.client2.address)
+    assert [e["taskId"] for e in mine] == [second.task_id]
+    assert mine[0]["numShards"] == 1 and mine[0]["payment"] == second.payment
+
+    before = net.chain.balance(net.outsider.address)
+    tx = net.chain.transfer(net.anyone, net.outsider.address, 12345)
+    assert net.chain.balance(net.outsider.address) == before + 12345 and tx.gas_used == 21000
+    net.chain.set_balance(net.outsider.address, 7)
+    assert net.chain.balance(net.outsider.address) == 7
+
+    connected = Quarry.connect()  # reads $QUARRY_HOME/deployment.json
+    assert connected.tasks.task_count() == q.tasks.task_count()
+    assert connected.tasks.address == q.tasks.address

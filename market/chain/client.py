@@ -210,17 +210,20 @@ class Chain:
         )
 
     def transfer(self, sender: LocalAccount, to: str, value: int) -> TxResult:
-        """Send plain ether."""
-        tx = {
-            "from": sender.address, "to": to_checksum_address(to), "value": int(value),
-            "chainId": self.chain_id,
-            "nonce": self.w3.eth.get_transaction_count(sender.address, "pending"),
-            "gas": 21000, "maxFeePerGas": 2 * self.w3.eth.gas_price + 1,
-            "maxPriorityFeePerGas": 1,
-        }
-        signed = sender.sign_transaction(tx)
-        tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
-        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=self.timeout)
+        """Send plain ether (to fund an account that is not one of Anvil's)."""
+        with self._send_lock:
+            tx = {
+                "from": sender.address, "to": to_checksum_address(to), "value": int(value),
+                "chainId": self.chain_id, "gas": 21000,
+                "nonce": self._rpc(
+                    lambda: self.w3.eth.get_transaction_count(sender.address, "pending")),
+                "maxFeePerGas": 2 * int(self._rpc(lambda: self.w3.eth.gas_price)) + 1,
+                "maxPriorityFeePerGas": 1,
+            }
+            signed = sender.sign_transaction(tx)
+            tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
+        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=self.timeout,
+                                                           poll_latency=0.05)
         return TxResult("0x" + bytes(tx_hash).hex(), int(receipt["blockNumber"]),
                         int(receipt["gasUsed"]),
                         int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]))
