@@ -177,6 +177,19 @@ class TorchEngine(Engine):
                 results[i] = out
         return [r for r in results if r is not None]
 
+    def _next_logits(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Run the decoder (extending `cache`) and the lm_head on the last position only."""
+        hidden = self.model.get_decoder()(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        return self.model.get_output_embeddings()(hidden[:, -1, :])
+
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         from transformers import DynamicCache
@@ -191,15 +204,7 @@ class TorchEngine(Engine):
                 [requests[i].prompt_ids for i in live], self.pad_id, self.device
             )
             cache = DynamicCache()
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            logits = out.logits[:, -1, :]
+            logits = self._next_logits(ids, mask, positions, cache)
             next_pos = positions[:, -1] + 1
             generators = make_generators([requests[i] for i in live])
         while live:
@@ -224,14 +229,7 @@ class TorchEngine(Engine):
                 generators = [generators[row] for row in keep]
                 live = [live[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            out = self.model(
-                input_ids=chosen.unsqueeze(1),
-                attention_mask=mask,
-                position_ids=next_pos.unsqueeze(1),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1, :]
+            logits = self._next_logits(chosen.unsqueeze(1), mask, next_pos.unsqueeze(1), cache)
             next_pos = next_pos + 1
         return [
             GenerationOutput(

@@ -56,6 +56,14 @@ def resolve_dtype(dtype: Any, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _dtype_kwarg() -> str:
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; older versions ignore `dtype`."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 def load_model(
     model_dir: Path,
     manifest: Manifest | None = None,
@@ -84,7 +92,7 @@ def load_model(
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             model_dir,
-            dtype=torch_dtype,
+            **{_dtype_kwarg(): torch_dtype},
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=False,
