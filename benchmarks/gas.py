@@ -67,7 +67,7 @@ def lifecycle(q: Quarry, chain: Chain, n: int) -> dict[str, int]:
 
 
 def main() -> int:
-    anvil = start_anvil(silent=True)
+    anvil = start_anvil(silent=True, die_with_parent=True)
     try:
         chain = Chain(anvil.rpc_url)
         deployment, _ = deploy(chain, anvil_account(0))

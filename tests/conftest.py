@@ -80,7 +80,7 @@ def devnet_session() -> Iterator[Devnet]:
     from market.chain.devnet import start_anvil
 
     _ensure_artifacts()
-    anvil = start_anvil(silent=True)
+    anvil = start_anvil(silent=True, die_with_parent=True)
     try:
         chain = Chain(anvil.rpc_url)
         accounts = [anvil_account(i) for i in range(12)]

@@ -30,7 +30,7 @@ from market.protocol.merkle import INDEX_HASH_TYPES, leaf_hash
 if TYPE_CHECKING:
     from conftest import Devnet
 
-pytestmark = pytest.mark.chain
+pytestmark = [pytest.mark.chain, pytest.mark.timeout(120)]
 
 MAX_TOKENS = 8
 MODEL_ID = bytes.fromhex("11" * 32)  # what the conftest miners serve (Devnet.MODEL_ID)

@@ -30,7 +30,7 @@ from market.protocol import input_tree, keccak
 if TYPE_CHECKING:
     from conftest import Devnet
 
-pytestmark = pytest.mark.chain
+pytestmark = [pytest.mark.chain, pytest.mark.timeout(300)]
 MAX_TOKENS = 4
 S = ShardState
 

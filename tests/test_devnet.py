@@ -15,7 +15,7 @@ import pytest
 
 from market.chain.devnet import free_port, pid_alive
 
-pytestmark = pytest.mark.chain
+pytestmark = [pytest.mark.chain, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -105,11 +105,13 @@ def start_anvil(
     accounts: int = DEVNET_ACCOUNTS,
     silent: bool = False,
     timeout: float = 30.0,
+    die_with_parent: bool = False,
 ) -> AnvilProcess:
     """Start Anvil in its own session on `port` (a free one when None) and wait for its RPC.
 
     With a chosen port already taken, fail at once; with a free port picked here, retry on
-    the rare race where another process grabs it first.
+    the rare race where another process grabs it first. `die_with_parent` (tests,
+    benchmarks) has the kernel stop Anvil if this process dies without cleaning up.
     """
     binary = anvil_binary()
     if port is not None and _port_in_use(port):
@@ -127,6 +129,7 @@ def start_anvil(
             popen = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )
         except OSError as exc:
             raise DevnetError(f"cannot start Anvil ({binary}): {exc}") from exc
@@ -154,6 +157,16 @@ def rpc_call(url: str, method: str, params: list[Any] | None = None,
     if "error" in answer:
         raise ValueError(f"{method}: {answer['error']}")
     return answer["result"]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the caller's own cleanup still stops it
 
 
 def _wait_for_rpc(proc: AnvilProcess, chain_id: int, timeout: float) -> None:
