@@ -42,6 +42,8 @@ def _up(args: argparse.Namespace) -> int:
     d = devnet.up(args.port)
     print(f"devnet up: chain id {d.chain_id}, RPC {d.rpc_url}, Anvil pid {d.anvil_pid}")
     _print_addresses(d.addresses)
+    print(f"funded accounts: {devnet.DEVNET_ACCOUNTS} from Anvil's default mnemonic "
+          "(market.chain.client.anvil_account(i); 0 deployed the contracts)")
     print(f"deployment written to {devnet.deployment_path()}")
     return 0
 

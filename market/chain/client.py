@@ -249,7 +249,7 @@ class Chain:
                 continue
             contract = self._contracts[address][1]
             decoded = contract.events[name]().process_log(log)
-            out.append((name, _plain(decoded["args"])))
+            out.append((name, plain(decoded["args"])))
         return out
 
     # -- devnet controls (Anvil, Hardhat) -------------------------------------------------
@@ -282,14 +282,14 @@ class Chain:
         self.rpc("anvil_setBalance", [to_checksum_address(address), hex(int(wei))])
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """AttributeDicts and HexBytes into dicts and bytes, so results compare and print simply."""
     if isinstance(value, dict) or hasattr(value, "items"):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple) and not isinstance(value, bytes):
         if hasattr(value, "_asdict"):
-            return {k: _plain(v) for k, v in value._asdict().items()}
-        return [_plain(v) for v in value]
+            return {k: plain(v) for k, v in value._asdict().items()}
+        return [plain(v) for v in value]
     if isinstance(value, bytes):
         return bytes(value)
     return value

@@ -20,7 +20,7 @@ from web3.contract import Contract
 from web3.exceptions import ABIFunctionNotFound, MismatchedABI, Web3ValidationError
 
 from market.chain.artifacts import load_artifact
-from market.chain.client import Chain, TxResult, _plain
+from market.chain.client import Chain, TxResult, plain
 from market.chain.errors import ChainError
 from market.protocol.eip712 import Receipt, Report
 
@@ -36,7 +36,7 @@ def _snake(name: str) -> str:
 
 def _struct(cls: type[T], value: Any) -> T:
     """A dataclass from a decoded struct (named tuple or dict), matching camelCase to snake."""
-    data = _plain(value)
+    data = plain(value)
     if not isinstance(data, dict):
         raise ChainError(f"expected a struct for {cls.__name__}, got {type(value).__name__}")
     by_snake = {_snake(k): v for k, v in data.items()}
@@ -168,7 +168,7 @@ class QuarryContract:
         event = self.contract.events[name]
         logs = event().get_logs(from_block=from_block,
                                 argument_filters=filters or None)
-        return [_plain(log["args"]) | {"blockNumber": log["blockNumber"]} for log in logs]
+        return [plain(log["args"]) | {"blockNumber": log["blockNumber"]} for log in logs]
 
 
 class PaymentEscrow(QuarryContract):

@@ -41,12 +41,12 @@ class DeployParams:
     # TaskRegistry
     collateral_bps: int = 2000
     claim_timeout: int = 600
-    challenge_window: int = 60
+    challenge_window: int = 30
     reclaim_penalty_bps: int = 5000
     # VerifierCommittee
     min_verifier_stake: int = ETHER // 10
     verifier_unbonding_period: int = 60
-    epoch_duration: int = 300
+    epoch_duration: int = 120
     genesis_time: int = 0  # 0: the deploy block's timestamp
     # Arbitration
     min_bond: int = ETHER // 100

@@ -157,7 +157,11 @@ class Report(_Struct):
     evidence_root: bytes
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "miners", tuple(to_checksum_address(m) for m in self.miners))
+        try:
+            miners = tuple(to_checksum_address(m) for m in self.miners)
+        except (ValueError, TypeError) as exc:
+            raise SignatureError(f"Report.miners: {exc}") from exc
+        object.__setattr__(self, "miners", miners)
         object.__setattr__(self, "scores_bps", tuple(int(s) for s in self.scores_bps))
         if len(self.miners) != len(self.scores_bps):
             raise SignatureError(
