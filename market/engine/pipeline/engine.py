@@ -170,6 +170,7 @@ class PipelineEngine(Engine):
         stage_timeout_s: float = 5.0,
         progress_timeout_s: float = 600.0,
         max_in_flight: int = 1024,
+        min_in_flight: int = 0,
         manifest: Manifest | None = None,
         verify_manifest: bool = True,
         stop_token_ids: Iterable[int] | None = None,
@@ -184,8 +185,6 @@ class PipelineEngine(Engine):
         self._logdir: tempfile.TemporaryDirectory | None = None
 
         self.model_dir = str(model_dir)
-        if mode not in MODES:
-            raise PipelineError(f"mode must be one of {MODES}, got {mode!r}")
         if not (isinstance(link_latency_ms, int | float) and 0 <= link_latency_ms < 60_000):
             raise PipelineError(f"link_latency_ms must be in [0, 60000), got {link_latency_ms!r}")
         if microbatch_size is not None and microbatch_size < 1:
@@ -201,6 +200,7 @@ class PipelineEngine(Engine):
         self.stage_timeout_s = float(stage_timeout_s)
         self.progress_timeout_s = float(progress_timeout_s)
         self.max_in_flight = int(max_in_flight)
+        self.min_in_flight = int(min_in_flight)
 
         if not os.path.isdir(self.model_dir):
             raise PipelineError(f"model directory {self.model_dir} does not exist")
@@ -558,6 +558,36 @@ class PipelineEngine(Engine):
             self.timings.observe_stages(sample)
         return self.stats()
 
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        if value not in MODES:
+            raise PipelineError(f"mode must be one of {MODES}, got {value!r}")
+        self._mode = value
+
+    def set_link_latency(self, link_latency_ms: float, calibrate: bool = True) -> dict[str, Any]:
+        """Change the injected one-way latency on every hop, between runs, then re-measure.
+
+        Sent in-band along the ring, so each stage switches in order with the data.
+        """
+        if not (isinstance(link_latency_ms, int | float) and 0 <= link_latency_ms < 60_000):
+            raise PipelineError(f"link_latency_ms must be in [0, 60000), got {link_latency_ms!r}")
+        return self._run_guarded(self._set_link_latency, float(link_latency_ms), calibrate)
+
+    def _set_link_latency(self, ms: float, calibrate: bool) -> dict[str, Any]:
+        assert self._data is not None
+        mb = next(self._mb_ids)
+        self._send({"t": "latency", "mb": mb, "latency_ms": ms})
+        self._data.delay_s = ms / 1000.0
+        while int(self._next_result()[0]["mb"]) != mb:
+            pass
+        self.link_latency_ms = ms
+        self.timings = PipelineTimings(self.num_stages, configured_latency_s=ms / 1000.0)
+        return self._calibrate(4) if calibrate else self.stats()
+
     def stats(self) -> dict[str, Any]:
         """What the scheduler currently believes (for logs and benchmarks)."""
         return {
@@ -565,7 +595,7 @@ class PipelineEngine(Engine):
             "bottleneck_stage_ms": round((self.timings.bottleneck_s or 0) * 1000, 3),
             "hop_latency_ms": round(self.timings.link_latency_s * 1000, 3),
             "driver_ms": round(self.timings.driver_s * 1000, 3),
-            "in_flight": self.timings.in_flight(self.mode, self.max_in_flight),
+            "in_flight": self._target(),
         }
 
     # -- generate -----------------------------------------------------------------------
@@ -593,10 +623,18 @@ class PipelineEngine(Engine):
         except QuarryError as exc:
             raise EngineError(str(exc)) from exc
 
+    def _target(self) -> int:
+        """Microbatches to keep in flight now: the scheduler's count, floored at
+        `min_in_flight` in microbatch mode (e.g. to oversubscribe CPU cores shared by stages)."""
+        n = self.timings.in_flight(self.mode, self.max_in_flight)
+        return (
+            max(n, min(self.min_in_flight, self.max_in_flight)) if self.mode == "microbatch" else n
+        )
+
     def _pick_microbatch_size(self, pending: int) -> int:
         if self.microbatch_size is not None:
             return self.microbatch_size
-        n = self.timings.in_flight(self.mode, self.max_in_flight)
+        n = self._target()
         return max(1, min(self.max_microbatch_size, math.ceil(pending / n)))
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
@@ -615,9 +653,15 @@ class PipelineEngine(Engine):
         queue = collections.deque(i for i, r in enumerate(reqs) if r.max_tokens > 0)
         size = self._pick_microbatch_size(len(queue))
         inflight: dict[int, _Microbatch] = {}
-        self.last_run = {"microbatch_size": size, "max_in_flight": 0, "microbatches": 0}
+        self.last_run = {
+            "microbatch_size": size,
+            "max_in_flight": 0,  # most microbatches actually in flight at once
+            "target_max": 0,  # largest count the scheduler asked for during the run
+            "microbatches": 0,
+        }
         while queue or inflight:
-            target = self.timings.in_flight(self.mode, self.max_in_flight)
+            target = self._target()
+            self.last_run["target_max"] = max(self.last_run["target_max"], target)
             while queue and len(inflight) < target:
                 rows = [queue.popleft() for _ in range(min(size, len(queue)))]
                 mb = _Microbatch(next(self._mb_ids), rows)
@@ -704,7 +748,7 @@ class PipelineEngine(Engine):
 
     def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[ScoreResult]:
         size = self._pick_microbatch_size(len(rows))
-        target = self.timings.in_flight(self.mode, self.max_in_flight)
+        target = self._target()
         chunks = [list(range(i, min(i + size, len(rows)))) for i in range(0, len(rows), size)]
         results: dict[int, ScoreResult] = {}
         pending: dict[int, list[int]] = {}

@@ -184,6 +184,12 @@ class StageServer:
             self.states.pop(int(h["mb"]), None)
             if not self.model.spec.last:
                 self._forward(h, [])
+        elif kind == "latency":  # in-band, so it takes effect in order with the data
+            assert self.sender is not None, "no hello yet"
+            self.sender.delay_s = max(0.0, float(h["latency_ms"]) / 1000.0)
+            if self.model.spec.last:
+                h = {"t": "result", "kind": "latency", "mb": h["mb"], "s": h["s"], "times": []}
+            self._forward(h, [])
         else:
             raise PipelineError(f"unknown message type {kind!r}")
 
