@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,12 +35,19 @@ class DevnetError(QuarryError):
 
 
 def anvil_binary() -> Path:
-    """Anvil's binary from npm (`@foundry-rs/anvil`), or its node launcher."""
+    """Anvil from npm (`@foundry-rs/anvil-linux-amd64`), else a Foundry install on PATH.
+
+    Only the linux-x64 build is pinned in package.json (the registry mirror here carries no
+    other platform), so other platforms fall back to `anvil` from foundryup.
+    """
     nm = node_modules_dir()
     for candidate in (nm / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil",
                       nm / ".bin" / "anvil"):
         if candidate.exists() and os.access(candidate, os.X_OK):
             return candidate
+    on_path = shutil.which("anvil")
+    if on_path:
+        return Path(on_path)
     raise ConfigError(
         f"Anvil is not installed under {nm}: run `npm ci` (or `make setup`) in the project root"
     )
