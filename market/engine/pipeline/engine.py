@@ -2,9 +2,11 @@
 
 Processes. The model's decoder layers are split into S contiguous ranges, one per stage
 process (`market.engine.pipeline.stage`). With `stages=S` (an int) the engine starts them
-locally, each with `--threads` torch threads (default: cores // S, at least 1, so S stages
-do not oversubscribe the CPU); with `stages=[endpoint, ...]` it drives stages started by
-hand on other hosts. The driver (this object) sits on the ring:
+locally, each with `threads_per_stage` torch threads (default 1: several stages share the
+CPU, and on a busy 2-core box two OpenMP threads per stage made a decode step of the tiny
+model ~70x slower than one; raise it for big models on dedicated cores); with
+`stages=[endpoint, ...]` it drives stages started by hand on other hosts.
+The driver (this object) sits on the ring:
 
     driver --d--> stage 0 --d--> stage 1 ... stage S-1 --d--> driver
 
@@ -239,9 +241,9 @@ class PipelineEngine(Engine):
         self.session = uuid.uuid4().hex[:12]
         self._mb_ids = itertools.count(1)
         self._broken: BaseException | None = None
-        self.threads_per_stage = threads_per_stage or max(
-            1, (os.cpu_count() or 1) // self.num_stages
-        )
+        if threads_per_stage is not None and threads_per_stage < 1:
+            raise PipelineError(f"threads_per_stage must be >= 1, got {threads_per_stage}")
+        self.threads_per_stage = threads_per_stage or 1
 
         # Two driver sockets: results (read by generate) and control (read by the monitor).
         host = driver_host or ("0.0.0.0" if remote else "127.0.0.1")
