@@ -19,8 +19,10 @@ import pytest
 import torch
 
 from market.engine.base import GenerationRequest
+from market.engine.factory import load_engine
 from market.engine.pipeline.engine import PipelineEngine
 from market.engine.pipeline.errors import PipelineError, StageFailedError
+from market.engine.pipeline.parts import StageModel
 from market.engine.torch_engine import EngineError, TorchEngine
 from market.model.create import create_model
 
@@ -85,11 +87,27 @@ def reference(model_dir: Path) -> dict:
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda s: f"{s}stages")
 def engine(request: pytest.FixtureRequest, model_dir: Path):
-    with PipelineEngine(
-        model_dir, stages=request.param, microbatch_size=2, stop_token_ids=STOP
+    # through the factory, as miners build it
+    with load_engine(
+        "pipeline", model_dir, stages=request.param, microbatch_size=2, stop_token_ids=STOP
     ) as e:
+        assert isinstance(e, PipelineEngine)
+        pids = list(e.stage_pids)
+        assert len(pids) == request.param
         yield e
-    assert all(_gone(p) for p in e.stage_pids or [])
+    assert all(_gone(p) for p in pids)  # close() left no stage process behind
+
+
+def test_a_stage_holds_only_its_own_layers(model_dir: Path) -> None:
+    middle = StageModel(str(model_dir), 1, 3)
+    assert len(middle.layers) == 2 and middle.embed_tokens is None and middle.lm_head is None
+    assert middle.config.num_hidden_layers == 2  # its cache and masks size to 2 layers
+    last = StageModel(str(model_dir), 3, 4)
+    assert last.embed_tokens is None and last.lm_head is not None and last.norm is not None
+    first = StageModel(str(model_dir), 0, 1)
+    assert first.embed_tokens is not None and first.lm_head is None
+    n_params = sum(p.numel() for p in middle.parameters())
+    assert n_params == 2 * sum(p.numel() for p in first.layers[0].parameters())
 
 
 def test_reference_exercises_stop_and_length(reference: dict) -> None:
@@ -240,6 +258,18 @@ def test_hand_started_stages_and_heartbeat_loss(model_dir: Path, reference: dict
             engine._send({"t": "decode", "mb": 10**9}, [torch.zeros((1, 1), dtype=torch.long)])
             with pytest.raises(StageFailedError, match="stage 0 failed.*unknown microbatch"):
                 engine._next_result()
+
+        # released, not shut down: the same stage processes serve a new driver session
+        with PipelineEngine(
+            model_dir,
+            stages=endpoints,
+            driver_host="127.0.0.1",
+            stage_timeout_s=3.0,
+            microbatch_size=2,
+            stop_token_ids=STOP,
+        ) as engine:
+            out = engine.generate(greedy_requests())
+            assert [o.token_ids for o in out] == [o.token_ids for o in reference["greedy"]]
 
             # a remote stage that vanishes is noticed by its missing heartbeats
             long = [GenerationRequest(p, 900) for p in PROMPTS] * 4

@@ -193,6 +193,10 @@ class PipelineEngine(Engine):
             raise PipelineError(f"microbatch_size must be >= 1, got {microbatch_size}")
         if max_microbatch_size < 1:
             raise PipelineError(f"max_microbatch_size must be >= 1, got {max_microbatch_size}")
+        if attn_implementation not in ("sdpa", "eager"):
+            raise PipelineError(
+                f"attn_implementation must be sdpa or eager, got {attn_implementation!r}"
+            )
         if dtype not in ("float32", "bfloat16", "float16"):
             raise PipelineError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         self.mode = mode

@@ -69,6 +69,8 @@ class _Control:
 
     def send(self, header: dict[str, Any]) -> None:
         with self._lock:
+            if self._sock.closed:
+                return  # released while the heartbeat thread held a reference
             try:
                 self._sock.send_multipart(wire.encode(header), flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -135,11 +137,13 @@ class StageServer:
                 if not poller.poll(200):
                     continue
                 frames = self.pull.recv_multipart(copy=False)
-                header, tensors = wire.decode(frames)
-                kind = header.get("t")
-                if kind == "shutdown":
-                    return
+                header: dict[str, Any] = {}
+                kind: Any = None
                 try:
+                    header, tensors = wire.decode(frames)
+                    kind = header.get("t")
+                    if kind == "shutdown":
+                        return
                     self.handle(kind, header, tensors)
                 except Exception as exc:  # report, keep serving: the driver decides
                     self._report_error(kind, header, exc)
@@ -172,8 +176,8 @@ class StageServer:
     def handle(self, kind: Any, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
         if kind == "hello":
             self._hello(h)
-        elif kind == "release":
-            self.states.clear()
+        elif kind == "release":  # the driver is done with us; wait for the next hello
+            self._release()
         elif kind == "prefill":
             self._prefill(h, tensors)
         elif kind == "decode":
@@ -193,12 +197,17 @@ class StageServer:
         else:
             raise PipelineError(f"unknown message type {kind!r}")
 
-    def _hello(self, h: dict[str, Any]) -> None:
+    def _release(self) -> None:
         self.states.clear()
         if self.sender is not None:
             self.sender.close()
+            self.sender = None
         if self.control is not None:
-            self.control.close()
+            ctl, self.control = self.control, None
+            ctl.close()
+
+    def _hello(self, h: dict[str, Any]) -> None:
+        self._release()
         self.session = str(h["s"])
         self.stage = int(h["stage"])
         self.control = _Control(self.ctx, h["driver"])
