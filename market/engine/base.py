@@ -68,7 +68,7 @@ class Engine(ABC):
     ) -> list[ScoreResult]:
         """One teacher-forced forward pass per batch: logprob of each output token."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
         """Release processes and memory; engines holding none need not override."""
 
     def __enter__(self) -> Engine:
