@@ -14,18 +14,18 @@ stays proportional to the output length, not to the vocabulary times the sequenc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from market.engine.base import Engine, GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.sampling import make_generators, select_next, validate_sampling
+from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.model.loading import load_model, resolve_device, resolve_dtype
 from market.model.manifest import Manifest, load_manifest
-from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
 
 
 class EngineError(QuarryError):
@@ -61,7 +61,7 @@ def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset()
 
 
-class TorchEngine(Engine):
+class TorchEngine(TextEngine):
     """A model from a verified local directory, run in this process with transformers."""
 
     def __init__(
@@ -98,31 +98,6 @@ class TorchEngine(Engine):
         if pad is None:
             pad = min(self.stop_token_ids) if self.stop_token_ids else 0
         self.pad_id = int(pad)
-
-    # ----------------------------------------------------------------- identity and text
-    @property
-    def model_id(self) -> bytes:
-        return self.manifest.model_id
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of token ids, special tokens (EOS, BOS) left out."""
-        return self.tokenizer.decode(
-            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-
-    def encode_prompt(self, prompt: str) -> tuple[int, ...]:
-        return encode_prompt(self.tokenizer, prompt)
-
-    def encode_chat(self, messages: Any) -> tuple[int, ...]:
-        return encode_chat(self.tokenizer, messages)
-
-    def request_from_body(self, body: Mapping[str, Any]) -> GenerationRequest:
-        """An OpenAI-style request body (prompt or messages) as a GenerationRequest."""
-        return request_from_body(self.tokenizer, body)
-
-    def request_from_line(self, line: Mapping[str, Any]) -> GenerationRequest:
-        """A validated batch request line as a GenerationRequest."""
-        return request_from_line(self.tokenizer, line)
 
     # ----------------------------------------------------------------- validation
     def _check_ids(self, ids: Sequence[int], what: str) -> None:

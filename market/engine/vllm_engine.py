@@ -31,11 +31,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from market.engine.base import Engine, GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.sampling import validate_sampling
+from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.model.manifest import Manifest, load_manifest
-from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
 
 INSTALL_HINT = "pip install 'quarry[vllm]' on a Linux machine with an NVIDIA GPU and CUDA"
 
@@ -96,7 +96,7 @@ def score_from_prompt_logprobs(
     return ScoreResult(logprobs=tuple(lps), argmax_ids=tuple(arg))
 
 
-class VllmEngine(Engine):
+class VllmEngine(TextEngine):
     """A verified local model served by vLLM (`vllm.LLM`) in this process."""
 
     def __init__(
@@ -142,27 +142,6 @@ class VllmEngine(Engine):
         config = getattr(self.llm.llm_engine, "model_config", None)
         self.max_positions = int(getattr(config, "max_model_len", 0) or 0)
         self.vocab_size = int(self.manifest.architecture.get("vocab_size", 0) or 0)
-
-    @property
-    def model_id(self) -> bytes:
-        return self.manifest.model_id
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
-            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-
-    def encode_prompt(self, prompt: str) -> tuple[int, ...]:
-        return encode_prompt(self.tokenizer, prompt)
-
-    def encode_chat(self, messages: Any) -> tuple[int, ...]:
-        return encode_chat(self.tokenizer, messages)
-
-    def request_from_body(self, body: Mapping[str, Any]) -> GenerationRequest:
-        return request_from_body(self.tokenizer, body)
-
-    def request_from_line(self, line: Mapping[str, Any]) -> GenerationRequest:
-        return request_from_line(self.tokenizer, line)
 
     def _check(self, ids: Sequence[int], what: str) -> None:
         if not ids:

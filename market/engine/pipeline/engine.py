@@ -51,7 +51,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,17 +59,17 @@ from typing import Any
 import torch
 import zmq
 
-from market.engine.base import Engine, GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.pipeline import wire
 from market.engine.pipeline.delay import DelayedSender
 from market.engine.pipeline.errors import PipelineError, StageFailedError
 from market.engine.pipeline.parts import load_config, split_layers
 from market.engine.pipeline.scheduler import PipelineTimings
 from market.engine.sampling import validate_sampling
+from market.engine.text import TextEngine
 from market.engine.torch_engine import EngineError, left_pad
 from market.errors import QuarryError
 from market.model.manifest import Manifest
-from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
 
 MODES = ("microbatch", "naive")
 _LIVE: weakref.WeakSet[PipelineEngine] = weakref.WeakSet()
@@ -149,7 +149,7 @@ class _Monitor:
         self._thread.join(timeout=2.0)
 
 
-class PipelineEngine(Engine):
+class PipelineEngine(TextEngine):
     """Pipelined generation over S stage processes; see the module docstring."""
 
     def __init__(
@@ -315,31 +315,6 @@ class PipelineEngine(Engine):
         if self.tokenizer.eos_token_id is not None:
             return frozenset([int(self.tokenizer.eos_token_id)])
         return frozenset()
-
-    # -- identity and text (the same helpers the other engines offer) --------------------
-    @property
-    def model_id(self) -> bytes:
-        if self.manifest is None:
-            raise PipelineError(f"{self.model_dir} has no quarry manifest, so no model id")
-        return self.manifest.model_id
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of token ids, special tokens (EOS, BOS) left out."""
-        return self.tokenizer.decode(
-            list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-
-    def encode_prompt(self, prompt: str) -> tuple[int, ...]:
-        return encode_prompt(self.tokenizer, prompt)
-
-    def encode_chat(self, messages: Any) -> tuple[int, ...]:
-        return encode_chat(self.tokenizer, messages)
-
-    def request_from_body(self, body: Mapping[str, Any]) -> GenerationRequest:
-        return request_from_body(self.tokenizer, body)
-
-    def request_from_line(self, line: Mapping[str, Any]) -> GenerationRequest:
-        return request_from_line(self.tokenizer, line)
 
     def _check_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
         if len(ranges) != self.num_stages:
