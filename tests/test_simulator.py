@@ -76,6 +76,92 @@ def test_petals_client_retries_with_backoff():
     assert r1.end_s == pytest.approx(8.0 + TOTAL)
 
 
+def test_fixed_request_delay_pads_completion_and_holds_memory():
+    """The authors' constant delay: +D on TTFT and completion, caches held through it."""
+    D = 7.5
+    c, p = _two_servers(10**9)
+    trace = [simulator.Request(0, 2.0, "c")]
+    res = simulator.simulate(
+        c, p, simulator.WSRRPolicy(), trace, L_IN, L_MAX, fixed_request_delay_s=D
+    )
+    (r,) = res.requests
+    assert res.fixed_request_delay_s == D
+    assert r.start_s == 2.0  # memory is taken at once; the delay follows
+    assert r.ttft_s == pytest.approx(FIRST + D)
+    assert r.end_s - r.arrival_s == pytest.approx(TOTAL + D)
+    assert res.avg_per_token_s == pytest.approx((TOTAL + D) / L_MAX)
+    assert res.avg_decode_s == pytest.approx(STEP)  # decode speed is untouched
+
+    # A holds one session: the second request waits for the first one's padded end.
+    c, p = _two_servers(2 * S_M + 2 * 160 + 100)
+    trace = [simulator.Request(0, 0.0, "c"), simulator.Request(1, 1.0, "c")]
+    res = simulator.simulate(
+        c, p, simulator.WSRRPolicy(), trace, L_IN, L_MAX, fixed_request_delay_s=D
+    )
+    r0, r1 = res.requests
+    assert r0.end_s == pytest.approx(TOTAL + D)
+    assert r1.start_s == pytest.approx(TOTAL + D)
+    assert r1.wait_s == pytest.approx(TOTAL - 1.0 + D)  # D more than without the delay
+    assert r1.ttft_s == pytest.approx(TOTAL - 1.0 + D + FIRST + D)
+    assert r1.end_s == pytest.approx(2 * (TOTAL + D))
+    assert res.max_concurrent == 1
+
+
+def test_fixed_request_delay_with_petals_retries():
+    c, p = _two_servers(2 * S_M + 2 * 160 + 100)
+    trace = [simulator.Request(0, 0.0, "c"), simulator.Request(1, 1.0, "c")]
+    budget = {"A": 320, "B": 10**6}
+    res = simulator.simulate(
+        c,
+        p,
+        simulator.PetalsPolicy(),
+        trace,
+        L_IN,
+        L_MAX,
+        cache_budget=budget,
+        fixed_request_delay_s=5.0,
+    )
+    r0, r1 = res.requests
+    assert r0.end_s == pytest.approx(TOTAL + 5.0)  # 9.766: A is busy at t = 1, 2, 4, 8
+    assert r1.attempts == 5
+    assert r1.start_s == pytest.approx(16.0)  # the next retry, 8 s after t = 8
+    assert r1.end_s == pytest.approx(16.0 + TOTAL + 5.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_fixed_request_delay_rejects_bad_values(bad):
+    c, p = _two_servers(10**9)
+    trace = [simulator.Request(0, 0.0, "c")]
+    with pytest.raises(QuarryError, match="fixed_request_delay_s"):
+        simulator.simulate(
+            c, p, simulator.WSRRPolicy(), trace, L_IN, L_MAX, fixed_request_delay_s=bad
+        )
+
+
+def test_authors_delays_lengthen_petals_contention():
+    """With 250 s per PETALS session, its fixed 27-session pool fills even at 0.1 req/s."""
+    c = scenarios.clustered(20, 0)
+    client = next(iter(c.clients))
+    trace = simulator.poisson_trace(60, 0.1, client, seed=0)
+    pp = petals.place(c, order=[s.name for s in c.servers])
+    kw = {"cache_budget": petals.cache_budgets(c, pp)}
+    plain = simulator.simulate(c, pp, simulator.PetalsPolicy(), trace, 20, 128, **kw)
+    padded = simulator.simulate(
+        c,
+        pp,
+        simulator.PetalsPolicy(),
+        trace,
+        20,
+        128,
+        fixed_request_delay_s=simulator.AUTHORS_FIXED_DELAY_S["petals"],
+        **kw,
+    )
+    assert plain.avg_wait_s == 0.0 and plain.max_concurrent < 27
+    assert padded.max_concurrent == 27  # 4096 cache tokens / 148 per session
+    assert padded.avg_wait_s > 1.0
+    assert padded.avg_per_token_s > plain.avg_per_token_s + 250.0 / 128
+
+
 def test_cache_budget_override_and_impossible_chain():
     c, p = _two_servers(10**9)
     trace = [simulator.Request(0, 0.0, "c")]

@@ -13,9 +13,17 @@ When a chain lacks cache memory the request waits, in one of two ways:
   fit). This is how WS-RR is meant to run: its router already predicted the wait.
 - "retry": the client retries later with PETALS' exponential backoff and routes again.
 
-No constant per-request delay is added (the authors' public simulator adds 250 s to every
-PETALS request and 60 s to every CG-BPRR request; NOTES.md). Given the same seed, the trace
-and therefore every result are identical.
+By default no constant per-request delay is added. The authors' public simulator adds one
+(NOTES.md): 250 s to every PETALS request and 60 s to every CG-BPRR request
+(`allocation_delay_petals` / `allocation_delay_prop` in TingyangSunJeff/LLM_inference_simulator,
+Petals_online.m and WS_RR.m). There it is summed into the request's time before the first
+token (`time_r` and `ttft_r`), and the request's caches stay booked until its completion time,
+which includes it; so the delay both pads every request and lengthens the time a session
+holds memory, which is what makes PETALS' fixed pool run out. `simulate(...,
+fixed_request_delay_s=D)` reproduces that for a sensitivity study: a session that gets memory
+at `start` keeps its caches reserved through D idle seconds, then runs as above; D = 0 (the
+default) is the faithful model. Given the same seed, the trace and therefore every result are
+identical.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from market.scheduler import petals, routing
 from market.scheduler.cluster import Cluster, Placement
 
 MAX_ATTEMPTS = 10_000
+# The authors' constant per-request delays, by policy name (seconds); a sensitivity knob only.
+AUTHORS_FIXED_DELAY_S: dict[str, float] = {"petals": 250.0, "ws-rr": 60.0}
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,7 @@ class SimResult:
     l_max: int
     requests: list[RequestResult]
     max_concurrent: int
+    fixed_request_delay_s: float = 0.0
 
     def _mean(self, xs: Sequence[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
@@ -222,14 +233,22 @@ def simulate(
     l_max: int,
     *,
     cache_budget: Mapping[str, int] | None = None,
+    fixed_request_delay_s: float = 0.0,
 ) -> SimResult:
     """Run `trace` through `placement` with `policy`; see the module docstring.
 
     `cache_budget[j]` (bytes) overrides server j's cache memory, M_j - s_m m_j by default;
-    PETALS reserves a fixed pool instead (petals.cache_budgets).
+    PETALS reserves a fixed pool instead (petals.cache_budgets). `fixed_request_delay_s`
+    (default 0) inserts the authors' constant delay between a session's start and its first
+    token, with its caches held throughout (AUTHORS_FIXED_DELAY_S has their values).
     """
     if policy.admission not in ("queue", "retry"):
         raise QuarryError(f"unknown admission mode {policy.admission!r}")
+    delay = float(fixed_request_delay_s)
+    if not (math.isfinite(delay) and delay >= 0):
+        raise QuarryError(
+            f"fixed_request_delay_s must be a finite number >= 0, got {fixed_request_delay_s!r}"
+        )
     s_c = routing.cache_bytes_per_block(cluster, l_in, l_max)
     capacity = {}
     for name, (s, e) in placement.ranges.items():
@@ -265,7 +284,7 @@ def simulate(
         nonlocal max_conc
         for n, s, e in path:
             state.used[n] = state.used.get(n, 0) + (e - s)
-        first = now + routing.first_token_time(cluster, path, req.client, l_in)
+        first = now + delay + routing.first_token_time(cluster, path, req.client, l_in)
         end = first + (l_max - 1) * routing.decode_token_time(cluster, path, req.client)
         state.sessions[req.id] = _Session(req, path, end)
         max_conc = max(max_conc, len(state.sessions))
@@ -307,4 +326,4 @@ def simulate(
             waiting = still
     if waiting:
         raise QuarryError(f"{len(waiting)} requests never got memory")  # defensive
-    return SimResult(policy.name, l_in, l_max, [results[r.id] for r in trace], max_conc)
+    return SimResult(policy.name, l_in, l_max, [results[r.id] for r in trace], max_conc, delay)
