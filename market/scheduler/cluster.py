@@ -59,6 +59,9 @@ class Cluster:
     default_link: Link = field(default_factory=lambda: Link(0.005, 125e6))
     # Per-client RTT to each server (client-centric routing, Sun et al.); name -> name -> Link.
     clients: dict[str, dict[str, Link]] = field(default_factory=dict)
+    # Links between regions, (region, region) -> Link, used for server pairs without an explicit
+    # link (a pair in one region looks up (r, r)), so large clusters need not list every pair.
+    region_links: dict[tuple[str, str], Link] = field(default_factory=dict)
 
     def server(self, name: str) -> Server:
         for s in self.servers:
@@ -70,7 +73,16 @@ class Cluster:
         """Symmetric link lookup; a server talks to itself for free."""
         if a == b:
             return Link(0.0, float("inf"))
-        return self.links.get((a, b)) or self.links.get((b, a)) or self.default_link
+        explicit = self.links.get((a, b)) or self.links.get((b, a))
+        if explicit is not None:
+            return explicit
+        if self.region_links:
+            region = {s.name: s.region for s in self.servers}
+            ra, rb = region.get(a), region.get(b)
+            regional = self.region_links.get((ra, rb)) or self.region_links.get((rb, ra))
+            if regional is not None:
+                return regional
+        return self.default_link
 
     def rtt(self, a: str, b: str) -> float:
         return self.link(a, b).rtt_s
@@ -110,6 +122,10 @@ def cluster_from_dict(data: dict[str, Any]) -> Cluster:
             (lk["a"], lk["b"]): Link(lk["rtt_s"], lk["bandwidth_bytes_per_s"])
             for lk in data.get("links", [])
         }
+        region_links = {
+            (lk["a"], lk["b"]): Link(lk["rtt_s"], lk["bandwidth_bytes_per_s"])
+            for lk in data.get("region_links", [])
+        }
         default = data.get("default_link")
         clients = {
             c["name"]: {
@@ -123,7 +139,9 @@ def cluster_from_dict(data: dict[str, Any]) -> Cluster:
     names = [s.name for s in servers]
     if len(set(names)) != len(names):
         raise QuarryError("invalid cluster description: duplicate server names")
-    cluster = Cluster(servers=servers, model=model, links=links, clients=clients)
+    cluster = Cluster(
+        servers=servers, model=model, links=links, clients=clients, region_links=region_links
+    )
     if default:
         cluster.default_link = Link(default["rtt_s"], default["bandwidth_bytes_per_s"])
     return cluster
