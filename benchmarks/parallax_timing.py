@@ -87,7 +87,10 @@ def synthetic_cluster(n_gpus: int, seed: int = 0) -> Cluster:
 
 
 def measure(n_gpus: int, seed: int = 0) -> dict:
-    """Phase 1 ms (median of 7) and Phase 2 ms per request (median of 200) on n_gpus."""
+    """Phase 1 ms (median of 7) and Phase 2 ms per request (median of 200) on n_gpus.
+
+    Keys include `phase1_ms_{n_gpus}` and `phase2_ms_per_req_{n_gpus}` (and unsuffixed copies).
+    """
     cluster = synthetic_cluster(n_gpus, seed)
     config = Phase1Config()
     runs = []
@@ -116,11 +119,16 @@ def measure(n_gpus: int, seed: int = 0) -> dict:
         if len(active) > steady:
             router.release(active.popleft())
     hosts = [len(h) for h in router.hosts]
+    phase1_ms = statistics.median(runs) * 1e3
+    phase2_ms = statistics.median(per_req) * 1e3
     return {
         "n_gpus": n_gpus,
         "seed": seed,
-        "phase1_ms": statistics.median(runs) * 1e3,
-        "phase2_ms_per_req": statistics.median(per_req) * 1e3,
+        "phase1_ms": phase1_ms,
+        "phase2_ms_per_req": phase2_ms,
+        # Suffixed copies: benchmarks/scheduling.py reads phase1_ms_256 from measure(256).
+        f"phase1_ms_{n_gpus}": phase1_ms,
+        f"phase2_ms_per_req_{n_gpus}": phase2_ms,
         "pipelines": len(result.placement.pipelines),
         "stages": sum(len(p) for p in result.placement.pipelines),
         "leftover_replicas": len(result.leftovers),

@@ -83,6 +83,16 @@ class Phase1Config:
     max_bnb_nodes: int = 5000
     max_patterns: int = 20000
 
+    @classmethod
+    def for_workload(cls, concurrency: int = DEFAULT_CONCURRENCY, l_in: int = DEFAULT_L_IN,
+                     l_max: int = DEFAULT_L_MAX, **overrides: object) -> Phase1Config:
+        """Reserve KV room per hosted layer for `concurrency` sessions of l_in + l_max tokens."""
+        if concurrency < 1 or l_in < 0 or l_max < 1:
+            raise QuarryError(
+                f"need concurrency >= 1, l_in >= 0, l_max >= 1; got {concurrency}, {l_in}, {l_max}"
+            )
+        return cls(kv_tokens=concurrency * (l_in + l_max), **overrides)  # type: ignore[arg-type]
+
     def __post_init__(self) -> None:
         if not self.alpha > 0:
             raise QuarryError(f"Parallax alpha must be > 0, got {self.alpha}")
@@ -541,18 +551,18 @@ def _plan_pool_fallback(name: str, local: list[int], caps: Sequence[int],
 
 def _assign_gpus(type_lists: list[list[int]], type_caps: list[int], local: list[int],
                  caps: Sequence[int], compute: Sequence[float]) -> list[list[int]]:
-    """Give real GPUs to the pattern slots: per type, fastest first, pipeline after pipeline.
+    """Give real GPUs to the pattern slots: per type, fastest first, shortest pipelines first.
 
     Keeping GPUs of similar speed together lets water-filling balance each pipeline's stages
     (a fast GPU paired with a slow one of the same capacity is capped by its capacity and
-    waits on the slow one) and leaves Phase 2 some fast chains to pick under light load.
+    waits on the slow one) and leaves Phase 2 some fast, short chains for light load.
     """
     index = {c: t for t, c in enumerate(type_caps)}
     by_type: dict[int, list[int]] = {}
     for g in sorted(local, key=lambda g: -compute[g]):
         by_type.setdefault(index[caps[g]], []).append(g)
     pipelines: list[list[int]] = []
-    for lst in type_lists:
+    for lst in sorted(type_lists, key=len):
         pipelines.append([by_type[t].pop(0) for t in lst])
     for p in pipelines:
         p.sort(key=lambda g: (-caps[g], -compute[g]))
