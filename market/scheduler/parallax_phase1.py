@@ -31,11 +31,18 @@ Choices where the paper is silent, garbled or too slow as written (each is measu
   is O(pivots * (T + 1) * P) with pivots ~ T; branch and bound visits O(T) nodes when the
   LP bound is tight (all measured instances) and is exponential in the worst case (bin
   covering is strongly NP-hard, so no exact method avoids that). `max_bnb_nodes` caps it:
-  past the cap the best solution found is used and `optimal=False` is reported.
+  past the cap the best solution found is used and `optimal=False` is reported. The rest
+  of Phase 1 is O(N log N) sorting, an O(N^2) numpy hop matrix, O(n log n) water-filling
+  per pipeline and O(leftovers * (N + L)) joins. Measured (benchmarks/parallax_timing.py,
+  256 GPUs, 4 regions, 4 capacity types): 3-5 ms for all of Phase 1, one LP of ~0.1 ms
+  per solved k, 1-5 values of k solved per pool; 256 GPUs in one pool: 3-4 ms.
+* **Which GPU fills which slot**: per capacity type, fastest GPUs first, to the pipelines
+  with the fewest stages first (`_assign_gpus` says why).
 * **Z(k) = k^alpha / (T_comp + (s*(k)/k) * r_RTT)** with alpha = 1 by default: then Z is the
   aggregate request rate of k pipelines each taking T_comp + (s/k) r_RTT per token, and the
   per-region scores add up to the cluster's rate. T_comp = L * mean per-layer decode time of
-  the pool's GPUs; r_RTT = mean one-way hop latency between the pool's GPUs (`hop_latency`).
+  the pool's GPUs; r_RTT = mean one-way hop latency between the pool's GPUs
+  (`parallax_phase2.hop_latency_matrix`).
   Only k whose upper bound on Z (from a capacity lower bound on s*) can beat the best score
   so far are solved; ties go to the larger k.
 * **Region-first**: each region is planned alone (its own k); GPUs left over in all regions

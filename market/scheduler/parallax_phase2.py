@@ -180,6 +180,17 @@ class Router:
             for layer in range(a, b):
                 hosts[layer].append(i)
         self.hosts = [np.array(h, dtype=int) for h in hosts]
+        self._flat = np.array([i for h in hosts for i in h], dtype=int)
+        self._offsets = [0, *itertools.accumulate(len(h) for h in hosts)]
+        self._aranges = [np.arange(len(h)) for h in hosts]
+        self._zero = np.zeros(1, dtype=int)
+        # _solo_end[l] > l when layers l-1..l are held by one and the same server only: the
+        # DP just adds its tau up to _solo_end[l] (exact: there is nothing to choose).
+        self._solo_end = [0] * (L + 1)
+        for layer in range(L - 1, 0, -1):
+            if len(hosts[layer]) == 1 and hosts[layer] == hosts[layer - 1]:
+                nxt = self._solo_end[layer + 1] if layer + 1 < L else 0
+                self._solo_end[layer] = nxt if nxt > layer + 1 else layer + 1
         self.missing = [layer for layer, h in enumerate(hosts) if not h]
         cache: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
         self.step_rho: list[np.ndarray] = []
@@ -206,15 +217,24 @@ class Router:
             raise NoRouteError(f"layer {self.missing[0]} is held by no server")
         tau = self.tau()
         hosts = self.hosts
+        tau_at = tau[self._flat]  # tau of every (layer, host) node, sliced per layer below
+        off = self._offsets
         h0 = hosts[0]
-        dp = tau[h0] + self.entry[h0]
+        dp = tau_at[off[0]:off[1]] + self.entry[h0]
         back: list[np.ndarray] = []
-        for layer in range(1, self.L):
+        layer = 1
+        while layer < self.L:
+            end = self._solo_end[layer]
+            if end > layer:  # the same single server holds layers layer-1..end-1: no choice
+                dp = dp + tau_at[off[layer]] * (end - layer)
+                back.extend([self._zero] * (end - layer))
+                layer = end
+                continue
             m = dp[:, None] + self.step_rho[layer - 1]
             arg = m.argmin(axis=0)
-            hl = hosts[layer]
-            dp = m[arg, np.arange(len(hl))] + tau[hl]
+            dp = m[arg, self._aranges[layer]] + tau_at[off[layer]:off[layer + 1]]
             back.append(arg)
+            layer += 1
         final = dp + self.exit[hosts[-1]]
         j = int(np.argmin(final))
         cost = float(final[j])
