@@ -105,16 +105,20 @@ def measure(n_gpus: int, seed: int = 0) -> dict:
     steady = max(1, 4 * len(result.placement.pipelines))
     active: deque = deque()
     per_req = []
+    chains = set()
+    peak_load = 0.0
     for _ in range(200):
         while True:
             t0 = time.perf_counter()
             try:
-                sid, _route = router.acquire()
+                sid, route = router.acquire()
             except NoRouteError:
                 router.release(active.popleft())
                 continue
             per_req.append(time.perf_counter() - t0)
             break
+        chains.add(route.chain)
+        peak_load = max(peak_load, float(router.load.max()))
         active.append(sid)
         if len(active) > steady:
             router.release(active.popleft())
@@ -136,6 +140,8 @@ def measure(n_gpus: int, seed: int = 0) -> dict:
                   for p in result.pools],
         "optimal": result.optimal,
         "copies_per_layer_mean": statistics.mean(hosts),
+        "distinct_chains_in_200_requests": len(chains),  # load feedback spreads sessions
+        "peak_sessions_on_one_gpu": int(peak_load),
         "zero_load_per_token_ms": Router(cluster, result.placement, rho=rho).route().per_token_s
         * 1e3,
     }
