@@ -3,7 +3,6 @@ and no Anvil left behind."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,18 +18,12 @@ pytestmark = [pytest.mark.chain, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _market_command() -> list[str]:
-    """`python -m market.cli`; while another area's CLI module is still missing, the devnet
-    commands alone through `python -m market.chain.cli` (the same `add_commands`)."""
-    from market.cli import AREAS
-
-    ready = all(importlib.util.find_spec(area) is not None for area in AREAS)
-    return [sys.executable, "-m", "market.cli" if ready else "market.chain.cli"]
-
-
 @pytest.fixture(scope="module")
 def market_cmd() -> list[str]:
-    return _market_command()
+    """The installed `market` console script, exactly what a user types."""
+    script = Path(sys.executable).parent / "market"
+    assert script.exists(), f"{script} missing: is the package installed (pip install -e .)?"
+    return [str(script)]
 
 
 def run(cmd: list[str], home: Path, *args: str) -> subprocess.CompletedProcess[str]:
