@@ -16,7 +16,9 @@ AREAS = ("market.chain.cli", "market.model.cli", "market.scheduler.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="market", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="market", description="Quarry market tools: the local devnet, models and placement."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in AREAS:
         importlib.import_module(name).add_commands(sub)
