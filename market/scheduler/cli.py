@@ -2,6 +2,23 @@
 
     market plan CLUSTER.toml [--algorithm parallax|cgbp|petals] [--out plan.json]
                 [--l-in N] [--l-max N] [--concurrency N] [--client NAME]
+    market plan --registry (--model-spec MODEL.toml | --layers N --layer-bytes B
+                --kv-bytes-per-token B [--hidden H] [--model-name NAME] [--dtype-bytes B])
+                [--model-id 0x..] [--latencies FILE | --no-measure] [--deployment FILE]
+                [--default-rtt-s S] [--default-bandwidth B] [--save-cluster FILE.json]
+                [--algorithm ...] [--out plan.json] [--l-in N] [--l-max N] ...
+
+The cluster comes from exactly one of: a cluster file, or `--registry`, which builds it
+from the deployed GPURegistry ($QUARRY_HOME/deployment.json, or --deployment): one server
+per active miner (exiting and withdrawn ones are skipped; with --model-id, only miners
+listing that model), memory from its registered GPUs, per-block times estimated from the
+GPU name (see market/scheduler/registry.py for the GPU table and its assumptions). Links
+come from --latencies (a measured-latency file, `[[links]] a = "0x..", b = "0x..", rtt_s,
+bandwidth_bytes_per_s`, optional `[regions]` and `default_link`), or else are measured now
+by timing TCP connects to each miner's endpoint: that is this machine's RTT to each miner
+(priced as client "this-machine"), not the miners' RTT to each other (a pair gets the sum
+of its two RTTs, an upper bound). --no-measure uses the default link everywhere.
+--save-cluster writes the cluster built this way as a cluster file for later runs.
 
 It prints which server holds which layers (per pipeline for Parallax), the expected
 per-token time, and writes the plan as JSON: `Placement.to_dict()` (algorithm, ranges as
@@ -78,7 +95,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("cluster", type=Path, help="cluster description (.toml or .json)")
+    p.add_argument("cluster", type=Path, nargs="?",
+                   help="cluster description (.toml or .json); or use --registry")
     p.add_argument("--algorithm", choices=ALGORITHMS, default="parallax")
     p.add_argument("--out", type=Path, help="write the plan as JSON here")
     p.add_argument("--l-in", type=int, default=512, help="prompt tokens per session (512)")
@@ -86,7 +104,136 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=8,
                    help="sessions each hosted layer keeps KV room for (8)")
     p.add_argument("--client", default=None, help="price the route from this [[clients]] entry")
+    r = p.add_argument_group("cluster from the on-chain registry")
+    r.add_argument("--registry", action="store_true",
+                   help="build the cluster from the deployed GPURegistry instead of a file")
+    r.add_argument("--deployment", type=Path, default=None,
+                   help="deployment file (default $QUARRY_HOME/deployment.json)")
+    r.add_argument("--model-spec", type=Path, default=None,
+                   help="model as TOML/JSON ([model] table, the cluster file's keys)")
+    r.add_argument("--layers", type=int, default=None, help="number of layers L")
+    r.add_argument("--layer-bytes", type=int, default=None, help="weights of one layer")
+    r.add_argument("--kv-bytes-per-token", type=int, default=None,
+                   help="KV cache bytes per token per layer")
+    r.add_argument("--hidden", type=int, default=None, help="hidden size (activation width)")
+    r.add_argument("--model-name", default=None, help="model name in the plan (model)")
+    r.add_argument("--dtype-bytes", type=int, default=None, help="bytes per value (2)")
+    r.add_argument("--model-id", default=None,
+                   help="only miners listing this modelId (0x + 64 hex digits)")
+    r.add_argument("--latencies", type=Path, default=None,
+                   help="measured-latency file (.toml or .json) instead of live TCP timing")
+    r.add_argument("--no-measure", action="store_true",
+                   help="do not time TCP connects; use the default link for every pair")
+    r.add_argument("--default-rtt-s", type=float, default=None,
+                   help="RTT of pairs with no measured link (0.005)")
+    r.add_argument("--default-bandwidth", type=float, default=None,
+                   help="bytes/s of pairs with no measured link (125e6)")
+    r.add_argument("--save-cluster", type=Path, default=None,
+                   help="also write the registry-built cluster here (JSON cluster file)")
     p.set_defaults(func=cmd_plan)
+
+
+REGISTRY_ONLY = ("deployment", "model_spec", "layers", "layer_bytes", "kv_bytes_per_token",
+                 "hidden", "model_name", "dtype_bytes", "model_id", "latencies", "no_measure",
+                 "default_rtt_s", "default_bandwidth", "save_cluster")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_source(args: argparse.Namespace) -> None:
+    """Exactly one of a cluster file and --registry, and only flags that apply to it."""
+    if args.registry and args.cluster is not None:
+        raise QuarryError("give either a cluster file or --registry, not both")
+    if not args.registry and args.cluster is None:
+        raise QuarryError("give a cluster file or --registry")
+    if not args.registry:
+        used = [_flag(n) for n in REGISTRY_ONLY if getattr(args, n) not in (None, False)]
+        if used:
+            raise QuarryError(f"{', '.join(used)} only apply with --registry")
+        return
+    sizes = ("layers", "layer_bytes", "kv_bytes_per_token", "hidden", "model_name",
+             "dtype_bytes")
+    given = [n for n in sizes if getattr(args, n) is not None]
+    if args.model_spec is not None and given:
+        raise QuarryError(f"give --model-spec or {', '.join(map(_flag, given))}, not both")
+    if args.model_spec is None:
+        missing = [_flag(n) for n in ("layers", "layer_bytes", "kv_bytes_per_token")
+                   if getattr(args, n) is None]
+        if missing:
+            raise QuarryError("--registry needs the model: --model-spec FILE, or "
+                              f"--layers, --layer-bytes and --kv-bytes-per-token "
+                              f"(missing {', '.join(missing)})")
+    if args.latencies is not None and args.no_measure:
+        raise QuarryError("give --latencies or --no-measure, not both")
+
+
+def parse_model_id(text: str) -> bytes:
+    """A modelId from `0x` + 64 hex digits."""
+    body = text[2:] if text.lower().startswith("0x") else text
+    try:
+        raw = bytes.fromhex(body)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise QuarryError(f"--model-id must be 0x followed by 64 hex digits, got {text!r}")
+    return raw
+
+
+def registry_cluster(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The cluster `--registry` builds, and the provenance the plan's JSON carries."""
+    from market.chain.deploy import Quarry
+    from market.scheduler.cluster import Cluster, Link, ModelSpec
+    from market.scheduler.registry import (
+        build_registry_cluster,
+        cluster_to_dict,
+        load_latencies,
+        model_spec_from_file,
+    )
+
+    if args.model_spec is not None:
+        model = model_spec_from_file(args.model_spec)
+    else:
+        model = ModelSpec(name=args.model_name or "model", num_layers=args.layers,
+                          bytes_per_layer=args.layer_bytes,
+                          kv_bytes_per_token_per_layer=args.kv_bytes_per_token,
+                          hidden_size=args.hidden or 0,
+                          dtype_bytes=2 if args.dtype_bytes is None else args.dtype_bytes)
+    validate_model(model)
+    model_id = parse_model_id(args.model_id) if args.model_id is not None else None
+    lat = load_latencies(args.latencies) if args.latencies is not None else None
+    default = Cluster(servers=[], model=model).default_link
+    if lat is not None and lat.default_link is not None:
+        default = lat.default_link
+    default = Link(default.rtt_s if args.default_rtt_s is None else args.default_rtt_s,
+                   default.bandwidth_bytes_per_s if args.default_bandwidth is None
+                   else args.default_bandwidth)
+    q = Quarry.connect(args.deployment)
+
+    def warn(message: str) -> None:
+        print(f"market: warning: {message}", file=sys.stderr)
+
+    built = build_registry_cluster(
+        q, model, model_id=model_id, latencies=None if lat is None else lat.links,
+        default_link=default, regions=None if lat is None else lat.regions, l_in=args.l_in,
+        measure=not args.no_measure, warn=warn,
+    )
+    validate_cluster(built.cluster)
+    info = {"GPURegistry": q.gpu.address, "chain_id": q.chain_id,
+            "model_id": None if model_id is None else "0x" + model_id.hex(),
+            **built.describe()}
+    skipped = "; ".join(f"{a}: {why}" for a, why in built.skipped.items())
+    print(f"registry: {len(built.miners)} miners from GPURegistry {q.gpu.address} "
+          f"(chain {q.chain_id})" + (f", skipped {skipped}" if skipped else ""))
+    if args.save_cluster is not None:
+        try:
+            args.save_cluster.write_text(json.dumps(cluster_to_dict(built.cluster), indent=2)
+                                         + "\n")
+        except OSError as exc:
+            raise QuarryError(f"cannot write {args.save_cluster}: {exc}") from exc
+        print(f"  wrote the cluster to {args.save_cluster}")
+    return built.cluster, info
 
 
 def _positive(name: str, value: Any, *, allow_zero: bool = False) -> None:
@@ -96,9 +243,8 @@ def _positive(name: str, value: Any, *, allow_zero: bool = False) -> None:
         raise QuarryError(f"{name} must be a number {bound}, got {value!r}")
 
 
-def validate_cluster(cluster: Any) -> None:
-    """Reject a cluster whose numbers cannot be planned, naming the first bad field."""
-    m = cluster.model
+def validate_model(m: Any) -> None:
+    """Reject a model whose numbers cannot be planned, naming the first bad field."""
     if not isinstance(m.num_layers, int) or isinstance(m.num_layers, bool) or m.num_layers < 1:
         raise QuarryError(f"model.num_layers must be an integer >= 1, got {m.num_layers!r}")
     _positive("model.bytes_per_layer", m.bytes_per_layer)
@@ -106,6 +252,11 @@ def validate_cluster(cluster: Any) -> None:
               allow_zero=True)
     _positive("model.hidden_size", m.hidden_size, allow_zero=True)
     _positive("model.dtype_bytes", m.dtype_bytes, allow_zero=True)
+
+
+def validate_cluster(cluster: Any) -> None:
+    """Reject a cluster whose numbers cannot be planned, naming the first bad field."""
+    validate_model(cluster.model)
     if not cluster.servers:
         raise QuarryError("cluster has no [[servers]]")
     for s in cluster.servers:
@@ -227,15 +378,22 @@ def render(doc: dict[str, Any]) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     from market.scheduler.cluster import load_cluster
 
+    check_source(args)
     for name in ("concurrency", "l_max"):
         if getattr(args, name) < 1:
             raise QuarryError(f"--{name.replace('_', '-')} must be >= 1")
     if args.l_in < 0:
         raise QuarryError("--l-in must be >= 0")
-    cluster = load_cluster(args.cluster)
-    validate_cluster(cluster)
+    registry_info = None
+    if args.registry:
+        cluster, registry_info = registry_cluster(args)
+    else:
+        cluster = load_cluster(args.cluster)
+        validate_cluster(cluster)
     doc = build_plan(cluster, args.algorithm, concurrency=args.concurrency, l_in=args.l_in,
                      l_max=args.l_max, client=args.client)
+    if registry_info is not None:
+        doc["registry"] = registry_info
     print(render(doc))
     if args.out is not None:
         try:
