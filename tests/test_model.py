@@ -241,7 +241,7 @@ def test_create_rejects_bad_arguments(tmp_path: Path) -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     return subprocess.run(
-        [sys.executable, "-m", "market.model.cli", "model", *args],
+        [sys.executable, "-m", "market.cli", "model", *args],
         capture_output=True, text=True, timeout=120, env=env,
     )
 

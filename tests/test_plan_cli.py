@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def plan(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "market.scheduler.cli", "plan", *args],
+        [sys.executable, "-m", "market.cli", "plan", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
 

@@ -295,7 +295,7 @@ def test_exited_and_withdrawn_miners_are_skipped(devnet, closed_endpoint):
 
 
 def plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "market.scheduler.cli", "plan", *args],
+    return subprocess.run([sys.executable, "-m", "market.cli", "plan", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, **(env or {})})
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from typing import Any
 
 
@@ -69,16 +68,3 @@ def _down(args: argparse.Namespace) -> int:
 
     print(devnet.down())
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m market.chain.cli devnet ...`: the devnet commands without the other areas."""
-    from market.cliutil import run_cli
-
-    parser = argparse.ArgumentParser(prog="market", description=__doc__)
-    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    return run_cli(parser, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,17 +11,28 @@ from pathlib import Path
 from typing import Any
 
 from market.engine.base import Engine, GenerationRequest
+from market.engine.sampling import validate_sampling
 from market.errors import QuarryError
 from market.model.manifest import Manifest
 from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
 
 
+class EngineError(QuarryError):
+    """Bad input to an engine (empty prompt, unknown token id, too long a sequence...)."""
+
+
 class TextEngine(Engine):
-    """An Engine with a Hugging Face tokenizer and (usually) a Quarry manifest."""
+    """An Engine with a Hugging Face tokenizer and (usually) a Quarry manifest.
+
+    Subclasses set `tokenizer`, `manifest`, `model_dir`, `vocab_size` and `max_positions`;
+    input checks live here so every engine rejects bad input with the same EngineError.
+    """
 
     tokenizer: Any
     manifest: Manifest | None
     model_dir: Path
+    vocab_size: int
+    max_positions: int
 
     @property
     def model_id(self) -> bytes:
@@ -50,3 +61,50 @@ class TextEngine(Engine):
     def request_from_line(self, line: Mapping[str, Any]) -> GenerationRequest:
         """A validated batch request line as a GenerationRequest."""
         return request_from_line(self.tokenizer, line)
+
+    # -- input checks shared by every engine ----------------------------------------------
+    def check_ids(self, ids: Sequence[int], what: str) -> None:
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise EngineError(f"{what}: token id {t!r} is outside [0, {self.vocab_size})")
+
+    def validate_request(self, i: int, r: GenerationRequest) -> None:
+        if not isinstance(r, GenerationRequest):
+            raise EngineError(f"request {i}: expected a GenerationRequest, got {type(r).__name__}")
+        if not r.prompt_ids:
+            raise EngineError(f"request {i}: empty prompt (it needs at least one token)")
+        self.check_ids(r.prompt_ids, f"request {i}")
+        if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 0:
+            raise EngineError(f"request {i}: max_tokens must be an integer >= 0")
+        if len(r.prompt_ids) + r.max_tokens > self.max_positions:
+            raise EngineError(
+                f"request {i}: prompt ({len(r.prompt_ids)}) + max_tokens ({r.max_tokens}) "
+                f"exceeds the model's {self.max_positions} positions"
+            )
+        try:
+            validate_sampling(r, i)
+        except QuarryError as exc:
+            raise EngineError(str(exc)) from exc
+
+    def validate_score_inputs(
+        self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
+    ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The (prompt, output) pairs as tuples, after the checks `score` needs."""
+        if len(prompt_ids) != len(output_ids):
+            raise EngineError(
+                f"{len(prompt_ids)} prompts but {len(output_ids)} outputs; they pair up"
+            )
+        pairs = []
+        for i, (p, o) in enumerate(zip(prompt_ids, output_ids, strict=True)):
+            p, o = tuple(p), tuple(o)
+            if not p:
+                raise EngineError(f"sequence {i}: empty prompt (it needs at least one token)")
+            self.check_ids(p, f"sequence {i} prompt")
+            self.check_ids(o, f"sequence {i} output")
+            if len(p) + len(o) > self.max_positions:
+                raise EngineError(
+                    f"sequence {i}: prompt + output ({len(p) + len(o)} tokens) exceeds the "
+                    f"model's {self.max_positions} positions"
+                )
+            pairs.append((p, o))
+        return pairs

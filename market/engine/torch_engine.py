@@ -21,15 +21,10 @@ from typing import Any
 import torch
 
 from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
-from market.engine.sampling import make_generators, select_next, validate_sampling
-from market.engine.text import TextEngine
-from market.errors import QuarryError
+from market.engine.sampling import make_generators, select_next
+from market.engine.text import EngineError, TextEngine
 from market.model.loading import load_model, resolve_device, resolve_dtype
 from market.model.manifest import Manifest, load_manifest
-
-
-class EngineError(QuarryError):
-    """Bad input to an engine (empty prompt, unknown token id, too long a sequence...)."""
 
 
 def left_pad(
@@ -99,28 +94,6 @@ class TorchEngine(TextEngine):
             pad = min(self.stop_token_ids) if self.stop_token_ids else 0
         self.pad_id = int(pad)
 
-    # ----------------------------------------------------------------- validation
-    def _check_ids(self, ids: Sequence[int], what: str) -> None:
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                raise EngineError(f"{what}: token id {t!r} is outside [0, {self.vocab_size})")
-
-    def _validate_request(self, i: int, r: GenerationRequest) -> None:
-        if not r.prompt_ids:
-            raise EngineError(f"request {i}: empty prompt (it needs at least one token)")
-        self._check_ids(r.prompt_ids, f"request {i}")
-        if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 0:
-            raise EngineError(f"request {i}: max_tokens must be an integer >= 0")
-        if len(r.prompt_ids) + r.max_tokens > self.max_positions:
-            raise EngineError(
-                f"request {i}: prompt ({len(r.prompt_ids)}) + max_tokens ({r.max_tokens}) "
-                f"exceeds the model's {self.max_positions} positions"
-            )
-        try:
-            validate_sampling(r, i)
-        except QuarryError as exc:
-            raise EngineError(str(exc)) from exc
-
     def _batches(self, order: list[int], lengths: Sequence[int]) -> Iterable[list[int]]:
         """Consecutive chunks of `order` within the batch-size and padded-token budgets."""
         chunk: list[int] = []
@@ -142,7 +115,7 @@ class TorchEngine(TextEngine):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         requests = list(requests)
         for i, r in enumerate(requests):
-            self._validate_request(i, r)
+            self.validate_request(i, r)
         lengths = [len(r.prompt_ids) + r.max_tokens for r in requests]
         order = sorted(range(len(requests)), key=lambda i: (len(requests[i].prompt_ids), i))
         results: list[GenerationOutput | None] = [None] * len(requests)
@@ -220,22 +193,9 @@ class TorchEngine(TextEngine):
     def score(
         self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
     ) -> list[ScoreResult]:
-        if len(prompt_ids) != len(output_ids):
-            raise EngineError(
-                f"{len(prompt_ids)} prompts but {len(output_ids)} outputs; they pair up"
-            )
-        prompts = [tuple(p) for p in prompt_ids]
-        outputs = [tuple(o) for o in output_ids]
-        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
-            if not p:
-                raise EngineError(f"sequence {i}: empty prompt (it needs at least one token)")
-            self._check_ids(p, f"sequence {i} prompt")
-            self._check_ids(o, f"sequence {i} output")
-            if len(p) + len(o) > self.max_positions:
-                raise EngineError(
-                    f"sequence {i}: prompt + output ({len(p) + len(o)} tokens) exceeds the "
-                    f"model's {self.max_positions} positions"
-                )
+        pairs = self.validate_score_inputs(prompt_ids, output_ids)
+        prompts = [p for p, _ in pairs]
+        outputs = [o for _, o in pairs]
         results: list[ScoreResult] = [ScoreResult((), ()) for _ in prompts]
         todo = [i for i in range(len(prompts)) if outputs[i]]
         lengths = [len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)]

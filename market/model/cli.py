@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,16 +132,3 @@ def _manifest(args: argparse.Namespace) -> int:
     write_manifest(manifest, args.dir)
     _report(manifest, args.dir, False)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m market.model.cli model ...`: the model commands without the other areas."""
-    from market.cliutil import run_cli
-
-    parser = argparse.ArgumentParser(prog="market", description=__doc__)
-    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    return run_cli(parser, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -82,7 +82,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from market.cliutil import run_cli
 from market.errors import QuarryError
 
 ALGORITHMS = ("parallax", "cgbp", "petals")
@@ -402,14 +401,3 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise QuarryError(f"cannot write {args.out}: {exc}") from exc
         print(f"  wrote {args.out}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m market.scheduler.cli plan ...`: the same command without the other areas."""
-    parser = argparse.ArgumentParser(prog="market")
-    add_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    return run_cli(parser, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

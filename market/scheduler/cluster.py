@@ -1,8 +1,8 @@
 """Cluster descriptions for placement and routing: servers, links and the model.
 
 Times are seconds, sizes bytes, bandwidth bytes per second. A cluster loads from TOML or
-JSON (see `load_cluster`), and can be built from the on-chain GPU registry plus measured
-latencies by callers that have them.
+JSON (see `load_cluster`), or is built from the on-chain GPU registry plus measured
+latencies by `market.scheduler.registry.cluster_from_registry`.
 """
 
 from __future__ import annotations

@@ -65,10 +65,8 @@ from market.engine.pipeline.delay import DelayedSender
 from market.engine.pipeline.errors import PipelineError, StageFailedError
 from market.engine.pipeline.parts import load_config, split_layers
 from market.engine.pipeline.scheduler import PipelineTimings
-from market.engine.sampling import validate_sampling
 from market.engine.text import TextEngine
-from market.engine.torch_engine import EngineError, left_pad
-from market.errors import QuarryError
+from market.engine.torch_engine import left_pad
 from market.model.manifest import Manifest
 
 MODES = ("microbatch", "naive")
@@ -580,30 +578,6 @@ class PipelineEngine(TextEngine):
         }
 
     # -- generate -----------------------------------------------------------------------
-    def _check_ids(self, ids: Sequence[int], what: str) -> None:
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                raise EngineError(f"{what}: token id {t!r} is outside [0, {self.vocab_size})")
-
-    def _validate(self, i: int, r: GenerationRequest) -> None:
-        """Same checks, same EngineError, as the single-process engine."""
-        if not isinstance(r, GenerationRequest):
-            raise EngineError(f"request {i}: expected a GenerationRequest, got {type(r).__name__}")
-        if not r.prompt_ids:
-            raise EngineError(f"request {i}: empty prompt (it needs at least one token)")
-        self._check_ids(r.prompt_ids, f"request {i}")
-        if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 0:
-            raise EngineError(f"request {i}: max_tokens must be an integer >= 0")
-        if len(r.prompt_ids) + r.max_tokens > self.max_positions:
-            raise EngineError(
-                f"request {i}: prompt ({len(r.prompt_ids)}) + max_tokens ({r.max_tokens}) "
-                f"exceeds the model's {self.max_positions} positions"
-            )
-        try:
-            validate_sampling(r, i)
-        except QuarryError as exc:
-            raise EngineError(str(exc)) from exc
-
     def _target(self) -> int:
         """Microbatches to keep in flight now: the scheduler's count, floored at
         `min_in_flight` in microbatch mode (e.g. to oversubscribe CPU cores shared by stages)."""
@@ -622,7 +596,7 @@ class PipelineEngine(TextEngine):
         self._ensure_open()
         reqs = list(requests)
         for i, r in enumerate(reqs):
-            self._validate(i, r)
+            self.validate_request(i, r)
         if not reqs:
             return []
         return self._run_guarded(self._generate, reqs)
@@ -706,23 +680,7 @@ class PipelineEngine(TextEngine):
         self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
     ) -> list[ScoreResult]:
         self._ensure_open()
-        if len(prompt_ids) != len(output_ids):
-            raise EngineError(
-                f"{len(prompt_ids)} prompts but {len(output_ids)} outputs; they pair up"
-            )
-        rows = []
-        for i, (p, o) in enumerate(zip(prompt_ids, output_ids, strict=True)):
-            p, o = list(p), list(o)
-            if not p:
-                raise EngineError(f"sequence {i}: empty prompt (it needs at least one token)")
-            self._check_ids(p, f"sequence {i} prompt")
-            self._check_ids(o, f"sequence {i} output")
-            if len(p) + len(o) > self.max_positions:
-                raise EngineError(
-                    f"sequence {i}: prompt + output ({len(p) + len(o)} tokens) exceeds the "
-                    f"model's {self.max_positions} positions"
-                )
-            rows.append((p, o))
+        rows = [(list(p), list(o)) for p, o in self.validate_score_inputs(prompt_ids, output_ids)]
         if not rows:
             return []
         return self._run_guarded(self._score, rows)
