@@ -238,6 +238,20 @@ def test_create_rejects_bad_arguments(tmp_path: Path) -> None:
     assert issubclass(ModelError, QuarryError)
 
 
+def test_create_keeps_another_model_unless_replaced(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    first = create_model(d, name="x", layers=1, hidden=64, seed=0)
+    again = create_model(d, name="x", layers=1, hidden=64, seed=0)  # same command: idempotent
+    assert again.model_id == first.model_id
+    with pytest.raises(ModelError, match=f"another model \\({first.model_id_hex}\\)"):
+        create_model(d, name="x", layers=1, hidden=64, seed=1)
+    assert load_manifest(d).model_id == first.model_id  # nothing was overwritten
+    load_model(d)  # files still match the manifest
+    other = create_model(d, name="x", layers=1, hidden=64, seed=1, replace=True)
+    assert load_manifest(d).model_id == other.model_id != first.model_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary directory left
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     return subprocess.run(

@@ -35,7 +35,8 @@ def add_commands(subparsers: Any) -> None:
         description="Write a tiny Llama-architecture model with random weights from a seed, "
         "the project's byte-level BPE tokenizer and quarry-manifest.json.",
     )
-    create.add_argument("--out", required=True, type=Path, help="output directory (new or empty)")
+    create.add_argument("--out", required=True, type=Path,
+                        help="output directory (new, empty, or holding this same model)")
     create.add_argument("--name", default=DEFAULT_NAME, help=f"model name ({DEFAULT_NAME})")
     create.add_argument("--layers", type=int, default=DEFAULT_LAYERS,
                         help=f"decoder layers ({DEFAULT_LAYERS})")
@@ -50,6 +51,8 @@ def add_commands(subparsers: Any) -> None:
                         help=f"tokenizer vocabulary cap ({DEFAULT_VOCAB_SIZE})")
     create.add_argument("--max-positions", type=int, default=DEFAULT_MAX_POSITIONS,
                         help=f"context length ({DEFAULT_MAX_POSITIONS})")
+    create.add_argument("--force", action="store_true",
+                        help="replace another model already in --out")
     create.add_argument("--json", action="store_true", help="print the result as JSON")
     create.set_defaults(func=_create)
 
@@ -105,6 +108,7 @@ def _create(args: argparse.Namespace) -> int:
         intermediate=args.intermediate,
         vocab_size=args.vocab_size,
         max_positions=args.max_positions,
+        replace=args.force,
     )
     _report(manifest, args.out, args.json)
     return 0

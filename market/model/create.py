@@ -16,14 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from market.errors import QuarryError
 from market.model.manifest import (
     MANIFEST_NAME,
     Manifest,
     ModelError,
     build_manifest,
+    load_manifest,
     write_manifest,
 )
 from market.model.tokenizer import (
@@ -155,14 +159,13 @@ def create_model(
     intermediate: int | None = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     max_positions: int = DEFAULT_MAX_POSITIONS,
+    replace: bool = False,
 ) -> Manifest:
     """Write a deterministic random Llama model (HF format + quarry-manifest.json) to `out_dir`.
 
     `heads` defaults to hidden // 32, `kv_heads` to half of that (grouped-query attention),
     `intermediate` to 3 * hidden. `vocab_size` caps the tokenizer (the corpus may yield fewer).
     """
-    from safetensors.numpy import save_file
-
     out_dir = Path(out_dir)
     for label, value, low in (("layers", layers, 1), ("hidden", hidden, 8), ("seed", seed, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -187,7 +190,49 @@ def create_model(
                 f"{out_dir} is not empty (holds {', '.join(stray[:5])}); "
                 "choose an empty or new directory"
             )
+    previous = _existing_model_id(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if previous is None:
+        return _write_model(out_dir, name, layers, hidden, seed, heads, kv_heads,
+                            intermediate, vocab_size, max_positions)
+    # The directory already holds a model: build beside it, and only swap the files in when
+    # it is the same model (re-running the same command) or the caller asked to replace it.
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
+        manifest = _write_model(Path(tmp), name, layers, hidden, seed, heads, kv_heads,
+                                intermediate, vocab_size, max_positions)
+        if manifest.model_id_hex != previous and not replace:
+            raise ModelError(
+                f"{out_dir} already holds another model ({previous}); this one would be "
+                f"{manifest.model_id_hex}: choose an empty directory or pass --force"
+            )
+        for fname in OUTPUT_FILES:
+            os.replace(Path(tmp) / fname, out_dir / fname)
+    return manifest
+
+
+def _existing_model_id(out_dir: Path) -> str | None:
+    """The modelId recorded in `out_dir`'s manifest, if a model was written there before."""
+    if not (out_dir / MANIFEST_NAME).is_file():
+        return None
+    try:
+        return load_manifest(out_dir).model_id_hex
+    except QuarryError:
+        return "an unreadable manifest"
+
+
+def _write_model(
+    out_dir: Path,
+    name: str,
+    layers: int,
+    hidden: int,
+    seed: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab_size: int,
+    max_positions: int,
+) -> Manifest:
+    from safetensors.numpy import save_file  # numpy stays out of `market model --help`
 
     actual_vocab = write_tokenizer(out_dir, vocab_size)
     cfg = llama_config(
