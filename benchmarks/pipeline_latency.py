@@ -40,10 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--microbatch-size", type=int, default=4)
-    ap.add_argument("--latencies", default="0,16,64", help="one-way ms per hop, comma-separated")
+    ap.add_argument("--link-latency-ms", default="0,16,64",
+                    help="injected one-way latency per hop, ms; comma-separated settings")
     ap.add_argument("--threads-per-stage", type=int, default=1)
     args = ap.parse_args(argv)
-    latencies = [float(x) for x in args.latencies.split(",")]
+    latencies = [float(x) for x in args.link_latency_ms.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
         model_dir = args.model
