@@ -28,8 +28,6 @@ client.routing.sequence_manager), which Sun et al. compare against:
 
 from __future__ import annotations
 
-import heapq
-import math
 import random
 from collections.abc import Mapping, Sequence
 
@@ -182,31 +180,11 @@ def route(
                 w = _delay(cluster.rtt(cur, nxt)) + OVERHEAD_DELAY_S + penalty(nxt)
                 edge((cur, ce), (nxt, ce), w)
 
-    dist: dict[tuple[str, int], float] = {start: 0.0}
-    prev: dict[tuple[str, int], tuple[str, int]] = {}
-    heap = [(0.0, start)]
-    done: set[tuple[str, int]] = set()
-    while heap:
-        d, u = heapq.heappop(heap)
-        if u in done:
-            continue
-        done.add(u)
-        if u == end:
-            break
-        for v, w in adj.get(u, []):
-            if d + w < dist.get(v, math.inf):
-                dist[v] = d + w
-                prev[v] = u
-                heapq.heappush(heap, (d + w, v))
-    if end not in dist:
+    found = routing.least_cost_path(start, end, lambda u: adj.get(u, []))
+    if found is None:
         missing = routing.uncovered_blocks(cluster, placement)
         raise QuarryError(f"PETALS routing found no chain: blocks {missing[:10]} are on no server")
-    nodes: list[tuple[str, int]] = []
-    node = prev[end]
-    while node != start:
-        nodes.append(node)
-        node = prev[node]
-    nodes.reverse()
+    nodes = found[0][1:-1]
     hops: list[routing.Hop] = []
     for name, b in nodes:
         if hops and hops[-1][0] == name:

@@ -25,9 +25,12 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 from market.errors import QuarryError
 from market.scheduler.cluster import Cluster, Link, Placement, Server
+
+N = TypeVar("N", str, tuple[str, int])  # graph nodes: server names, or (server, block)
 
 SERIALIZATION_S = 0.018
 
@@ -201,6 +204,42 @@ def feasible_edges(cluster: Cluster, placement: Placement) -> list[tuple[str, st
     return edges
 
 
+def least_cost_path(
+    start: N, end: N, neighbours: Callable[[N], Iterable[tuple[N, float]]]
+) -> tuple[list[N], float] | None:
+    """Dijkstra from `start` to `end`: the node path (both ends included) and its cost, or None.
+
+    The one shortest-path core for every router here (CG-BP/WS-RR and the PETALS baseline).
+    Ties go to the smaller node in heap order, so results are deterministic.
+    """
+    dist: dict[N, float] = {start: 0.0}
+    prev: dict[N, N] = {}
+    heap: list[tuple[float, N]] = [(0.0, start)]
+    done: set[N] = set()
+    while heap:
+        d, u = heapq.heappop(heap)
+        if u in done:
+            continue
+        done.add(u)
+        if u == end:
+            break
+        for v, w in neighbours(u):
+            if w < 0:
+                raise QuarryError(f"negative link cost {w} on {u}->{v}")
+            nd = d + w
+            if nd < dist.get(v, math.inf) and not math.isinf(nd):
+                dist[v] = nd
+                prev[v] = u
+                heapq.heappush(heap, (nd, v))
+    if end not in dist:
+        return None
+    path = [end]
+    while path[-1] != start:
+        path.append(prev[path[-1]])
+    path.reverse()
+    return path, dist[end]
+
+
 def dijkstra(
     cluster: Cluster,
     placement: Placement,
@@ -212,29 +251,17 @@ def dijkstra(
     the model (some block is on no server, or the cost is infinite everywhere).
     """
     adj: dict[str, list[tuple[str, int, int]]] = {}
+    span: dict[tuple[str, str], tuple[int, int]] = {}
     for i, j, s, e in feasible_edges(cluster, placement):
         adj.setdefault(i, []).append((j, s, e))
-    dist: dict[str, float] = {SOURCE: 0.0}
-    prev: dict[str, tuple[str, int, int]] = {}
-    heap: list[tuple[float, str]] = [(0.0, SOURCE)]
-    done: set[str] = set()
-    while heap:
-        d, u = heapq.heappop(heap)
-        if u in done:
-            continue
-        done.add(u)
-        if u == SINK:
-            break
+        span[(i, j)] = (s, e)
+
+    def neighbours(u: str) -> Iterable[tuple[str, float]]:
         for v, s, e in adj.get(u, []):
-            w = 0.0 if v == SINK else cost(u, v, s, e)
-            if w < 0:
-                raise QuarryError(f"negative link cost {w} on {u}->{v}")
-            nd = d + w
-            if nd < dist.get(v, math.inf) and not math.isinf(nd):
-                dist[v] = nd
-                prev[v] = (u, s, e)
-                heapq.heappush(heap, (nd, v))
-    if SINK not in dist:
+            yield v, (0.0 if v == SINK else cost(u, v, s, e))
+
+    found = least_cost_path(SOURCE, SINK, neighbours)
+    if found is None:
         missing = uncovered_blocks(cluster, placement)
         why = (
             f"blocks {missing[:10]} are on no server"
@@ -243,14 +270,8 @@ def dijkstra(
         )
         L = cluster.model.num_layers
         raise QuarryError(f"no feasible chain covers the model's {L} blocks: {why}")
-    path: list[Hop] = []
-    node = prev[SINK][0]
-    while node != SOURCE:
-        u, s, e = prev[node]
-        path.append((node, s, e))
-        node = u
-    path.reverse()
-    return path, dist[SINK]
+    nodes, total = found
+    return [(v, *span[(u, v)]) for u, v in zip(nodes[:-2], nodes[1:-1], strict=True)], total
 
 
 def uncovered_blocks(cluster: Cluster, placement: Placement) -> list[int]:
