@@ -4,6 +4,7 @@ committee registered; each test runs inside an `evm_snapshot`/`evm_revert` pair.
 - `devnet_session` (session): the running chain and its `Devnet` bundle.
 - `devnet` (function): the same bundle, isolated: state and clock are rolled back after the
   test. Use this one in tests.
+- `one_torch_thread` (module): model tests run single-threaded (see its docstring).
 """
 
 from __future__ import annotations
@@ -24,6 +25,18 @@ if TYPE_CHECKING:
     from market.chain.devnet import AnvilProcess
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """The tiny model is overhead-bound: one intra-op thread is faster on a shared CPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 MODEL_ID = bytes.fromhex("11" * 32)  # the model the test miners serve
 OTHER_MODEL_ID = bytes.fromhex("22" * 32)
 MINER_STAKE = 10**18

@@ -19,6 +19,8 @@ from market.errors import QuarryError
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPTS = [
     "Hello world",
     "The capital of France is",
@@ -29,15 +31,6 @@ PROMPTS = [
     "x",
     "The market opens early. Clients post batches of prompts, and miners compete",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is overhead-bound: one intra-op thread is faster on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from market.errors import QuarryError
 from market.model.create import create_model
@@ -34,20 +33,13 @@ from market.model.prompts import (
 )
 from market.model.tokenizer import BOS_ID, EOS_ID, train_bpe
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SMALL = {"layers": 2, "hidden": 64}
 
 
 def _digests(d: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is overhead-bound: one intra-op thread is faster on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
