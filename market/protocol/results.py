@@ -1,0 +1,264 @@
+"""Shard result documents: what a miner uploads for a shard and what a client checks.
+
+A miner builds one `ShardResult` per shard (`build_shard_result`): for each request, the
+exact output tokens and text, one EIP-712 `Receipt` signed by the miner, and the receipt's
+proof under the shard's result root (the root `submitResult` puts on-chain). The document
+travels as canonical JSON through the content-addressed store.
+
+A client trusts nothing in it: `verify_shard_result` rechecks every item against the chain
+(root, miner, token count) and the task's own inputs (request hashes), and raises
+`ResultCheckFailed` naming the first check that fails. What passes is what a dispute can
+later prove on-chain: the same receipt, signature and proof.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eth_utils import to_checksum_address
+
+from market.protocol.canonical import canonical_json_bytes
+from market.protocol.eip712 import Receipt
+from market.protocol.errors import ProtocolError, SignatureError
+from market.protocol.merkle import INDEX_HASH_TYPES, leaf_hash, receipts_tree, verify_proof
+from market.protocol.requests import output_hash
+
+FORMAT = "quarry-shard-result/1"
+
+
+class ResultFormatError(ProtocolError):
+    """A result document that cannot be parsed."""
+
+
+class ResultCheckFailed(ProtocolError):
+    """A result that fails one named check (`check`), at request `index` when per item."""
+
+    def __init__(self, check: str, message: str, *, index: int | None = None) -> None:
+        self.check = check
+        self.index = index
+        where = f"request {index}: " if index is not None else ""
+        super().__init__(f"{check} check failed: {where}{message}")
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + bytes(b).hex()
+
+
+def _unhex(value: Any, what: str) -> bytes:
+    if not isinstance(value, str) or not value.startswith("0x"):
+        raise ResultFormatError(f"{what} must be a 0x-prefixed hex string")
+    try:
+        return bytes.fromhex(value[2:])
+    except ValueError as exc:
+        raise ResultFormatError(f"{what} is not hex: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ResultItem:
+    """One request's answer, with its signed receipt and proof."""
+
+    index: int
+    custom_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+    receipt: Receipt
+    signature: bytes
+    proof: tuple[bytes, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "custom_id": self.custom_id,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "receipt": {k: _hex(v) if isinstance(v, bytes) else v
+                        for k, v in self.receipt.message().items()},
+            "signature": _hex(self.signature),
+            "proof": [_hex(p) for p in self.proof],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], where: str) -> ResultItem:
+        try:
+            return cls(
+                index=int(d["index"]),
+                custom_id=str(d["custom_id"]),
+                text=str(d["text"]),
+                token_ids=tuple(int(t) for t in d["token_ids"]),
+                finish_reason=str(d["finish_reason"]),
+                prompt_tokens=int(d["prompt_tokens"]),
+                receipt=Receipt.from_message(d["receipt"]),
+                signature=_unhex(d["signature"], f"{where}.signature"),
+                proof=tuple(_unhex(p, f"{where}.proof") for p in d["proof"]),
+            )
+        except (KeyError, TypeError, ValueError, SignatureError) as exc:
+            raise ResultFormatError(f"{where}: malformed result item ({exc!r})") from exc
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """Every output of one shard, as uploaded by its miner."""
+
+    task_id: int
+    shard: int
+    miner: str
+    model_id: bytes
+    result_root: bytes
+    tokens_used: int
+    items: tuple[ResultItem, ...]
+
+    def to_bytes(self) -> bytes:
+        return canonical_json_bytes({
+            "format": FORMAT,
+            "taskId": self.task_id,
+            "shard": self.shard,
+            "miner": self.miner,
+            "modelId": _hex(self.model_id),
+            "resultRoot": _hex(self.result_root),
+            "tokensUsed": self.tokens_used,
+            "items": [item.to_json() for item in self.items],
+        })
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ShardResult:
+        try:
+            d = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ResultFormatError(f"result document is not JSON: {exc}") from exc
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ResultFormatError(f"result document is not {FORMAT}")
+        try:
+            return cls(
+                task_id=int(d["taskId"]),
+                shard=int(d["shard"]),
+                miner=to_checksum_address(d["miner"]),
+                model_id=_unhex(d["modelId"], "modelId"),
+                result_root=_unhex(d["resultRoot"], "resultRoot"),
+                tokens_used=int(d["tokensUsed"]),
+                items=tuple(ResultItem.from_json(it, f"items[{i}]")
+                            for i, it in enumerate(d["items"])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultFormatError(f"malformed result document ({exc!r})") from exc
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What the engine produced for one request, in the shape receipts need."""
+
+    index: int  # the request's index in the whole task
+    custom_id: str
+    request_hash: bytes
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+
+
+def build_shard_result(
+    *,
+    task_id: int,
+    shard: int,
+    model_id: bytes,
+    completions: Sequence[Completion],
+    private_key: Any,
+    miner: str,
+    chain_id: int,
+    task_registry: str,
+) -> ShardResult:
+    """Sign one receipt per completion, build the result tree, and attach each proof.
+
+    `completions` must be the shard's requests in index order; the root goes on-chain with
+    `submitResult` and `tokens_used` is what the shard bills.
+    """
+    receipts = [
+        Receipt(task_id, shard, c.index, c.request_hash, output_hash(c.text, c.token_ids),
+                len(c.token_ids), model_id)
+        for c in completions
+    ]
+    tree = receipts_tree(receipts)
+    items = tuple(
+        ResultItem(
+            index=c.index, custom_id=c.custom_id, text=c.text, token_ids=tuple(c.token_ids),
+            finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens, receipt=r,
+            signature=r.sign(private_key, chain_id, task_registry), proof=tuple(tree.proof(j)),
+        )
+        for j, (c, r) in enumerate(zip(completions, receipts, strict=True))
+    )
+    return ShardResult(task_id, shard, to_checksum_address(miner), model_id, tree.root,
+                       sum(len(c.token_ids) for c in completions), items)
+
+
+def verify_shard_result(
+    result: ShardResult,
+    *,
+    task_id: int,
+    shard: int,
+    start: int,
+    miner: str,
+    model_id: bytes,
+    result_root: bytes,
+    tokens_used: int,
+    request_hashes: Sequence[bytes],
+    chain_id: int,
+    task_registry: str,
+) -> list[ResultItem]:
+    """Check a shard's document against the chain and the inputs; returns its items.
+
+    `miner`, `result_root` and `tokens_used` come from the chain (`getShard`), `start` from
+    `shardRange`, and `request_hashes` are the hashes of the shard's own requests (indices
+    `start .. start + len - 1`) from the client's batch. Checks, in order: header, coverage,
+    then per item receipt fields, token count, output hash, signature, Merkle proof; finally
+    billing. The first failure raises `ResultCheckFailed` naming it.
+    """
+    if (result.task_id, result.shard) != (task_id, shard):
+        raise ResultCheckFailed(
+            "header", f"document is for task {result.task_id} shard {result.shard}, "
+            f"expected task {task_id} shard {shard}")
+    indices = [item.index for item in result.items]
+    expected = list(range(start, start + len(request_hashes)))
+    if indices != expected:
+        raise ResultCheckFailed(
+            "coverage", f"document answers requests {indices[:5]}..., expected {start}.."
+            f"{start + len(request_hashes) - 1} in order")
+    want_miner = to_checksum_address(miner)
+    for item, request_hash in zip(result.items, request_hashes, strict=True):
+        r, i = item.receipt, item.index
+        fields = {"taskId": (r.task_id, task_id), "shard": (r.shard, shard),
+                  "index": (r.index, i), "requestHash": (r.request_hash, request_hash),
+                  "modelId": (r.model_id, model_id)}
+        for name, (got, want) in fields.items():
+            if got != want:
+                raise ResultCheckFailed("receipt", f"receipt.{name} does not match the task",
+                                        index=i)
+        if r.output_tokens != len(item.token_ids):
+            raise ResultCheckFailed(
+                "token count", f"receipt says {r.output_tokens} tokens, output has "
+                f"{len(item.token_ids)}", index=i)
+        if r.output_hash != output_hash(item.text, item.token_ids):
+            raise ResultCheckFailed("output hash", "output does not hash to the receipt's "
+                                    "outputHash (altered text or tokens)", index=i)
+        try:
+            signer = r.recover(item.signature, chain_id, task_registry)
+        except SignatureError as exc:
+            raise ResultCheckFailed("signature", str(exc), index=i) from exc
+        if signer != want_miner:
+            raise ResultCheckFailed(
+                "signature", f"receipt signed by {signer}, not the shard's miner {want_miner}",
+                index=i)
+        leaf = leaf_hash(INDEX_HASH_TYPES, (r.index, r.struct_hash()))
+        if not verify_proof(result_root, leaf, item.proof):
+            raise ResultCheckFailed("merkle proof", "receipt is not under the shard's on-chain "
+                                    "resultRoot", index=i)
+    billed = sum(item.receipt.output_tokens for item in result.items)
+    if billed != tokens_used:
+        raise ResultCheckFailed(
+            "billing", f"shard billed {tokens_used} tokens on-chain, receipts add up to {billed}")
+    return list(result.items)

@@ -1,0 +1,1 @@
+"""The market service: the store, the job board, the miner directory, and Celery's work."""
