@@ -38,7 +38,11 @@ from market.store import ContentNotFound, ContentTooLarge, check_content, parse_
 
 
 class MarketError(QuarryError):
-    """The market refused a request; the message carries its reason."""
+    """The market refused a request; the message carries its reason, `status` the HTTP code."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
 
 
 class MarketUnavailable(MarketError):
@@ -89,12 +93,10 @@ class MarketAPI:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            if response.status_code == 413:
-                raise MarketError(f"market refused {method} {path}: {detail}")
             if response.status_code == 404 and path.startswith("/store/"):
                 raise ContentNotFound(f"market {self.url} holds no {path[7:]}")
             raise MarketError(f"market {method} {path} failed ({response.status_code}): "
-                              f"{detail}")
+                              f"{detail}", response.status_code)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -117,7 +119,7 @@ class MarketAPI:
             return str(self._json("POST", "/store", content=data,
                                   headers={"content-type": "application/octet-stream"})["uri"])
         except MarketError as exc:
-            if "413" in str(exc) or "over the" in str(exc):
+            if exc.status == 413:
                 limit = self.limits()["maxFileBytes"]
                 raise ContentTooLarge(len(data), limit) from exc
             raise
