@@ -1,0 +1,248 @@
+"""Batch files in the OpenAI Batch shapes: request lines in, output lines out.
+
+A client's batch is the JSONL file itself: its exact bytes are what goes to the store, and
+each line's `requestHash` (canonical JSON of the parsed object) is what goes into the input
+tree. Output lines follow the OpenAI Batch *output* shape, so tools that read OpenAI's
+results read these, plus a `quarry` object with everything needed to re-verify a line (or
+dispute it) without trusting whoever handed it over.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from market.errors import QuarryError
+from market.protocol.eip712 import Receipt
+from market.protocol.errors import RequestError
+from market.protocol.requests import (
+    CHAT_COMPLETIONS_URL,
+    COMPLETIONS_URL,
+    ParsedRequest,
+    parse_jsonl,
+    validate_request,
+)
+
+
+class BatchError(QuarryError):
+    """A batch that cannot be submitted as given (size, model, shape); the message says why."""
+
+
+class RequestTooLarge(BatchError):
+    """One request line is over the market's `maxRequestBytes`."""
+
+    def __init__(self, line: int, size: int, limit: int) -> None:
+        self.line = line
+        self.size = size
+        self.limit = limit
+        super().__init__(f"line {line}: request is {size} bytes, over the market's limit of "
+                         f"{limit} bytes per request (maxRequestBytes)")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A validated batch: the exact bytes to upload, and each parsed request (in order)."""
+
+    data: bytes
+    requests: tuple[ParsedRequest, ...]
+    line_sizes: tuple[int, ...] = field(repr=False)  # UTF-8 bytes of each request's line
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def request_hashes(self) -> list[bytes]:
+        return [r.request_hash for r in self.requests]
+
+    @property
+    def max_tokens(self) -> int:
+        """The task's `maxTokensPerRequest`: the largest `body.max_tokens` of any line."""
+        return max(int(r.request["body"]["max_tokens"]) for r in self.requests)
+
+    def check_sizes(self, limit: int) -> None:
+        """Raise `RequestTooLarge` for the first line over `limit` bytes."""
+        for r, size in zip(self.requests, self.line_sizes, strict=True):
+            if size > limit:
+                raise RequestTooLarge(r.line, size, limit)
+
+    def models(self) -> dict[str, int]:
+        """Each `body.model` named in the batch, with the first line that names it."""
+        out: dict[str, int] = {}
+        for r in self.requests:
+            out.setdefault(str(r.request["body"]["model"]), r.line)
+        return out
+
+
+def parse_batch(data: bytes, source: str | None = None) -> Batch:
+    """Validate a batch's bytes (errors name the line, and `source` when given)."""
+    try:
+        requests = parse_jsonl(data)
+    except RequestError as exc:
+        if source is None:
+            raise
+        named = RequestError(f"{source}: {exc}")
+        named.line, named.field = exc.line, exc.field  # keep them for callers that look
+        raise named from exc
+    # Line numbers follow parse_jsonl's own splitting, so sizes refer to the same lines.
+    lines = data.decode("utf-8").splitlines()
+    sizes = tuple(len(lines[r.line - 1].encode("utf-8")) for r in requests)
+    return Batch(data, tuple(requests), sizes)
+
+
+def read_batch(path: str | Path) -> Batch:
+    """A JSONL batch file, read once: its bytes are what gets uploaded and hashed."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RequestError(f"cannot read batch file {path}: {exc.strerror}") from exc
+    return parse_batch(data, str(path))
+
+
+def encode_jsonl(lines: Sequence[Mapping[str, Any]]) -> bytes:
+    """Request objects as JSONL bytes (compact, UTF-8, one per line)."""
+    return b"".join(
+        json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        .encode("utf-8") + b"\n"
+        for line in lines
+    )
+
+
+def _body(model: str, max_tokens: int, temperature: float, seed: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def prompt_lines(
+    prompts: Sequence[str],
+    *,
+    model: str,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int | None = 0,
+) -> list[dict[str, Any]]:
+    """Completions request lines for plain prompts: `custom_id` "request-<i>"."""
+    if isinstance(prompts, str):
+        raise BatchError("prompts must be a list of strings, not one string")
+    lines = []
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise BatchError(f"prompt {i} is a {type(prompt).__name__}, not a string")
+        line = {"custom_id": f"request-{i}", "method": "POST", "url": COMPLETIONS_URL,
+                "body": {**_body(model, max_tokens, temperature, seed), "prompt": prompt}}
+        lines.append(validate_request(line, line=i + 1))
+    return lines
+
+
+def chat_lines(
+    conversations: Sequence[Sequence[Mapping[str, str]]],
+    *,
+    model: str,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int | None = 0,
+) -> list[dict[str, Any]]:
+    """Chat request lines, one per message list (`[{"role", "content"}, ...]`)."""
+    lines = []
+    for i, messages in enumerate(conversations):
+        if isinstance(messages, str | Mapping):
+            raise BatchError(f"conversation {i} must be a list of {{role, content}} messages")
+        line = {"custom_id": f"request-{i}", "method": "POST", "url": CHAT_COMPLETIONS_URL,
+                "body": {**_body(model, max_tokens, temperature, seed),
+                         "messages": [dict(m) for m in messages]}}
+        lines.append(validate_request(line, line=i + 1))
+    return lines
+
+
+@dataclass(frozen=True)
+class Output:
+    """One verified answer: the text and tokens, and the signed evidence behind them."""
+
+    task_id: int
+    shard: int
+    index: int
+    custom_id: str
+    url: str
+    model: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    prompt_tokens: int
+    miner: str
+    receipt: Receipt
+    signature: bytes
+    proof: tuple[bytes, ...]
+    created: int  # chain time the shard's result was submitted
+    result_uri: str
+    chain_id: int
+    task_registry: str
+
+    @property
+    def usage(self) -> dict[str, int]:
+        completion = len(self.token_ids)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + bytes(b).hex()
+
+
+def output_line(out: Output) -> dict[str, Any]:
+    """The OpenAI Batch output line for one output, with a `quarry` proof object."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason}
+    if out.url == CHAT_COMPLETIONS_URL:
+        kind, prefix = "chat.completion", "chatcmpl"
+        choice["message"] = {"role": "assistant", "content": out.text}
+    else:
+        kind, prefix = "text_completion", "cmpl"
+        choice["text"] = out.text
+        choice["logprobs"] = None
+    body = {
+        "id": f"{prefix}-{out.task_id}-{out.index}",
+        "object": kind,
+        "created": out.created,
+        "model": out.model,
+        "choices": [choice],
+        "usage": out.usage,
+    }
+    receipt = {k: _hex(v) if isinstance(v, bytes) else v for k, v in out.receipt.message().items()}
+    return {
+        "id": f"batch_req_{out.task_id}_{out.index}",
+        "custom_id": out.custom_id,
+        "response": {"status_code": 200, "request_id": _hex(out.receipt.request_hash),
+                     "body": body},
+        "error": None,
+        "quarry": {
+            "taskId": out.task_id,
+            "shard": out.shard,
+            "index": out.index,
+            "miner": out.miner,
+            "tokenIds": list(out.token_ids),
+            "receipt": receipt,
+            "signature": _hex(out.signature),
+            "proof": [_hex(p) for p in out.proof],
+            "resultUri": out.result_uri,
+            "chainId": out.chain_id,
+            "taskRegistry": out.task_registry,
+        },
+    }
+
+
+def write_output_lines(outputs: Sequence[Output], path: str | Path) -> Path:
+    """Write OpenAI Batch output JSONL atomically (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(encode_jsonl([output_line(o) for o in outputs]))
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BatchError(f"cannot write {path}: {exc.strerror}") from exc
+    return path

@@ -1,0 +1,899 @@
+"""The client SDK: post a batch job, follow it on-chain, and take only verified outputs.
+
+    from client import Client
+    c = Client(rpc_url, private_key, market_url)
+    job = c.submit(["Hello", "The sky is"], model="tiny", max_tokens=16)
+    job.wait()
+    for out in job.results():          # every receipt checked before anything is returned
+        print(out.custom_id, out.text)
+
+The market only stores bytes and indexes events; everything that matters is read from the
+chain (task, shards, miners, prices) or checked against it (content addresses, the input
+root, each receipt's signature, Merkle proof and output hash). Every check that can fail
+before money moves runs before `createTask`, so a bad batch costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+from web3.exceptions import ContractLogicError
+
+from client.batch import (
+    Batch,
+    BatchError,
+    Output,
+    encode_jsonl,
+    parse_batch,
+    prompt_lines,
+    read_batch,
+    write_output_lines,
+)
+from market.chain.client import Chain, TxResult, as_account
+from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, ShardState, Task
+from market.chain.deploy import Quarry
+from market.chain.deployment import CONTRACT_NAMES
+from market.chain.errors import ChainError, ContractRevert
+from market.errors import QuarryError
+from market.protocol.merkle import input_tree
+from market.protocol.requests import validate_request
+from market.protocol.results import (
+    ResultCheckFailed,
+    ResultFormatError,
+    ResultItem,
+    ShardResult,
+    verify_shard_result,
+)
+from market.service.api import MarketAPI
+from market.store import ContentNotFound, ContentTooLarge, StoreError, content_uri
+
+__all__ = [
+    "Client",
+    "Job",
+    "JobStatus",
+    "ShardStatus",
+    "DisputeInfo",
+    "ModelOffer",
+    "ClientError",
+    "ChainMismatch",
+    "UnknownModel",
+    "PaymentTooLow",
+    "DeadlineExpired",
+    "InsufficientFunds",
+    "JobFailed",
+    "JobTimeout",
+    "ResultsNotReady",
+    "InputsMismatch",
+    "DisputeNotPossible",
+    "ResultCheckFailed",
+]
+
+DEFAULT_MAX_TOKENS = 64
+"""`max_tokens` of prompt-list requests when none is given."""
+DEFAULT_DEADLINE_S = 3600
+MAX_SHARD_SIZE = 256
+HAS_RESULTS = frozenset({ShardState.SUBMITTED, ShardState.DISPUTED, ShardState.FINALIZED})
+
+
+class ClientError(QuarryError):
+    """A client-side problem; the message names it (and what to do, where it can)."""
+
+
+class ChainMismatch(ClientError):
+    """The RPC is not the chain the market's contracts live on."""
+
+
+class UnknownModel(ClientError):
+    """No registered miner serves the model asked for."""
+
+
+class PaymentTooLow(ClientError):
+    """The offered price is below every serving miner's ask: no one could claim the task."""
+
+
+class DeadlineExpired(ClientError):
+    """The deadline is not in the future (by the chain's clock)."""
+
+
+class InsufficientFunds(ClientError):
+    """The account cannot pay the task (or bond) plus gas."""
+
+
+class JobFailed(ClientError):
+    """Shards were refunded or can no longer be done, so the job will not produce all results."""
+
+
+class JobTimeout(ClientError):
+    """`wait` ran out of time."""
+
+
+class ResultsNotReady(ClientError):
+    """Some shards have no submitted result yet."""
+
+
+class InputsMismatch(ClientError):
+    """The stored request file does not match the task's on-chain input root."""
+
+
+class DisputeNotPossible(ClientError):
+    """The request's shard cannot be disputed now (state, window, caller)."""
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + bytes(b).hex()
+
+
+def _eth(wei: int) -> str:
+    return f"{wei / 10**18:.18f}".rstrip("0").rstrip(".") + " ETH"
+
+
+# ---------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class MinerOffer:
+    address: str
+    price_per_token: int  # on-chain ask
+    alive: bool  # the market saw a recent heartbeat
+
+
+@dataclass(frozen=True)
+class ModelOffer:
+    """A model and the registered miners that may claim its shards, cheapest first."""
+
+    model_id: bytes
+    name: str | None
+    miners: tuple[MinerOffer, ...]
+
+    @property
+    def min_price(self) -> int:
+        return min(m.price_per_token for m in self.miners)
+
+    @property
+    def alive(self) -> int:
+        return sum(m.alive for m in self.miners)
+
+    def label(self) -> str:
+        return f"{self.name} ({_hex(self.model_id)})" if self.name else _hex(self.model_id)
+
+
+def _model_id_of(value: Any) -> bytes | None:
+    """A 32-byte modelId from bytes or a 0x-hex string; None for anything else (a name)."""
+    if isinstance(value, bytes | bytearray) and len(value) == 32:
+        return bytes(value)
+    if isinstance(value, str) and value.lower().startswith("0x") and len(value) == 66:
+        try:
+            return bytes.fromhex(value[2:])
+        except ValueError:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    index: int
+    state: ShardState
+    miner: str | None
+    start: int
+    end: int
+    tokens_used: int
+    claim_expiry: int
+    window_end: int
+    result_uri: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shard": self.index, "state": self.state.name, "miner": self.miner,
+                "requests": [self.start, self.end], "tokensUsed": self.tokens_used,
+                "claimExpiry": self.claim_expiry, "windowEnd": self.window_end,
+                "resultUri": self.result_uri or None}
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A task as the chain sees it now: every shard, and the money moved so far."""
+
+    task_id: int
+    client: str
+    model_id: bytes
+    num_requests: int
+    shard_size: int
+    max_tokens_per_request: int
+    price_per_token: int
+    deadline: int
+    cancelled: bool
+    payment: int  # wei escrowed at creation
+    escrowed: int  # wei still in escrow
+    paid: int  # wei released to miners
+    refunded: int  # wei released back to the client
+    compensation: int  # wei slashed from miners' collateral for expired claims, to the client
+    chain_time: int
+    shards: tuple[ShardStatus, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.shards:
+            out[s.state.name] = out.get(s.state.name, 0) + 1
+        return out
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens_used for s in self.shards if s.state in HAS_RESULTS)
+
+    @property
+    def results_ready(self) -> bool:
+        return all(s.state in HAS_RESULTS for s in self.shards)
+
+    @property
+    def finished(self) -> bool:
+        """Settled: every shard finalized or refunded, nothing left in escrow for it."""
+        return all(s.state in (ShardState.FINALIZED, ShardState.REFUNDED) for s in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "taskId": self.task_id, "client": self.client, "modelId": _hex(self.model_id),
+            "numRequests": self.num_requests, "shardSize": self.shard_size,
+            "numShards": len(self.shards), "maxTokensPerRequest": self.max_tokens_per_request,
+            "pricePerToken": self.price_per_token, "deadline": self.deadline,
+            "cancelled": self.cancelled, "payment": self.payment, "escrowed": self.escrowed,
+            "paid": self.paid, "refunded": self.refunded, "compensation": self.compensation,
+            "tokens": self.tokens, "counts": self.counts, "resultsReady": self.results_ready,
+            "finished": self.finished, "chainTime": self.chain_time,
+            "shards": [s.to_json() for s in self.shards],
+        }
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(self.counts.items()))
+        lines = [
+            f"task {self.task_id}: {self.num_requests} requests in {len(self.shards)} shards "
+            f"({counts}){' [cancelled]' if self.cancelled else ''}",
+            f"  model {_hex(self.model_id)}, {self.price_per_token} wei/token, "
+            f"deadline {self.deadline} (chain time {self.chain_time})",
+            f"  payment {self.payment} wei ({_eth(self.payment)}); escrowed {self.escrowed}, "
+            f"paid to miners {self.paid}, refunded {self.refunded}, "
+            f"compensation {self.compensation} wei; {self.tokens} tokens so far",
+            f"  results {'ready' if self.results_ready else 'pending'}, "
+            f"{'finished' if self.finished else 'not settled'}",
+        ]
+        for s in self.shards:
+            miner = f" by {s.miner}" if s.miner else ""
+            tokens = f", {s.tokens_used} tokens" if s.state in HAS_RESULTS else ""
+            lines.append(f"  shard {s.index} [{s.start}, {s.end}): {s.state.name}{miner}{tokens}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class DisputeInfo:
+    dispute_id: int
+    task_id: int
+    shard: int
+    index: int
+    status: DisputeStatus
+    opener: str
+    miner: str
+    bond: int
+    opened_at: int
+    deadline: int
+    evidence_uri: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"disputeId": self.dispute_id, "taskId": self.task_id, "shard": self.shard,
+                "index": self.index, "status": self.status.name, "opener": self.opener,
+                "miner": self.miner, "bond": self.bond, "openedAt": self.opened_at,
+                "deadline": self.deadline, "evidenceUri": self.evidence_uri}
+
+
+# ---------------------------------------------------------------------------- client
+
+
+class Client:
+    """One account's view of the market and the chain it settles on.
+
+    `rpc_url` may be None: then the RPC the market's deployment names is used. Either way
+    the chain must have the deployment's chain id and the contracts' code, or the
+    constructor raises `ChainMismatch`.
+    """
+
+    def __init__(
+        self,
+        rpc_url: str | None,
+        private_key: LocalAccount | str | bytes,
+        market_url: str,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self.account = as_account(private_key)
+        self.market = MarketAPI(market_url, timeout=timeout)
+        deployment = self.market.deployment()
+        self.rpc_url = rpc_url or deployment.rpc_url
+        chain = Chain(self.rpc_url, timeout=timeout)
+        if not chain.is_up():
+            raise ChainError(f"no chain answers at {self.rpc_url}")
+        if chain.chain_id != deployment.chain_id:
+            raise ChainMismatch(
+                f"the chain at {self.rpc_url} has id {chain.chain_id}, but the market at "
+                f"{self.market.url} settles on chain {deployment.chain_id}")
+        for name in CONTRACT_NAMES:
+            address = deployment.addresses[name]
+            if not chain.w3.eth.get_code(to_checksum_address(address)):
+                raise ChainMismatch(
+                    f"no {name} code at {address} on the chain at {self.rpc_url}: the market's "
+                    "deployment is not on this chain (was the devnet restarted?)")
+        self.q = Quarry(deployment, chain)
+
+    @property
+    def address(self) -> str:
+        return str(self.account.address)
+
+    @property
+    def chain(self) -> Chain:
+        return self.q.chain
+
+    def close(self) -> None:
+        self.market.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ models and miners
+    def offers(self, min_reputation_bps: int = 0) -> list[ModelOffer]:
+        """Every model some registered miner may claim for now, with on-chain asks.
+
+        Miners are found through the market, but each one's eligibility and price are read
+        from GPURegistry: the market cannot make a miner look cheaper than it is.
+        """
+        names: dict[bytes, str] = {}
+        for m in self.market.models():
+            model_id = _model_id_of(m.get("modelId"))
+            if model_id is not None and m.get("name"):
+                names[model_id] = str(m["name"])
+        by_model: dict[bytes, list[MinerOffer]] = {}
+        for row in self.market.miners():
+            address = to_checksum_address(row["address"])
+            served = [mid for mid in (_model_id_of(x) for x in row.get("models") or [])
+                      if mid is not None]
+            if not served:
+                continue
+            info = self.q.gpu.miner_info(address)
+            for model_id in served:
+                if self.q.gpu.is_eligible(address, model_id, min_reputation_bps):
+                    by_model.setdefault(model_id, []).append(
+                        MinerOffer(address, info.price_per_token, bool(row.get("alive"))))
+        return [ModelOffer(mid, names.get(mid), tuple(sorted(ms, key=lambda m: m.price_per_token)))
+                for mid, ms in by_model.items()]
+
+    def resolve_model(self, model: str | bytes, min_reputation_bps: int = 0) -> ModelOffer:
+        """The offer for `model` (a name or a 0x modelId); `UnknownModel` lists what exists."""
+        offers = self.offers(min_reputation_bps)
+        wanted = _model_id_of(model)
+        if wanted is not None:
+            matches = [o for o in offers if o.model_id == wanted]
+        else:
+            matches = [o for o in offers if o.name == model]
+        if len(matches) == 1:
+            return matches[0]
+        shown = model if isinstance(model, str) else _hex(bytes(model))
+        if len(matches) > 1:
+            ids = ", ".join(_hex(o.model_id) for o in matches)
+            raise UnknownModel(f"model name {shown!r} is ambiguous ({ids}); pass the modelId")
+        known = "; ".join(
+            f"{o.label()}: {len(o.miners)} miner(s), from {o.min_price} wei/token"
+            for o in offers) or "none"
+        floor = f" with reputation >= {min_reputation_bps} bps" if min_reputation_bps else ""
+        raise UnknownModel(f"no registered miner{floor} serves model {shown!r}; known: {known}")
+
+    # ------------------------------------------------------------------ submit
+    def submit(
+        self,
+        requests: Sequence[str] | Sequence[Mapping[str, Any]] | str | Path,
+        *,
+        model: str | bytes | None = None,
+        max_tokens: int | None = None,
+        price: int | None = None,
+        deadline: float | datetime | None = None,
+        shard_size: int | None = None,
+        temperature: float = 0.0,
+        arbiter: str | None = None,
+        min_reputation_bps: int = 0,
+    ) -> Job:
+        """Post a batch and pay for it; returns its `Job`.
+
+        `requests`: prompt strings, request dicts (OpenAI Batch input lines), or a JSONL
+        file's path. `max_tokens` sets the prompts' budget, or caps a file's lines.
+        `price`: wei per output token (default: the lowest ask among miners serving the
+        model). `deadline`: seconds from now (int/float) or an absolute `datetime`.
+        Everything that can be wrong is checked before any transaction is sent.
+        """
+        if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
+            batch = read_batch(requests)
+            offer = self._offer_for(batch, model, min_reputation_bps)
+        elif requests and all(isinstance(r, str) for r in requests):
+            if model is None:
+                raise BatchError("model is required when submitting a list of prompts")
+            offer = self.resolve_model(model, min_reputation_bps)
+            body_model = offer.name or _hex(offer.model_id)
+            batch = parse_batch(encode_jsonl(prompt_lines(
+                list(requests), model=body_model,  # type: ignore[arg-type]
+                max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                temperature=temperature)))
+        else:
+            if not requests:
+                raise BatchError("the batch is empty")
+            lines = []
+            for i, r in enumerate(requests):
+                if isinstance(r, str):
+                    raise BatchError(f"request {i} is a string among request objects")
+                lines.append(validate_request(dict(r), line=i + 1))
+            batch = parse_batch(encode_jsonl(lines))
+            offer = self._offer_for(batch, model, min_reputation_bps)
+        if max_tokens is not None:
+            for r in batch.requests:
+                if int(r.request["body"]["max_tokens"]) > max_tokens:
+                    raise BatchError(f"line {r.line}: body.max_tokens "
+                                     f"{r.request['body']['max_tokens']} is over max_tokens "
+                                     f"{max_tokens}")
+        return self._submit_batch(batch, offer, price=price, deadline=deadline,
+                                  shard_size=shard_size, arbiter=arbiter,
+                                  min_reputation_bps=min_reputation_bps)
+
+    def _offer_for(self, batch: Batch, model: str | bytes | None,
+                   min_reputation_bps: int) -> ModelOffer:
+        """Resolve the task's model and check every line's `body.model` names it."""
+        named = batch.models()
+        if model is None:
+            if len(named) > 1:
+                (_, first), (other, line) = list(named.items())[:2]
+                raise BatchError(f"line {line}: body.model {other!r} differs from line "
+                                 f"{first}'s; a task serves one model")
+            model = next(iter(named))
+        offer = self.resolve_model(model, min_reputation_bps)
+        accepted = {_hex(offer.model_id), offer.model_id.hex()}
+        if offer.name:
+            accepted.add(offer.name)
+        if isinstance(model, str):
+            accepted.add(model)
+        for name, line in named.items():
+            if name not in accepted and name.lower() not in accepted:
+                raise BatchError(f"line {line}: body.model is {name!r}, but the task is for "
+                                 f"model {offer.label()}")
+        return offer
+
+    def _submit_batch(
+        self,
+        batch: Batch,
+        offer: ModelOffer,
+        *,
+        price: int | None,
+        deadline: float | datetime | None,
+        shard_size: int | None,
+        arbiter: str | None,
+        min_reputation_bps: int,
+    ) -> Job:
+        limits = self.market.limits()
+        batch.check_sizes(limits["maxRequestBytes"])
+        if len(batch.data) > limits["maxFileBytes"]:
+            raise ContentTooLarge(len(batch.data), limits["maxFileBytes"], "batch file")
+        n = len(batch)
+        if n > 2**32 - 1:
+            raise BatchError(f"a task holds at most {2**32 - 1} requests, this batch has {n}")
+
+        ask = offer.min_price
+        if price is None:
+            price = ask
+        if isinstance(price, bool) or not isinstance(price, int) or price <= 0:
+            raise ClientError(f"price must be a positive integer (wei per token), got {price!r}")
+        if price < ask:
+            raise PaymentTooLow(
+                f"payment too low: {price} wei/token is below every registered miner's ask for "
+                f"model {offer.label()} (lowest ask: {ask} wei/token)")
+
+        now = self.chain.timestamp()
+        deadline_ts = self._deadline(deadline, now)
+
+        max_shards = int(self.chain.call(self.q.tasks.contract.functions.maxShardsPerTask()))
+        if shard_size is None:
+            shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, offer.alive)))))
+            shard_size = max(shard_size, math.ceil(n / max_shards))
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+            raise ClientError(f"shard_size must be a positive integer, got {shard_size!r}")
+        if math.ceil(n / shard_size) > max_shards:
+            raise ClientError(f"shard_size {shard_size} gives {math.ceil(n / shard_size)} shards;"
+                              f" a task may have at most {max_shards}")
+        shard_size = min(shard_size, n)
+        arbiter = to_checksum_address(arbiter) if arbiter else ZERO_ADDRESS
+        if not 0 <= min_reputation_bps <= 10_000:
+            raise ClientError(f"min_reputation_bps must be in [0, 10000], "
+                              f"got {min_reputation_bps}")
+
+        max_tokens = batch.max_tokens
+        payment = n * max_tokens * price
+        root = input_tree(batch.request_hashes).root
+        uri = content_uri(batch.data)
+        args = (offer.model_id, root, uri, n, shard_size, max_tokens, price, deadline_ts,
+                min_reputation_bps, arbiter)
+        self._check_funds(payment, self.q.tasks.contract.functions.createTask(*args),
+                          "TaskRegistry.createTask", "payment")
+
+        stored = self.market.put(batch.data)
+        if stored != uri:
+            raise StoreError(f"the market stored the batch as {stored}, expected {uri}")
+        task_id, tx = self.q.tasks.create_task(
+            self.account, model_id=offer.model_id, input_root=root, input_uri=uri,
+            num_requests=n, shard_size=shard_size, max_tokens_per_request=max_tokens,
+            price_per_token=price, deadline=deadline_ts, min_reputation_bps=min_reputation_bps,
+            arbiter=arbiter, payment=payment)
+        job = Job(self, task_id)
+        job._batch = batch
+        job.submission = tx
+        return job
+
+    def _deadline(self, deadline: float | datetime | None, now: int) -> int:
+        """Absolute chain time: seconds from now (by the chain's clock) or a datetime."""
+        if deadline is None:
+            return now + DEFAULT_DEADLINE_S
+        if isinstance(deadline, datetime):
+            ts = int(deadline.timestamp())
+            if ts <= now:
+                raise DeadlineExpired(
+                    f"deadline {deadline.isoformat()} (unix {ts}) has already passed: the "
+                    f"chain's time is {now}")
+            return ts
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or not \
+                math.isfinite(deadline):
+            raise ClientError(f"deadline must be seconds from now or a datetime, "
+                              f"got {deadline!r}")
+        if deadline <= 0:
+            raise DeadlineExpired(f"deadline {deadline} s from now has already passed; give a "
+                                  "positive number of seconds")
+        return now + math.ceil(deadline)
+
+    def _check_funds(self, value: int, fn: Any, where: str, what: str) -> None:
+        """Raise `InsufficientFunds` unless `value` plus the call's gas fits the balance, and
+        the contract's own revert (decoded) when the call would fail."""
+        balance = self.chain.balance(self.address)
+        if balance < value:
+            raise InsufficientFunds(
+                f"not enough funds: the {what} is {value} wei ({_eth(value)}), but "
+                f"{self.address} holds {balance} wei ({_eth(balance)})")
+        try:
+            gas = int(fn.estimate_gas({"from": self.address, "value": value}))
+        except ContractLogicError as exc:
+            raise self.chain._revert(exc, where) from None  # the named custom error
+        w3 = self.chain.w3
+        base_fee = int(w3.eth.get_block("latest").get("baseFeePerGas", 0) or 0)
+        max_fee = 2 * base_fee + int(w3.eth.max_priority_fee)
+        need = value + gas * max_fee
+        if balance < need:
+            raise InsufficientFunds(
+                f"not enough funds: the {what} is {value} wei plus up to {gas * max_fee} wei "
+                f"of gas, {need} wei in all, but {self.address} holds {balance} wei")
+
+    # ------------------------------------------------------------------ jobs and money
+    def job(self, task_id: int) -> Job:
+        """Re-attach to any task by id: everything is read back from the chain and store."""
+        job = Job(self, int(task_id))
+        job.task()  # fails clearly on an unknown id
+        return job
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """This account's jobs as the market's board lists them (for browsing only)."""
+        return self.market.jobs(self.address)
+
+    def withdrawable(self) -> int:
+        """Refunds and compensation waiting in PaymentEscrow for this account."""
+        return self.q.escrow.withdrawable(self.address)
+
+    def withdraw(self) -> int:
+        """Move every withdrawable wei to this account; returns the amount (0: nothing)."""
+        amount = self.withdrawable()
+        if amount:
+            self.q.escrow.withdraw(self.account)
+        return amount
+
+
+# ---------------------------------------------------------------------------- job
+
+
+class Job:
+    """One task, read from the chain each time (it holds no state the chain does not)."""
+
+    def __init__(self, client: Client, task_id: int) -> None:
+        self.client = client
+        self.task_id = task_id
+        self.submission: TxResult | None = None  # set when this Job posted the task
+        self._batch: Batch | None = None
+        self._task: Task | None = None
+
+    def __repr__(self) -> str:
+        return f"Job(task_id={self.task_id})"
+
+    @property
+    def _q(self) -> Quarry:
+        return self.client.q
+
+    def task(self) -> Task:
+        """The task struct (`cancelled` and `committed` read fresh each call)."""
+        try:
+            self._task = self._q.tasks.get_task(self.task_id)
+        except ContractRevert as exc:
+            if exc.error == "UnknownTask":
+                raise ClientError(f"no task {self.task_id} on the chain at "
+                                  f"{self.client.rpc_url}") from None
+            raise
+        return self._task
+
+    @property
+    def payment(self) -> int:
+        t = self._task or self.task()
+        return t.num_requests * t.max_tokens_per_request * t.price_per_token
+
+    def _range(self, t: Task, shard: int) -> tuple[int, int]:
+        start = shard * t.shard_size  # TaskRegistry._range
+        return start, min(start + t.shard_size, t.num_requests)
+
+    def _shard_status(self, t: Task, k: int) -> ShardStatus:
+        s = self._q.tasks.get_shard(self.task_id, k)
+        start, end = self._range(t, k)
+        miner = None if s.miner == ZERO_ADDRESS else to_checksum_address(s.miner)
+        return ShardStatus(k, s.state, miner, start, end, s.tokens_used, s.claim_expiry,
+                           s.window_end, s.result_uri)
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> JobStatus:
+        """Every shard's state and the wei moved so far, from the contracts and their events."""
+        t = self.task()
+        q, from_block = self._q, self._q.deployment.deploy_block
+        shards = tuple(self._shard_status(t, k) for k in range(t.num_shards))
+        client = to_checksum_address(t.client)
+        paid = refunded = 0
+        for ev in q.escrow.events("Released", from_block, taskId=self.task_id):
+            if to_checksum_address(ev["to"]) == client:
+                refunded += int(ev["amount"])
+            else:
+                paid += int(ev["amount"])
+        compensation = sum(int(ev["penalty"]) for ev in
+                           q.tasks.events("ClaimReclaimed", from_block, taskId=self.task_id))
+        return JobStatus(
+            task_id=self.task_id, client=client, model_id=t.model_id,
+            num_requests=t.num_requests, shard_size=t.shard_size,
+            max_tokens_per_request=t.max_tokens_per_request, price_per_token=t.price_per_token,
+            deadline=t.deadline, cancelled=t.cancelled, payment=self.payment,
+            escrowed=q.escrow.escrowed(self.task_id), paid=paid, refunded=refunded,
+            compensation=compensation, chain_time=q.chain.timestamp(), shards=shards)
+
+    def wait(
+        self,
+        progress: bool = True,
+        timeout: float | None = None,
+        finalized: bool = False,
+        poll_s: float = 0.5,
+    ) -> JobStatus:
+        """Block until every shard has a result (or, with `finalized`, is paid out).
+
+        Raises `JobFailed` as soon as a shard is refunded (cancelled, past the deadline,
+        dispute upheld) or the deadline passes with shards nobody claimed, and `JobTimeout`
+        after `timeout` seconds. The bar (to stderr) counts shards done.
+        """
+        from tqdm import tqdm
+
+        t = self.task()
+        target = {ShardState.FINALIZED} if finalized else HAS_RESULTS
+        what = "finalized" if finalized else "with results"
+        pending = set(range(t.num_shards))
+        started = time.monotonic()
+        with tqdm(total=t.num_shards, unit="shard", desc=f"task {self.task_id}",
+                  file=sys.stderr, disable=not progress, leave=False) as bar:
+            while True:
+                states: dict[int, ShardState] = {}
+                for k in sorted(pending):
+                    state = self._q.tasks.get_shard(self.task_id, k).state
+                    if state in target:
+                        pending.discard(k)
+                        bar.update(1)
+                    else:
+                        states[k] = state
+                if not pending:
+                    return self.status()
+                refunded = sorted(k for k, s in states.items() if s == ShardState.REFUNDED)
+                if refunded:
+                    raise JobFailed(f"task {self.task_id}: shard(s) {_ks(refunded)} were "
+                                    f"refunded ({self._refund_reason()}); they will have no "
+                                    "results")
+                now = self._q.chain.timestamp()
+                unclaimed = sorted(k for k, s in states.items() if s == ShardState.OPEN)
+                if unclaimed and now >= t.deadline:
+                    raise JobFailed(f"task {self.task_id}: the deadline ({t.deadline}) passed "
+                                    f"with shard(s) {_ks(unclaimed)} never claimed; they will "
+                                    "be refunded")
+                if timeout is not None and time.monotonic() - started >= timeout:
+                    counts: dict[str, int] = {}
+                    for s in states.values():
+                        counts[s.name] = counts.get(s.name, 0) + 1
+                    left = ", ".join(f"{n} {name.lower()}" for name, n in sorted(counts.items()))
+                    raise JobTimeout(f"task {self.task_id}: timed out after {timeout:g} s with "
+                                     f"{t.num_shards - len(pending)}/{t.num_shards} shards "
+                                     f"{what} ({left})")
+                bar.set_postfix_str(", ".join(
+                    f"{n} {s.name.lower()}" for s, n in _count(states.values())))
+                time.sleep(poll_s)
+
+    def _refund_reason(self) -> str:
+        t = self.task()
+        if t.cancelled:
+            return "the task was cancelled"
+        if self._q.chain.timestamp() >= t.deadline:
+            return "the deadline passed"
+        return "a dispute was upheld"
+
+    # ------------------------------------------------------------------ results
+    def inputs(self) -> Batch:
+        """The task's requests, fetched by its inputURI and checked against inputRoot."""
+        if self._batch is not None:
+            return self._batch
+        t = self._task or self.task()
+        data = self.client.market.get(t.input_uri)  # checked against the content address
+        try:
+            batch = parse_batch(data, f"task {self.task_id}'s input file")
+        except QuarryError as exc:
+            raise InputsMismatch(str(exc)) from exc
+        if len(batch) != t.num_requests:
+            raise InputsMismatch(f"task {self.task_id}'s input file has {len(batch)} requests, "
+                                 f"the task says {t.num_requests}")
+        if input_tree(batch.request_hashes).root != t.input_root:
+            raise InputsMismatch(f"task {self.task_id}'s input file does not hash to its "
+                                 "on-chain inputRoot")
+        self._batch = batch
+        return batch
+
+    def _fetch_result(self, k: int, uri: str) -> ShardResult:
+        try:
+            data = self.client.market.get(uri)
+        except ContentNotFound:
+            raise
+        except StoreError as exc:
+            raise ResultCheckFailed("content address", f"shard {k}: {exc}") from exc
+        try:
+            return ShardResult.from_bytes(data)
+        except ResultFormatError as exc:
+            raise ResultCheckFailed("format", f"shard {k}: {exc}") from exc
+
+    def shard_results(self, k: int) -> list[Output]:
+        """Shard `k`'s outputs, each checked against the chain; `ResultCheckFailed` names the
+        first check that fails."""
+        t = self._task or self.task()
+        batch = self.inputs()
+        s = self._q.tasks.get_shard(self.task_id, k)
+        if s.state not in HAS_RESULTS:
+            raise ResultsNotReady(f"task {self.task_id} shard {k} is {s.state.name}: no "
+                                  "result yet")
+        start, end = self._q.tasks.shard_range(self.task_id, k)
+        chain_id = self._q.chain.chain_id
+        registry = self._q.tasks.address
+        items: list[ResultItem] = verify_shard_result(
+            self._fetch_result(k, s.result_uri), task_id=self.task_id, shard=k, start=start,
+            miner=s.miner, model_id=t.model_id, result_root=s.result_root,
+            tokens_used=s.tokens_used, request_hashes=batch.request_hashes[start:end],
+            chain_id=chain_id, task_registry=registry)
+        miner = to_checksum_address(s.miner)
+        outputs = []
+        for item in items:
+            request = batch.requests[item.index].request  # our own line, not the miner's copy
+            outputs.append(Output(
+                task_id=self.task_id, shard=k, index=item.index,
+                custom_id=str(request["custom_id"]), url=str(request["url"]),
+                model=str(request["body"]["model"]), text=item.text, token_ids=item.token_ids,
+                finish_reason=item.finish_reason, prompt_tokens=item.prompt_tokens, miner=miner,
+                receipt=item.receipt, signature=item.signature, proof=item.proof,
+                created=s.submitted_at, result_uri=s.result_uri, chain_id=chain_id,
+                task_registry=registry))
+        return outputs
+
+    def results(self) -> list[Output]:
+        """Every output in request order, only after every shard's document checks out."""
+        t = self.task()
+        missing = []
+        for k in range(t.num_shards):
+            state = self._q.tasks.get_shard(self.task_id, k).state
+            if state not in HAS_RESULTS:
+                missing.append(f"{k} ({state.name.lower()})")
+        if missing:
+            raise ResultsNotReady(f"task {self.task_id}: shard(s) {', '.join(missing)} have "
+                                  "no results yet; wait() first")
+        out: list[Output] = []
+        for k in range(t.num_shards):
+            out.extend(self.shard_results(k))
+        return out
+
+    def write_results(self, path: str | Path) -> Path:
+        """Verify everything, then write OpenAI Batch output JSONL (nothing on failure)."""
+        return write_output_lines(self.results(), path)
+
+    # ------------------------------------------------------------------ disputes
+    def dispute(self, index: int, bond: int | None = None,
+                evidence_uri: str | None = None) -> int:
+        """Dispute request `index`'s receipt in Arbitration; returns the dispute id.
+
+        `bond` defaults to the minimum bond, `evidence_uri` to the shard's result document
+        (which holds the disputed output). The shard must be Submitted and inside its
+        challenge window, and this account the task's client or arbiter.
+        """
+        t = self.task()
+        if isinstance(index, bool) or not isinstance(index, int) or \
+                not 0 <= index < t.num_requests:
+            raise DisputeNotPossible(f"request index {index!r} is not in task {self.task_id} "
+                                     f"(0..{t.num_requests - 1})")
+        me = self.client.address
+        if me not in (to_checksum_address(t.client), to_checksum_address(t.arbiter)):
+            raise DisputeNotPossible(f"{me} is neither task {self.task_id}'s client nor its "
+                                     "arbiter")
+        k = index // t.shard_size
+        s = self._q.tasks.get_shard(self.task_id, k)
+        if s.state != ShardState.SUBMITTED:
+            raise DisputeNotPossible(
+                f"request {index} is in shard {k}, which is {s.state.name}: only a Submitted "
+                "shard inside its challenge window can be disputed")
+        now = self._q.chain.timestamp()
+        if now >= s.window_end:
+            raise DisputeNotPossible(f"shard {k}'s challenge window closed at {s.window_end} "
+                                     f"(chain time {now})")
+        doc = self._fetch_result(k, s.result_uri)
+        item = next((it for it in doc.items if it.index == index), None)
+        if item is None:
+            raise DisputeNotPossible(f"shard {k}'s result document holds no receipt for "
+                                     f"request {index}")
+        arb = self._q.arbitration
+        bond = arb.min_bond() if bond is None else int(bond)
+        evidence = s.result_uri if evidence_uri is None else evidence_uri
+        args = (self.task_id, k, item.receipt.as_tuple(), item.signature, list(item.proof),
+                evidence)
+        self.client._check_funds(bond, arb.contract.functions.openDispute(*args),
+                                 "Arbitration.openDispute", "bond")
+        dispute_id, _ = arb.open_dispute(self.client.account, self.task_id, k, item.receipt,
+                                         item.signature, item.proof, evidence, bond)
+        return dispute_id
+
+    def disputes(self) -> list[DisputeInfo]:
+        """Every dispute opened on this task, with its current on-chain status."""
+        arb = self._q.arbitration
+        out = []
+        for ev in arb.events("DisputeOpened", self._q.deployment.deploy_block,
+                             taskId=self.task_id):
+            dispute_id = int(ev["disputeId"])
+            d = arb.get_dispute(dispute_id)
+            out.append(DisputeInfo(dispute_id, d.task_id, d.shard, d.receipt.index, d.status,
+                                   to_checksum_address(d.opener), to_checksum_address(d.miner),
+                                   d.bond, d.opened_at, d.deadline, d.evidence_uri))
+        return out
+
+    def cancel(self) -> int:
+        """Cancel the task: every still-open shard's budget is refunded (returned, in wei)."""
+        tx = self._q.tasks.cancel_task(self.client.account, self.task_id)
+        return int(tx.event("TaskCancelled")["refund"])
+
+
+def _ks(ks: Sequence[int]) -> str:
+    shown = ", ".join(str(k) for k in ks[:10])
+    return shown + (f" and {len(ks) - 10} more" if len(ks) > 10 else "")
+
+
+def _count(states: Any) -> list[tuple[ShardState, int]]:
+    counts: dict[ShardState, int] = {}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    return sorted(counts.items())
+

@@ -1,0 +1,188 @@
+"""Client batch files and settings, without a chain: prompt lists into request lines, JSONL
+reading and size checks, the OpenAI Batch output line (re-verifiable from its own fields),
+and the [client] config precedence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+
+from client.batch import (
+    BatchError,
+    Output,
+    RequestTooLarge,
+    chat_lines,
+    encode_jsonl,
+    output_line,
+    parse_batch,
+    prompt_lines,
+    read_batch,
+    write_output_lines,
+)
+from client.config import DEFAULT_MARKET_URL, load_config
+from market.errors import ConfigError
+from market.protocol.canonical import request_hash
+from market.protocol.eip712 import Receipt
+from market.protocol.errors import RequestError
+from market.protocol.merkle import INDEX_HASH_TYPES, input_tree, leaf_hash, verify_proof
+from market.protocol.requests import output_hash
+from market.protocol.results import Completion, build_shard_result
+
+REGISTRY = "0x" + "ab" * 20
+CHAIN_ID = 31337
+
+
+def test_prompt_list_becomes_completion_lines() -> None:
+    lines = prompt_lines(["Hello", "The sky is"], model="tiny", max_tokens=8, temperature=0.5,
+                         seed=7)
+    assert lines == [
+        {"custom_id": "request-0", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "tiny", "max_tokens": 8, "temperature": 0.5, "seed": 7,
+                  "prompt": "Hello"}},
+        {"custom_id": "request-1", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "tiny", "max_tokens": 8, "temperature": 0.5, "seed": 7,
+                  "prompt": "The sky is"}},
+    ]
+    batch = parse_batch(encode_jsonl(lines))
+    assert len(batch) == 2 and batch.max_tokens == 8
+    assert batch.request_hashes == [request_hash(line) for line in lines]
+    assert [r.line for r in batch.requests] == [1, 2]
+    assert batch.models() == {"tiny": 1}
+
+
+def test_chat_lines_and_bad_prompt_lists() -> None:
+    lines = chat_lines([[{"role": "user", "content": "hi"}]], model="tiny", max_tokens=4)
+    assert lines[0]["url"] == "/v1/chat/completions"
+    assert lines[0]["body"]["messages"] == [{"role": "user", "content": "hi"}]
+    with pytest.raises(BatchError, match="not one string"):
+        prompt_lines("Hello", model="tiny", max_tokens=4)  # type: ignore[arg-type]
+    with pytest.raises(BatchError, match="prompt 1 is a int"):
+        prompt_lines(["a", 3], model="tiny", max_tokens=4)  # type: ignore[list-item]
+    with pytest.raises(RequestError, match="body.max_tokens"):
+        prompt_lines(["a"], model="tiny", max_tokens=0)
+    with pytest.raises(BatchError, match="conversation 0"):
+        chat_lines(["hi"], model="tiny", max_tokens=4)  # type: ignore[list-item]
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path: Path) -> None:
+    good = encode_jsonl(prompt_lines(["a", "b"], model="tiny", max_tokens=4))
+    path = tmp_path / "batch.jsonl"
+    path.write_bytes(good + b"\n{not json\n")
+    with pytest.raises(RequestError, match=r"batch\.jsonl: line 4: not valid JSON") as info:
+        read_batch(path)
+    assert info.value.line == 4
+    with pytest.raises(RequestError, match="cannot read batch file"):
+        read_batch(tmp_path / "missing.jsonl")
+    ok = tmp_path / "ok.jsonl"
+    ok.write_bytes(good)
+    assert read_batch(ok).data == good  # the exact bytes, to upload as they are
+
+
+def test_size_limit_counts_utf8_bytes_of_the_line() -> None:
+    lines = prompt_lines(["short", "é" * 100], model="tiny", max_tokens=4)
+    data = encode_jsonl(lines)
+    batch = parse_batch(b"\n" + data)  # a blank first line: requests are on lines 2 and 3
+    second = len(json.dumps(lines[1], ensure_ascii=False, separators=(",", ":")).encode())
+    assert batch.line_sizes[1] == second
+    batch.check_sizes(second)
+    with pytest.raises(RequestTooLarge) as info:
+        batch.check_sizes(second - 1)
+    assert (info.value.line, info.value.size, info.value.limit) == (3, second, second - 1)
+    assert f"line 3: request is {second} bytes" in str(info.value)
+
+
+def _outputs(url: str) -> tuple[list[Output], str]:
+    key = Account.create()
+    lines = (prompt_lines(["x", "y"], model="tiny", max_tokens=4) if url == "/v1/completions"
+             else chat_lines([[{"role": "user", "content": "x"}]] * 2, model="tiny",
+                             max_tokens=4))
+    for i, line in enumerate(lines):
+        line["custom_id"] = f"c{i}"
+    batch = parse_batch(encode_jsonl(lines))
+    model_id = b"\x11" * 32
+    completions = [Completion(i, f"c{i}", h, f"out {i}", (5, 6 + i), "length", 3)
+                   for i, h in enumerate(batch.request_hashes)]
+    doc = build_shard_result(task_id=9, shard=0, model_id=model_id, completions=completions,
+                             private_key=key.key, miner=key.address, chain_id=CHAIN_ID,
+                             task_registry=REGISTRY)
+    outs = [Output(task_id=9, shard=0, index=it.index, custom_id=it.custom_id, url=url,
+                   model="tiny", text=it.text, token_ids=it.token_ids,
+                   finish_reason=it.finish_reason, prompt_tokens=it.prompt_tokens,
+                   miner=key.address, receipt=it.receipt, signature=it.signature,
+                   proof=it.proof, created=1234, result_uri="sha256:" + "0" * 64,
+                   chain_id=CHAIN_ID, task_registry=REGISTRY)
+            for it in doc.items]
+    assert input_tree(batch.request_hashes).root  # the same hashes a task commits to
+    return outs, doc.result_root.hex()
+
+
+def test_output_line_has_the_openai_batch_shape_and_reverifies() -> None:
+    outs, root = _outputs("/v1/completions")
+    line = output_line(outs[1])
+    assert line["id"] == "batch_req_9_1" and line["custom_id"] == "c1"
+    assert line["error"] is None
+    response = line["response"]
+    assert response["status_code"] == 200
+    assert response["request_id"] == "0x" + outs[1].receipt.request_hash.hex()
+    body = response["body"]
+    assert body["object"] == "text_completion" and body["model"] == "tiny"
+    assert body["created"] == 1234
+    assert body["choices"] == [{"index": 0, "text": "out 1", "finish_reason": "length",
+                                "logprobs": None}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+    # Anyone holding only the line can re-check it: hash, signature, proof.
+    quarry = json.loads(json.dumps(line))["quarry"]
+    receipt = Receipt.from_message(quarry["receipt"])
+    assert receipt.output_hash == output_hash(body["choices"][0]["text"], quarry["tokenIds"])
+    signature = bytes.fromhex(quarry["signature"][2:])
+    assert receipt.recover(signature, quarry["chainId"], quarry["taskRegistry"]) == \
+        quarry["miner"]
+    leaf = leaf_hash(INDEX_HASH_TYPES, (receipt.index, receipt.struct_hash()))
+    proof = [bytes.fromhex(p[2:]) for p in quarry["proof"]]
+    assert verify_proof(bytes.fromhex(root), leaf, proof)
+    assert (quarry["taskId"], quarry["shard"], quarry["index"]) == (9, 0, 1)
+
+
+def test_chat_output_line_and_atomic_write(tmp_path: Path) -> None:
+    outs, _ = _outputs("/v1/chat/completions")
+    body = output_line(outs[0])["response"]["body"]
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "out 0"}
+    path = write_output_lines(outs, tmp_path / "out.jsonl")
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["custom_id"] for r in rows] == ["c0", "c1"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no temp file left
+    with pytest.raises(BatchError, match="cannot write"):
+        write_output_lines(outs, tmp_path / "no-such-dir" / "out.jsonl")
+
+
+def test_config_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MARKET_URL", "RPC_URL", "KEY", "KEY_FILE"):
+        monkeypatch.delenv(f"QUARRY_CLIENT_{name}", raising=False)
+    key_file = tmp_path / "client.key"
+    key_file.write_text("0x" + "01" * 32 + "\n")
+    config = tmp_path / "client.toml"
+    config.write_text(f'[client]\nmarket_url = "http://m:1"\nkey_file = "{key_file}"\n')
+    c = load_config(config)
+    assert (c.market_url, c.rpc_url, c.private_key) == ("http://m:1", None, "0x" + "01" * 32)
+    monkeypatch.setenv("QUARRY_CLIENT_KEY", "0x" + "02" * 32)  # env beats the file's key_file
+    monkeypatch.setenv("QUARRY_CLIENT_RPC_URL", "http://r:2")
+    c = load_config(config)
+    assert (c.rpc_url, c.private_key) == ("http://r:2", "0x" + "02" * 32)
+    c = load_config(config, market_url="http://flag:3", rpc_url=None, key_file=str(key_file))
+    assert (c.market_url, c.rpc_url, c.private_key) == ("http://flag:3", "http://r:2",
+                                                        "0x" + "01" * 32)
+    monkeypatch.delenv("QUARRY_CLIENT_KEY")
+    assert load_config(key_file=str(key_file)).market_url == DEFAULT_MARKET_URL
+    with pytest.raises(ConfigError, match="no client key"):
+        load_config()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[client]\nkee = "x"\n')
+    with pytest.raises(ConfigError, match="unknown client setting 'kee'"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read client key file"):
+        load_config(key_file=str(tmp_path / "nope"))
