@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from client.config import format_eth as _eth
 from market.cliutil import run_cli
 
 
@@ -32,10 +33,6 @@ def _connect(args: argparse.Namespace) -> Any:
 
     return load_config(args.config, market_url=args.market_url, rpc_url=args.rpc_url,
                        key_file=args.key_file).connect()
-
-
-def _eth(wei: int) -> str:
-    return f"{wei / 10**18:.18f}".rstrip("0").rstrip(".") + " ETH"
 
 
 def _task_id(value: str) -> int:

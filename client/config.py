@@ -23,6 +23,12 @@ DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
 _KEYS = ("market_url", "rpc_url", "key", "key_file")
 
 
+def format_eth(wei: int) -> str:
+    """Wei as an exact decimal ETH amount (no float rounding): 27000000000 -> 0.000000027 ETH."""
+    whole, frac = divmod(int(wei), 10**18)
+    return f"{whole}.{frac:018d}".rstrip("0").rstrip(".") + " ETH"
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     market_url: str

@@ -38,6 +38,7 @@ from client.batch import (
     read_batch,
     write_output_lines,
 )
+from client.config import format_eth as _eth
 from market.chain.client import Chain, TxResult, as_account
 from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, ShardState, Task
 from market.chain.deploy import Quarry
@@ -130,10 +131,6 @@ class DisputeNotPossible(ClientError):
 
 def _hex(b: bytes) -> str:
     return "0x" + bytes(b).hex()
-
-
-def _eth(wei: int) -> str:
-    return f"{wei / 10**18:.18f}".rstrip("0").rstrip(".") + " ETH"
 
 
 # ---------------------------------------------------------------------------- models
@@ -238,7 +235,7 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        """Settled: every shard finalized or refunded, nothing left in escrow for it."""
+        """Settled: every shard finalized (miner paid, rest refunded) or refunded."""
         return all(s.state in (ShardState.FINALIZED, ShardState.REFUNDED) for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
