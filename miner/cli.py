@@ -1,16 +1,160 @@
-"""The `miner` command."""
+"""The `miner` command: register GPUs and models, run the work loop, check and withdraw
+earnings, and exit with unbonding. Settings come from `--config FILE` ([miner] table), then
+QUARRY_MINER_* variables, then flags."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from market.cliutil import run_cli
+
+if TYPE_CHECKING:
+    from miner.config import MinerConfig
+
+
+def _load(args: argparse.Namespace, **flags: Any) -> MinerConfig:
+    from miner.config import MinerConfig
+
+    common = {"market_url": args.market_url, "rpc_url": args.rpc_url,
+              "key_file": args.key_file, "deployment": args.deployment}
+    return MinerConfig.load(args.config, **common, **flags)
+
+
+def _logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="miner: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "httpcore", "urllib3", "web3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from miner.register import register_miner
+
+    _logging()
+    cfg = _load(args, model_dirs=args.model_dir or None, price_per_token=args.price_per_token,
+                stake=args.stake, endpoint=args.endpoint)
+    print(register_miner(cfg).format())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from miner.worker import Worker
+
+    _logging(args.verbose)
+    cfg = _load(args, model_dirs=args.model_dir or None, engine=args.engine,
+                max_batch=args.max_batch, poll_interval_s=args.poll_interval_s,
+                auto_withdraw=True if args.auto_withdraw else None)
+    worker = Worker.from_config(cfg, progress=not args.no_progress)
+    try:
+        print(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
+              f"{cfg.engine} engine; Ctrl-C finishes the current shard and exits",
+              file=sys.stderr)
+        summary = worker.run(stop_when_idle=args.once)
+    finally:
+        worker.close()
+    print(f"submitted {len(summary.submitted)} shard(s) ({summary.tokens} tokens), "
+          f"{summary.failed} failed, {summary.finalized} finalized for {summary.paid_wei} wei, "
+          f"{summary.withdrawn_wei} wei withdrawn")
+    return 0
+
+
+def _connect(cfg: MinerConfig) -> Any:
+    from miner.connect import connect
+
+    q, market = connect(cfg)
+    market.close()
+    return q
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from miner.status import miner_status
+
+    cfg = _load(args)
+    address = args.address or cfg.account().address
+    status = miner_status(_connect(cfg), address)
+    print(json.dumps(status.to_json(), indent=2) if args.json else status.format())
+    return 0
+
+
+def cmd_withdraw(args: argparse.Namespace) -> int:
+    from miner.status import withdraw_earnings, withdraw_stake
+
+    cfg = _load(args)
+    account = cfg.account()
+    q = _connect(cfg)
+    if args.stake:
+        amount = withdraw_stake(q, account)
+        print(f"withdrew the whole stake: {amount} wei to {account.address}; the miner is no "
+              "longer registered")
+    else:
+        amount = withdraw_earnings(q, account)
+        print(f"withdrew {amount} wei of earnings to {account.address}")
+    return 0
+
+
+def cmd_exit(args: argparse.Namespace) -> int:
+    from miner.status import format_time, request_exit
+
+    cfg = _load(args)
+    account = cfg.account()
+    at = request_exit(_connect(cfg), account)
+    print(f"exit requested: {account.address} claims no new shards; shards already claimed "
+          f"must still be submitted. The stake can be withdrawn at {format_time(at)} with "
+          "`miner withdraw --stake`")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="miner", description=__doc__)
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help: str, func: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--config", type=Path, metavar="FILE",
+                       help="TOML file with a [miner] table")
+        p.add_argument("--market-url", help="the market's URL (default http://127.0.0.1:8600)")
+        p.add_argument("--rpc-url", help="chain RPC URL (default: the market's deployment)")
+        p.add_argument("--key-file", type=Path, help="file holding the hex private key")
+        p.add_argument("--deployment", type=Path,
+                       help="deployment file used when the market is unreachable")
+        p.set_defaults(func=func)
+        return p
+
+    p = command("register", "stake and register this miner's GPU and models on-chain "
+                "(rerun to update; stake is topped up to the configured amount)", cmd_register)
+    p.add_argument("--model-dir", action="append", type=Path, metavar="DIR",
+                   help="a model directory with a quarry-manifest.json (repeatable)")
+    p.add_argument("--price-per-token", help="asking price, wei (or e.g. 1gwei)")
+    p.add_argument("--stake", help="total stake, wei (or e.g. 0.5ether)")
+    p.add_argument("--endpoint", help="URL advertised on-chain")
+
+    p = command("run", "claim and serve open shards until Ctrl-C", cmd_run)
+    p.add_argument("--model-dir", action="append", type=Path, metavar="DIR")
+    p.add_argument("--engine", help="torch, pipeline or vllm")
+    p.add_argument("--max-batch", type=int, help="requests per engine batch")
+    p.add_argument("--poll-interval-s", type=float, help="seconds between polls when idle")
+    p.add_argument("--auto-withdraw", action="store_true",
+                   help="withdraw earnings as soon as shards are finalized")
+    p.add_argument("--once", action="store_true",
+                   help="exit when a poll finds no shard to take")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+    p = command("status", "stake, collateral, reputation, shards and earnings", cmd_status)
+    p.add_argument("--address", help="another miner's address (no key needed)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("withdraw", "withdraw escrowed earnings (or, with --stake, the stake after "
+                "`miner exit` and unbonding)", cmd_withdraw)
+    p.add_argument("--stake", action="store_true", help="withdraw the stake instead")
+
+    command("exit", "request exit: stop claiming and start unbonding the stake", cmd_exit)
     return parser
 
 

@@ -1,0 +1,181 @@
+"""`miner status`, `miner withdraw` and `miner exit`: the miner's on-chain account.
+
+Everything is read from the chain (GPURegistry for stake, collateral, reputation and exit;
+TaskRegistry events for shards and earnings; PaymentEscrow for what can be withdrawn), so the
+figures hold whether or not a market is running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from market.errors import QuarryError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from market.chain.deploy import Quarry
+
+
+class MinerStateError(QuarryError):
+    """The miner's on-chain state does not allow the command (names what is missing)."""
+
+
+def format_time(ts: int) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def unbonding_period(q: Quarry) -> int:
+    return int(q.chain.call(q.gpu.contract.functions.unbondingPeriod()))
+
+
+@dataclass
+class MinerStatus:
+    address: str
+    registered: bool
+    eligible_state: str  # "active", "exiting", "not registered"
+    stake: int
+    locked: int
+    reputation_bps: int
+    price_per_token: int
+    endpoint: str
+    gpu: dict[str, Any]
+    models: list[str]
+    exit_requested_at: int
+    withdrawable_at: int | None  # when the stake may leave (after an exit request)
+    shards_claimed: int
+    shards_submitted: int
+    shards_finalized: int
+    claims_reclaimed: int
+    earnings_wei: int  # sum of ShardFinalized payments
+    penalties_wei: int  # sum of reclaim penalties
+    withdrawable_wei: int  # escrowed for this miner now
+    open_claims: list[dict[str, int]] = field(default_factory=list)
+    chain_time: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        lines = [f"miner      {self.address} ({self.eligible_state})"]
+        if self.registered:
+            lines += [
+                f"stake      {self.stake} wei ({self.locked} wei locked as collateral, "
+                f"{self.stake - self.locked} wei free)",
+                f"reputation {self.reputation_bps} bps",
+                f"price      {self.price_per_token} wei/token",
+                f"endpoint   {self.endpoint}",
+                f"gpu        {self.gpu['count']} x {self.gpu['name']} "
+                f"({self.gpu['memory_mib']} MiB)",
+                *[f"model      {m}" for m in self.models],
+            ]
+        if self.withdrawable_at is not None:
+            left = self.withdrawable_at - self.chain_time
+            lines.append(f"exit       requested at {format_time(self.exit_requested_at)}; "
+                         f"stake withdrawable at {format_time(self.withdrawable_at)}"
+                         + (f" (in {left} s)" if left > 0 else " (now)"))
+        lines += [
+            f"shards     {self.shards_claimed} claimed, {self.shards_submitted} submitted, "
+            f"{self.shards_finalized} finalized, {self.claims_reclaimed} reclaimed (expired)",
+            f"earnings   {self.earnings_wei} wei paid in total"
+            + (f"; {self.penalties_wei} wei lost to reclaim penalties"
+               if self.penalties_wei else ""),
+            f"escrow     {self.withdrawable_wei} wei withdrawable (`miner withdraw`)",
+        ]
+        for c in self.open_claims:
+            lines.append(f"claimed    task {c['taskId']} shard {c['shard']}, expires "
+                         f"{format_time(c['claimExpiry'])}, {c['collateral']} wei "
+                         "collateral")
+        return "\n".join(lines)
+
+
+def miner_status(q: Quarry, address: str) -> MinerStatus:
+    """The miner's account and history, from the chain."""
+    from eth_utils import to_checksum_address
+
+    from market.chain.contracts import ShardState
+
+    address = to_checksum_address(address)
+    gpu, tasks, since = q.gpu, q.tasks, q.deployment.deploy_block
+    registered = gpu.is_registered(address)
+    info = gpu.miner_info(address)
+    claimed = tasks.events("ShardClaimed", since, miner=address)
+    submitted = tasks.events("ResultSubmitted", since, miner=address)
+    finalized = tasks.events("ShardFinalized", since, miner=address)
+    reclaimed = tasks.events("ClaimReclaimed", since, miner=address)
+    withdrawable_at = None
+    if registered and info.exit_requested_at:
+        withdrawable_at = info.exit_requested_at + unbonding_period(q)
+    open_claims = []
+    for ev in claimed:
+        t, s = int(ev["taskId"]), int(ev["shard"])
+        sh = tasks.get_shard(t, s)
+        if sh.state == ShardState.CLAIMED and sh.miner == address and \
+                (t, s) not in {(c["taskId"], c["shard"]) for c in open_claims}:
+            open_claims.append({"taskId": t, "shard": s, "claimExpiry": sh.claim_expiry,
+                                "collateral": sh.collateral})
+    return MinerStatus(
+        address=address,
+        registered=registered,
+        eligible_state=("not registered" if not registered
+                        else "exiting" if info.exit_requested_at else "active"),
+        stake=info.stake, locked=info.locked, reputation_bps=info.reputation_bps,
+        price_per_token=info.price_per_token, endpoint=info.endpoint,
+        gpu={"name": info.gpu.name, "memory_mib": info.gpu.memory_mi_b, "count": info.gpu.count},
+        models=["0x" + m.hex() for m in gpu.models_of(address)],
+        exit_requested_at=info.exit_requested_at, withdrawable_at=withdrawable_at,
+        shards_claimed=len(claimed), shards_submitted=len(submitted),
+        shards_finalized=len(finalized), claims_reclaimed=len(reclaimed),
+        earnings_wei=sum(int(e["payment"]) for e in finalized),
+        penalties_wei=sum(int(e["penalty"]) for e in reclaimed),
+        withdrawable_wei=q.escrow.withdrawable(address),
+        open_claims=open_claims,
+        chain_time=q.chain.timestamp(),
+    )
+
+
+def withdraw_earnings(q: Quarry, account: LocalAccount) -> int:
+    """Pull the miner's escrowed payments; returns the wei sent."""
+    amount = q.escrow.withdrawable(account.address)
+    if amount == 0:
+        raise MinerStateError(f"nothing to withdraw: escrow holds 0 wei for {account.address} "
+                              "(shards pay once finalized after their challenge window)")
+    q.escrow.withdraw(account)
+    return amount
+
+
+def withdraw_stake(q: Quarry, account: LocalAccount) -> int:
+    """Take the whole stake back after `miner exit` and the unbonding period; returns it."""
+    address = account.address
+    if not q.gpu.is_registered(address):
+        raise MinerStateError(f"{address} is not a registered miner: no stake to withdraw")
+    info = q.gpu.miner_info(address)
+    if not info.exit_requested_at:
+        raise MinerStateError("the stake is bonded: run `miner exit` first, then withdraw it "
+                              "after the unbonding period")
+    at = info.exit_requested_at + unbonding_period(q)
+    now = q.chain.timestamp()
+    if now < at:
+        raise MinerStateError(f"unbonding is not over: the stake can be withdrawn at "
+                              f"{format_time(at)}, {at - now} s from now")
+    if info.locked:
+        raise MinerStateError(f"{info.locked} wei of the stake is still locked as collateral by "
+                              "claimed or submitted shards; wait until they are finalized")
+    tx = q.gpu.withdraw_stake(account)
+    return int(tx.event("StakeWithdrawn")["amount"])
+
+
+def request_exit(q: Quarry, account: LocalAccount) -> int:
+    """Start unbonding; returns when the stake can be withdrawn (chain time)."""
+    address = account.address
+    if not q.gpu.is_registered(address):
+        raise MinerStateError(f"{address} is not a registered miner: nothing to exit")
+    info = q.gpu.miner_info(address)
+    if info.exit_requested_at:
+        at = info.exit_requested_at + unbonding_period(q)
+        raise MinerStateError(f"exit already requested; the stake can be withdrawn at "
+                              f"{format_time(at)}")
+    tx = q.gpu.request_exit(account)
+    return int(tx.event("ExitRequested")["withdrawableAt"])

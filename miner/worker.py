@@ -1,0 +1,652 @@
+"""The miner's work loop: find open shards, check them, claim, generate, sign, submit, get paid.
+
+One `Worker` holds the account, the contracts, one loaded engine per served model and a
+content store (the market's, or any object with `get(uri)` and `put(bytes)`, such as
+`market.store.LocalStore`). Everything it is told is rechecked against the chain:
+
+1. candidates come from the market (`GET /shards/open`, ranked for this miner) or, when the
+   market does not answer, from `TaskCreated` events for the served models and `getShard`;
+2. before claiming (which locks collateral), the input file is fetched by the task's
+   `inputURI`, parsed, and its Merkle root must equal `inputRoot`; every request of the shard
+   must fit the model (prompt + max_tokens within its positions). A task that fails is
+   remembered and never claimed;
+3. claim; a revert (`NotEligible`, `ShardNotOpen`, `DeadlinePassed`...) skips the shard:
+   a reverted claim fails at gas estimation, so it costs nothing;
+4. generate in batches of `max_batch` (progress bar on stderr), sign one EIP-712 Receipt per
+   output (`build_shard_result`), upload the document, `submitResult` before the claim expires;
+5. `collect()`: finalize its own submitted shards once their challenge window has closed
+   (anyone may; someone else having done it is fine), and with `auto_withdraw` pull the
+   escrowed earnings.
+
+A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
+task's limit: the contract never pays beyond it (`TooManyTokens`).
+
+Ctrl-C in `run()`: the first finishes (submits) the current shard and returns; the second
+aborts at once and says when the claim expires and how much collateral is at stake. An
+engine failure mid-shard is logged and the loop carries on; the claim then expires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from eth_account.signers.local import LocalAccount
+
+from market.chain.contracts import ShardState
+from market.chain.deploy import Quarry
+from market.chain.errors import ContractRevert
+from market.engine.base import GenerationOutput, GenerationRequest
+from market.engine.text import TextEngine
+from market.errors import QuarryError
+from market.protocol.merkle import input_tree
+from market.protocol.requests import ParsedRequest, parse_jsonl
+from market.protocol.results import Completion, build_shard_result
+from market.service.api import MarketAPI, MarketError, MarketUnavailable
+from market.store import StoreError
+
+if TYPE_CHECKING:
+    from miner.config import MinerConfig
+
+log = logging.getLogger("miner")
+
+CLAIM_MARGIN_S = 5
+"""Stop generating when the claim has less than this left: a late submit only reverts."""
+INPUT_CACHE_SIZE = 8
+# Claim reverts that mean "not this task for this miner" (remembered), not "try later".
+_TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask"}
+
+
+class ContentStore(Protocol):
+    """Where input files are read and result documents written (MarketAPI, LocalStore)."""
+
+    def get(self, uri: str) -> bytes: ...
+
+    def put(self, data: bytes) -> str: ...
+
+
+class _Skip(Exception):
+    """Internal: this shard is not taken; `task_wide` means no shard of the task will be."""
+
+    def __init__(self, reason: str, *, task_wide: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.task_wide = task_wide
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    """What `process_shard` did: "submitted", "skipped" (nothing locked) or "failed"
+    (claimed, then could not submit: the claim will expire)."""
+
+    task_id: int
+    shard: int
+    status: str
+    reason: str = ""
+    requests: int = 0
+    tokens_used: int = 0
+    result_uri: str = ""
+    result_root: bytes = b""
+
+    @property
+    def submitted(self) -> bool:
+        return self.status == "submitted"
+
+
+@dataclass(frozen=True)
+class ActiveClaim:
+    task_id: int
+    shard: int
+    claim_expiry: int
+    collateral: int
+
+
+@dataclass
+class RunSummary:
+    submitted: list[ShardOutcome] = field(default_factory=list)
+    skipped: int = 0
+    failed: int = 0
+    finalized: int = 0
+    paid_wei: int = 0  # ShardFinalized payments of the shards this worker finalized
+    withdrawn_wei: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(o.tokens_used for o in self.submitted)
+
+
+def _utc(ts: int) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class Worker:
+    """The miner loop, usable in-process (`process_shard`, `collect`, `run`)."""
+
+    def __init__(
+        self,
+        *,
+        account: LocalAccount,
+        quarry: Quarry,
+        engines: Mapping[bytes, TextEngine],
+        store: ContentStore,
+        market: MarketAPI | None = None,
+        max_batch: int = 8,
+        poll_interval_s: float = 2.0,
+        heartbeat_interval_s: float = 5.0,
+        auto_withdraw: bool = False,
+        progress: bool = True,
+        listener: Callable[[str, dict[str, Any]], None] | None = None,
+        engine_kind: str = "torch",
+    ) -> None:
+        if max_batch < 1:
+            raise QuarryError("max_batch must be at least 1")
+        if not engines:
+            raise QuarryError("a worker needs at least one engine (model)")
+        self.account = account
+        self.address = account.address
+        self.q = quarry
+        self.engines = dict(engines)
+        self.store = store
+        self.market = market
+        self.max_batch = max_batch
+        self.poll_interval_s = poll_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.auto_withdraw = auto_withdraw
+        self.progress = progress
+        self.listener = listener
+        self.engine_kind = engine_kind
+        self.skipped_tasks: dict[int, str] = {}  # task id -> why none of its shards is taken
+        self.pending: set[tuple[int, int]] = set()  # submitted, not yet finalized
+        self.failed: set[tuple[int, int]] = set()
+        self.current: ActiveClaim | None = None
+        self.summary = RunSummary()
+        self._inputs: OrderedDict[str, list[ParsedRequest]] = OrderedDict()
+        self._known_tasks: dict[int, tuple[int, int]] = {}  # task id -> (deadline, num shards)
+        self._task_scan_from = quarry.deployment.deploy_block
+        self._submitted_scan_from = quarry.deployment.deploy_block
+        self._market_down = False
+        self._stop = threading.Event()
+        self._interrupts = 0
+        self._params: dict[str, int] | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, cfg: MinerConfig, **kwargs: Any) -> Worker:
+        """Connect, verify and load every configured model, and check the registration."""
+        from market.engine.factory import load_engine
+        from miner.connect import connect
+        from miner.register import load_models
+
+        cfg.require("key", "model_dirs")
+        account = cfg.account()
+        models = load_models(cfg.model_dirs)
+        q, market = connect(cfg)
+        engines: dict[bytes, TextEngine] = {}
+        try:
+            if not q.gpu.is_registered(account.address):
+                raise QuarryError(f"miner {account.address} is not registered; run "
+                                  "`miner register` first")
+            served = set(q.gpu.models_of(account.address))
+            for m in models:
+                if m.model_id not in served:
+                    log.warning("model %s (%s) is not in this miner's on-chain registration: "
+                                "its tasks cannot be claimed; rerun `miner register`",
+                                m.manifest.name, m.manifest.model_id_hex)
+                log.info("loading %s engine for %s from %s", cfg.engine, m.manifest.name,
+                         m.path)
+                engine = load_engine(cfg.engine, m.path, **cfg.engine_options)
+                if not isinstance(engine, TextEngine):
+                    raise QuarryError(f"the {cfg.engine} engine has no tokenizer interface")
+                engines[m.model_id] = engine
+        except BaseException:
+            for e in engines.values():
+                e.close()
+            market.close()
+            raise
+        return cls(account=account, quarry=q, engines=engines, store=market, market=market,
+                   max_batch=cfg.max_batch, poll_interval_s=cfg.poll_interval_s,
+                   heartbeat_interval_s=cfg.heartbeat_interval_s,
+                   auto_withdraw=cfg.auto_withdraw, engine_kind=cfg.engine, **kwargs)
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.close()
+        if self.market is not None:
+            self.market.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _emit(self, event: str, **info: Any) -> None:
+        if self.listener is not None:
+            self.listener(event, info)
+
+    def chain_now(self) -> int:
+        return self.q.chain.timestamp()
+
+    def params(self) -> dict[str, int]:
+        if self._params is None:
+            self._params = self.q.tasks.params()
+        return self._params
+
+    def status(self) -> dict[str, Any]:
+        """The heartbeat's status: what the market's miner directory shows."""
+        cur = self.current
+        return {
+            "models": ["0x" + m.hex() for m in self.engines],
+            "engine": self.engine_kind,
+            "busy": cur is not None,
+            "current": None if cur is None else {"taskId": cur.task_id, "shard": cur.shard},
+            "shardsSubmitted": len(self.summary.submitted),
+            "shardsFailed": len(self.failed),
+        }
+
+    # ------------------------------------------------------------------ discovery
+    def find_open_shards(self, limit: int = 20) -> list[tuple[int, int]]:
+        """(taskId, shard) candidates, best first: the market's recommendation, or the
+        chain's own events when the market is unreachable."""
+        if self.market is not None:
+            try:
+                rows: list[dict[str, Any]] = []
+                for model_id in self.engines:
+                    rows += self.market.open_shards("0x" + model_id.hex(), self.address, limit)
+                if self._market_down:
+                    log.info("market at %s answers again", self.market.url)
+                    self._market_down = False
+                return [(int(r["taskId"]), int(r["shard"])) for r in rows
+                        if int(r["taskId"]) not in self.skipped_tasks]
+            except MarketError as exc:
+                if not self._market_down:
+                    log.warning("market gave no open shards (%s); reading them from chain "
+                                "events", exc)
+                    self._market_down = True
+        return self.open_shards_from_chain()
+
+    def open_shards_from_chain(self) -> list[tuple[int, int]]:
+        """Open shards of live tasks for the served models, from `TaskCreated` and `getShard`
+        (plus Claimed shards whose claim expired: reclaiming reopens them)."""
+        tasks = self.q.tasks
+        head = self.q.chain.block_number()
+        if head >= self._task_scan_from:
+            for model_id in self.engines:
+                for ev in tasks.events("TaskCreated", self._task_scan_from, modelId=model_id):
+                    self._known_tasks[int(ev["taskId"])] = (int(ev["deadline"]),
+                                                            int(ev["numShards"]))
+            self._task_scan_from = head + 1
+        now = self.chain_now()
+        out: list[tuple[int, int]] = []
+        for task_id, (deadline, num_shards) in sorted(self._known_tasks.items()):
+            if deadline <= now:
+                del self._known_tasks[task_id]
+                continue
+            if task_id in self.skipped_tasks:
+                continue
+            for k in range(num_shards):
+                sh = tasks.get_shard(task_id, k)
+                if sh.state == ShardState.OPEN or (
+                        sh.state == ShardState.CLAIMED and sh.claim_expiry <= now
+                        and sh.miner != self.address):
+                    out.append((task_id, k))
+        return out
+
+    # ------------------------------------------------------------------ inputs
+    def _fetch_requests(self, uri: str) -> list[ParsedRequest]:
+        if uri in self._inputs:
+            self._inputs.move_to_end(uri)
+            return self._inputs[uri]
+        try:
+            data = self.store.get(uri)
+        except (MarketUnavailable, OSError) as exc:
+            raise _Skip(f"cannot fetch the input file {uri}: {exc}") from exc
+        except StoreError as exc:
+            raise _Skip(f"cannot fetch the input file {uri}: {exc}") from exc
+        try:
+            parsed = parse_jsonl(data)
+        except QuarryError as exc:
+            raise _Skip(f"input file {uri} is not a valid batch: {exc}", task_wide=True) from exc
+        self._inputs[uri] = parsed
+        while len(self._inputs) > INPUT_CACHE_SIZE:
+            self._inputs.popitem(last=False)
+        return parsed
+
+    def task_requests(self, task_id: int, task: Any) -> list[ParsedRequest]:
+        """The task's requests, checked against its on-chain `numRequests` and `inputRoot`."""
+        try:
+            from market.store import parse_uri
+
+            parse_uri(task.input_uri)
+        except StoreError as exc:
+            raise _Skip(f"inputURI: {exc}", task_wide=True) from exc
+        requests = self._fetch_requests(task.input_uri)
+        if len(requests) != task.num_requests:
+            raise _Skip(f"input file holds {len(requests)} requests, the task says "
+                        f"{task.num_requests}", task_wide=True)
+        root = input_tree([r.request_hash for r in requests]).root
+        if root != task.input_root:
+            raise _Skip(f"input file's Merkle root 0x{root.hex()} does not match the task's "
+                        f"inputRoot 0x{task.input_root.hex()}", task_wide=True)
+        return requests
+
+    def prepare(self, engine: TextEngine, task: Any,
+                requests: Sequence[ParsedRequest]) -> list[GenerationRequest]:
+        """Generation requests for the shard; _Skip naming the first one the model cannot
+        serve (checked before claiming, so nothing is locked for work that cannot be done)."""
+        out = []
+        for r in requests:
+            try:
+                g = engine.request_from_line(r.request)
+                if g.max_tokens > task.max_tokens_per_request:
+                    g = dataclasses.replace(g, max_tokens=task.max_tokens_per_request)
+                engine.validate_request(r.index, g)
+            except QuarryError as exc:
+                raise _Skip(f"request {r.index} ({r.custom_id!r}) cannot be served: {exc}",
+                            task_wide=True) from exc
+            out.append(g)
+        return out
+
+    # ------------------------------------------------------------------ one shard
+    def process_shard(self, task_id: int, shard: int) -> ShardOutcome:
+        """Check, claim, generate, sign, upload and submit one shard; never raises for a
+        shard it cannot or should not take (see the outcome's status and reason)."""
+        try:
+            outcome = self._process(task_id, shard)
+        except _Skip as skip:
+            if skip.task_wide:
+                self.skipped_tasks[task_id] = skip.reason
+            log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
+            self.summary.skipped += 1
+            self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
+            outcome = ShardOutcome(task_id, shard, "skipped", skip.reason)
+        except KeyboardInterrupt:
+            raise  # `current` stays set: the abort message names the claim left behind
+        except Exception as exc:  # an engine or upload failure must not stop the miner
+            reason = f"{type(exc).__name__}: {exc}"
+            if self.current is not None:
+                self.failed.add((task_id, shard))
+                self.summary.failed += 1
+                log.error("task %d shard %d failed after claiming (%s); the claim expires at "
+                          "%s", task_id, shard, reason, _utc(self.current.claim_expiry))
+                outcome = ShardOutcome(task_id, shard, "failed", reason)
+            else:
+                self.summary.skipped += 1
+                log.error("task %d shard %d not taken: %s", task_id, shard, reason)
+                outcome = ShardOutcome(task_id, shard, "skipped", reason)
+            self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
+        self.current = None
+        return outcome
+
+    def _process(self, task_id: int, shard: int) -> ShardOutcome:
+        q, me = self.q, self.address
+        if task_id in self.skipped_tasks:
+            raise _Skip(self.skipped_tasks[task_id])
+        try:
+            task = q.tasks.get_task(task_id)
+            sh = q.tasks.get_shard(task_id, shard)
+        except ContractRevert as exc:
+            raise _Skip(str(exc)) from exc
+        engine = self.engines.get(task.model_id)
+        if engine is None:
+            raise _Skip(f"this miner runs no engine for model 0x{task.model_id.hex()}",
+                        task_wide=True)
+        now = self.chain_now()
+        resume = (sh.state == ShardState.CLAIMED and sh.miner == me
+                  and sh.claim_expiry > now + CLAIM_MARGIN_S)
+        reclaim = (sh.state == ShardState.CLAIMED and sh.miner != me
+                   and sh.claim_expiry <= now)
+        if not (resume or reclaim or sh.state == ShardState.OPEN):
+            raise _Skip(f"shard is {sh.state.name}")
+        if not resume and now >= task.deadline:
+            raise _Skip(f"task deadline passed at {_utc(task.deadline)}", task_wide=True)
+
+        requests = self.task_requests(task_id, task)
+        start, end = q.tasks.shard_range(task_id, shard)
+        shard_requests = requests[start:end]
+        gen = self.prepare(engine, task, shard_requests)
+
+        if reclaim:
+            try:
+                q.tasks.reclaim_expired(self.account, task_id, shard)
+                log.info("task %d shard %d: reclaimed %s's expired claim", task_id, shard,
+                         sh.miner)
+            except ContractRevert as exc:
+                raise _Skip(f"could not reclaim the expired claim: {exc}") from exc
+        if resume:
+            claim = ActiveClaim(task_id, shard, sh.claim_expiry, sh.collateral)
+            log.info("task %d shard %d: resuming this miner's own claim", task_id, shard)
+        else:
+            claim = self._claim(task, task_id, shard)
+        self.current = claim
+        self._emit("claimed", task_id=task_id, shard=shard, claim_expiry=claim.claim_expiry,
+                   collateral=claim.collateral)
+
+        outputs = self._generate(engine, gen, claim)
+        completions = [
+            Completion(index=r.index, custom_id=r.custom_id, request_hash=r.request_hash,
+                       text=o.text, token_ids=tuple(o.token_ids), finish_reason=o.finish_reason,
+                       prompt_tokens=len(g.prompt_ids))
+            for r, g, o in zip(shard_requests, gen, outputs, strict=True)
+        ]
+        result = build_shard_result(
+            task_id=task_id, shard=shard, model_id=task.model_id, completions=completions,
+            private_key=self.account.key, miner=me, chain_id=q.chain_id,
+            task_registry=q.tasks.address)
+        uri = self.store.put(result.to_bytes())
+        q.tasks.submit_result(self.account, task_id, shard, result.result_root, uri,
+                              result.tokens_used)
+        self.pending.add((task_id, shard))
+        outcome = ShardOutcome(task_id, shard, "submitted", "", len(completions),
+                               result.tokens_used, uri, result.result_root)
+        self.summary.submitted.append(outcome)
+        log.info("task %d shard %d submitted: %d requests, %d tokens, %s", task_id, shard,
+                 len(completions), result.tokens_used, uri)
+        self._emit("submitted", task_id=task_id, shard=shard, tokens_used=result.tokens_used,
+                   result_uri=uri)
+        return outcome
+
+    def _claim(self, task: Any, task_id: int, shard: int) -> ActiveClaim:
+        try:
+            tx = self.q.tasks.claim_shard(self.account, task_id, shard)
+        except ContractRevert as exc:
+            reason = str(exc)
+            if exc.error == "NotEligible":
+                reason += ": " + self.ineligibility(task.model_id, task.min_reputation_bps)
+            elif exc.error == "InsufficientFreeStake":
+                reason += ": add stake (miner register with a higher stake) or wait for " \
+                          "submitted shards to finalize"
+            raise _Skip(reason, task_wide=exc.error in _TASK_REVERTS) from exc
+        ev = tx.event("ShardClaimed")
+        log.info("task %d shard %d claimed: %d wei collateral locked until %s", task_id, shard,
+                 int(ev["collateral"]), _utc(int(ev["claimExpiry"])))
+        return ActiveClaim(task_id, shard, int(ev["claimExpiry"]), int(ev["collateral"]))
+
+    def ineligibility(self, model_id: bytes, min_reputation_bps: int) -> str:
+        """Why GPURegistry.isEligible is false for this miner and model, in words."""
+        gpu = self.q.gpu
+        if not gpu.is_registered(self.address):
+            return f"miner {self.address} is not registered (run `miner register`)"
+        info = gpu.miner_info(self.address)
+        if info.exit_requested_at:
+            return "this miner has requested exit and may claim no new shards"
+        if model_id not in gpu.models_of(self.address):
+            return (f"this miner did not register model 0x{model_id.hex()} (add its directory "
+                    "to model_dirs and rerun `miner register`)")
+        if info.stake < gpu.min_stake():
+            return f"stake {info.stake} wei is below the minimum {gpu.min_stake()} wei"
+        return (f"reputation {info.reputation_bps} bps is below the task's floor "
+                f"({min_reputation_bps} bps) or the registry's untrusted threshold")
+
+    def _generate(self, engine: TextEngine, gen: list[GenerationRequest],
+                  claim: ActiveClaim) -> list[GenerationOutput]:
+        from tqdm import tqdm
+
+        outputs: list[GenerationOutput] = []
+        with tqdm(total=len(gen), desc=f"task {claim.task_id} shard {claim.shard}", unit="req",
+                  file=sys.stderr, disable=not self.progress, leave=False) as bar:
+            for i in range(0, len(gen), self.max_batch):
+                if self.chain_now() >= claim.claim_expiry - CLAIM_MARGIN_S:
+                    raise QuarryError(f"claim expires at {_utc(claim.claim_expiry)} before the "
+                                      "shard is done; giving it up")
+                batch = gen[i:i + self.max_batch]
+                outputs += engine.generate(batch)
+                bar.update(len(batch))
+        return outputs
+
+    # ------------------------------------------------------------------ payment
+    def _discover_submitted(self) -> None:
+        """Add this miner's submitted shards from chain events (e.g. from an earlier run)."""
+        head = self.q.chain.block_number()
+        if head < self._submitted_scan_from:
+            return
+        for ev in self.q.tasks.events("ResultSubmitted", self._submitted_scan_from,
+                                      miner=self.address):
+            self.pending.add((int(ev["taskId"]), int(ev["shard"])))
+        self._submitted_scan_from = head + 1
+
+    def collect(self) -> int:
+        """Finalize this miner's submitted shards whose window closed; with `auto_withdraw`
+        withdraw the escrowed earnings. Returns the wei the finalizations paid it."""
+        tasks = self.q.tasks
+        self._discover_submitted()
+        now = max(self.chain_now(), int(time.time()))
+        paid = 0
+        for task_id, shard in sorted(self.pending):
+            sh = tasks.get_shard(task_id, shard)
+            if sh.state in (ShardState.FINALIZED, ShardState.REFUNDED) or sh.miner != self.address:
+                self.pending.discard((task_id, shard))
+                continue
+            if sh.state != ShardState.SUBMITTED or sh.window_end > now:
+                continue  # disputed, or window still open
+            try:
+                tx = tasks.finalize_shard(self.account, task_id, shard)
+            except ContractRevert as exc:
+                if exc.error == "AlreadyFinalized":
+                    self.pending.discard((task_id, shard))
+                elif exc.error not in ("WindowNotClosed", "DisputeOpen"):
+                    log.warning("finalizing task %d shard %d: %s", task_id, shard, exc)
+                continue
+            payment = int(tx.event("ShardFinalized")["payment"])
+            paid += payment
+            self.summary.finalized += 1
+            self.summary.paid_wei += payment
+            self.pending.discard((task_id, shard))
+            log.info("task %d shard %d finalized: %d wei to escrow", task_id, shard, payment)
+            self._emit("finalized", task_id=task_id, shard=shard, payment=payment)
+        if self.auto_withdraw:
+            self.withdraw()
+        return paid
+
+    def withdraw(self) -> int:
+        """Pull everything escrowed for this miner; returns the wei sent (0 when none)."""
+        amount = self.q.escrow.withdrawable(self.address)
+        if amount == 0:
+            return 0
+        self.q.escrow.withdraw(self.account)
+        self.summary.withdrawn_wei += amount
+        log.info("withdrew %d wei of earnings", amount)
+        self._emit("withdrawn", amount=amount)
+        return amount
+
+    # ------------------------------------------------------------------ the loop
+    def request_stop(self) -> None:
+        """Finish the current shard, then leave `run` (what the first Ctrl-C does)."""
+        self._stop.set()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1:
+            raise KeyboardInterrupt
+        cur = self.current
+        if cur is not None:
+            print(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}, then "
+                  "exiting (Ctrl-C again to abort it)", file=sys.stderr, flush=True)
+        else:
+            print("miner: Ctrl-C: exiting", file=sys.stderr, flush=True)
+        self.request_stop()
+
+    def abort_message(self) -> str:
+        """What a hard abort leaves behind: the claim, its expiry and the collateral."""
+        cur = self.current
+        if cur is None:
+            return "aborted; no shard was claimed"
+        penalty = cur.collateral * self.params()["reclaim_penalty_bps"] // 10_000
+        left = max(0, cur.claim_expiry - int(time.time()))
+        return (f"aborted task {cur.task_id} shard {cur.shard}: its claim expires at "
+                f"{_utc(cur.claim_expiry)} (in about {left} s); {cur.collateral} wei of stake "
+                f"stays locked until then, and {penalty} wei of it is slashed when the claim "
+                "is reclaimed")
+
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        assert self.market is not None
+        api = MarketAPI(self.market.url, timeout=10.0)
+        warned = False
+        try:
+            while True:
+                try:
+                    api.heartbeat(self.account, self.status())
+                    warned = False
+                except MarketError as exc:
+                    if not warned:
+                        log.warning("heartbeat failed: %s", exc)
+                        warned = True
+                if stop.wait(self.heartbeat_interval_s):
+                    return
+        finally:
+            api.close()
+
+    def _safely(self, what: str, fn: Callable[[], Any], default: Any) -> Any:
+        try:
+            return fn()
+        except KeyboardInterrupt:
+            raise
+        except QuarryError as exc:
+            log.warning("%s failed: %s", what, exc)
+            return default
+
+    def run(self, stop_when_idle: bool = False) -> RunSummary:
+        """Poll, work and collect until Ctrl-C (or, with `stop_when_idle`, until a poll finds
+        no shard it can take). Heartbeats go to the market from a background thread."""
+        self._stop.clear()
+        self._interrupts = 0
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        hb_stop = threading.Event()
+        hb = None
+        if self.market is not None:
+            hb = threading.Thread(target=self._heartbeat_loop, args=(hb_stop,),
+                                  name="miner-heartbeat", daemon=True)
+            hb.start()
+        try:
+            while not self._stop.is_set():
+                self._safely("collecting payments", self.collect, 0)
+                candidates = self._safely("finding open shards", self.find_open_shards, [])
+                worked = False
+                for task_id, shard in candidates:
+                    if self._stop.is_set():
+                        break
+                    if self.process_shard(task_id, shard).submitted:
+                        worked = True
+                        break  # poll again: the ranking has changed
+                if self._stop.is_set() or (not worked and stop_when_idle):
+                    break
+                if not worked:
+                    self._stop.wait(self.poll_interval_s)
+        except KeyboardInterrupt:
+            msg = self.abort_message()
+            log.error("%s", msg)
+            print(f"miner: {msg}", file=sys.stderr, flush=True)
+            raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            hb_stop.set()
+            if hb is not None:
+                hb.join(timeout=15)
+        return self.summary

@@ -1,0 +1,376 @@
+"""The miner against a real Anvil (session devnet, rolled back per test) and the tiny model.
+
+Results go through `market.store.LocalStore` (real files, content-addressed), and the market
+URL points at a port where nothing listens, so the worker also exercises its fallback: open
+shards from chain events, the deployment from the deployment file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from market.chain.client import anvil_account
+from market.chain.contracts import ShardState
+from market.chain.devnet import free_port
+from market.model.manifest import ModelFileMismatch
+from market.protocol.merkle import input_tree
+from market.protocol.requests import parse_jsonl
+from market.protocol.results import ShardResult, verify_shard_result
+from market.service.api import MarketAPI
+from market.store import LocalStore
+from miner import cli
+from miner.config import MinerConfig
+from miner.register import register_miner
+from miner.worker import Worker
+
+pytestmark = pytest.mark.timeout(120)
+
+PRICE = 10**9
+STAKE = 10**18
+MAX_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from market.model.create import create_model
+
+    d = tmp_path_factory.mktemp("models") / "quarry-miner-test"
+    create_model(d, name="quarry-miner-test", layers=2, hidden=64, max_positions=256)
+    return d
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, one_torch_thread: None) -> Any:
+    from market.engine.factory import load_engine
+
+    eng = load_engine("torch", model_dir, max_batch_size=4)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def dead_market() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def config_file(tmp_path: Path, account: Any, model_dir: Path, market_url: str,
+                deployment: Path | None = None, **extra: str) -> Path:
+    key_file = tmp_path / f"{account.address}.key"
+    key_file.write_text(bytes(account.key).hex())
+    lines = ["[miner]", f'key_file = "{key_file}"', f'market_url = "{market_url}"',
+             f'model_dirs = ["{model_dir}"]', f"price_per_token = {PRICE}",
+             f'stake = "{STAKE}"', 'endpoint = "http://127.0.0.1:9200"',
+             'gpu = {name = "Test GPU", memory_mib = 1024, count = 1}']
+    if deployment is not None:
+        lines.append(f'deployment = "{deployment}"')
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    path = tmp_path / f"{account.address}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def register(devnet: Any, account: Any, model_dir: Path, market_url: str) -> None:
+    cfg = MinerConfig.load(key="0x" + bytes(account.key).hex(), model_dirs=[str(model_dir)],
+                           price_per_token=PRICE, stake=STAKE, endpoint="http://127.0.0.1:9201",
+                           gpu={"name": "Test GPU", "memory_mib": 1024, "count": 1})
+    with MarketAPI(market_url) as market:
+        register_miner(cfg, q=devnet.q, market=market)
+
+
+def batch(n: int, max_tokens: int = MAX_TOKENS, tag: str = "") -> bytes:
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                         "body": {"model": "quarry-miner-test", "prompt": f"{tag}the river {i}",
+                                  "max_tokens": max_tokens}}) for i in range(n)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def post_task(devnet: Any, store: LocalStore, model_id: bytes, data: bytes, *,
+              shard_size: int = 3, root_of: bytes | None = None) -> int:
+    """Upload `data` and create a task for it; `root_of` commits to other bytes instead."""
+    uri = store.put(data)
+    parsed = parse_jsonl(root_of if root_of is not None else data)
+    task_id, _ = devnet.q.tasks.create_task(
+        devnet.client, model_id=model_id,
+        input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=uri,
+        num_requests=len(parsed), shard_size=shard_size, max_tokens_per_request=MAX_TOKENS,
+        price_per_token=PRICE, deadline=devnet.chain.timestamp() + 3600)
+    return task_id
+
+
+def last_tx_gas(devnet: Any) -> int:
+    w3 = devnet.chain.w3
+    block = w3.eth.get_block("latest")
+    receipt = w3.eth.get_transaction_receipt(block["transactions"][-1])
+    return int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ----------------------------------------------------------------------------- register
+
+def test_register_update_and_tampered_model(devnet: Any, model_dir: Path, tmp_path: Path,
+                                            deployment_file: Path, dead_market: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from market.model.manifest import load_manifest
+
+    miner = anvil_account(12)
+    model_id = load_manifest(model_dir).model_id
+    cfg = config_file(tmp_path, miner, model_dir, dead_market)
+    code, out, _ = run_cli(capsys, "register", "--config", str(cfg))
+    assert code == 0, out
+    assert f"miner {miner.address} registered" in out
+    assert "0x" + model_id.hex() in out and "manifests NOT posted" in out
+    info = devnet.q.gpu.miner_info(miner.address)
+    assert (info.stake, info.price_per_token, info.endpoint) == (STAKE, PRICE,
+                                                                 "http://127.0.0.1:9200")
+    assert (info.gpu.name, info.gpu.memory_mi_b, info.gpu.count) == ("Test GPU", 1024, 1)
+    assert devnet.q.gpu.models_of(miner.address) == [model_id]
+    assert devnet.q.gpu.is_eligible(miner.address, model_id)
+
+    # Again: an update, no second stake; then a higher stake is topped up, not doubled.
+    code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--price-per-token", "5")
+    assert code == 0 and "updated" in out and "(nothing added)" in out
+    assert devnet.q.gpu.miner_info(miner.address).stake == STAKE
+    assert devnet.q.gpu.miner_info(miner.address).price_per_token == 5
+    code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--stake", "1.5ether")
+    assert code == 0 and f"(+{STAKE // 2} wei now)" in out
+    assert devnet.q.gpu.miner_info(miner.address).stake == STAKE * 3 // 2
+
+    # A modified weights file is refused by name, before any transaction.
+    bad = tmp_path / "tampered"
+    shutil.copytree(model_dir, bad)
+    weights = bad / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-1] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    other = anvil_account(13)
+    balance = devnet.chain.balance(other.address)
+    code, _, err = run_cli(capsys, "register", "--config",
+                           str(config_file(tmp_path, other, bad, dead_market)))
+    assert code == 1
+    assert "model.safetensors" in err and "does not match the manifest" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not devnet.q.gpu.is_registered(other.address)
+    assert devnet.chain.balance(other.address) == balance
+    with pytest.raises(ModelFileMismatch, match="model.safetensors"):
+        register_miner(MinerConfig.load(config_file(tmp_path, other, bad, dead_market)),
+                       q=devnet.q, market=MarketAPI(dead_market))
+
+
+# ----------------------------------------------------------------------------- work
+
+def test_shard_end_to_end_then_finalize_and_withdraw(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, tmp_path: Path,
+        deployment_file: Path, dead_market: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    data = batch(5)
+    task_id = post_task(devnet, store, engine.model_id, data)  # shards [0,3) and [3,5)
+    market = MarketAPI(dead_market)
+    events: list[tuple[str, dict[str, Any]]] = []
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    market=market, max_batch=2, poll_interval_s=0.1, progress=False,
+                    listener=lambda e, info: events.append((e, info)))
+
+    outcome = worker.process_shard(task_id, 0)
+    assert outcome.submitted, outcome.reason
+    sh = q.tasks.get_shard(task_id, 0)
+    assert (sh.state, sh.miner, sh.result_uri) == (ShardState.SUBMITTED, miner.address,
+                                                   outcome.result_uri)
+    result = ShardResult.from_bytes(store.get(sh.result_uri))
+    parsed = parse_jsonl(data)
+    items = verify_shard_result(
+        result, task_id=task_id, shard=0, start=0, miner=sh.miner, model_id=engine.model_id,
+        result_root=sh.result_root, tokens_used=sh.tokens_used,
+        request_hashes=[r.request_hash for r in parsed[:3]], chain_id=q.chain_id,
+        task_registry=q.tasks.address)
+    assert sh.tokens_used == outcome.tokens_used == sum(len(i.token_ids) for i in items)
+    assert [i.custom_id for i in items] == ["r0", "r1", "r2"]
+    direct = engine.generate([engine.request_from_line(r.request) for r in parsed[:3]])
+    assert [i.token_ids for i in items] == [d.token_ids for d in direct]
+    assert all(0 < len(i.token_ids) <= MAX_TOKENS and i.prompt_tokens > 0 for i in items)
+
+    # The loop finds shard 1 from chain events (the market does not answer), then is idle.
+    summary = worker.run(stop_when_idle=True)
+    assert [(o.task_id, o.shard) for o in summary.submitted] == [(task_id, 0), (task_id, 1)]
+    assert q.tasks.get_shard(task_id, 1).state == ShardState.SUBMITTED
+    assert [e for e, _ in events].count("submitted") == 2
+
+    # Payment: after the challenge window the miner finalizes both shards itself, even
+    # after a restart (a fresh worker finds its submitted shards in ResultSubmitted events).
+    tokens = summary.tokens
+    assert worker.collect() == 0  # window still open: nothing to do yet
+    devnet.chain.advance_time(q.tasks.params()["challenge_window"] + 1)
+    restarted = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                       progress=False)
+    assert restarted.collect() == tokens * PRICE
+    assert not restarted.pending
+    assert worker.collect() == 0  # already finalized by the other: done, nothing paid twice
+    assert not worker.pending
+    assert q.escrow.withdrawable(miner.address) == tokens * PRICE
+    paid = q.tasks.events("ShardFinalized", devnet.deployment.deploy_block,
+                          miner=miner.address)
+    assert sorted(int(e["payment"]) for e in paid) == sorted(
+        o.tokens_used * PRICE for o in summary.submitted)
+
+    cfg = config_file(tmp_path, miner, model_dir, dead_market)
+    code, out, _ = run_cli(capsys, "status", "--config", str(cfg), "--json")
+    status = json.loads(out)
+    assert (status["shards_claimed"], status["shards_submitted"],
+            status["shards_finalized"]) == (2, 2, 2)
+    assert status["earnings_wei"] == status["withdrawable_wei"] == tokens * PRICE
+    assert (status["stake"], status["locked"], status["eligible_state"]) == (STAKE, 0, "active")
+
+    before = devnet.chain.balance(miner.address)
+    code, out, _ = run_cli(capsys, "withdraw", "--config", str(cfg))
+    assert code == 0 and f"withdrew {tokens * PRICE} wei" in out
+    assert devnet.chain.balance(miner.address) == before + tokens * PRICE - last_tx_gas(devnet)
+    code, _, err = run_cli(capsys, "withdraw", "--config", str(cfg))
+    assert code == 1 and "nothing to withdraw" in err
+    market.close()
+
+
+def test_input_not_matching_root_is_skipped_without_claiming(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(4, tag="altered "),
+                        root_of=batch(4))
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    progress=False)
+    balance = devnet.chain.balance(miner.address)
+    outcome = worker.process_shard(task_id, 0)
+    assert outcome.status == "skipped"
+    assert "does not match the task's inputRoot" in outcome.reason
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.OPEN
+    assert q.gpu.miner_info(miner.address).locked == 0
+    assert devnet.chain.balance(miner.address) == balance
+    assert task_id in worker.skipped_tasks  # remembered: the other shard is not tried either
+    assert worker.process_shard(task_id, 1).reason == outcome.reason
+    assert worker.open_shards_from_chain() == []
+
+
+def test_claim_for_an_unregistered_model_is_not_eligible_and_costs_nothing(
+        devnet: Any, engine: Any, store: LocalStore) -> None:
+    """devnet.miner is registered for another model only: its claim reverts NotEligible at
+    gas estimation, so no transaction is sent and nothing is locked."""
+    q, miner = devnet.q, devnet.miner
+    task_id = post_task(devnet, store, engine.model_id, batch(3))
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    progress=False)
+    before = (devnet.chain.balance(miner.address), q.gpu.miner_info(miner.address),
+              q.escrow.withdrawable(miner.address))
+    outcome = worker.process_shard(task_id, 0)
+    assert outcome.status == "skipped"
+    assert "NotEligible" in outcome.reason
+    assert "did not register model 0x" + engine.model_id.hex() in outcome.reason
+    assert (devnet.chain.balance(miner.address), q.gpu.miner_info(miner.address),
+            q.escrow.withdrawable(miner.address)) == before
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.OPEN
+
+
+class FlakyEngine:
+    """Fault injection: the real engine, whose first `generate` call fails (as an OOM would)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return self._engine.generate(requests)
+
+
+def test_engine_failure_mid_shard_does_not_stop_the_loop(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(4), shard_size=2)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: FlakyEngine(engine)},
+                    store=store, progress=False, poll_interval_s=0.1)
+    summary = worker.run(stop_when_idle=True)
+    assert summary.failed == 1
+    assert [(o.task_id, o.shard) for o in summary.submitted] == [(task_id, 1)]
+    failed = q.tasks.get_shard(task_id, 0)
+    assert (failed.state, failed.miner) == (ShardState.CLAIMED, miner.address)
+    assert worker.failed == {(task_id, 0)}
+
+
+def test_first_ctrl_c_finishes_the_shard_second_aborts(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(6), shard_size=2)
+
+    def interrupt(times: int) -> Any:
+        def on_event(event: str, info: dict[str, Any]) -> None:
+            if event == "claimed":
+                for _ in range(times):
+                    os.kill(os.getpid(), signal.SIGINT)
+        return on_event
+
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    progress=False, poll_interval_s=0.1, listener=interrupt(1))
+    summary = worker.run()  # without stop_when_idle: only the Ctrl-C ends it
+    assert [(o.task_id, o.shard) for o in summary.submitted] == [(task_id, 0)]
+    assert [q.tasks.get_shard(task_id, k).state for k in range(3)] == [
+        ShardState.SUBMITTED, ShardState.OPEN, ShardState.OPEN]
+    assert "finishing task" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is not worker._on_sigint  # handler restored
+
+    worker.listener = interrupt(2)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run()
+    sh = q.tasks.get_shard(task_id, 1)
+    assert (sh.state, sh.miner) == (ShardState.CLAIMED, miner.address)
+    err = capsys.readouterr().err
+    assert f"aborted task {task_id} shard 1: its claim expires at" in err
+    assert f"{sh.collateral} wei of stake stays locked" in err
+    penalty = sh.collateral * q.tasks.params()["reclaim_penalty_bps"] // 10_000
+    assert f"{penalty} wei of it is slashed" in err
+
+
+def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
+                                 deployment_file: Path, dead_market: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    miner = anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    cfg = str(config_file(tmp_path, miner, model_dir, dead_market))
+    code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
+    assert code == 1 and "run `miner exit` first" in err
+    code, out, _ = run_cli(capsys, "exit", "--config", cfg)
+    assert code == 0 and "can be withdrawn at" in out
+    code, _, err = run_cli(capsys, "exit", "--config", cfg)
+    assert code == 1 and "exit already requested" in err
+    code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
+    assert code == 1 and "unbonding is not over" in err and "s from now" in err
+    code, out, _ = run_cli(capsys, "status", "--config", cfg)
+    assert "(exiting)" in out and "stake withdrawable at" in out
+    devnet.chain.advance_time(devnet.deployment.params["miner_unbonding_period"] + 1)
+    before = devnet.chain.balance(miner.address)
+    code, out, _ = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
+    assert code == 0 and f"{STAKE} wei" in out
+    assert devnet.chain.balance(miner.address) == before + STAKE - last_tx_gas(devnet)
+    assert not devnet.q.gpu.is_registered(miner.address)

@@ -1,0 +1,182 @@
+"""Miner config (TOML, then QUARRY_MINER_* env, then flags), amounts, hardware detection,
+and the CLI's cheap import and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from market.errors import ConfigError
+from miner.config import GpuOverride, MinerConfig, parse_wei
+from miner.hardware import cpu_model_name, cpu_spec, detect, meminfo_total_mib
+
+KEY = "0x" + "ab" * 32
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("QUARRY_MINER_"):
+            monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "miner.toml"
+    p.write_text(text)
+    return p
+
+
+def test_parse_wei() -> None:
+    assert parse_wei(1500, "stake") == 1500
+    assert parse_wei("1500", "stake") == 1500
+    assert parse_wei("0.5ether", "stake") == 5 * 10**17
+    assert parse_wei("0.5 ETH", "stake") == 5 * 10**17
+    assert parse_wei("2gwei", "price_per_token") == 2 * 10**9
+    assert parse_wei("7 wei", "stake") == 7
+    for bad, why in (("1.5wei", "whole number"), ("abc", "not an amount"),
+                     ("1 dollar", "not an amount"), (-1, "negative"), (True, "not an amount"),
+                     (1.5, "not an amount")):
+        with pytest.raises(ConfigError, match=why) as info:
+            parse_wei(bad, "stake")
+        assert "stake" in str(info.value)
+
+
+def test_file_then_env_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg_file = write(tmp_path, f"""
+[miner]
+key = "{KEY}"
+market_url = "http://market.example:8600/"
+model_dirs = ["models/a", "/abs/b"]
+engine = "pipeline"
+price_per_token = "1gwei"
+stake = "0.5ether"
+endpoint = "http://203.0.113.7:9100"
+max_batch = 4
+poll_interval_s = 0.5
+
+[miner.engine_options]
+stages = 2
+
+[miner.gpu]
+name = "NVIDIA H100"
+memory_mib = 81920
+count = 2
+""")
+    cfg = MinerConfig.load(cfg_file)
+    assert cfg.private_key() == KEY
+    assert cfg.market_url == "http://market.example:8600"
+    assert cfg.model_dirs == (tmp_path / "models/a", Path("/abs/b"))  # file-relative paths
+    assert (cfg.engine, cfg.engine_options) == ("pipeline", {"stages": 2})
+    assert (cfg.price_per_token, cfg.stake) == (10**9, 5 * 10**17)
+    assert cfg.gpu == GpuOverride("NVIDIA H100", 81920, 2)
+    assert (cfg.max_batch, cfg.poll_interval_s, cfg.auto_withdraw) == (4, 0.5, False)
+    assert cfg.rpc_url is None
+
+    monkeypatch.setenv("QUARRY_MINER_MAX_BATCH", "16")
+    monkeypatch.setenv("QUARRY_MINER_MODEL_DIRS", "x, y")
+    monkeypatch.setenv("QUARRY_MINER_AUTO_WITHDRAW", "yes")
+    monkeypatch.setenv("QUARRY_MINER_RPC_URL", "http://127.0.0.1:8545")
+    monkeypatch.setenv("QUARRY_MINER_GPU", '{"name": "A100", "memory_mib": 40960, "count": 1}')
+    cfg = MinerConfig.load(cfg_file)
+    assert cfg.max_batch == 16 and cfg.auto_withdraw is True
+    assert cfg.model_dirs == (Path("x"), Path("y"))  # env paths: relative to cwd
+    assert cfg.rpc_url == "http://127.0.0.1:8545"
+    assert cfg.gpu == GpuOverride("A100", 40960, 1)
+
+    cfg = MinerConfig.load(cfg_file, max_batch=2, stake="1ether", engine=None)
+    assert (cfg.max_batch, cfg.stake, cfg.engine) == (2, 10**18, "pipeline")
+
+
+def test_key_file_and_require(tmp_path: Path) -> None:
+    key_file = tmp_path / "miner.key"
+    key_file.write_text(KEY[2:] + "\n")
+    cfg = MinerConfig.load(write(tmp_path, '[miner]\nkey_file = "miner.key"\n'))
+    assert cfg.private_key() == KEY
+    assert cfg.account().address.startswith("0x")
+    with pytest.raises(ConfigError, match="missing miner setting model_dirs.*"
+                                          "QUARRY_MINER_MODEL_DIRS"):
+        cfg.require("key", "model_dirs")
+    with pytest.raises(ConfigError, match="missing miner setting key"):
+        MinerConfig.load().require("key")
+    key_file.write_text("not a key")
+    with pytest.raises(ConfigError, match="key_file.*not a hex private key"):
+        cfg.private_key()
+    with pytest.raises(ConfigError, match="key_file: cannot read"):
+        MinerConfig.load(key_file=tmp_path / "absent").private_key()
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('key = "0x12"', "key"),
+    ('market_url = "market:8600"', "market_url"),
+    ('engine = "tensorrt"', "engine"),
+    ('price_per_token = 0', "price_per_token"),
+    ('stake = "lots"', "stake"),
+    ('max_batch = 0', "max_batch"),
+    ('max_batch = 2.5', "max_batch"),
+    ('poll_interval_s = 0', "poll_interval_s"),
+    ('auto_withdraw = "maybe"', "auto_withdraw"),
+    ('endpoint = ""', "endpoint"),
+    ('model_dirs = 3', "model_dirs"),
+    ('engine_options = 3', "engine_options"),
+    ('gpu = {name = "X", memory_mib = 1}', "gpu.count"),
+    ('gpu = {name = "X", memory_mib = 0, count = 1}', "gpu.memory_mib"),
+    ('gpu = {name = "X", memory_mib = 1, count = 1, cores = 5}', "gpu"),
+    ('colour = "blue"', "colour"),
+])
+def test_invalid_fields_are_named(tmp_path: Path, text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        MinerConfig.load(write(tmp_path, "[miner]\n" + text + "\n"))
+    assert field in str(info.value)
+
+
+def test_bad_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="cannot read miner config"):
+        MinerConfig.load(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        MinerConfig.load(write(tmp_path, "[miner\n"))
+    with pytest.raises(ConfigError, match=r"no \[miner\] table"):
+        MinerConfig.load(write(tmp_path, "[market]\nport = 1\n"))
+    monkeypatch.setenv("QUARRY_MINER_GPU", "{bad json")
+    with pytest.raises(ConfigError, match="QUARRY_MINER_GPU must be a JSON object"):
+        MinerConfig.load()
+
+
+def test_hardware_parsing() -> None:
+    cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\n"
+               "model name\t: Intel(R) Xeon(R)  CPU @ 2.20GHz\n")
+    assert cpu_model_name(cpuinfo) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
+    assert cpu_model_name("processor : 0\n") is None
+    assert meminfo_total_mib("MemTotal:       16384000 kB\nMemFree: 1 kB\n") == 16000
+    assert meminfo_total_mib("") is None
+
+
+def test_detect_on_this_machine() -> None:
+    import torch
+
+    spec = detect()
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        assert spec.kind == "cuda" and spec.count == torch.cuda.device_count()
+        assert spec.memory_mib > 0
+    else:
+        assert spec == cpu_spec()
+        assert spec.kind == "cpu" and spec.count == 1 and spec.name.startswith("CPU ")
+        assert spec.memory_mib > 100
+        assert "no CUDA device" in spec.describe()
+
+
+def test_cli_is_cheap_to_import_and_errors_in_one_line(tmp_path: Path) -> None:
+    code = ("import sys, miner.cli; heavy = [m for m in ('torch', 'web3', 'eth_account') "
+            "if m in sys.modules]; assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    bad = write(tmp_path, '[miner]\nengine = "tensorrt"\n')
+    r = subprocess.run([sys.executable, "-m", "miner.cli", "status", "--config", str(bad)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "miner: error: miner setting engine: 'tensorrt' is not one of torch, pipeline, vllm"]
