@@ -1,0 +1,298 @@
+"""The market's HTTP API (FastAPI): store, models, job board, open shards, miner directory.
+
+`create_app(settings)` builds the app that `market serve` runs. It only reads the chain (the
+head for /health) and never writes to it; the board it serves is filled by the Celery
+workers (`market.service.worker`), and every endpoint is listed in `market.service.api`,
+whose `MarketAPI` is its client. The deployment file is read lazily and re-read when it
+changes, so the market can start before the devnet and follow a redeploy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from market.chain.errors import ChainError
+from market.errors import ConfigError, QuarryError
+from market.service.api import MarketError, recover_heartbeat
+from market.service.board import Board, BoardError, checksum, model_id_bytes
+from market.service.matching import eligible, rank_open_shards
+from market.service.settings import MarketSettings
+from market.store import ContentNotFound, ContentTooLarge, LocalStore, StoreError
+
+HEARTBEAT_SKEW_S = 60
+"""How far a heartbeat's timestamp may be from the market's clock (replays age out)."""
+
+DESCRIPTION = """
+The Quarry market service: a content-addressed store for request and result files, a job
+board indexed from the Quarry contracts' events, model manifests, open-shard recommendations
+for miners and a miner directory with signed heartbeats.
+
+The chain is the source of truth: the market stores bytes (addressed by their sha256),
+indexes events and recommends; clients and miners check everything against the contracts.
+Errors are `{"detail": "..."}` with a 4xx status (503 while no deployment is configured).
+"""
+
+
+class _Deployment:
+    """The deployment file, loaded on first use and again whenever it changes on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._quarry: Any = None
+
+    def quarry(self) -> Any:
+        from market.chain.client import Chain
+        from market.chain.deploy import Quarry
+        from market.chain.deployment import Deployment
+
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            raise HTTPException(
+                503, f"no deployment: the market has no deployment file at {self.path} "
+                "(start a devnet with `market devnet up` or set QUARRY_DEPLOYMENT)") from None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            if self._quarry is None or stamp != self._stamp:
+                try:
+                    deployment = Deployment.load(self.path)
+                except ConfigError as exc:
+                    raise HTTPException(503, f"no usable deployment: {exc}") from exc
+                self._quarry = Quarry(deployment, Chain(deployment.rpc_url, timeout=5.0))
+                self._stamp = stamp
+            return self._quarry
+
+
+def _redis_up(url: str) -> bool:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # any failure (refused, timeout, auth, bad URL) means "not up"
+        return False
+
+
+def _error(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def create_app(settings: MarketSettings) -> FastAPI:
+    """The market's FastAPI app over `settings` (store directory, board file, deployment)."""
+    app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1")
+    board = Board(settings.db_path)
+    store = LocalStore(settings.store_dir, settings.max_file_bytes)
+    deployment = _Deployment(settings.deployment)
+    app.state.settings = settings
+    app.state.board = board
+    app.state.store = store
+
+    # -- errors: always {"detail": "<one line naming the problem>"} -----------------------
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        return _error(422, "invalid request: " + "; ".join(parts))
+
+    @app.exception_handler(ContentNotFound)
+    async def _not_found(request: Request, exc: ContentNotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(ContentTooLarge)
+    async def _too_large(request: Request, exc: ContentTooLarge) -> JSONResponse:
+        return _error(413, str(exc))
+
+    @app.exception_handler(StoreError)
+    async def _bad_store(request: Request, exc: StoreError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(BoardError)
+    async def _bad_board(request: Request, exc: BoardError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(ChainError)
+    async def _chain_down(request: Request, exc: ChainError) -> JSONResponse:
+        return _error(503, str(exc))
+
+    @app.exception_handler(QuarryError)
+    async def _quarry(request: Request, exc: QuarryError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    def now() -> int:
+        """The later of the wall clock and the last indexed block's time (a devnet's clock
+        may run ahead), for deadlines."""
+        return max(int(time.time()), board.cursor_time())
+
+    # -- service -----------------------------------------------------------------------
+    @app.get("/health", tags=["service"])
+    def health() -> dict[str, Any]:
+        """`ok` when the deployment is loaded and its chain answers; `indexedBlock` is the
+        board's cursor (null before the first index), `redis` whether the broker answers."""
+        cursor = board.cursor()
+        out: dict[str, Any] = {"ok": False, "chainId": None,
+                               "indexedBlock": cursor if cursor >= 0 else None,
+                               "headBlock": None, "redis": _redis_up(settings.redis_url)}
+        try:
+            q = deployment.quarry()
+            out["chainId"] = q.deployment.chain_id
+            out["headBlock"] = q.chain.block_number()
+            out["ok"] = True
+        except HTTPException as exc:
+            out["detail"] = exc.detail
+        except QuarryError as exc:
+            out["detail"] = str(exc)
+        return out
+
+    @app.get("/deployment", tags=["service"])
+    def get_deployment() -> dict[str, Any]:
+        """The deployment file's JSON: chain id, RPC URL, contract addresses."""
+        return dict(deployment.quarry().deployment.to_json())
+
+    @app.get("/limits", tags=["service"])
+    def limits() -> dict[str, int]:
+        return {"maxFileBytes": settings.max_file_bytes,
+                "maxRequestBytes": settings.max_request_bytes}
+
+    # -- store -------------------------------------------------------------------------
+    @app.post("/store", status_code=201, tags=["store"])
+    async def put(request: Request) -> dict[str, Any]:
+        """Store the raw body; returns its `sha256:` address. 413 over `maxFileBytes`, refused
+        from the content-length header before the body is read when the header says so."""
+        limit = settings.max_file_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise HTTPException(400, f"bad content-length {declared!r}") from None
+            if size > limit:
+                raise ContentTooLarge(size, limit)
+        chunks: list[bytes] = []
+        received = 0
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise ContentTooLarge(received, limit, "upload (so far)")
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        uri = await run_in_threadpool(store.put, data)
+        return {"uri": uri, "size": len(data)}
+
+    @app.get("/store/{uri}", tags=["store"],
+             response_class=Response, responses={200: {"content": {
+                 "application/octet-stream": {}}}})
+    def get(uri: str) -> Response:
+        """The bytes at a `sha256:` address; 404 when the store does not hold them."""
+        return Response(store.get(uri), media_type="application/octet-stream")
+
+    # -- models ------------------------------------------------------------------------
+    @app.post("/models", tags=["models"])
+    def register_model(manifest: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        """Store a model manifest under its modelId (keccak256 of its canonical JSON)."""
+        model_id = board.put_model(manifest)
+        return {"modelId": model_id, "name": manifest["name"]}
+
+    @app.get("/models", tags=["models"])
+    def models() -> list[dict[str, Any]]:
+        """Known models with how many eligible registered miners serve each and their lowest
+        price (manifests uploaded here, and modelIds miners registered on-chain)."""
+        return board.models()
+
+    @app.get("/models/{model_id}", tags=["models"])
+    def model(model_id: str) -> dict[str, Any]:
+        manifest = board.model(model_id)
+        if manifest is None:
+            raise HTTPException(404, f"no manifest for model {model_id} on this market; "
+                                "upload it with POST /models")
+        return manifest
+
+    # -- jobs --------------------------------------------------------------------------
+    @app.get("/jobs", tags=["jobs"])
+    def jobs(client: str | None = None) -> list[dict[str, Any]]:
+        """Every task on the board (of `client` when given), without the shard list."""
+        return board.jobs(client)
+
+    @app.get("/jobs/{task_id}", tags=["jobs"])
+    def job(task_id: int) -> dict[str, Any]:
+        """The task with every shard (state, miner, claimExpiry, windowEnd, tokensUsed,
+        resultUri, payment, refund...) and its disputes."""
+        found = board.job(task_id)
+        if found is None:
+            raise HTTPException(404, f"task {task_id} is not on the board: unknown, or not "
+                                f"indexed yet (indexed up to block {board.cursor()})")
+        return found
+
+    @app.get("/shards/open", tags=["jobs"])
+    def open_shards(modelId: str | None = None, miner: str | None = None,
+                    limit: int = Query(20, ge=1, le=1000)) -> list[dict[str, Any]]:
+        """Open shards, best first. With `miner`: only those it may claim, in its own order
+        (the workers' fresh recommendations when there are, else ranked now)."""
+        model_bytes = model_id_bytes(modelId) if modelId else None
+        at = now()
+        candidates = board.open_shards(model_bytes, at)
+        if miner is None:
+            candidates.sort(key=lambda s: (-s["pricePerToken"], s["deadline"]))
+            return candidates[:limit]
+        row = board.miner(miner)
+        if row is None:
+            raise HTTPException(404, f"miner {checksum(miner, 'miner')} is not registered in "
+                                f"GPURegistry (board indexed up to block {board.cursor()})")
+        stored = board.fresh_recommendations(row["address"], 3 * settings.index_interval_s)
+        if stored is not None:
+            by_key = {(s["taskId"], s["shard"]): s for s in candidates}
+            picked = [by_key[k] for r in stored
+                      if (k := (r.get("taskId"), r.get("shard"))) in by_key]
+            return [s for s in picked if eligible(s, row, at)][:limit]
+        return rank_open_shards(candidates, row, at, limit)
+
+    # -- miners ------------------------------------------------------------------------
+    @app.post("/miners/heartbeat", tags=["miners"])
+    def heartbeat(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        """A miner's signed liveness report: 401 when the signature is not the miner's, 400
+        when its timestamp is more than 60 s off the market's clock."""
+        try:
+            signer = recover_heartbeat(body)
+        except MarketError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        miner = checksum(body["miner"], "miner")
+        if signer != miner:
+            raise HTTPException(401, f"heartbeat for {miner} is signed by {signer}")
+        if not isinstance(body["status"], dict):
+            raise HTTPException(400, "heartbeat status must be a JSON object")
+        timestamp = int(body["timestamp"])
+        skew = timestamp - time.time()
+        if abs(skew) > HEARTBEAT_SKEW_S:
+            raise HTTPException(400, f"heartbeat timestamp {timestamp} is {skew:+.0f} s off "
+                                f"the market's clock (at most {HEARTBEAT_SKEW_S} s)")
+        board.record_heartbeat(miner, timestamp, body["status"])
+        return {"miner": miner, "timestamp": timestamp,
+                "registered": board.miner(miner) is not None}
+
+    @app.get("/miners", tags=["miners"])
+    def miners() -> list[dict[str, Any]]:
+        """Registered miners (from GPURegistry events) with their last heartbeat; `alive`
+        when it is younger than `heartbeat_ttl_s`."""
+        wall = time.time()
+        rows = board.miners()
+        for row in rows:
+            seen = row["lastSeen"]
+            row["alive"] = seen is not None and wall - seen < settings.heartbeat_ttl_s
+        return jsonable_encoder(rows)
+
+    return app

@@ -1,0 +1,864 @@
+"""The job board: Quarry's chain events indexed into SQLite, shared by the app and the workers.
+
+The chain stays the source of truth. The board replays TaskRegistry, GPURegistry and
+Arbitration events in (block, logIndex) order into tables the market can query cheaply
+(open shards for a model, shards due for settlement, the miner directory), so deleting the
+file and indexing again rebuilds the same board. Each event is applied once: its
+(block, logIndex) is recorded in the same transaction that applies it and moves the cursor,
+so a crash or two indexers racing never double-apply one.
+
+SQLite runs in WAL mode with a busy timeout and one connection per call, so any number of
+processes (the FastAPI app, every Celery worker) and threads share the file safely. Wei
+amounts are stored as decimal text (they overflow SQLite's 64-bit integers); times are
+integers (uint64 values beyond 2**63-1 are clamped, which changes no comparison with a real
+clock).
+
+Besides the chain-derived tables the board keeps what only the market knows: uploaded model
+manifests, miner heartbeats and matching recommendations. `reset()` drops the former and keeps
+the latter, for a chain that was reset under the market.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from market.errors import QuarryError
+
+if TYPE_CHECKING:
+    from market.chain.deploy import Quarry
+
+SCHEMA_VERSION = "1"
+STATE_NAMES = ("Open", "Claimed", "Submitted", "Disputed", "Finalized", "Refunded")
+"""TaskRegistry's ShardState names, by value (market.chain.contracts.ShardState)."""
+OPEN, CLAIMED, SUBMITTED, DISPUTED, FINALIZED, REFUNDED = range(6)
+DISPUTE_STATUS = ("None", "Open", "MinerAtFault", "MinerNotAtFault", "Expired")
+ZERO_ADDRESS = "0x" + "00" * 20
+I64_MAX = 2**63 - 1
+
+# The events the board applies, by contract (Quarry attribute, contract name).
+INDEXED_EVENTS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("tasks", "TaskRegistry"): (
+        "TaskCreated", "ShardClaimed", "ResultSubmitted", "ClaimReclaimed", "ShardFinalized",
+        "ShardRefunded", "TaskCancelled", "ShardDisputed", "ShardDisputeResolved",
+    ),
+    ("gpu", "GPURegistry"): (
+        "MinerRegistered", "MinerUpdated", "StakeAdded", "ExitRequested", "StakeWithdrawn",
+        "CollateralLocked", "CollateralUnlocked", "Slashed", "ReputationSet", "MinStakeSet",
+        "UntrustedBelowSet", "InitialReputationSet",
+    ),
+    ("arbitration", "Arbitration"): ("DisputeOpened", "DisputeResolved", "DisputeExpired"),
+}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    block INTEGER NOT NULL, log_index INTEGER NOT NULL, tx_hash TEXT NOT NULL,
+    contract TEXT NOT NULL, name TEXT NOT NULL, args TEXT NOT NULL,
+    PRIMARY KEY (block, log_index));
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id INTEGER PRIMARY KEY, client TEXT NOT NULL, arbiter TEXT NOT NULL,
+    model_id TEXT NOT NULL, input_root TEXT NOT NULL, input_uri TEXT NOT NULL,
+    num_requests INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_shards INTEGER NOT NULL,
+    max_tokens INTEGER NOT NULL, price TEXT NOT NULL, payment TEXT NOT NULL,
+    deadline INTEGER NOT NULL, created_at INTEGER NOT NULL, min_rep INTEGER NOT NULL,
+    cancelled INTEGER NOT NULL DEFAULT 0, cancel_refund TEXT NOT NULL DEFAULT '0',
+    created_block INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_client ON tasks (client);
+CREATE INDEX IF NOT EXISTS tasks_model ON tasks (model_id);
+CREATE TABLE IF NOT EXISTS shards (
+    task_id INTEGER NOT NULL, shard INTEGER NOT NULL, state INTEGER NOT NULL,
+    miner TEXT, claim_expiry INTEGER NOT NULL DEFAULT 0, collateral TEXT NOT NULL DEFAULT '0',
+    window_end INTEGER NOT NULL DEFAULT 0, tokens_used TEXT NOT NULL DEFAULT '0',
+    result_root TEXT, result_uri TEXT, payment TEXT NOT NULL DEFAULT '0',
+    refund TEXT NOT NULL DEFAULT '0', reclaims INTEGER NOT NULL DEFAULT 0,
+    penalty TEXT NOT NULL DEFAULT '0',
+    PRIMARY KEY (task_id, shard));
+CREATE INDEX IF NOT EXISTS shards_state ON shards (state);
+CREATE TABLE IF NOT EXISTS miners (
+    address TEXT PRIMARY KEY, models TEXT NOT NULL, gpu TEXT NOT NULL, endpoint TEXT NOT NULL,
+    price TEXT NOT NULL, stake TEXT NOT NULL, locked TEXT NOT NULL DEFAULT '0',
+    slashed TEXT NOT NULL DEFAULT '0', reputation_bps INTEGER NOT NULL,
+    exit_requested INTEGER NOT NULL DEFAULT 0, withdrawable_at INTEGER NOT NULL DEFAULT 0,
+    active INTEGER NOT NULL DEFAULT 1, registered_block INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS disputes (
+    dispute_id INTEGER PRIMARY KEY, task_id INTEGER NOT NULL, shard INTEGER NOT NULL,
+    request_index INTEGER NOT NULL, opener TEXT NOT NULL, miner TEXT NOT NULL,
+    bond TEXT NOT NULL, deadline INTEGER NOT NULL, evidence_uri TEXT NOT NULL,
+    status INTEGER NOT NULL, slashed TEXT NOT NULL DEFAULT '0', opened_block INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS disputes_task ON disputes (task_id);
+CREATE TABLE IF NOT EXISTS models (
+    model_id TEXT PRIMARY KEY, name TEXT NOT NULL, manifest TEXT NOT NULL,
+    added_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS heartbeats (
+    miner TEXT PRIMARY KEY, timestamp INTEGER NOT NULL, status TEXT NOT NULL,
+    received_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS recommendations (
+    miner TEXT PRIMARY KEY, rows TEXT NOT NULL, computed_at REAL NOT NULL,
+    stored_at REAL NOT NULL);
+"""
+# What `reset()` clears: everything derived from the chain.
+_CHAIN_TABLES = ("events", "tasks", "shards", "miners", "disputes", "recommendations")
+
+
+class BoardError(QuarryError):
+    """The board cannot follow the chain (reset, another deployment) or got bad input."""
+
+
+def _i64(value: int) -> int:
+    return min(int(value), I64_MAX)
+
+
+def _hex(value: bytes) -> str:
+    return "0x" + bytes(value).hex()
+
+
+def _addr(value: str | None) -> str | None:
+    """A checksummed address, or None for the zero address."""
+    from eth_utils import to_checksum_address
+
+    if not value or int(value, 16) == 0:
+        return None
+    return str(to_checksum_address(value))
+
+
+def checksum(address: str, what: str = "address") -> str:
+    """`address` checksummed; BoardError naming `what` when it is not an address."""
+    from eth_utils import is_address, to_checksum_address
+
+    if not isinstance(address, str) or not is_address(address):
+        raise BoardError(f"{what} {address!r} is not an address (0x + 40 hex digits)")
+    return str(to_checksum_address(address))
+
+
+def model_id_bytes(model_id: str | bytes) -> bytes:
+    """A modelId as 32 bytes from `0x` + 64 hex digits; BoardError naming a malformed one."""
+    if isinstance(model_id, bytes):
+        raw = model_id
+    else:
+        text = str(model_id).lower().removeprefix("0x")
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raw = b""
+    if len(raw) != 32:
+        raise BoardError(f"modelId {model_id!r} is not 32 bytes (0x + 64 hex digits)")
+    return raw
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return _hex(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class Board:
+    """The SQLite job board at `db_path` (created on first use; see the module docstring)."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = Path(db_path)
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect()
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            raise BoardError(f"board database {self.db_path} is unusable: {exc}") from exc
+        finally:
+            if conn is not None:
+                conn.close()
+        if row[0] != SCHEMA_VERSION:
+            raise BoardError(
+                f"board database {self.db_path} has schema {row[0]}, this market expects "
+                f"{SCHEMA_VERSION}: delete it; the board is rebuilt from the chain")
+
+    # ------------------------------------------------------------------ connections
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connect()
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: writers queue on the file lock instead of failing."""
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _meta(conn: sqlite3.Connection, key: str) -> str | None:
+        row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def _set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+
+    # ------------------------------------------------------------------ indexing
+    def cursor(self) -> int:
+        """The last block applied (-1 before the first `index`)."""
+        with self._read() as conn:
+            value = self._meta(conn, "cursor")
+        return -1 if value is None else int(value)
+
+    def cursor_time(self) -> int:
+        """The chain timestamp of the cursor block (0 before the first `index`)."""
+        with self._read() as conn:
+            value = self._meta(conn, "cursor_time")
+        return 0 if value is None else int(value)
+
+    def reset(self) -> None:
+        """Forget everything indexed from the chain (models and heartbeats stay), so the next
+        `index` rebuilds the board, e.g. after the devnet was restarted and redeployed."""
+        with self._write() as conn:
+            for table in _CHAIN_TABLES:
+                conn.execute(f"DELETE FROM {table}")
+            conn.execute("DELETE FROM meta WHERE key != 'schema'")
+
+    def index(self, q: Quarry, *, max_blocks: int = 2000) -> int:
+        """Apply every indexed event since the cursor up to the chain head, `max_blocks`
+        blocks per `eth_getLogs` call, each chunk in one transaction; returns the cursor.
+
+        Raises BoardError when the chain no longer holds what was indexed (head below the
+        cursor, another block at the cursor, the contracts gone) or the database was built
+        for another deployment: `reset()` (or deleting the file) rebuilds it."""
+        if max_blocks < 1:
+            raise BoardError(f"max_blocks must be at least 1, got {max_blocks}")
+        rpc = q.chain._rpc
+        w3 = q.chain.w3
+        identity = (f"{q.deployment.chain_id}:{q.tasks.address}:{q.gpu.address}:"
+                    f"{q.arbitration.address}:{q.deployment.deploy_block}")
+        with self._read() as conn:
+            stored_identity = self._meta(conn, "deployment")
+            cursor_value = self._meta(conn, "cursor")
+            cursor_hash = self._meta(conn, "cursor_hash")
+        if stored_identity is not None and stored_identity != identity:
+            raise BoardError(
+                f"board database {self.db_path} was built for another deployment "
+                f"({stored_identity}), not {identity}: delete it (or reset the board) to "
+                "index this one")
+        if not rpc(lambda: w3.eth.get_code(q.tasks.address)):
+            raise BoardError(
+                f"chain reset: no TaskRegistry code at {q.tasks.address} on "
+                f"{q.deployment.rpc_url}; the chain was restarted without this deployment")
+        head = int(rpc(lambda: w3.eth.block_number))
+        if cursor_value is None:
+            cursor = q.deployment.deploy_block - 1
+            self._init_params(q, identity)
+        else:
+            cursor = int(cursor_value)
+            if head < cursor:
+                raise BoardError(
+                    f"chain reset: the head is block {head}, below the board's block "
+                    f"{cursor}; the chain was reset or replaced, so the board must be rebuilt")
+            if cursor_hash is not None:
+                now_hash = _hex(rpc(lambda: w3.eth.get_block(cursor))["hash"])
+                if now_hash != cursor_hash:
+                    raise BoardError(
+                        f"chain reset: block {cursor} is now {now_hash}, the board indexed "
+                        f"{cursor_hash}; the chain was reset or reorganised, so the board "
+                        "must be rebuilt")
+        decoders = self._decoders(q)
+        address_list = sorted({c.address for c, _ in decoders.values()})
+        topics = ["0x" + topic.hex() for topic in decoders]
+        while cursor < head:
+            start, end = cursor + 1, min(cursor + max_blocks, head)
+            logs = rpc(lambda s=start, e=end: w3.eth.get_logs({
+                "fromBlock": s, "toBlock": e, "address": address_list, "topics": [topics]}))
+            block = rpc(lambda e=end: w3.eth.get_block(e))
+            events = self._decode(q, decoders, logs)
+            extra = self._prefetch(q, events)
+            with self._write() as conn:
+                for event in events:
+                    key = (event["block"], event["logIndex"])
+                    inserted = conn.execute(
+                        "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                        (*key, event["tx"], event["contract"], event["name"],
+                         json.dumps(_jsonable(event["args"]), sort_keys=True))).rowcount
+                    if inserted:
+                        getattr(self, f"_on_{event['name']}")(conn, event, extra)
+                stored = self._meta(conn, "cursor")
+                if stored is None or int(stored) < end:
+                    self._set_meta(conn, "cursor", end)
+                    self._set_meta(conn, "cursor_hash", _hex(block["hash"]))
+                    self._set_meta(conn, "cursor_time", int(block["timestamp"]))
+            cursor = end
+        return cursor
+
+    def _init_params(self, q: Quarry, identity: str) -> None:
+        """The GPURegistry parameters that shape eligibility, before their Set events: the
+        deployment's constructor arguments when recorded, else the contract's values now."""
+        params = q.deployment.params
+        min_stake = params.get("min_stake")
+        initial_rep = params.get("initial_reputation_bps")
+        values = {
+            "min_stake": min_stake if min_stake is not None else q.gpu.min_stake(),
+            "initial_reputation_bps": initial_rep if initial_rep is not None
+            else int(q.gpu._call("initialReputationBps")),
+            "untrusted_below_bps": int(q.gpu._call("untrustedBelowBps")),
+        }
+        with self._write() as conn:
+            if self._meta(conn, "deployment") is None:
+                self._set_meta(conn, "deployment", identity)
+                for key, value in values.items():
+                    self._set_meta(conn, key, value)
+
+    @staticmethod
+    def _decoders(q: Quarry) -> dict[bytes, tuple[Any, str]]:
+        from eth_utils import event_abi_to_log_topic
+
+        out: dict[bytes, tuple[Any, str]] = {}
+        for (attr, _name), names in INDEXED_EVENTS.items():
+            wrapper = getattr(q, attr)
+            for item in wrapper.contract.abi:
+                if item.get("type") == "event" and item["name"] in names:
+                    out[bytes(event_abi_to_log_topic(item))] = (wrapper, item["name"])
+        return out
+
+    @staticmethod
+    def _decode(q: Quarry, decoders: dict[bytes, tuple[Any, str]],
+                logs: list[Any]) -> list[dict[str, Any]]:
+        from market.chain.client import plain
+
+        events = []
+        for log in logs:
+            if not log["topics"] or log.get("removed"):
+                continue
+            found = decoders.get(bytes(log["topics"][0]))
+            if found is None:
+                continue
+            wrapper, name = found
+            if wrapper.address.lower() != str(log["address"]).lower():
+                continue  # same signature from another contract (e.g. GPURegistrySet)
+            decoded = wrapper.contract.events[name]().process_log(log)
+            events.append({
+                "block": int(log["blockNumber"]), "logIndex": int(log["logIndex"]),
+                "tx": _hex(log["transactionHash"]), "contract": wrapper.NAME, "name": name,
+                "args": plain(decoded["args"]),
+            })
+        events.sort(key=lambda e: (e["block"], e["logIndex"]))
+        return events
+
+    @staticmethod
+    def _prefetch(q: Quarry, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """Chain reads some events need, done before the write transaction: the task fields
+        TaskCreated does not carry, and block times for disputes resolved without fault."""
+        from market.chain.errors import ContractRevert
+
+        tasks: dict[int, Any] = {}
+        times: dict[int, int] = {}
+        for event in events:
+            if event["name"] == "TaskCreated":
+                task_id = int(event["args"]["taskId"])
+                try:
+                    tasks[task_id] = q.tasks.get_task(task_id)
+                except ContractRevert as exc:
+                    raise BoardError(
+                        f"chain reset: task {task_id} created in block {event['block']} is "
+                        f"unknown to TaskRegistry now ({exc})") from exc
+            elif event["name"] == "ShardDisputeResolved" and not event["args"]["minerAtFault"]:
+                number = event["block"]
+                if number not in times:
+                    times[number] = int(q.chain._rpc(
+                        lambda n=number: q.chain.w3.eth.get_block(n))["timestamp"])
+        return {"tasks": tasks, "times": times}
+
+    # -- TaskRegistry -------------------------------------------------------------------
+    def _on_TaskCreated(self, conn: sqlite3.Connection, e: dict[str, Any],
+                        extra: dict[str, Any]) -> None:
+        a = e["args"]
+        task_id = int(a["taskId"])
+        t = extra["tasks"][task_id]
+        conn.execute(
+            "INSERT OR REPLACE INTO tasks (task_id, client, arbiter, model_id, input_root, "
+            "input_uri, num_requests, shard_size, num_shards, max_tokens, price, payment, "
+            "deadline, created_at, min_rep, created_block) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (task_id, _addr(a["client"]), _addr(t.arbiter) or ZERO_ADDRESS,
+             _hex(a["modelId"]), _hex(a["inputRoot"]), a["inputURI"], int(a["numRequests"]),
+             int(a["shardSize"]), int(a["numShards"]), int(t.max_tokens_per_request),
+             str(t.price_per_token), str(a["payment"]), _i64(a["deadline"]),
+             _i64(t.created_at), int(t.min_reputation_bps), e["block"]))
+        conn.executemany("INSERT OR REPLACE INTO shards (task_id, shard, state) VALUES (?, ?, ?)",
+                         [(task_id, k, OPEN) for k in range(int(a["numShards"]))])
+
+    def _on_ShardClaimed(self, conn: sqlite3.Connection, e: dict[str, Any],
+                         extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute(
+            "UPDATE shards SET state=?, miner=?, claim_expiry=?, collateral=? "
+            "WHERE task_id=? AND shard=?",
+            (CLAIMED, _addr(a["miner"]), _i64(a["claimExpiry"]), str(a["collateral"]),
+             int(a["taskId"]), int(a["shard"])))
+
+    def _on_ResultSubmitted(self, conn: sqlite3.Connection, e: dict[str, Any],
+                            extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute(
+            "UPDATE shards SET state=?, result_root=?, result_uri=?, tokens_used=?, "
+            "window_end=? WHERE task_id=? AND shard=?",
+            (SUBMITTED, _hex(a["resultRoot"]), a["resultURI"], str(a["tokensUsed"]),
+             _i64(a["windowEnd"]), int(a["taskId"]), int(a["shard"])))
+
+    def _on_ClaimReclaimed(self, conn: sqlite3.Connection, e: dict[str, Any],
+                           extra: dict[str, Any]) -> None:
+        a = e["args"]
+        key = (int(a["taskId"]), int(a["shard"]))
+        row = conn.execute("SELECT penalty FROM shards WHERE task_id=? AND shard=?",
+                           key).fetchone()
+        penalty = str(int(row["penalty"]) + int(a["penalty"])) if row else str(a["penalty"])
+        # The contract deletes the shard: it reopens, or reads Refunded (ShardRefunded follows).
+        conn.execute(
+            "UPDATE shards SET state=?, miner=NULL, claim_expiry=0, collateral='0', "
+            "window_end=0, tokens_used='0', result_root=NULL, result_uri=NULL, "
+            "reclaims=reclaims+1, penalty=? WHERE task_id=? AND shard=?",
+            (OPEN if a["reopened"] else REFUNDED, penalty, *key))
+
+    def _on_ShardFinalized(self, conn: sqlite3.Connection, e: dict[str, Any],
+                           extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE shards SET state=?, payment=?, refund=? WHERE task_id=? AND shard=?",
+                     (FINALIZED, str(a["payment"]), str(a["refund"]), int(a["taskId"]),
+                      int(a["shard"])))
+
+    def _on_ShardRefunded(self, conn: sqlite3.Connection, e: dict[str, Any],
+                          extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE shards SET state=?, refund=? WHERE task_id=? AND shard=?",
+                     (REFUNDED, str(a["amount"]), int(a["taskId"]), int(a["shard"])))
+
+    def _on_TaskCancelled(self, conn: sqlite3.Connection, e: dict[str, Any],
+                          extra: dict[str, Any]) -> None:
+        a = e["args"]
+        task_id = int(a["taskId"])
+        conn.execute("UPDATE tasks SET cancelled=1, cancel_refund=? WHERE task_id=?",
+                     (str(a["refund"]), task_id))
+        task = conn.execute("SELECT * FROM tasks WHERE task_id=?", (task_id,)).fetchone()
+        if task is None:
+            return
+        # Every shard still Open reads Refunded from now on and got its budget back.
+        for row in conn.execute("SELECT shard FROM shards WHERE task_id=? AND state=?",
+                                (task_id, OPEN)).fetchall():
+            start, end = _range(task, row["shard"])
+            budget = (end - start) * task["max_tokens"] * int(task["price"])
+            conn.execute("UPDATE shards SET state=?, refund=? WHERE task_id=? AND shard=?",
+                         (REFUNDED, str(budget), task_id, row["shard"]))
+
+    def _on_ShardDisputed(self, conn: sqlite3.Connection, e: dict[str, Any],
+                          extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE shards SET state=? WHERE task_id=? AND shard=?",
+                     (DISPUTED, int(a["taskId"]), int(a["shard"])))
+
+    def _on_ShardDisputeResolved(self, conn: sqlite3.Connection, e: dict[str, Any],
+                                 extra: dict[str, Any]) -> None:
+        a = e["args"]
+        if a["minerAtFault"]:
+            return  # ShardRefunded follows in the same transaction
+        # No fault: back to Submitted with the window closed at the resolving block.
+        conn.execute("UPDATE shards SET state=?, window_end=? WHERE task_id=? AND shard=?",
+                     (SUBMITTED, _i64(extra["times"][e["block"]]), int(a["taskId"]),
+                      int(a["shard"])))
+
+    # -- GPURegistry --------------------------------------------------------------------
+    def _on_MinerRegistered(self, conn: sqlite3.Connection, e: dict[str, Any],
+                            extra: dict[str, Any]) -> None:
+        a = e["args"]
+        rep = int(self._meta(conn, "initial_reputation_bps") or 0)
+        conn.execute(
+            "INSERT OR REPLACE INTO miners (address, models, gpu, endpoint, price, stake, "
+            "locked, slashed, reputation_bps, exit_requested, withdrawable_at, active, "
+            "registered_block) VALUES (?, ?, ?, ?, ?, ?, '0', '0', ?, 0, 0, 1, ?)",
+            (_addr(a["miner"]), json.dumps([_hex(m) for m in a["modelIds"]]),
+             json.dumps(_gpu(a["gpu"])), a["endpoint"], str(a["pricePerToken"]),
+             str(a["stake"]), rep, e["block"]))
+
+    def _on_MinerUpdated(self, conn: sqlite3.Connection, e: dict[str, Any],
+                         extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE miners SET models=?, gpu=?, endpoint=?, price=? WHERE address=?",
+                     (json.dumps([_hex(m) for m in a["modelIds"]]), json.dumps(_gpu(a["gpu"])),
+                      a["endpoint"], str(a["pricePerToken"]), _addr(a["miner"])))
+
+    def _on_StakeAdded(self, conn: sqlite3.Connection, e: dict[str, Any],
+                       extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE miners SET stake=? WHERE address=?",
+                     (str(a["stake"]), _addr(a["miner"])))
+
+    def _on_ExitRequested(self, conn: sqlite3.Connection, e: dict[str, Any],
+                          extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE miners SET exit_requested=1, withdrawable_at=? WHERE address=?",
+                     (_i64(a["withdrawableAt"]), _addr(a["miner"])))
+
+    def _on_StakeWithdrawn(self, conn: sqlite3.Connection, e: dict[str, Any],
+                           extra: dict[str, Any]) -> None:
+        conn.execute("UPDATE miners SET active=0, stake='0', locked='0', models='[]' "
+                     "WHERE address=?", (_addr(e["args"]["miner"]),))
+
+    def _on_CollateralLocked(self, conn: sqlite3.Connection, e: dict[str, Any],
+                             extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE miners SET locked=? WHERE address=?",
+                     (str(a["locked"]), _addr(a["miner"])))
+
+    _on_CollateralUnlocked = _on_CollateralLocked
+
+    def _on_Slashed(self, conn: sqlite3.Connection, e: dict[str, Any],
+                    extra: dict[str, Any]) -> None:
+        a = e["args"]
+        row = conn.execute("SELECT stake, locked, slashed FROM miners WHERE address=?",
+                           (_addr(a["miner"]),)).fetchone()
+        if row is None:
+            return
+        stake = int(row["stake"]) - int(a["amount"])
+        locked = min(int(row["locked"]), stake)
+        conn.execute("UPDATE miners SET stake=?, locked=?, slashed=? WHERE address=?",
+                     (str(stake), str(locked), str(int(row["slashed"]) + int(a["amount"])),
+                      _addr(a["miner"])))
+
+    def _on_ReputationSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+                          extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE miners SET reputation_bps=? WHERE address=?",
+                     (int(a["bps"]), _addr(a["miner"])))
+
+    def _on_MinStakeSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+                        extra: dict[str, Any]) -> None:
+        self._set_meta(conn, "min_stake", int(e["args"]["minStake"]))
+
+    def _on_UntrustedBelowSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+                              extra: dict[str, Any]) -> None:
+        self._set_meta(conn, "untrusted_below_bps", int(e["args"]["bps"]))
+
+    def _on_InitialReputationSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+                                 extra: dict[str, Any]) -> None:
+        self._set_meta(conn, "initial_reputation_bps", int(e["args"]["bps"]))
+
+    # -- Arbitration --------------------------------------------------------------------
+    def _on_DisputeOpened(self, conn: sqlite3.Connection, e: dict[str, Any],
+                          extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute(
+            "INSERT OR REPLACE INTO disputes (dispute_id, task_id, shard, request_index, "
+            "opener, miner, bond, deadline, evidence_uri, status, opened_block) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
+            (int(a["disputeId"]), int(a["taskId"]), int(a["shard"]),
+             int(a["receipt"]["index"]), _addr(a["opener"]), _addr(a["miner"]),
+             str(a["bond"]), _i64(a["deadline"]), a["evidenceURI"], e["block"]))
+
+    def _on_DisputeResolved(self, conn: sqlite3.Connection, e: dict[str, Any],
+                            extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE disputes SET status=?, slashed=? WHERE dispute_id=?",
+                     (2 if a["minerAtFault"] else 3, str(a["slashed"]), int(a["disputeId"])))
+
+    def _on_DisputeExpired(self, conn: sqlite3.Connection, e: dict[str, Any],
+                           extra: dict[str, Any]) -> None:
+        conn.execute("UPDATE disputes SET status=4 WHERE dispute_id=?",
+                     (int(e["args"]["disputeId"]),))
+
+    # ------------------------------------------------------------------ jobs
+    def job(self, task_id: int) -> dict[str, Any] | None:
+        """The task with every shard and dispute, or None when the board has no such task.
+        Shard k covers requests [k*shardSize, min((k+1)*shardSize, numRequests))."""
+        with self._read() as conn:
+            task = conn.execute("SELECT * FROM tasks WHERE task_id=?", (task_id,)).fetchone()
+            if task is None:
+                return None
+            shards = conn.execute("SELECT * FROM shards WHERE task_id=? ORDER BY shard",
+                                  (task_id,)).fetchall()
+            disputes = conn.execute("SELECT * FROM disputes WHERE task_id=? ORDER BY "
+                                    "dispute_id", (task_id,)).fetchall()
+        out = _task_json(task, shards)
+        out["shards"] = [_shard_json(task, s) for s in shards]
+        out["disputes"] = [_dispute_json(d) for d in disputes]
+        return out
+
+    def jobs(self, client: str | None = None) -> list[dict[str, Any]]:
+        """Every task (of `client` when given), oldest first, without its shard list."""
+        with self._read() as conn:
+            if client is None:
+                tasks = conn.execute("SELECT * FROM tasks ORDER BY task_id").fetchall()
+            else:
+                tasks = conn.execute("SELECT * FROM tasks WHERE client=? ORDER BY task_id",
+                                     (checksum(client, "client"),)).fetchall()
+            shards: dict[int, list[sqlite3.Row]] = {}
+            ids = [t["task_id"] for t in tasks]
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                marks = ",".join("?" * len(part))
+                for s in conn.execute(f"SELECT * FROM shards WHERE task_id IN ({marks})",
+                                      part):
+                    shards.setdefault(s["task_id"], []).append(s)
+        return [_task_json(t, shards.get(t["task_id"], [])) for t in tasks]
+
+    def open_shards(self, model_id: bytes | None, now: int) -> list[dict[str, Any]]:
+        """Shards a miner could claim now: Open, task not cancelled, deadline after `now`."""
+        sql = ("SELECT t.*, s.shard FROM shards s JOIN tasks t ON t.task_id = s.task_id "
+               "WHERE s.state=? AND t.cancelled=0 AND t.deadline > ?")
+        params: list[Any] = [OPEN, int(now)]
+        if model_id is not None:
+            sql += " AND t.model_id=?"
+            params.append(_hex(model_id_bytes(model_id)))
+        sql += " ORDER BY t.task_id, s.shard"
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        out = []
+        for r in rows:
+            start, end = _range(r, r["shard"])
+            out.append({
+                "taskId": r["task_id"], "shard": r["shard"], "modelId": r["model_id"],
+                "pricePerToken": int(r["price"]), "deadline": r["deadline"],
+                "inputUri": r["input_uri"], "inputRoot": r["input_root"], "start": start,
+                "end": end, "maxTokensPerRequest": r["max_tokens"],
+                "minReputationBps": r["min_rep"],
+                "budget": (end - start) * r["max_tokens"] * int(r["price"]),
+            })
+        return out
+
+    def _pairs(self, sql: str, params: tuple[Any, ...]) -> list[tuple[int, int]]:
+        with self._read() as conn:
+            return [(r[0], r[1]) for r in conn.execute(sql, params).fetchall()]
+
+    def due_finalize(self, now: int) -> list[tuple[int, int]]:
+        """(taskId, shard) Submitted whose challenge window closed by `now`."""
+        return self._pairs("SELECT task_id, shard FROM shards WHERE state=? AND window_end<=? "
+                           "ORDER BY task_id, shard", (SUBMITTED, int(now)))
+
+    def expired_claims(self, now: int) -> list[tuple[int, int]]:
+        """(taskId, shard) Claimed whose claim expired by `now` (reclaimExpired applies)."""
+        return self._pairs("SELECT task_id, shard FROM shards WHERE state=? AND "
+                           "claim_expiry<=? ORDER BY task_id, shard", (CLAIMED, int(now)))
+
+    def refundable(self, now: int) -> list[tuple[int, int]]:
+        """(taskId, shard) still Open at or after the task's deadline (refundUnfinished)."""
+        return self._pairs(
+            "SELECT s.task_id, s.shard FROM shards s JOIN tasks t ON t.task_id = s.task_id "
+            "WHERE s.state=? AND t.cancelled=0 AND t.deadline<=? ORDER BY s.task_id, s.shard",
+            (OPEN, int(now)))
+
+    # ------------------------------------------------------------------ miners
+    def miners(self) -> list[dict[str, Any]]:
+        """Registered miners (GPURegistry events) with their last heartbeat. `eligible` is
+        the model-independent part of `isEligible`: active, not exiting, stake >= minStake and
+        reputation >= the untrusted floor."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT m.*, h.timestamp AS hb_time, h.status AS hb_status FROM miners m "
+                "LEFT JOIN heartbeats h ON h.miner = m.address WHERE m.active=1 "
+                "ORDER BY m.registered_block, m.address").fetchall()
+            min_stake = int(self._meta(conn, "min_stake") or 0)
+            floor = int(self._meta(conn, "untrusted_below_bps") or 0)
+        out = []
+        for r in rows:
+            stake, rep = int(r["stake"]), r["reputation_bps"]
+            out.append({
+                "address": r["address"], "endpoint": r["endpoint"],
+                "models": json.loads(r["models"]), "gpu": json.loads(r["gpu"]),
+                "pricePerToken": int(r["price"]), "stake": stake, "locked": int(r["locked"]),
+                "slashed": int(r["slashed"]), "reputationBps": rep,
+                "exiting": bool(r["exit_requested"]), "withdrawableAt": r["withdrawable_at"],
+                "eligible": bool(not r["exit_requested"] and stake >= min_stake
+                                 and rep >= floor),
+                "registeredBlock": r["registered_block"],
+                "lastSeen": r["hb_time"],
+                "status": None if r["hb_status"] is None else json.loads(r["hb_status"]),
+            })
+        return out
+
+    def miner(self, address: str) -> dict[str, Any] | None:
+        """One registered miner's `miners()` row, or None."""
+        address = checksum(address, "miner")
+        return next((m for m in self.miners() if m["address"] == address), None)
+
+    def record_heartbeat(self, miner: str, timestamp: int, status: dict[str, Any]) -> None:
+        """Store a (verified) heartbeat; an older one than the stored never replaces it."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO heartbeats VALUES (?, ?, ?, ?) ON CONFLICT (miner) DO UPDATE SET "
+                "timestamp=excluded.timestamp, status=excluded.status, "
+                "received_at=excluded.received_at WHERE excluded.timestamp >= timestamp",
+                (checksum(miner, "miner"), int(timestamp), json.dumps(status), time.time()))
+
+    # ------------------------------------------------------------------ models
+    def put_model(self, manifest: dict[str, Any]) -> str:
+        """Store a model manifest under its modelId (keccak of its canonical JSON) and return
+        the id as 0x hex. A `modelId` field in the body must match what the manifest hashes
+        to."""
+        from market.model.manifest import Manifest, ModelError
+
+        try:
+            m = Manifest.from_dict(manifest, "model manifest")
+        except ModelError as exc:
+            raise BoardError(str(exc)) from exc
+        model_id = m.model_id_hex
+        claimed = manifest.get("modelId")
+        if claimed is not None and str(claimed).lower() != model_id:
+            raise BoardError(f"model manifest says modelId {claimed} but hashes to {model_id}")
+        with self._write() as conn:
+            conn.execute("INSERT OR IGNORE INTO models VALUES (?, ?, ?, ?)",
+                         (model_id, m.name, json.dumps(m.to_dict(), sort_keys=True),
+                          time.time()))
+        return model_id
+
+    def models(self) -> list[dict[str, Any]]:
+        """Known models: every uploaded manifest and every modelId an active miner serves,
+        with how many eligible miners serve it and their lowest price (None: no miner)."""
+        with self._read() as conn:
+            manifests = conn.execute("SELECT model_id, name FROM models ORDER BY added_at, "
+                                     "model_id").fetchall()
+        rows: dict[str, dict[str, Any]] = {
+            r["model_id"]: {"modelId": r["model_id"], "name": r["name"], "miners": 0,
+                            "minPricePerToken": None, "hasManifest": True}
+            for r in manifests}
+        for miner in self.miners():
+            for model_id in miner["models"]:
+                row = rows.setdefault(model_id, {
+                    "modelId": model_id, "name": None, "miners": 0, "minPricePerToken": None,
+                    "hasManifest": False})
+                if not miner["eligible"]:
+                    continue
+                row["miners"] += 1
+                price = miner["pricePerToken"]
+                if row["minPricePerToken"] is None or price < row["minPricePerToken"]:
+                    row["minPricePerToken"] = price
+        return list(rows.values())
+
+    def model(self, model_id_hex: str) -> dict[str, Any] | None:
+        """The manifest stored for a modelId, or None."""
+        key = _hex(model_id_bytes(model_id_hex))
+        with self._read() as conn:
+            row = conn.execute("SELECT manifest FROM models WHERE model_id=?",
+                               (key,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    # ------------------------------------------------------------------ recommendations
+    def set_recommendations(self, miner: str, rows: list[dict[str, Any]],
+                            computed_at: int) -> None:
+        """Replace the ranked open shards stored for `miner`. `computed_at` is the caller's
+        clock (chain or wall seconds); freshness is judged on the wall clock at storing."""
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO recommendations VALUES (?, ?, ?, ?)",
+                         (checksum(miner, "miner"), json.dumps(rows), float(computed_at),
+                          time.time()))
+
+    def recommendations(self, miner: str) -> tuple[list[dict[str, Any]], int] | None:
+        """The stored recommendations for `miner` and when they were computed, or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT rows, computed_at FROM recommendations WHERE miner=?",
+                               (checksum(miner, "miner"),)).fetchone()
+        return None if row is None else (list(json.loads(row[0])), int(row[1]))
+
+    def fresh_recommendations(self, miner: str, max_age_s: float) -> list[dict[str, Any]] | None:
+        """The stored recommendations for `miner` if stored less than `max_age_s` ago (wall
+        clock, so a devnet clock moved ahead cannot keep old ones fresh), else None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT rows, stored_at FROM recommendations WHERE miner=?",
+                               (checksum(miner, "miner"),)).fetchone()
+        if row is None or time.time() - float(row[1]) >= max_age_s:
+            return None
+        return list(json.loads(row[0]))
+
+    # ------------------------------------------------------------------ inspection
+    def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every chain-derived row, table by table (what a rebuild must reproduce)."""
+        keys = {"events": "block, log_index", "tasks": "task_id", "shards": "task_id, shard",
+                "miners": "address", "disputes": "dispute_id"}
+        with self._read() as conn:
+            return {t: [tuple(r) for r in conn.execute(f"SELECT * FROM {t} ORDER BY {k}")]
+                    for t, k in keys.items()}
+
+
+def _gpu(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {"name": value.get("name"), "memoryMiB": int(value.get("memoryMiB", 0)),
+                "count": int(value.get("count", 0))}
+    name, memory, count = value
+    return {"name": name, "memoryMiB": int(memory), "count": int(count)}
+
+
+def _range(task: sqlite3.Row, shard: int) -> tuple[int, int]:
+    start = shard * task["shard_size"]
+    return start, min(start + task["shard_size"], task["num_requests"])
+
+
+def _task_json(t: sqlite3.Row, shards: list[sqlite3.Row]) -> dict[str, Any]:
+    counts = dict.fromkeys(STATE_NAMES, 0)
+    for s in shards:
+        counts[STATE_NAMES[s["state"]]] += 1
+    return {
+        "taskId": t["task_id"], "client": t["client"],
+        "arbiter": None if t["arbiter"] == ZERO_ADDRESS else t["arbiter"],
+        "modelId": t["model_id"], "inputRoot": t["input_root"], "inputUri": t["input_uri"],
+        "numRequests": t["num_requests"], "shardSize": t["shard_size"],
+        "numShards": t["num_shards"], "maxTokensPerRequest": t["max_tokens"],
+        "pricePerToken": int(t["price"]), "minReputationBps": t["min_rep"],
+        "payment": int(t["payment"]), "deadline": t["deadline"], "createdAt": t["created_at"],
+        "cancelled": bool(t["cancelled"]), "createdBlock": t["created_block"],
+        "shardStates": counts,
+        "tokensUsed": sum(int(s["tokens_used"]) for s in shards
+                          if s["state"] in (SUBMITTED, DISPUTED, FINALIZED)),
+        "paid": sum(int(s["payment"]) for s in shards),
+        "refunded": sum(int(s["refund"]) for s in shards),
+        "done": bool(shards) and all(s["state"] in (FINALIZED, REFUNDED) for s in shards),
+    }
+
+
+def _shard_json(t: sqlite3.Row, s: sqlite3.Row) -> dict[str, Any]:
+    start, end = _range(t, s["shard"])
+    return {
+        "shard": s["shard"], "start": start, "end": end, "state": STATE_NAMES[s["state"]],
+        "miner": s["miner"], "claimExpiry": s["claim_expiry"], "windowEnd": s["window_end"],
+        "collateral": int(s["collateral"]), "tokensUsed": int(s["tokens_used"]),
+        "resultRoot": s["result_root"], "resultUri": s["result_uri"],
+        "payment": int(s["payment"]), "refund": int(s["refund"]),
+        "budget": (end - start) * t["max_tokens"] * int(t["price"]),
+        "reclaims": s["reclaims"], "penalty": int(s["penalty"]),
+    }
+
+
+def _dispute_json(d: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "disputeId": d["dispute_id"], "shard": d["shard"], "index": d["request_index"],
+        "opener": d["opener"], "miner": d["miner"], "bond": int(d["bond"]),
+        "deadline": d["deadline"], "evidenceUri": d["evidence_uri"],
+        "status": DISPUTE_STATUS[d["status"]], "slashed": int(d["slashed"]),
+        "openedBlock": d["opened_block"],
+    }

@@ -1,0 +1,46 @@
+"""Matching: which open shards a miner should claim, best first.
+
+A recommendation only saves the miner a search; the contract's `claimShard` decides (it
+checks `isEligible` again). The ranking mirrors the contract's eligibility (the model is
+served, the task pays at least the miner's price, the reputation floor is met) and then
+prefers the best paid work, sooner deadlines first. Shards that tie (typically the shards of
+one task) are ordered by rendezvous hashing on (miner, taskId, shard): every miner gets its
+own stable order, so two miners polling at once go for different shards instead of racing
+for the same claim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+
+def rendezvous_score(miner: str, task_id: int, shard: int) -> int:
+    """A stable pseudo-random weight of (miner, shard); the highest goes first on a tie."""
+    key = f"{miner.lower()}:{int(task_id)}:{int(shard)}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+
+
+def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
+    """Whether `miner` (a `Board.miners()` row) may claim `shard` (a `Board.open_shards()`
+    row) at chain time `now`, as far as the board knows."""
+    if not miner.get("eligible", True) or miner.get("exiting", False):
+        return False
+    served = {str(m).lower() for m in miner.get("models", ())}
+    return (str(shard["modelId"]).lower() in served
+            and int(miner["pricePerToken"]) <= int(shard["pricePerToken"])
+            and int(miner["reputationBps"]) >= int(shard.get("minReputationBps", 0))
+            and int(shard["deadline"]) > now)
+
+
+def rank_open_shards(open_shards: list[dict[str, Any]], miner: dict[str, Any], now: int,
+                     limit: int) -> list[dict[str, Any]]:
+    """The shards `miner` may claim, best first (price desc, deadline asc, then the miner's
+    rendezvous order), at most `limit` of them."""
+    if limit <= 0:
+        return []
+    address = str(miner["address"])
+    candidates = [s for s in open_shards if eligible(s, miner, now)]
+    candidates.sort(key=lambda s: (-int(s["pricePerToken"]), int(s["deadline"]),
+                                   -rendezvous_score(address, s["taskId"], s["shard"])))
+    return candidates[:limit]
