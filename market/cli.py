@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from market.cliutil import run_cli
 
-AREAS = ("market.chain.cli", "market.model.cli", "market.scheduler.cli")
+AREAS = ("market.chain.cli", "market.model.cli", "market.scheduler.cli", "market.service.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -311,3 +311,36 @@ def test_ticker_survives_an_outage() -> None:
 def test_ticker_rejects_bad_interval() -> None:
     with pytest.raises(ValueError, match="interval for sweep must be positive"):
         Ticker([("sweep", 0.0)], lambda name, expires: None)
+
+
+# -- task failure reporting ---------------------------------------------------------------
+
+
+def test_task_failures_logged_once_per_reason(caplog: pytest.LogCaptureFixture) -> None:
+    from market.errors import QuarryError
+    from market.service.worker import miner_alive, reported
+
+    def run(fail: str | None) -> dict[str, Any]:
+        with reported("index") as out:
+            if fail:
+                raise QuarryError(fail)
+            out["cursor"] = 7
+        return out
+
+    with caplog.at_level("WARNING", logger="quarry.worker"):
+        assert run("chain at http://x did not answer") == {
+            "error": "QuarryError: chain at http://x did not answer"}
+        run("chain at http://x did not answer")
+        run("chain reset: no TaskRegistry code")
+        assert run(None) == {"cursor": 7}
+        run(None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert "did not answer" in lines[0] and "chain reset" in lines[1]
+    assert lines[2] == "index recovered"
+    with pytest.raises(ValueError):  # a bug is not swallowed
+        with reported("index"):
+            raise ValueError("bug")
+    assert miner_alive({"alive": False, "lastSeen": 100}, 101, 30) is False
+    assert miner_alive({"lastSeen": 100}, 129, 30) and not miner_alive({"lastSeen": 100}, 131, 30)
+    assert not miner_alive({"lastSeen": None}, 0, 30)

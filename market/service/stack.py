@@ -208,13 +208,15 @@ class LocalStack:
         self.market = processes.start_market(self.settings, log_path=self.logs / "market.log",
                                              die_with_parent=self._die)
 
-    def restart_redis(self) -> None:
-        """Stop Redis (losing every queued task and lock: it keeps nothing on disk) and start
-        it again on the same port; the market and workers reconnect by themselves."""
+    def restart_redis(self, down_s: float = 0.0) -> None:
+        """Stop Redis (losing every queued task and lock: it keeps nothing on disk), leave
+        it down `down_s` seconds, and start it again on the same port; the market and the
+        workers reconnect by themselves."""
         self._require_started()
         assert self.redis is not None
         port = self.redis.port
         self.redis.stop()
+        time.sleep(down_s)
         self.redis = processes.start_redis(self.home / "redis", port,
                                            die_with_parent=self._die)
 

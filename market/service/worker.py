@@ -167,8 +167,10 @@ def index_events() -> dict[str, Any]:
         if not held:
             return {"skipped": "locked"}
         started = time.monotonic()
-        cursor = _board().index(_quarry())
-        return {"cursor": cursor, "seconds": round(time.monotonic() - started, 3)}
+        with reported("index") as out:
+            out["cursor"] = _board().index(_quarry())
+            out["seconds"] = round(time.monotonic() - started, 3)
+        return out
 
 
 @celery_app.task(name=TASK_SWEEP)
@@ -181,13 +183,15 @@ def sweep() -> dict[str, Any]:
     with redis_lock(SWEEP_LOCK) as held:
         if not held:
             return {"skipped": "locked"}
-        s = settings()
-        q = _quarry()
-        settler = as_account(s.settler_key) if s.settler_key else None
-        report = sweep_once(_board(), q, settler, chain_now(q), guard=RedisGuard(_redis()))
-        if report.sent or report.errors:
-            log.warning("sweep: %s", report.summary())
-        return report.as_dict()
+        with reported("sweep") as out:
+            s = settings()
+            q = _quarry()
+            settler = as_account(s.settler_key) if s.settler_key else None
+            report = sweep_once(_board(), q, settler, chain_now(q), guard=RedisGuard(_redis()))
+            if report.sent or report.errors:
+                log.warning("sweep: %s", report.summary())
+            out.update(report.as_dict())
+        return out
 
 
 @celery_app.task(name=TASK_RECOMMEND)
@@ -199,19 +203,44 @@ def recommend(limit: int = RECOMMEND_LIMIT) -> dict[str, Any]:
     with redis_lock(RECOMMEND_LOCK) as held:
         if not held:
             return {"skipped": "locked"}
-        board = _board()
-        now = chain_now(_quarry())
-        open_shards = board.open_shards(None, now)
-        ttl = settings().heartbeat_ttl_s
-        wall = time.time()
-        miners = 0
-        for miner in board.miners():
-            if not miner_alive(miner, wall, ttl):
-                continue
-            rows = matching.rank_open_shards(open_shards, miner, now, limit)
-            board.set_recommendations(str(miner["address"]), rows, now)
-            miners += 1
-        return {"miners": miners, "openShards": len(open_shards), "now": now}
+        with reported("recommend") as out:
+            board = _board()
+            now = chain_now(_quarry())
+            open_shards = board.open_shards(None, now)
+            ttl = settings().heartbeat_ttl_s
+            wall = time.time()
+            miners = 0
+            for miner in board.miners():
+                if not miner_alive(miner, wall, ttl):
+                    continue
+                rows = matching.rank_open_shards(open_shards, miner, now, limit)
+                board.set_recommendations(str(miner["address"]), rows, now)
+                miners += 1
+            out.update({"miners": miners, "openShards": len(open_shards), "now": now})
+        return out
+
+
+@contextmanager
+def reported(task: str) -> Iterator[dict[str, Any]]:
+    """Run a task's body; a QuarryError (chain down, chain reset, missing deployment) ends
+    it with `{"error": ...}` and one log line, repeated only when the reason changes, so an
+    outage does not flood the log with a traceback every tick."""
+    from market.errors import QuarryError
+
+    out: dict[str, Any] = {}
+    key = f"failing:{task}"
+    try:
+        yield out
+    except QuarryError as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        if _cache.get(key) != message:
+            log.warning("%s failed (retrying every tick): %s", task, message)
+            _cache[key] = message
+        out.clear()
+        out["error"] = message
+        return
+    if _cache.pop(key, None) is not None:
+        log.warning("%s recovered", task)
 
 
 def miner_alive(miner: dict[str, Any], wall: float, ttl_s: float) -> bool:
