@@ -248,8 +248,9 @@ def wait_redis(proc: ManagedProcess, timeout: float = 10.0) -> None:
 # -- the market and its workers -----------------------------------------------------------
 
 
-def _child_env(settings: MarketSettings) -> dict[str, str]:
+def _child_env(settings: MarketSettings, extra: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra or {})
     env.update(settings.to_env())
     env["PYTHONUNBUFFERED"] = "1"
     # The children import `market` from this checkout even when it is not installed.
@@ -260,14 +261,14 @@ def _child_env(settings: MarketSettings) -> dict[str, str]:
 
 def start_market(
     settings: MarketSettings, *, log_path: Path | None = None, timeout: float = 60.0,
-    die_with_parent: bool = True,
+    die_with_parent: bool = True, env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
     """`market serve` (the FastAPI app plus the ticker that enqueues the background work)
-    on `settings.host:port`, with `settings` passed in the environment; returns once
-    `/health` answers."""
+    on `settings.host:port`, with `settings` (and `env`) passed in the environment; returns
+    once `/health` answers."""
     cmd = [sys.executable, "-m", "market.cli", "serve"]
     proc = spawn(cmd, name=f"market {settings.url}", log_path=log_path,
-                 env=_child_env(settings), cwd=PROJECT_ROOT, port=settings.port,
+                 env=_child_env(settings, env), cwd=PROJECT_ROOT, port=settings.port,
                  die_with_parent=die_with_parent)
     try:
         proc.wait_http(f"{settings.url}/health", timeout)
@@ -285,7 +286,7 @@ def worker_nodename(name: str) -> str:
 def start_worker(
     settings: MarketSettings, *, concurrency: int = 1, name: str | None = None,
     log_path: Path | None = None, wait: bool = True, timeout: float = 60.0,
-    die_with_parent: bool = True,
+    die_with_parent: bool = True, env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
     """A Celery worker of `market.service.worker:celery_app` (solo pool for one task at a
     time, prefork above), named uniquely; with `wait`, returns once it answers a ping over
@@ -298,7 +299,8 @@ def start_worker(
     cmd = [sys.executable, "-m", "celery", "-A", "market.service.worker:celery_app", "worker",
            *pool, "-n", node, "--loglevel=WARNING", "--without-mingle", "--without-gossip"]
     proc = spawn(cmd, name=f"celery worker {node}", log_path=log_path,
-                 env=_child_env(settings), cwd=PROJECT_ROOT, die_with_parent=die_with_parent)
+                 env=_child_env(settings, env), cwd=PROJECT_ROOT,
+                 die_with_parent=die_with_parent)
     proc.extra["node"] = node
     if wait:
         try:

@@ -166,7 +166,7 @@ class LocalStack:
         for attempt in range(3):
             try:
                 return processes.start_market(self.settings, log_path=self.logs / "market.log",
-                                              die_with_parent=self._die)
+                                              die_with_parent=self._die, env=self._env())
             except ProcessError as exc:
                 if attempt == 2 or "address already in use" not in str(exc).lower():
                     raise
@@ -180,9 +180,14 @@ class LocalStack:
         name = f"quarry-w{seq}-{os.getpid()}"
         proc = processes.start_worker(
             self.settings, concurrency=concurrency or self._concurrency, name=name,
-            log_path=self.logs / f"worker{seq}.log", wait=wait, die_with_parent=self._die)
+            log_path=self.logs / f"worker{seq}.log", wait=wait, die_with_parent=self._die,
+            env=self._env())
         self.workers.append(proc)
         return proc
+
+    def _env(self) -> dict[str, str]:
+        """The children's QUARRY_HOME is the stack's, so nothing falls back to ./.quarry."""
+        return {"QUARRY_HOME": str(self.home)}
 
     # -- operations the tests and the demo use -----------------------------------------
 
@@ -206,7 +211,7 @@ class LocalStack:
             self.market.stop()
             self.market = None
         self.market = processes.start_market(self.settings, log_path=self.logs / "market.log",
-                                             die_with_parent=self._die)
+                                             die_with_parent=self._die, env=self._env())
 
     def restart_redis(self, down_s: float = 0.0) -> None:
         """Stop Redis (losing every queued task and lock: it keeps nothing on disk), leave
