@@ -296,6 +296,22 @@ class Worker:
                     out.append((task_id, k))
         return out
 
+    def own_open_claims(self) -> list[tuple[int, int]]:
+        """Shards this miner claimed (e.g. before a restart) that are still Claimed by it with
+        time left: `run` finishes them first rather than let the collateral be slashed."""
+        now = self.chain_now()
+        out = []
+        since = self.q.deployment.deploy_block
+        for ev in self.q.tasks.events("ShardClaimed", since, miner=self.address):
+            key = (int(ev["taskId"]), int(ev["shard"]))
+            if key in out or key in self.failed:
+                continue
+            sh = self.q.tasks.get_shard(*key)
+            if (sh.state == ShardState.CLAIMED and sh.miner == self.address
+                    and sh.claim_expiry > now + CLAIM_MARGIN_S):
+                out.append(key)
+        return out
+
     # ------------------------------------------------------------------ inputs
     def _fetch_requests(self, uri: str) -> list[ParsedRequest]:
         if uri in self._inputs:
@@ -404,6 +420,10 @@ class Worker:
             raise _Skip(f"shard is {sh.state.name}")
         if not resume and now >= task.deadline:
             raise _Skip(f"task deadline passed at {_utc(task.deadline)}", task_wide=True)
+        asking = q.gpu.miner_info(me).price_per_token
+        if not resume and task.price_per_token < asking:
+            raise _Skip(f"task pays {task.price_per_token} wei/token, below this miner's price "
+                        f"of {asking} wei/token", task_wide=True)
 
         requests = self.task_requests(task_id, task)
         start, end = q.tasks.shard_range(task_id, shard)
@@ -611,7 +631,8 @@ class Worker:
 
     def run(self, stop_when_idle: bool = False) -> RunSummary:
         """Poll, work and collect until Ctrl-C (or, with `stop_when_idle`, until a poll finds
-        no shard it can take). Heartbeats go to the market from a background thread."""
+        no shard it can take), starting with this miner's own unfinished claims. Heartbeats
+        go to the market from a background thread."""
         self._stop.clear()
         self._interrupts = 0
         previous = None
@@ -624,9 +645,12 @@ class Worker:
                                   name="miner-heartbeat", daemon=True)
             hb.start()
         try:
+            resume = self._safely("finding this miner's open claims", self.own_open_claims, [])
             while not self._stop.is_set():
                 self._safely("collecting payments", self.collect, 0)
-                candidates = self._safely("finding open shards", self.find_open_shards, [])
+                candidates = resume or self._safely("finding open shards",
+                                                    self.find_open_shards, [])
+                resume = []
                 worked = False
                 for task_id, shard in candidates:
                     if self._stop.is_set():

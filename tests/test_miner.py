@@ -1,16 +1,22 @@
 """The miner against a real Anvil (session devnet, rolled back per test) and the tiny model.
 
-Results go through `market.store.LocalStore` (real files, content-addressed), and the market
-URL points at a port where nothing listens, so the worker also exercises its fallback: open
-shards from chain events, the deployment from the deployment file.
+Most tests store through `market.store.LocalStore` (real files, content-addressed) with the
+market URL on a port where nothing listens, so the worker also exercises its fallback: open
+shards from chain events, the deployment from the deployment file. One test runs the whole
+path through a real market app (uvicorn in a thread): `miner register` posting manifests,
+`Worker.from_config`, recommendations from `/shards/open`, uploads and heartbeats.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +291,21 @@ def test_claim_for_an_unregistered_model_is_not_eligible_and_costs_nothing(
     assert q.tasks.get_shard(task_id, 0).state == ShardState.OPEN
 
 
+def test_task_paying_below_the_miners_price_is_not_claimed(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    info = q.gpu.miner_info(miner.address)
+    q.gpu.update(miner, q.gpu.models_of(miner.address), info.gpu, info.endpoint, PRICE + 1)
+    task_id = post_task(devnet, store, engine.model_id, batch(3))
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    progress=False)
+    outcome = worker.process_shard(task_id, 0)
+    assert outcome.status == "skipped"
+    assert f"below this miner's price of {PRICE + 1} wei/token" in outcome.reason
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.OPEN
+
+
 class FlakyEngine:
     """Fault injection: the real engine, whose first `generate` call fails (as an OOM would)."""
 
@@ -315,6 +336,18 @@ def test_engine_failure_mid_shard_does_not_stop_the_loop(
     failed = q.tasks.get_shard(task_id, 0)
     assert (failed.state, failed.miner) == (ShardState.CLAIMED, miner.address)
     assert worker.failed == {(task_id, 0)}
+    assert len(worker.run(stop_when_idle=True).submitted) == 1  # the failed one: not retried
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.CLAIMED
+
+    # A restarted miner finishes its own unexpired claim first (no new claim, no slash).
+    restarted = Worker(account=miner, quarry=q, engines={engine.model_id: engine},
+                       store=store, progress=False, poll_interval_s=0.1)
+    assert restarted.own_open_claims() == [(task_id, 0)]
+    assert [(o.task_id, o.shard) for o in restarted.run(stop_when_idle=True).submitted] == [
+        (task_id, 0)]
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.SUBMITTED
+    assert len(q.tasks.events("ShardClaimed", devnet.deployment.deploy_block,
+                              taskId=task_id)) == 2
 
 
 def test_first_ctrl_c_finishes_the_shard_second_aborts(
@@ -374,3 +407,134 @@ def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
     assert code == 0 and f"{STAKE} wei" in out
     assert devnet.chain.balance(miner.address) == before + STAKE - last_tx_gas(devnet)
     assert not devnet.q.gpu.is_registered(miner.address)
+
+
+# ----------------------------------------------------------------------------- with a market
+
+@pytest.fixture
+def live_market(devnet: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A market app on a free port over this test's chain; yields (url, board db path)."""
+    import uvicorn
+
+    from market.chain.deployment import Deployment
+    from market.service.app import create_app
+    from market.service.settings import MarketSettings
+
+    d = devnet.deployment
+    root = tmp_path / "market"
+    deployment = Deployment(d.chain_id, d.rpc_url, dict(d.addresses), d.deploy_block,
+                            d.deployer, dict(d.params)).save(root / "deployment.json")
+    settings = MarketSettings(deployment=deployment, store_dir=root / "store",
+                              db_path=root / "board.sqlite", port=free_port())
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host,
+                                           port=settings.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() - started > 30:
+                raise RuntimeError("the market app did not start")
+            time.sleep(0.02)
+        yield settings.url, settings.db_path
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def test_register_and_run_through_the_market(
+        devnet: Any, model_dir: Path, tmp_path: Path, live_market: tuple[str, Path],
+        one_torch_thread: None, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    cfg_path = config_file(tmp_path, miner, model_dir, url, max_batch=2,
+                           poll_interval_s=0.1, heartbeat_interval_s=0.5)
+    code, out, _ = run_cli(capsys, "register", "--config", str(cfg_path))
+    assert code == 0 and "manifests posted" in out  # contracts found through /deployment
+    api = MarketAPI(url)
+    model_id = q.gpu.models_of(miner.address)[0]
+    assert api.model("0x" + model_id.hex())["name"] == "quarry-miner-test"
+
+    data = batch(5)
+    uri = api.put(data)
+    parsed = parse_jsonl(data)
+    task_id, _ = q.tasks.create_task(
+        devnet.client, model_id=model_id,
+        input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=uri,
+        num_requests=5, shard_size=3, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        deadline=devnet.chain.timestamp() + 3600)
+    Board(db_path).index(q)  # as the market's Celery indexer would
+    assert {(s["taskId"], s["shard"]) for s in api.open_shards(
+        "0x" + model_id.hex(), miner.address)} == {(task_id, 0), (task_id, 1)}
+
+    with caplog.at_level(logging.INFO, logger="miner"):
+        code, out, _ = run_cli(capsys, "run", "--config", str(cfg_path), "--once",
+                               "--no-progress")
+    assert code == 0 and out.startswith("submitted 2 shard(s)")
+    assert "reading them from chain events" not in caplog.text  # the market recommended them
+    for shard in (0, 1):
+        sh = q.tasks.get_shard(task_id, shard)
+        assert (sh.state, sh.miner) == (ShardState.SUBMITTED, miner.address)
+        start, end = q.tasks.shard_range(task_id, shard)
+        doc = ShardResult.from_bytes(api.get(sh.result_uri))  # uploaded to the market
+        verify_shard_result(doc, task_id=task_id, shard=shard, start=start, miner=sh.miner,
+                            model_id=model_id, result_root=sh.result_root,
+                            tokens_used=sh.tokens_used,
+                            request_hashes=[r.request_hash for r in parsed[start:end]],
+                            chain_id=q.chain_id, task_registry=q.tasks.address)
+    Board(db_path).index(q)
+    row = next(m for m in api.miners() if m["address"] == miner.address)
+    assert row["alive"] and row["status"]["models"] == ["0x" + model_id.hex()]
+    assert api.open_shards("0x" + model_id.hex(), miner.address) == []
+    api.close()
+
+
+def test_cli_run_first_ctrl_c_submits_the_shard_and_exits_0(
+        devnet: Any, model_dir: Path, tmp_path: Path, live_market: tuple[str, Path]) -> None:
+    """The real `miner run` process: Ctrl-C once it has claimed a shard; it submits that
+    shard (no claim is left behind), takes no further shard, and exits 0."""
+    import subprocess
+    import sys
+
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, url)
+    api = MarketAPI(url)
+    data = batch(20)
+    parsed = parse_jsonl(data)
+    task_id, _ = q.tasks.create_task(
+        devnet.client, model_id=q.gpu.models_of(miner.address)[0],
+        input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=api.put(data),
+        num_requests=20, shard_size=4, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        deadline=devnet.chain.timestamp() + 3600)
+    api.close()
+    Board(db_path).index(q)
+    cfg = config_file(tmp_path, miner, model_dir, url, max_batch=1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "miner.cli", "run", "--config", str(cfg),
+                             "--no-progress"], stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent)
+    lines = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if " claimed: " in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(lines) + rest
+    assert proc.returncode == 0, err
+    assert "Ctrl-C: finishing task" in err
+    states = [q.tasks.get_shard(task_id, k).state for k in range(5)]
+    assert ShardState.CLAIMED not in states
+    assert states.count(ShardState.SUBMITTED) >= 1 and ShardState.OPEN in states
