@@ -36,7 +36,7 @@ from miner.config import MinerConfig
 from miner.register import register_miner
 from miner.worker import Worker
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.chain, pytest.mark.timeout(120)]
 
 PRICE = 10**9
 STAKE = 10**18
