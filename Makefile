@@ -44,7 +44,7 @@ $(ARTIFACTS_STAMP): $(NODE_STAMP) hardhat.config.js $(SOL_SOURCES)
 compile: $(ARTIFACTS_STAMP)
 
 lint: $(PY_STAMP)
-	$(VENV)/bin/ruff check market miner verifier client tests benchmarks
+	$(VENV)/bin/ruff check market miner verifier client tests benchmarks examples
 
 test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test
@@ -58,11 +58,9 @@ bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/*.py; do \
 	  echo "== $$script"; $(PY) $$script; done
 
-# Placeholder until the marketplace flow lands: bring up the devnet, show it, stop it.
+# The whole marketplace on private Redis/Anvil/market/worker/miners; stops all it started.
 demo: setup $(ARTIFACTS_STAMP)
-	$(VENV)/bin/market devnet up
-	$(VENV)/bin/market devnet status
-	$(VENV)/bin/market devnet down
+	$(PY) examples/demo.py
 
 clean:
 	rm -rf artifacts cache .quarry .pytest_cache

@@ -105,6 +105,10 @@ class AnvilProcess:
         stop_anvil(self.pid, timeout=timeout, popen=self.popen)
 
 
+DEVNET_BLOCK_TIME = 1
+"""Seconds between the devnet's empty blocks (its clock's resolution when idle)."""
+
+
 def start_anvil(
     port: int | None = None,
     *,
@@ -114,8 +118,15 @@ def start_anvil(
     silent: bool = False,
     timeout: float = 30.0,
     die_with_parent: bool = False,
+    block_time: int | None = None,
 ) -> AnvilProcess:
     """Start Anvil in its own session on `port` (a free one when None) and wait for its RPC.
+
+    Anvil mines a block per transaction. `block_time` also mines an empty block every that
+    many seconds (mixed mining), so the chain's clock moves while nobody transacts, as on a
+    real chain: without it, a call simulated at "latest" (gas estimation) sees the time of
+    the last transaction, and a shard whose window has closed by the wall clock still looks
+    open to `finalizeShard` until someone else sends a transaction.
 
     With a chosen port already taken, fail at once; with a free port picked here, retry on
     the rare race where another process grabs it first. `die_with_parent` (tests,
@@ -130,6 +141,8 @@ def start_anvil(
         chosen = port if port is not None else free_port()
         cmd = [str(binary), "--host", "127.0.0.1", "--port", str(chosen),
                "--chain-id", str(chain_id), "--accounts", str(accounts)]
+        if block_time is not None:
+            cmd += ["--block-time", str(block_time), "--mixed-mining"]
         if silent:
             cmd.append("--silent")
         log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -245,7 +258,7 @@ def up(port: int | None = None) -> Deployment:
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "anvil.log"
     log_path.write_bytes(b"")
-    proc = start_anvil(port, log_path=log_path)
+    proc = start_anvil(port, log_path=log_path, block_time=DEVNET_BLOCK_TIME)
     try:
         from market.chain.client import Chain, anvil_account  # web3: import only when needed
         from market.chain.deploy import deploy

@@ -116,7 +116,7 @@ class LocalStack:
     def _start(self) -> None:
         from market.chain.client import Chain, anvil_account
         from market.chain.deploy import DEVNET_PARAMS, Quarry, deploy
-        from market.chain.devnet import start_anvil
+        from market.chain.devnet import DEVNET_BLOCK_TIME, start_anvil
 
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -126,7 +126,7 @@ class LocalStack:
         self.redis = processes.start_redis(self.home / "redis", wait=False,
                                            die_with_parent=self._die)
         self.anvil = start_anvil(log_path=self.logs / "anvil.log", silent=True,
-                                 die_with_parent=self._die)
+                                 die_with_parent=self._die, block_time=DEVNET_BLOCK_TIME)
         self.timings["anvil"] = round(time.monotonic() - t, 3)
         processes.wait_redis(self.redis)
         self.timings["redis"] = round(time.monotonic() - t, 3)
