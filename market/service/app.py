@@ -9,6 +9,7 @@ changes, so the market can start before the devnet and follow a redeploy.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -100,6 +101,14 @@ def create_app(settings: MarketSettings) -> FastAPI:
     app.state.settings = settings
     app.state.board = board
     app.state.store = store
+    # Manifests are the one thing the chain cannot give back (it holds only modelIds), so
+    # they live beside the store's files and refill a rebuilt board.
+    manifests_dir = settings.store_dir / "manifests"
+    for path in sorted(manifests_dir.glob("0x*.json")):
+        try:
+            board.put_model(json.loads(path.read_text()))
+        except (OSError, ValueError, BoardError) as exc:
+            print(f"market: skipping unreadable manifest {path}: {exc}", flush=True)
 
     # -- errors: always {"detail": "<one line naming the problem>"} -----------------------
     @app.exception_handler(RequestValidationError)
@@ -206,6 +215,12 @@ def create_app(settings: MarketSettings) -> FastAPI:
     def register_model(manifest: dict[str, Any] = Body(...)) -> dict[str, Any]:
         """Store a model manifest under its modelId (keccak256 of its canonical JSON)."""
         model_id = board.put_model(manifest)
+        manifests_dir.mkdir(parents=True, exist_ok=True)
+        path = manifests_dir / f"{model_id}.json"
+        if not path.exists():
+            tmp = path.with_suffix(f".tmp{threading.get_ident()}")
+            tmp.write_text(json.dumps(board.model(model_id), sort_keys=True))
+            tmp.replace(path)
         return {"modelId": model_id, "name": manifest["name"]}
 
     @app.get("/models", tags=["models"])
