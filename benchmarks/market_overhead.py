@@ -324,6 +324,38 @@ def wait_offer(client: Any, model_id: bytes, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+class CpuMeter:
+    """CPU seconds (user + system, from /proc) used so far by the stack's processes, the
+    miner's and this one (the raw engine, or the client): on a 2-core machine, what runs
+    beside the generation slows it down."""
+
+    def __init__(self, stack: list[int], miner: list[int]) -> None:
+        self.groups = {"stack": stack, "miner": miner}
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def _cpu(self, pids: list[int]) -> float:
+        total = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / self.tick
+
+    def read(self) -> dict[str, float]:
+        return {**{k: self._cpu(v) for k, v in self.groups.items()},
+                "benchmark": time.process_time()}
+
+    @staticmethod
+    def used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {k: after[k] - before[k] for k in before}
+
+
+def cpu_median(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(median([c[k] for c in samples]), 3) for k in samples[0]}
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
@@ -352,6 +384,7 @@ def summarize(runs: list[dict[str, Any]], raw_times: list[float], n: int) -> dic
         "breakdown_s": {k: round(median([r["parts"][k] for r in runs]), 4)
                         for k in (*PARTS, "other")},
         "sdk_status_read_s": round(median([r["status_read_s"] for r in runs]), 4),
+        "cpu_s": cpu_median([r["cpu"] for r in runs]),
     }
 
 
@@ -404,26 +437,34 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                            shard_size=len(warm_lines), poll_s=args.client_poll_s,
                            timeout=args.timeout)
 
+                meter = CpuMeter(stack.pids(), miner.proc.group())
                 raw_times: list[float] = []
+                raw_cpu: list[dict[str, float]] = []
                 single: list[dict[str, Any]] = []
                 multi: list[dict[str, Any]] = []
                 identical = multi_identical = True
                 raw_tokens = 0
                 for r in range(args.repeats):
+                    c0 = meter.read()
                     raw_s, raw_out = raw_run(engine, lines, args.max_batch)
+                    c1 = meter.read()
                     raw_times.append(raw_s)
+                    raw_cpu.append(meter.used(c0, c1))
                     raw_ids = [o.token_ids for o in raw_out]
                     raw_tokens = sum(len(ids) for ids in raw_ids)
                     m = market_run(client, miner, lines, manifest.name, shard_size=len(lines),
                                    poll_s=args.client_poll_s, timeout=args.timeout)
+                    m["cpu"] = meter.used(c1, meter.read())
                     identical &= [o.token_ids for o in m.pop("outputs")] == raw_ids
                     single.append(m)
                     line = (f"repeat {r + 1}/{args.repeats}: raw {raw_s:.2f} s, market "
                             f"{m['time_s']:.2f} s (1 shard)")
                     if args.multi_shard_size:
+                        c2 = meter.read()
                         mm = market_run(client, miner, lines, manifest.name,
                                         shard_size=args.multi_shard_size,
                                         poll_s=args.client_poll_s, timeout=args.timeout)
+                        mm["cpu"] = meter.used(c2, meter.read())
                         multi_identical &= [o.token_ids for o in mm.pop("outputs")] == raw_ids
                         multi.append(mm)
                         line += f", market {mm['time_s']:.2f} s ({mm['shards']} shards)"
@@ -453,6 +494,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         "raw_time_s": round(raw_s, 4),
         "raw_times_s": [round(t, 4) for t in raw_times],
         "raw_tokens_per_s": round(raw_tokens / raw_s, 1),
+        "raw_cpu_s": cpu_median(raw_cpu),
         **{k: v for k, v in headline.items() if k != "shards"},
         "target_ratio": TARGET_RATIO,
         "meets_target": headline["market_vs_engine_throughput_ratio"] >= TARGET_RATIO,
