@@ -678,7 +678,7 @@ class Job:
         progress: bool = True,
         timeout: float | None = None,
         finalized: bool = False,
-        poll_s: float = 0.5,
+        poll_s: float = 0.25,
     ) -> JobStatus:
         """Block until every shard has a result (or, with `finalized`, is paid out).
 

@@ -166,6 +166,8 @@ class Worker:
         self.engine_kind = engine_kind
         self.skipped_tasks: dict[int, str] = {}  # task id -> why none of its shards is taken
         self.pending: set[tuple[int, int]] = set()  # submitted, not yet finalized
+        # Window ends already read from the chain: no call for a shard until its end passes.
+        self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
         self.current: ActiveClaim | None = None
         self.summary = RunSummary()
@@ -537,10 +539,14 @@ class Worker:
         now = max(self.chain_now(), int(time.time()))
         paid = 0
         for task_id, shard in sorted(self.pending):
+            if self._window_ends.get((task_id, shard), 0) > now:
+                continue  # known to be still inside its window
             sh = tasks.get_shard(task_id, shard)
             if sh.state in (ShardState.FINALIZED, ShardState.REFUNDED) or sh.miner != self.address:
                 self.pending.discard((task_id, shard))
                 continue
+            if sh.state == ShardState.SUBMITTED:
+                self._window_ends[(task_id, shard)] = sh.window_end
             if sh.state != ShardState.SUBMITTED or sh.window_end > now:
                 continue  # disputed, or window still open
             try:
@@ -558,6 +564,7 @@ class Worker:
             self.pending.discard((task_id, shard))
             log.info("task %d shard %d finalized: %d wei to escrow", task_id, shard, payment)
             self._emit("finalized", task_id=task_id, shard=shard, payment=payment)
+        self._window_ends = {k: v for k, v in self._window_ends.items() if k in self.pending}
         if self.auto_withdraw:
             self.withdraw()
         return paid
@@ -655,9 +662,10 @@ class Worker:
                 for task_id, shard in candidates:
                     if self._stop.is_set():
                         break
+                    # Each candidate is re-checked on-chain before it is claimed, so a
+                    # ranking a shard old is still safe to walk to its end.
                     if self.process_shard(task_id, shard).submitted:
                         worked = True
-                        break  # poll again: the ranking has changed
                 if self._stop.is_set() or (not worked and stop_when_idle):
                     break
                 if not worked:

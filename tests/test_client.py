@@ -62,20 +62,15 @@ class Market:
 def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """A market app on a free port, its board indexed once with the session's miners plus
     `outsider` serving a named model; all chain changes are rolled back afterwards."""
-    import uvicorn
-
-    from market.chain.deployment import Deployment
     from market.chain.devnet import free_port
-    from market.service.app import create_app
+    from market.service.app import serve_in_thread
     from market.service.board import Board
     from market.service.settings import MarketSettings
 
     net = devnet_session
     snapshot = net.chain.snapshot()
     root = tmp_path_factory.mktemp("market")
-    d = net.deployment
-    deployment = Deployment(d.chain_id, d.rpc_url, dict(d.addresses), d.deploy_block,
-                            d.deployer, dict(d.params)).save(root / "deployment.json")
+    deployment = net.deployment.save(root / "deployment.json")
     named = json_hash(MANIFEST)
     net.q.gpu.register(net.outsider, [named], GpuSpec("NVIDIA L4", 24576, 1),
                        "http://127.0.0.1:9199", NAMED_PRICE_FACTOR * net.PRICE, net.MINER_STAKE)
@@ -83,25 +78,15 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
                               db_path=root / "board.sqlite", port=free_port(),
                               max_request_bytes=MAX_REQUEST_BYTES)
     Board(settings.db_path).index(net.q)  # the miners, as the worker's indexer would
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host,
-                                           port=settings.port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     api = MarketAPI(settings.url)
     try:
-        started = time.monotonic()
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() - started > 30:
-                raise RuntimeError("the market app did not start")
-            time.sleep(0.02)
-        api.register_model(MANIFEST)
-        for miner in (net.miner, net.miner2):
-            api.heartbeat(miner, {"models": ["0x" + net.MODEL_ID.hex()]})
-        yield Market(settings.url, api, named)
+        with serve_in_thread(settings):
+            api.register_model(MANIFEST)
+            for miner in (net.miner, net.miner2):
+                api.heartbeat(miner, {"models": ["0x" + net.MODEL_ID.hex()]})
+            yield Market(settings.url, api, named)
     finally:
         api.close()
-        server.should_exit = True
-        thread.join(timeout=15)
         net.chain.revert_to(snapshot)
 
 

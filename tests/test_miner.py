@@ -14,8 +14,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -414,32 +412,15 @@ def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
 @pytest.fixture
 def live_market(devnet: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A market app on a free port over this test's chain; yields (url, board db path)."""
-    import uvicorn
-
-    from market.chain.deployment import Deployment
-    from market.service.app import create_app
+    from market.service.app import serve_in_thread
     from market.service.settings import MarketSettings
 
-    d = devnet.deployment
     root = tmp_path / "market"
-    deployment = Deployment(d.chain_id, d.rpc_url, dict(d.addresses), d.deploy_block,
-                            d.deployer, dict(d.params)).save(root / "deployment.json")
+    deployment = devnet.deployment.save(root / "deployment.json")
     settings = MarketSettings(deployment=deployment, store_dir=root / "store",
                               db_path=root / "board.sqlite", port=free_port())
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host,
-                                           port=settings.port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        started = time.monotonic()
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() - started > 30:
-                raise RuntimeError("the market app did not start")
-            time.sleep(0.02)
-        yield settings.url, settings.db_path
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with serve_in_thread(settings) as url:
+        yield url, settings.db_path
 
 
 def test_register_and_run_through_the_market(

@@ -6,23 +6,21 @@ unknown addresses and jobs, bad manifests, forged or stale heartbeats, no deploy
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-import uvicorn
 from eth_account.messages import encode_defunct
 
 from market.chain.devnet import free_port
 from market.model.manifest import Manifest
 from market.service.api import MarketAPI, MarketError, heartbeat_message
-from market.service.app import create_app
+from market.service.app import serve_in_thread
 from market.service.board import Board
 from market.service.settings import MarketSettings
 from market.store import ContentNotFound, ContentTooLarge, content_uri
@@ -39,23 +37,8 @@ MODEL_HEX = "0x" + "11" * 32
 @contextmanager
 def serve(settings: MarketSettings) -> Iterator[str]:
     """Run the app in a uvicorn thread on a free port; stop it on exit."""
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                            log_level="warning", lifespan="off", ws="none")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        assert not thread.is_alive(), "uvicorn did not stop"
+    with serve_in_thread(replace(settings, port=free_port())) as url:
+        yield url
 
 
 def settings_for(tmp_path: Path, deployment: Path, **kw: object) -> MarketSettings:

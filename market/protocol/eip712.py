@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
+from functools import lru_cache
 from typing import Any, ClassVar
 
+from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import SignableMessage, encode_typed_data
 from eth_utils import is_address, to_checksum_address
@@ -226,6 +228,7 @@ def _signable(
         raise SignatureError(f"cannot encode {primary_type}: {exc}") from exc
 
 
+@lru_cache(maxsize=256)
 def domain_separator(chain_id: int, verifying_contract: str) -> bytes:
     """The domain separator (what OpenZeppelin's `_domainSeparatorV4()` returns)."""
     return bytes(
@@ -234,20 +237,48 @@ def domain_separator(chain_id: int, verifying_contract: str) -> bytes:
     )
 
 
+_STATIC = ("uint", "int", "bytes32", "bool", "address")
+
+
+def _static_fields(primary_type: str) -> list[str] | None:
+    """The field types when every one is a static ABI type (hashStruct is then one
+    `abi.encode`), else None (arrays: left to eth-account's general encoder)."""
+    types = [f["type"] for f in TYPES.get(primary_type, [])]
+    if types and all(t.startswith(_STATIC) and not t.endswith("]") for t in types):
+        return types
+    return None
+
+
 def struct_hash(primary_type: str, message: Mapping[str, Any]) -> bytes:
     """hashStruct(message): the receipt's result-tree leaf value and `_hashTypedDataV4` input.
 
-    The struct hash does not depend on the domain; a placeholder domain is used to encode.
+    Structs of static fields (Receipt, Vote, ChallengeSet: one per output or vote, so this is
+    the hot path) hash as `keccak256(typeHash ++ abi.encode(fields))` directly; the others
+    go through eth-account with a placeholder domain (the struct hash ignores the domain).
     """
-    return bytes(_signable(primary_type, message, 1, "0x" + "00" * 20).body)
+    static = _static_fields(primary_type)
+    if static is None:
+        return bytes(_signable(primary_type, message, 1, "0x" + "00" * 20).body)
+    expected = [f["name"] for f in TYPES[primary_type]]
+    if sorted(message) != sorted(expected):
+        raise SignatureError(f"{primary_type} needs fields {expected}, got {sorted(message)}")
+    values = [_b32(message[n]) if t == "bytes32" else message[n]
+              for n, t in zip(expected, static, strict=True)]
+    try:
+        return keccak(TYPEHASHES[primary_type] + abi_encode(static, values))
+    except Exception as exc:  # eth-abi raises several types for values that do not fit
+        raise SignatureError(f"cannot encode {primary_type}: {exc}") from exc
 
 
 def typed_digest(
     primary_type: str, message: Mapping[str, Any], chain_id: int, verifying_contract: str
 ) -> bytes:
     """keccak256("\\x19\\x01" ++ domainSeparator ++ hashStruct): the hash that is signed."""
-    s = _signable(primary_type, message, chain_id, verifying_contract)
-    return keccak(b"\x19" + bytes(s.version) + bytes(s.header) + bytes(s.body))
+    if primary_type not in TYPES:
+        raise SignatureError(f"unknown struct {primary_type!r} (known: {', '.join(TYPES)})")
+    domain(chain_id, verifying_contract)  # validates both, with a clear error
+    return keccak(b"\x19\x01" + domain_separator(chain_id, verifying_contract)
+                  + struct_hash(primary_type, message))
 
 
 def sign(
@@ -258,9 +289,9 @@ def sign(
     verifying_contract: str,
 ) -> bytes:
     """Sign a typed-data struct; returns the 65-byte signature."""
-    signable = _signable(primary_type, message, chain_id, verifying_contract)
+    digest = typed_digest(primary_type, message, chain_id, verifying_contract)
     try:
-        signed = Account.sign_message(signable, private_key)
+        signed = Account.unsafe_sign_hash(digest, private_key)  # the EIP-712 digest itself
     except (ValueError, TypeError) as exc:
         raise SignatureError(f"cannot sign {primary_type}: bad private key ({exc})") from exc
     return bytes(signed.signature)
@@ -274,12 +305,12 @@ def recover(
     verifying_contract: str,
 ) -> str:
     """The checksummed address that signed `message` under the given domain."""
-    signable = _signable(primary_type, message, chain_id, verifying_contract)
+    digest = typed_digest(primary_type, message, chain_id, verifying_contract)
     sig = bytes(signature)
     if len(sig) != 65:
         raise SignatureError(f"a signature is 65 bytes, got {len(sig)}")
     try:
-        return str(Account.recover_message(signable, signature=sig))
+        return str(Account._recover_hash(digest, signature=sig))
     except Exception as exc:  # eth-keys raises BadSignature and ValueError subclasses
         raise SignatureError(f"invalid {primary_type} signature: {exc}") from exc
 

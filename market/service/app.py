@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +313,27 @@ def create_app(settings: MarketSettings) -> FastAPI:
         return jsonable_encoder(rows)
 
     return app
+
+
+@contextmanager
+def serve_in_thread(settings: MarketSettings, timeout: float = 30.0) -> Iterator[str]:
+    """Run the app under uvicorn in a daemon thread on `settings.host:port` and yield its
+    URL; stops it on exit. For embedding a market in another process (tests, notebooks);
+    `market serve` is the service itself."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host,
+                                           port=settings.port, log_level="warning",
+                                           lifespan="off", ws="none"))
+    thread = threading.Thread(target=server.run, daemon=True, name="market-app")
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise QuarryError(f"the market app did not start on {settings.url}")
+            time.sleep(0.01)
+        yield settings.url
+    finally:
+        server.should_exit = True
+        thread.join(timeout)

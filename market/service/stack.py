@@ -51,7 +51,7 @@ class LocalStack:
         market: bool = True,
         deploy_params: DeployParams | None = None,
         settler_account: int | None = SETTLER_ACCOUNT,
-        index_interval_s: float = 0.5,
+        index_interval_s: float = 0.25,
         sweep_interval_s: float = 1.0,
         heartbeat_ttl_s: float = 30.0,
         die_with_parent: bool = True,
