@@ -537,8 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompts of the untimed warm-up job (16)")
     parser.add_argument("--miner-poll-s", type=float, default=0.5,
                         help="miner poll_interval_s (0.5, as in the demo)")
-    parser.add_argument("--client-poll-s", type=float, default=0.5,
-                        help="SDK job.wait poll_s (0.5, its default)")
+    parser.add_argument("--client-poll-s", type=float, default=0.25,
+                        help="SDK job.wait poll_s (0.25, its default)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per job (180)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
     parser.add_argument("--keep", action="store_true",
