@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +34,6 @@ PRICE = 10**9
 CLIENT = anvil_account(1)
 MINERS = {name: anvil_account(i) for name, i in (("a", 3), ("b", 4))}
 
-
-def wait_until(predicate: Callable[[], Any], what: str, stack: LocalStack,
-               timeout: float = 90.0) -> Any:
-    """Poll until `predicate()` is truthy; on timeout fail with every log's tail."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    logs = "\n".join(f"--- {p.name}\n" + "\n".join(
-        p.read_text(errors="replace").splitlines()[-12:]) for p in sorted(stack.logs.glob("*")))
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{logs}")
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +139,8 @@ def test_killed_miner_loses_claim_and_client_is_compensated(
                         price=PRICE, shard_size=16, deadline=7200)
     proc_a = start_miner(stack, miners["a"], "--max-batch", "1")
     try:
-        wait_until(lambda: q.tasks.get_shard(job.task_id, 0).state == ShardState.CLAIMED,
-                   "miner a to claim the shard", stack)
+        stack.wait_until(lambda: q.tasks.get_shard(job.task_id, 0).state == ShardState.CLAIMED,
+                         "miner a to claim the shard", timeout=90)
         os.killpg(proc_a.pid, signal.SIGKILL)
         proc_a.popen.wait(timeout=10)
     finally:
@@ -191,7 +176,8 @@ def test_market_and_redis_restart_lose_no_job(
     job = client.submit(prompts(6, "restart"), model="quarry-tiny", max_tokens=8,
                         price=PRICE, shard_size=3, deadline=3600)
     api = MarketAPI(stack.market_url)
-    wait_until(lambda: _job_or_none(api, job.task_id), "the board to index the job", stack)
+    stack.wait_until(lambda: _job_or_none(api, job.task_id), "the board to index the job",
+                     timeout=90)
     # Lose everything off-chain: the market process, its SQLite board, every Redis key.
     assert stack.market is not None
     stack.market.stop()
@@ -200,8 +186,8 @@ def test_market_and_redis_restart_lose_no_job(
         Path(f"{stack.settings.db_path}{suffix}").unlink(missing_ok=True)
     stack.restart_redis()
     stack.restart_market()
-    board_job = wait_until(lambda: _job_or_none(api, job.task_id),
-                           "the rebuilt board to show the job again", stack)
+    board_job = stack.wait_until(lambda: _job_or_none(api, job.task_id),
+                                 "the rebuilt board to show the job again", timeout=90)
     assert board_job["numRequests"] == 6 and board_job["numShards"] == 2
     # Model manifests (off-chain, uploaded by the miners) come back from the store's disk.
     assert "quarry-tiny" in {m["name"] for m in api.models()}

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +38,6 @@ CLIENT = anvil_account(1)
 MINERS = (anvil_account(3), anvil_account(4))
 SETTLER = anvil_account(SETTLER_ACCOUNT)
 
-
-def wait_until(predicate: Callable[[], Any], what: str, stack: LocalStack,
-               timeout: float = 30.0) -> Any:
-    """Poll until `predicate()` is truthy; on timeout fail with the logs' tails."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    logs = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace")
-                                                  .splitlines()[-15:])
-                     for p in sorted(stack.logs.glob("*.log")))
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{logs}")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +93,7 @@ def test_index_through_the_worker(stack: LocalStack) -> None:
     from market.service.api import MarketAPI
 
     task_id = post_task(stack, shards=2)
-    job = wait_until(lambda: board(stack).job(task_id), f"task {task_id} on the board", stack)
+    job = stack.wait_until(lambda: board(stack).job(task_id), f"task {task_id} on the board")
     assert [s["shard"] for s in job["shards"]] == [0, 1]
     # The same through a task sent by hand (another worker or the ticker may hold the lock).
     worker.configure(stack.settings)
@@ -133,8 +119,8 @@ def test_recommendations_for_alive_miners(stack: LocalStack) -> None:
         rows = stored[0] if stored else []
         return sorted((r["taskId"], r["shard"]) for r in rows if r["taskId"] == task_id)
 
-    assert wait_until(lambda: len(recommended()) == 3 and recommended(),
-                      "recommendations for the alive miner", stack) == [
+    assert stack.wait_until(lambda: len(recommended()) == 3 and recommended(),
+                      "recommendations for the alive miner") == [
         (task_id, 0), (task_id, 1), (task_id, 2)]
     assert board(stack).recommendations(silent.address) is None  # no heartbeat: not alive
 
@@ -174,11 +160,11 @@ def test_sweep_finalizes_a_shard_whose_window_closed(stack: LocalStack) -> None:
     q.tasks.claim_shard(miner, task_id, 0)
     q.tasks.submit_result(miner, task_id, 0, b"\x02" * 32, "sha256:" + "cd" * 32, 5)
     start = q.chain.block_number()
-    wait_until(lambda: (task_id, 0) in board(stack).due_finalize(2**62),
-               "the submission on the board", stack)
+    stack.wait_until(lambda: (task_id, 0) in board(stack).due_finalize(2**62),
+               "the submission on the board")
     assert state(stack, task_id, 0) == ShardState.SUBMITTED  # the window is still open
     q.chain.advance_time(int(q.deployment.params["challenge_window"]) + 1)
-    wait_until(lambda: state(stack, task_id, 0) == ShardState.FINALIZED, "finalization", stack)
+    stack.wait_until(lambda: state(stack, task_id, 0) == ShardState.FINALIZED, "finalization")
     assert q.escrow.withdrawable(miner.address) - before == 5 * PRICE
     txs = settler_txs(stack, start)
     assert [(t["to"], t["status"]) for t in txs] == [(q.tasks.address, 1)]
@@ -190,28 +176,28 @@ def test_sweep_reclaims_an_expired_claim(stack: LocalStack) -> None:
     task_id = post_task(stack)
     miner = MINERS[1]
     q.tasks.claim_shard(miner, task_id, 0)
-    wait_until(lambda: board(stack).expired_claims(2**62).count((task_id, 0)),
-               "the claim on the board", stack)
+    stack.wait_until(lambda: board(stack).expired_claims(2**62).count((task_id, 0)),
+               "the claim on the board")
     q.chain.advance_time(int(q.deployment.params["claim_timeout"]) + 1)
-    wait_until(lambda: q.tasks.events("ClaimReclaimed", taskId=task_id),
-               "the reclaim", stack)
+    stack.wait_until(lambda: q.tasks.events("ClaimReclaimed", taskId=task_id),
+               "the reclaim")
     assert state(stack, task_id, 0) == ShardState.OPEN  # reopened: the deadline is far off
     event = q.tasks.events("ClaimReclaimed", taskId=task_id)[0]
     assert event["miner"] == miner.address and event["reopened"] is True
     # The board follows: the shard is open again for the other miner.
-    wait_until(lambda: any(s["taskId"] == task_id for s in
+    stack.wait_until(lambda: any(s["taskId"] == task_id for s in
                            board(stack).open_shards(MODEL_ID, q.chain.timestamp())),
-               "the reopened shard on the board", stack)
+               "the reopened shard on the board")
 
 
 @pytest.mark.timeout(60)
 def test_sweep_refunds_unfinished_shards_after_the_deadline(stack: LocalStack) -> None:
     q = stack.quarry
     task_id = post_task(stack, shards=3, deadline_in=40)
-    wait_until(lambda: board(stack).job(task_id), "the task on the board", stack)
+    stack.wait_until(lambda: board(stack).job(task_id), "the task on the board")
     q.chain.advance_time(41)
-    wait_until(lambda: len(q.tasks.events("ShardRefunded", taskId=task_id)) == 3,
-               "three refunds", stack)
+    stack.wait_until(lambda: len(q.tasks.events("ShardRefunded", taskId=task_id)) == 3,
+               "three refunds")
     assert {state(stack, task_id, k) for k in range(3)} == {ShardState.REFUNDED}
     assert q.escrow.escrowed(task_id) == 0
 
@@ -230,17 +216,17 @@ def test_two_workers_never_send_the_same_settlement_twice(stack: LocalStack) -> 
             q.tasks.claim_shard(m, task_id, k)
             q.tasks.submit_result(m, task_id, k, b"\x03" * 32, "sha256:" + "ef" * 32, 1 + k)
         start = q.chain.block_number()
-        wait_until(lambda: len([p for p in board(stack).due_finalize(2**62)
+        stack.wait_until(lambda: len([p for p in board(stack).due_finalize(2**62)
                                 if p[0] == task_id]) == shards,
-                   "the submissions on the board", stack)
+                   "the submissions on the board")
         q.chain.advance_time(int(q.deployment.params["challenge_window"]) + 1)
         # Besides the ticker's, a burst of sweeps for both workers at once.
         worker.configure(stack.settings)
         results = [worker.celery_app.send_task(worker.TASK_SWEEP) for _ in range(8)]
         for r in results:
             r.get(timeout=60)
-        wait_until(lambda: all(state(stack, task_id, k) == ShardState.FINALIZED
-                               for k in range(shards)), "every shard finalized", stack)
+        stack.wait_until(lambda: all(state(stack, task_id, k) == ShardState.FINALIZED
+                               for k in range(shards)), "every shard finalized")
         # Let a few more sweeps run on a board that may still lag the chain.
         worker.celery_app.send_task(worker.TASK_SWEEP).get(timeout=30)
         txs = settler_txs(stack, start)
@@ -258,8 +244,8 @@ def test_redis_restart_loses_no_indexing(stack: LocalStack) -> None:
     # Down long enough for the ticker to meet the outage (it enqueues every 0.3 s).
     stack.restart_redis(down_s=1.0)
     task_id = post_task(stack)
-    wait_until(lambda: board(stack).job(task_id), f"task {task_id} indexed after the restart",
-               stack, timeout=60)
+    stack.wait_until(lambda: board(stack).job(task_id),
+                     f"task {task_id} indexed after the restart", timeout=60)
     log = (stack.logs / "market.log").read_text()
     assert "cannot reach Redis" in log and "background work resumed" in log
     # The same worker and market processes carried on: they reconnected.

@@ -17,13 +17,16 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from market.errors import QuarryError
 from market.service import processes
 from market.service.processes import ManagedProcess, ProcessError
 from market.service.settings import MarketSettings
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from market.chain.deploy import DeployParams, Quarry
@@ -224,6 +227,25 @@ class LocalStack:
         time.sleep(down_s)
         self.redis = processes.start_redis(self.home / "redis", port,
                                            die_with_parent=self._die)
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines of every process's log, for an error message."""
+        return "\n".join(f"--- {p.name}\n" + "\n".join(
+            p.read_text(errors="replace").splitlines()[-lines:])
+            for p in sorted(self.logs.glob("*.log")))
+
+    def wait_until(self, predicate: Callable[[], T], what: str, timeout: float = 30.0) -> T:
+        """Poll `predicate()` until it is truthy and return it; on timeout raise
+        ProcessError naming `what`, with every log's tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise ProcessError(f"timed out after {timeout:g} s waiting for {what}\n"
+                                   + self.log_tails())
+            time.sleep(0.1)
 
     def pids(self) -> list[int]:
         """Every live process this stack started, children included."""
