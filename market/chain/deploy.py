@@ -7,6 +7,7 @@ VerifierCommittee, Arbitration, then each contract's one-time setters.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,30 @@ class Quarry:
         if name not in self.deployment.addresses or not is_address(self.deployment.addresses[name]):
             raise ConfigError(f"deployment has no contract {name!r}")
         return self.deployment.addresses[name]
+
+
+class WatchedDeployment:
+    """A deployment file that long-running services (the market app, its workers) follow:
+    `quarry()` connects on first use and again whenever the file changes on disk, e.g. when
+    a devnet is restarted and redeployed. A missing or unusable file raises ConfigError."""
+
+    def __init__(self, path: Path, *, timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._quarry: Quarry | None = None
+
+    def quarry(self) -> Quarry:
+        try:
+            stat = self.path.stat()
+            stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # Deployment.load names the missing file
+        with self._lock:
+            if self._quarry is None or stamp != self._stamp:
+                deployment = Deployment.load(self.path)
+                self._quarry = Quarry(deployment, Chain(deployment.rpc_url,
+                                                        timeout=self.timeout))
+                self._stamp = stamp
+            return self._quarry

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
@@ -23,13 +22,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from market.chain.deploy import WatchedDeployment
 from market.chain.errors import ChainError
 from market.errors import ConfigError, QuarryError
 from market.service.api import MarketError, recover_heartbeat
 from market.service.board import Board, BoardError, checksum, model_id_bytes
 from market.service.matching import eligible, rank_open_shards
 from market.service.settings import MarketSettings
-from market.store import ContentNotFound, ContentTooLarge, LocalStore, StoreError
+from market.store import ContentNotFound, ContentTooLarge, LocalStore
 
 HEARTBEAT_SKEW_S = 60
 """How far a heartbeat's timestamp may be from the market's clock (replays age out)."""
@@ -43,38 +43,6 @@ The chain is the source of truth: the market stores bytes (addressed by their sh
 indexes events and recommends; clients and miners check everything against the contracts.
 Errors are `{"detail": "..."}` with a 4xx status (503 while no deployment is configured).
 """
-
-
-class _Deployment:
-    """The deployment file, loaded on first use and again whenever it changes on disk."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
-        self._quarry: Any = None
-
-    def quarry(self) -> Any:
-        from market.chain.client import Chain
-        from market.chain.deploy import Quarry
-        from market.chain.deployment import Deployment
-
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            raise HTTPException(
-                503, f"no deployment: the market has no deployment file at {self.path} "
-                "(start a devnet with `market devnet up` or set QUARRY_DEPLOYMENT)") from None
-        stamp = (stat.st_mtime_ns, stat.st_size)
-        with self._lock:
-            if self._quarry is None or stamp != self._stamp:
-                try:
-                    deployment = Deployment.load(self.path)
-                except ConfigError as exc:
-                    raise HTTPException(503, f"no usable deployment: {exc}") from exc
-                self._quarry = Quarry(deployment, Chain(deployment.rpc_url, timeout=5.0))
-                self._stamp = stamp
-            return self._quarry
 
 
 def _redis_up(url: str) -> bool:
@@ -94,12 +62,22 @@ def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
+ERROR_STATUS: tuple[tuple[type[QuarryError], int], ...] = (
+    (ContentNotFound, 404),
+    (ContentTooLarge, 413),
+    (ChainError, 503),  # the chain is down or not the deployment's
+    (ConfigError, 503),  # no usable deployment file: the market cannot reach the contracts
+    (QuarryError, 400),  # the rest name bad input: store addresses, manifests, board queries
+)
+"""The HTTP status of each error family, most specific first."""
+
+
 def create_app(settings: MarketSettings) -> FastAPI:
     """The market's FastAPI app over `settings` (store directory, board file, deployment)."""
     app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1")
     board = Board(settings.db_path)
     store = LocalStore(settings.store_dir, settings.max_file_bytes)
-    deployment = _Deployment(settings.deployment)
+    deployment = WatchedDeployment(settings.deployment, timeout=5.0)
     app.state.settings = settings
     app.state.board = board
     app.state.store = store
@@ -121,29 +99,10 @@ def create_app(settings: MarketSettings) -> FastAPI:
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
         return _error(422, "invalid request: " + "; ".join(parts))
 
-    @app.exception_handler(ContentNotFound)
-    async def _not_found(request: Request, exc: ContentNotFound) -> JSONResponse:
-        return _error(404, str(exc))
-
-    @app.exception_handler(ContentTooLarge)
-    async def _too_large(request: Request, exc: ContentTooLarge) -> JSONResponse:
-        return _error(413, str(exc))
-
-    @app.exception_handler(StoreError)
-    async def _bad_store(request: Request, exc: StoreError) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(BoardError)
-    async def _bad_board(request: Request, exc: BoardError) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(ChainError)
-    async def _chain_down(request: Request, exc: ChainError) -> JSONResponse:
-        return _error(503, str(exc))
-
     @app.exception_handler(QuarryError)
     async def _quarry(request: Request, exc: QuarryError) -> JSONResponse:
-        return _error(400, str(exc))
+        status = next(code for cls, code in ERROR_STATUS if isinstance(exc, cls))
+        return _error(status, str(exc))
 
     def now() -> int:
         """The later of the wall clock and the last indexed block's time (a devnet's clock
@@ -164,8 +123,6 @@ def create_app(settings: MarketSettings) -> FastAPI:
             out["chainId"] = q.deployment.chain_id
             out["headBlock"] = q.chain.block_number()
             out["ok"] = True
-        except HTTPException as exc:
-            out["detail"] = exc.detail
         except QuarryError as exc:
             out["detail"] = str(exc)
         return out

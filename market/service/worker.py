@@ -18,7 +18,6 @@ Settings come from `MarketSettings.load()` (the `QUARRY_*` environment that
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,20 +126,14 @@ def _board() -> Board:
 
 
 def _quarry() -> Quarry:
-    """The contracts of the deployment file, reloaded when the file changes (a new devnet)."""
-    from market.chain.deploy import Quarry
-    from market.chain.deployment import Deployment
+    """The contracts of the deployment file, reconnected when the file changes."""
+    from market.chain.deploy import WatchedDeployment
 
     path = Path(settings().deployment)
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError:
-        stamp = None
-    q = _cache.get("quarry")
-    if q is None or _cache.get("quarry_stamp") != (path, stamp):
-        q = Quarry(Deployment.load(path))
-        _cache["quarry"], _cache["quarry_stamp"] = q, (path, stamp)
-    return q
+    watched = _cache.get("deployment")
+    if watched is None or watched.path != path:
+        watched = _cache["deployment"] = WatchedDeployment(path)
+    return watched.quarry()
 
 
 @contextmanager
