@@ -42,8 +42,7 @@ from client.config import format_eth as _eth
 from market.chain.client import Chain, TxResult, as_account
 from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, ShardState, Task
 from market.chain.deploy import Quarry
-from market.chain.deployment import CONTRACT_NAMES
-from market.chain.errors import ChainError, ContractRevert
+from market.chain.errors import ContractRevert, DeploymentMismatch
 from market.errors import QuarryError
 from market.protocol.merkle import input_tree
 from market.protocol.requests import validate_request
@@ -89,7 +88,7 @@ class ClientError(QuarryError):
     """A client-side problem; the message names it (and what to do, where it can)."""
 
 
-class ChainMismatch(ClientError):
+class ChainMismatch(ClientError, DeploymentMismatch):
     """The RPC is not the chain the market's contracts live on."""
 
 
@@ -315,20 +314,12 @@ class Client:
         self.market = MarketAPI(market_url, timeout=timeout)
         deployment = self.market.deployment()
         self.rpc_url = rpc_url or deployment.rpc_url
-        chain = Chain(self.rpc_url, timeout=timeout)
-        if not chain.is_up():
-            raise ChainError(f"no chain answers at {self.rpc_url}")
-        if chain.chain_id != deployment.chain_id:
-            raise ChainMismatch(
-                f"the chain at {self.rpc_url} has id {chain.chain_id}, but the market at "
-                f"{self.market.url} settles on chain {deployment.chain_id}")
-        for name in CONTRACT_NAMES:
-            address = deployment.addresses[name]
-            if not chain.w3.eth.get_code(to_checksum_address(address)):
-                raise ChainMismatch(
-                    f"no {name} code at {address} on the chain at {self.rpc_url}: the market's "
-                    "deployment is not on this chain (was the devnet restarted?)")
-        self.q = Quarry(deployment, chain)
+        self.q = Quarry(deployment, Chain(self.rpc_url, timeout=timeout))
+        try:
+            self.q.check()
+        except DeploymentMismatch as exc:
+            raise ChainMismatch(f"{exc} (the deployment of the market at {self.market.url})"
+                                ) from None
 
     @property
     def address(self) -> str:

@@ -143,24 +143,28 @@ class Quarry:
         return q
 
     def check(self) -> None:
-        from market.chain.errors import ChainError
+        """Fail clearly unless the chain answers, has the deployment's id, and holds code at
+        every one of its addresses (`DeploymentMismatch` for the last two)."""
+        from market.chain.errors import ChainError, DeploymentMismatch
 
+        url = self.chain.rpc_url
         if not self.chain.is_up():
             raise ChainError(
-                f"no chain answers at {self.deployment.rpc_url}; is the devnet running? "
-                "(`market devnet status`)"
+                f"no chain answers at {url}; is the devnet running? (`market devnet status`)"
             )
         if self.chain.chain_id != self.deployment.chain_id:
-            raise ChainError(
-                f"chain at {self.deployment.rpc_url} has id {self.chain.chain_id}, "
-                f"the deployment says {self.deployment.chain_id}"
+            raise DeploymentMismatch(
+                f"the chain at {url} has id {self.chain.chain_id}, but the deployment settles "
+                f"on chain {self.deployment.chain_id}"
             )
-        code = self.chain.w3.eth.get_code(self.tasks.address)
-        if not code:
-            raise ChainError(
-                f"no TaskRegistry code at {self.tasks.address}: the chain was restarted "
-                "without redeploying; run `market devnet down` and `market devnet up`"
-            )
+        for name in CONTRACT_NAMES:
+            address = self.address(name)
+            if not self.chain.w3.eth.get_code(address):
+                raise DeploymentMismatch(
+                    f"no {name} code at {address} on the chain at {url}: the deployment is not "
+                    "on this chain (was the devnet restarted without redeploying? run `market "
+                    "devnet down` and `market devnet up`)"
+                )
 
     @property
     def chain_id(self) -> int:

@@ -25,6 +25,11 @@ class ChainError(QuarryError):
     """The chain is unreachable, a transaction failed, or a deployment is unusable."""
 
 
+class DeploymentMismatch(ChainError):
+    """The chain answering at the RPC URL is not the one the deployment was made on (another
+    chain id, or no contract code at the deployment's addresses)."""
+
+
 class ContractRevert(ChainError):
     """A contract call or transaction reverted. `error` is the custom error's name ("Error" for
     `require` strings, "Panic" for compiler checks, "" for a bare revert), `args_dict` its
