@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eth_utils import encode_hex
+
 from market.errors import QuarryError
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import RequestError
@@ -189,9 +191,6 @@ class Output:
                 "total_tokens": self.prompt_tokens + completion}
 
 
-def _hex(b: bytes) -> str:
-    return "0x" + bytes(b).hex()
-
 
 def output_line(out: Output) -> dict[str, Any]:
     """The OpenAI Batch output line for one output, with a `quarry` proof object."""
@@ -211,11 +210,12 @@ def output_line(out: Output) -> dict[str, Any]:
         "choices": [choice],
         "usage": out.usage,
     }
-    receipt = {k: _hex(v) if isinstance(v, bytes) else v for k, v in out.receipt.message().items()}
+    receipt = {k: encode_hex(v) if isinstance(v, bytes) else v
+               for k, v in out.receipt.message().items()}
     return {
         "id": f"batch_req_{out.task_id}_{out.index}",
         "custom_id": out.custom_id,
-        "response": {"status_code": 200, "request_id": _hex(out.receipt.request_hash),
+        "response": {"status_code": 200, "request_id": encode_hex(out.receipt.request_hash),
                      "body": body},
         "error": None,
         "quarry": {
@@ -225,8 +225,8 @@ def output_line(out: Output) -> dict[str, Any]:
             "miner": out.miner,
             "tokenIds": list(out.token_ids),
             "receipt": receipt,
-            "signature": _hex(out.signature),
-            "proof": [_hex(p) for p in out.proof],
+            "signature": encode_hex(out.signature),
+            "proof": [encode_hex(p) for p in out.proof],
             "resultUri": out.result_uri,
             "chainId": out.chain_id,
             "taskRegistry": out.task_registry,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
+from eth_utils import encode_hex, to_checksum_address
 from web3.exceptions import ContractLogicError
 
 from client.batch import (
@@ -128,9 +128,6 @@ class DisputeNotPossible(ClientError):
     """The request's shard cannot be disputed now (state, window, caller)."""
 
 
-def _hex(b: bytes) -> str:
-    return "0x" + bytes(b).hex()
-
 
 # ---------------------------------------------------------------------------- models
 
@@ -159,7 +156,8 @@ class ModelOffer:
         return sum(m.alive for m in self.miners)
 
     def label(self) -> str:
-        return f"{self.name} ({_hex(self.model_id)})" if self.name else _hex(self.model_id)
+        model_id = encode_hex(self.model_id)
+        return f"{self.name} ({model_id})" if self.name else model_id
 
 
 def _model_id_of(value: Any) -> bytes | None:
@@ -239,7 +237,7 @@ class JobStatus:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "taskId": self.task_id, "client": self.client, "modelId": _hex(self.model_id),
+            "taskId": self.task_id, "client": self.client, "modelId": encode_hex(self.model_id),
             "numRequests": self.num_requests, "shardSize": self.shard_size,
             "numShards": len(self.shards), "maxTokensPerRequest": self.max_tokens_per_request,
             "pricePerToken": self.price_per_token, "deadline": self.deadline,
@@ -255,7 +253,7 @@ class JobStatus:
         lines = [
             f"task {self.task_id}: {self.num_requests} requests in {len(self.shards)} shards "
             f"({counts}){' [cancelled]' if self.cancelled else ''}",
-            f"  model {_hex(self.model_id)}, {self.price_per_token} wei/token, "
+            f"  model {encode_hex(self.model_id)}, {self.price_per_token} wei/token, "
             f"deadline {self.deadline} (chain time {self.chain_time})",
             f"  payment {self.payment} wei ({_eth(self.payment)}); escrowed {self.escrowed}, "
             f"paid to miners {self.paid}, refunded {self.refunded}, "
@@ -375,9 +373,9 @@ class Client:
             matches = [o for o in offers if o.name == model]
         if len(matches) == 1:
             return matches[0]
-        shown = model if isinstance(model, str) else _hex(bytes(model))
+        shown = model if isinstance(model, str) else encode_hex(bytes(model))
         if len(matches) > 1:
-            ids = ", ".join(_hex(o.model_id) for o in matches)
+            ids = ", ".join(encode_hex(o.model_id) for o in matches)
             raise UnknownModel(f"model name {shown!r} is ambiguous ({ids}); pass the modelId")
         known = "; ".join(
             f"{o.label()}: {len(o.miners)} miner(s), from {o.min_price} wei/token"
@@ -414,7 +412,7 @@ class Client:
             if model is None:
                 raise BatchError("model is required when submitting a list of prompts")
             offer = self.resolve_model(model, min_reputation_bps)
-            body_model = offer.name or _hex(offer.model_id)
+            body_model = offer.name or encode_hex(offer.model_id)
             batch = parse_batch(encode_jsonl(prompt_lines(
                 list(requests), model=body_model,  # type: ignore[arg-type]
                 max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
@@ -450,7 +448,7 @@ class Client:
                                  f"{first}'s; a task serves one model")
             model = next(iter(named))
         offer = self.resolve_model(model, min_reputation_bps)
-        accepted = {_hex(offer.model_id), offer.model_id.hex()}
+        accepted = {encode_hex(offer.model_id), offer.model_id.hex()}
         if offer.name:
             accepted.add(offer.name)
         if isinstance(model, str):

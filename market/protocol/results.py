@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eth_utils import to_checksum_address
+from eth_utils import encode_hex, to_checksum_address
 
 from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import Receipt
@@ -42,9 +42,6 @@ class ResultCheckFailed(ProtocolError):
         where = f"request {index}: " if index is not None else ""
         super().__init__(f"{check} check failed: {where}{message}")
 
-
-def _hex(b: bytes) -> str:
-    return "0x" + bytes(b).hex()
 
 
 def _unhex(value: Any, what: str) -> bytes:
@@ -78,10 +75,10 @@ class ResultItem:
             "token_ids": list(self.token_ids),
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,
-            "receipt": {k: _hex(v) if isinstance(v, bytes) else v
+            "receipt": {k: encode_hex(v) if isinstance(v, bytes) else v
                         for k, v in self.receipt.message().items()},
-            "signature": _hex(self.signature),
-            "proof": [_hex(p) for p in self.proof],
+            "signature": encode_hex(self.signature),
+            "proof": [encode_hex(p) for p in self.proof],
         }
 
     @classmethod
@@ -120,8 +117,8 @@ class ShardResult:
             "taskId": self.task_id,
             "shard": self.shard,
             "miner": self.miner,
-            "modelId": _hex(self.model_id),
-            "resultRoot": _hex(self.result_root),
+            "modelId": encode_hex(self.model_id),
+            "resultRoot": encode_hex(self.result_root),
             "tokensUsed": self.tokens_used,
             "items": [item.to_json() for item in self.items],
         })
