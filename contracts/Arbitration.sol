@@ -10,6 +10,7 @@ import {ITaskRegistry, Task, Shard, ShardState} from "./interfaces/ITaskRegistry
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
 import {IVerifierCommittee} from "./interfaces/IVerifierCommittee.sol";
+import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @notice Where a dispute stands.
 enum DisputeStatus {
@@ -46,7 +47,7 @@ struct Dispute {
 /// - No fault: `minerBondShareBps` of the bond goes to the miner and the rest is split equally
 ///   among the voters (rounding dust to the miner); the shard can be finalized at once.
 /// - Expired (no quorum by `deadline`): no fault, the bond returns to the opener.
-contract Arbitration is Ownable, ReentrancyGuard, EIP712 {
+contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     bytes32 public constant VOTE_TYPEHASH = keccak256("Vote(uint256 disputeId,bool minerAtFault)");
     uint16 public constant BPS = 10_000;
 
@@ -92,8 +93,6 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712 {
     event DisputeResolved(uint256 indexed disputeId, bool minerAtFault, address[] voters, uint256 slashed);
     event DisputeExpired(uint256 indexed disputeId);
 
-    error AlreadySet();
-    error ZeroAddress();
     error NotWired();
     error InvalidBps(uint256 bps);
     /// @notice `msg.value` is below `minBond`.
@@ -135,33 +134,25 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712 {
     // ------------------------------------------------------------------ wiring and params
 
     /// @notice Sets TaskRegistry. One-time, owner only.
-    function setTaskRegistry(address a) external onlyOwner {
-        if (address(taskRegistry) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setTaskRegistry(address a) external onlyOwner setOnce(address(taskRegistry), a) {
         taskRegistry = ITaskRegistry(a);
         emit TaskRegistrySet(a);
     }
 
     /// @notice Sets GPURegistry. One-time, owner only.
-    function setGPURegistry(address a) external onlyOwner {
-        if (address(gpuRegistry) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setGPURegistry(address a) external onlyOwner setOnce(address(gpuRegistry), a) {
         gpuRegistry = IGPURegistry(a);
         emit GPURegistrySet(a);
     }
 
     /// @notice Sets VerifierCommittee. One-time, owner only.
-    function setCommittee(address a) external onlyOwner {
-        if (address(committee) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setCommittee(address a) external onlyOwner setOnce(address(committee), a) {
         committee = IVerifierCommittee(a);
         emit CommitteeSet(a);
     }
 
     /// @notice Sets PaymentEscrow. One-time, owner only.
-    function setEscrow(address a) external onlyOwner {
-        if (address(escrow) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setEscrow(address a) external onlyOwner setOnce(address(escrow), a) {
         escrow = IPaymentEscrow(a);
         emit EscrowSet(a);
     }

@@ -6,6 +6,7 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @notice A miner's GPUs.
 struct GpuSpec {
@@ -32,7 +33,7 @@ struct MinerInfo {
 /// @dev Slashed wei always goes to PaymentEscrow.credit for the named beneficiary, so it is
 /// pulled like every other payment. Stake locked as collateral (an open shard, or a shard
 /// under dispute, whose collateral stays locked until the dispute resolves) cannot leave.
-contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard {
+contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     /// @notice Most models one miner may list.
     uint256 public constant MAX_MODELS = 16;
     /// @notice 100% in basis points.
@@ -79,8 +80,6 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard {
     event ReputationSet(address indexed miner, uint16 bps);
 
     error Unauthorized(address caller);
-    error AlreadySet();
-    error ZeroAddress();
     error NotWired();
     /// @notice `msg.value` (or the stake left) is below `minStake`.
     error InsufficientStake(uint256 required, uint256 got);
@@ -120,33 +119,25 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard {
     // ------------------------------------------------------------------ wiring and params
 
     /// @notice Sets TaskRegistry (locks, unlocks, slashes). One-time, owner only.
-    function setTaskRegistry(address a) external onlyOwner {
-        if (taskRegistry != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setTaskRegistry(address a) external onlyOwner setOnce(taskRegistry, a) {
         taskRegistry = a;
         emit TaskRegistrySet(a);
     }
 
     /// @notice Sets Arbitration (slashes). One-time, owner only.
-    function setArbitration(address a) external onlyOwner {
-        if (arbitration != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setArbitration(address a) external onlyOwner setOnce(arbitration, a) {
         arbitration = a;
         emit ArbitrationSet(a);
     }
 
     /// @notice Sets VerifierCommittee (writes reputation). One-time, owner only.
-    function setCommittee(address a) external onlyOwner {
-        if (committee != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setCommittee(address a) external onlyOwner setOnce(committee, a) {
         committee = a;
         emit CommitteeSet(a);
     }
 
     /// @notice Sets PaymentEscrow (receives slashed stake). One-time, owner only.
-    function setEscrow(address a) external onlyOwner {
-        if (address(escrow) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setEscrow(address a) external onlyOwner setOnce(address(escrow), a) {
         escrow = IPaymentEscrow(a);
         emit EscrowSet(a);
     }

@@ -5,13 +5,14 @@ import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @title PaymentEscrow
 /// @notice Holds every wei of Quarry: client payments per task (`escrowed`) and every amount
 /// credited to an account (`withdrawable`), which the account pulls with {withdraw}.
 /// Invariant: `address(this).balance == totalEscrowed + totalWithdrawable` at every step.
 /// @dev No constructor parameters; the owner (deployer) wires the four Quarry contracts once.
-contract PaymentEscrow is IPaymentEscrow, Ownable, ReentrancyGuard {
+contract PaymentEscrow is IPaymentEscrow, Ownable, ReentrancyGuard, OneTimeWiring {
     /// @notice Wei held for each task, released by TaskRegistry or Arbitration.
     mapping(uint256 taskId => uint256) public escrowed;
     /// @notice Wei each account may pull with {withdraw}.
@@ -41,10 +42,6 @@ contract PaymentEscrow is IPaymentEscrow, Ownable, ReentrancyGuard {
 
     /// @notice The caller is not the Quarry contract allowed to do this.
     error Unauthorized(address caller);
-    /// @notice A one-time wiring setter was called twice.
-    error AlreadySet();
-    /// @notice An address argument is zero.
-    error ZeroAddress();
     /// @notice A release asks for more than the task holds.
     error InsufficientEscrow(uint256 taskId, uint256 available, uint256 requested);
     /// @notice {withdraw} with nothing to withdraw.
@@ -57,33 +54,25 @@ contract PaymentEscrow is IPaymentEscrow, Ownable, ReentrancyGuard {
     // ------------------------------------------------------------------ wiring
 
     /// @notice Sets TaskRegistry (may deposit and release). One-time, owner only.
-    function setTaskRegistry(address a) external onlyOwner {
-        if (taskRegistry != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setTaskRegistry(address a) external onlyOwner setOnce(taskRegistry, a) {
         taskRegistry = a;
         emit TaskRegistrySet(a);
     }
 
     /// @notice Sets Arbitration (may release and credit). One-time, owner only.
-    function setArbitration(address a) external onlyOwner {
-        if (arbitration != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setArbitration(address a) external onlyOwner setOnce(arbitration, a) {
         arbitration = a;
         emit ArbitrationSet(a);
     }
 
     /// @notice Sets GPURegistry (may credit slashed stake). One-time, owner only.
-    function setGPURegistry(address a) external onlyOwner {
-        if (gpuRegistry != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setGPURegistry(address a) external onlyOwner setOnce(gpuRegistry, a) {
         gpuRegistry = a;
         emit GPURegistrySet(a);
     }
 
     /// @notice Sets VerifierCommittee (may credit slashed verifier stake). One-time, owner only.
-    function setCommittee(address a) external onlyOwner {
-        if (committee != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setCommittee(address a) external onlyOwner setOnce(committee, a) {
         committee = a;
         emit CommitteeSet(a);
     }

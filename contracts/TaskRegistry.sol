@@ -8,6 +8,7 @@ import {Receipt} from "./lib/QuarryTypes.sol";
 import {ITaskRegistry, Task, Shard, ShardState} from "./interfaces/ITaskRegistry.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @title TaskRegistry
 /// @notice Batch jobs, their shards, and the EIP-712 domain `{name: "Quarry", version: "1",
@@ -34,7 +35,7 @@ import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
 /// Money: the whole payment `numRequests * maxTokensPerRequest * pricePerToken` sits in
 /// PaymentEscrow under the task id. A shard's budget is `requests * maxTokensPerRequest *
 /// pricePerToken`; the budgets add up to the payment exactly.
-contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712 {
+contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     /// @notice EIP-712 type hash of {Receipt}.
     bytes32 public constant RECEIPT_TYPEHASH = keccak256(
         "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"
@@ -108,8 +109,6 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712 {
     event ShardDisputeResolved(uint256 indexed taskId, uint32 indexed shard, bool minerAtFault);
 
     error Unauthorized(address caller);
-    error AlreadySet();
-    error ZeroAddress();
     error NotWired();
     error InvalidBps(uint256 bps);
     error InvalidMaxShards(uint32 v);
@@ -165,25 +164,19 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712 {
     // ------------------------------------------------------------------ wiring and params
 
     /// @notice Sets GPURegistry. One-time, owner only.
-    function setGPURegistry(address a) external onlyOwner {
-        if (address(gpuRegistry) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setGPURegistry(address a) external onlyOwner setOnce(address(gpuRegistry), a) {
         gpuRegistry = IGPURegistry(a);
         emit GPURegistrySet(a);
     }
 
     /// @notice Sets PaymentEscrow. One-time, owner only.
-    function setEscrow(address a) external onlyOwner {
-        if (address(escrow) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setEscrow(address a) external onlyOwner setOnce(address(escrow), a) {
         escrow = IPaymentEscrow(a);
         emit EscrowSet(a);
     }
 
     /// @notice Sets Arbitration (may freeze and resolve shards). One-time, owner only.
-    function setArbitration(address a) external onlyOwner {
-        if (arbitration != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setArbitration(address a) external onlyOwner setOnce(arbitration, a) {
         arbitration = a;
         emit ArbitrationSet(a);
     }

@@ -9,6 +9,7 @@ import {Report, SigLib, InvalidSignature, DuplicateSigner, SignersNotSorted} fro
 import {IVerifierCommittee} from "./interfaces/IVerifierCommittee.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @notice Everything Quarry keeps about a verifier.
 struct VerifierInfo {
@@ -27,7 +28,7 @@ struct VerifierInfo {
 /// quorum shrinks), but the stake stays slashable for equivocation until {withdrawStake}.
 /// An equivocation slash takes the whole stake: half to the prover, the rest to the treasury
 /// (owner by default), both credited in PaymentEscrow.
-contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP712 {
+contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     bytes32 public constant CHALLENGE_SET_TYPEHASH = keccak256("ChallengeSet(uint256 epoch,bytes32 challengeSetHash)");
     bytes32 public constant REPORT_TYPEHASH =
         keccak256("Report(uint256 epoch,address[] miners,uint16[] scoresBps,bytes32 evidenceRoot)");
@@ -77,8 +78,6 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     event ReputationSkipped(uint256 indexed epoch, address indexed miner);
     event Equivocation(address indexed verifier, uint256 indexed epoch, address indexed prover, uint256 slashed);
 
-    error AlreadySet();
-    error ZeroAddress();
     error NotWired();
     error InsufficientStake(uint256 required, uint256 got);
     error AlreadyRegistered(address verifier);
@@ -122,17 +121,13 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     // ------------------------------------------------------------------ wiring and params
 
     /// @notice Sets GPURegistry (receives reputation). One-time, owner only.
-    function setGPURegistry(address a) external onlyOwner {
-        if (address(gpuRegistry) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setGPURegistry(address a) external onlyOwner setOnce(address(gpuRegistry), a) {
         gpuRegistry = IGPURegistry(a);
         emit GPURegistrySet(a);
     }
 
     /// @notice Sets PaymentEscrow (receives slashed stake). One-time, owner only.
-    function setEscrow(address a) external onlyOwner {
-        if (address(escrow) != address(0)) revert AlreadySet();
-        if (a == address(0)) revert ZeroAddress();
+    function setEscrow(address a) external onlyOwner setOnce(address(escrow), a) {
         escrow = IPaymentEscrow(a);
         emit EscrowSet(a);
     }
