@@ -525,28 +525,11 @@ def build_registry_cluster(
     return RegistryCluster(cluster, miners, skipped, estimates, source, rtts, sink)
 
 
-def cluster_from_registry(
-    quarry: Quarry,
-    model: ModelSpec,
-    *,
-    model_id: bytes | None = None,
-    latencies: Mapping[tuple[str, str], Link] | None = None,
-    default_link: Link | None = None,
-    gpu_speeds: Mapping[str, GpuClass] | None = None,
-    regions: Mapping[str, str] | None = None,
-    l_in: int = 512,
-    measure: bool = True,
-    samples: int = 3,
-    connect_timeout_s: float = 1.0,
-    warn: Callable[[str], None] | None = None,
-) -> Cluster:
+def cluster_from_registry(quarry: Quarry, model: ModelSpec, **options: Any) -> Cluster:
     """One `Server` per active registered miner (see the module docstring for how memory,
-    speeds and links are found). Raises QuarryError when no miner qualifies."""
-    return build_registry_cluster(
-        quarry, model, model_id=model_id, latencies=latencies, default_link=default_link,
-        gpu_speeds=gpu_speeds, regions=regions, l_in=l_in, measure=measure, samples=samples,
-        connect_timeout_s=connect_timeout_s, warn=warn,
-    ).cluster
+    speeds and links are found): `build_registry_cluster(...).cluster`, with the same
+    keyword options. Raises QuarryError when no miner qualifies."""
+    return build_registry_cluster(quarry, model, **options).cluster
 
 
 def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
