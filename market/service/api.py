@@ -16,6 +16,23 @@ The endpoints (JSON unless noted; errors are `{"detail": "..."}` with a 4xx stat
     POST /miners/heartbeat       {"miner", "timestamp", "status", "signature"}
     GET  /miners                 [{"address", "endpoint", "models", "pricePerToken", "stake",
                                    "reputationBps", "lastSeen", "alive", "status"}]
+    POST /tasks/{taskId}/offer   {"miner", "timestamp", "signature"} signed by the task's client
+                                 -> {"taskId", "miner", "until"}: until the task's deadline its
+                                 shards are shown and recommended to that miner only; 401 not
+                                 the client, 404 unknown task or miner, 400 stale timestamp
+    POST /committee/messages     {"author", "kind", "epoch", "topic", "body", "signature"} ->
+                                 201 {"id"} (200 for an identical repost); 401 bad signature,
+                                 403 not a VerifierCommittee member, 409 another message under
+                                 the same (author, kind, epoch, topic), 413 over 1 MiB
+    GET  /committee/messages?epoch=&kind=&topic=&afterId=&limit=   members only (headers
+                                 X-Quarry-Reader, X-Quarry-Timestamp, X-Quarry-Signature) ->
+                                 [{"id", "author", "kind", "epoch", "topic", "body",
+                                   "signature", "receivedAt"}] ascending by id
+
+Signatures are EIP-191 (`personal_sign`) over canonical JSON: a heartbeat over {"miner",
+"timestamp", "status"}, an offer over {"taskId", "miner", "timestamp"}, a committee message
+over {"author", "kind", "epoch", "topic", "body"}, a reader's headers over {"reader",
+"timestamp"}. Timestamps are unix seconds on the signer's clock.
 
 The chain stays the source of truth: the market only stores bytes, indexes events and
 recommends; a client or miner can check everything it says against the contracts.
@@ -24,6 +41,7 @@ recommends; a client or miner can check everything it says against the contracts
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -54,15 +72,99 @@ def heartbeat_message(miner: str, timestamp: int, status: dict[str, Any]) -> byt
     return canonical_json_bytes({"miner": miner, "timestamp": timestamp, "status": status})
 
 
+def _sign(account: LocalAccount, message: bytes) -> str:
+    return "0x" + bytes(account.sign_message(encode_defunct(message)).signature).hex()
+
+
+def _recover(message: bytes, signature: Any) -> str:
+    """The EIP-191 signer of `message`; raises on a malformed signature."""
+    if not isinstance(signature, str):
+        raise ValueError(f"signature must be a 0x hex string, got {type(signature).__name__}")
+    return str(Account.recover_message(encode_defunct(message),
+                                       signature=bytes.fromhex(signature.removeprefix("0x"))))
+
+
 def recover_heartbeat(body: dict[str, Any]) -> str:
     """The address that signed a heartbeat body; raises MarketError on a malformed one."""
     try:
         message = heartbeat_message(body["miner"], int(body["timestamp"]), body["status"])
-        return str(Account.recover_message(encode_defunct(message),
-                                           signature=bytes.fromhex(
-                                               body["signature"].removeprefix("0x"))))
+        return _recover(message, body["signature"])
     except Exception as exc:  # KeyError, ValueError, BadSignature...
         raise MarketError(f"malformed heartbeat: {exc}") from exc
+
+
+def offer_message(task_id: int, miner: str, timestamp: int) -> bytes:
+    """The bytes a task's client signs (EIP-191) to offer the task to one miner; the taskId
+    is signed too, so an offer cannot be replayed onto another task of the same client."""
+    return canonical_json_bytes({"taskId": int(task_id), "miner": miner,
+                                 "timestamp": int(timestamp)})
+
+
+def recover_offer(task_id: int, body: dict[str, Any]) -> str:
+    """The address that signed an offer body for `task_id`; MarketError on a malformed one."""
+    try:
+        return _recover(offer_message(task_id, body["miner"], int(body["timestamp"])),
+                        body["signature"])
+    except Exception as exc:  # KeyError, ValueError, BadSignature...
+        raise MarketError(f"malformed offer: {exc}") from exc
+
+
+MESSAGE_FIELDS = ("author", "kind", "epoch", "topic", "body")
+"""The fields of a committee message its signature covers (all but `signature`)."""
+
+
+def committee_message_bytes(msg: Mapping[str, Any]) -> bytes:
+    """The bytes a verifier signs (EIP-191) for a committee message: the canonical JSON of
+    its five content fields."""
+    return canonical_json_bytes({k: msg[k] for k in MESSAGE_FIELDS})
+
+
+def committee_message(account: LocalAccount, kind: str, epoch: int, topic: str,
+                      body: dict[str, Any]) -> dict[str, Any]:
+    """A committee message from `account`, signed and ready for `MarketAPI.post_message`."""
+    msg: dict[str, Any] = {"author": account.address, "kind": kind, "epoch": int(epoch),
+                           "topic": topic, "body": body}
+    msg["signature"] = _sign(account, committee_message_bytes(msg))
+    return msg
+
+
+def recover_committee_message(msg: Mapping[str, Any]) -> str:
+    """The address that signed a committee message (compare it with `author`); raises
+    MarketError on a malformed message or signature."""
+    try:
+        return _recover(committee_message_bytes(msg), msg["signature"])
+    except Exception as exc:  # KeyError, CanonicalJSONError, ValueError, BadSignature...
+        raise MarketError(f"malformed committee message: {exc}") from exc
+
+
+READER_HEADER = "X-Quarry-Reader"
+TIMESTAMP_HEADER = "X-Quarry-Timestamp"
+SIGNATURE_HEADER = "X-Quarry-Signature"
+
+
+def reader_message(reader: str, timestamp: int) -> bytes:
+    """The bytes a member signs (EIP-191) to read the committee's messages."""
+    return canonical_json_bytes({"reader": reader, "timestamp": int(timestamp)})
+
+
+def reader_headers(account: LocalAccount, timestamp: int | None = None) -> dict[str, str]:
+    """The headers that let `account` read the committee's messages (valid for a couple of
+    minutes around `timestamp`, default now)."""
+    timestamp = int(time.time()) if timestamp is None else int(timestamp)
+    return {READER_HEADER: account.address, TIMESTAMP_HEADER: str(timestamp),
+            SIGNATURE_HEADER: _sign(account, reader_message(account.address, timestamp))}
+
+
+def recover_reader(reader: str, timestamp: int, signature: str) -> str:
+    """The address that signed a reader's headers; MarketError on a malformed signature."""
+    try:
+        return _recover(reader_message(reader, timestamp), signature)
+    except Exception as exc:  # ValueError, BadSignature...
+        raise MarketError(f"malformed reader signature: {exc}") from exc
+
+
+MESSAGE_PAGE = 500
+"""How many committee messages `MarketAPI.messages` asks for per request."""
 
 
 class MarketAPI:
@@ -150,14 +252,50 @@ class MarketAPI:
         return list(self._json("GET", "/shards/open",
                                params={"modelId": model_id, "miner": miner, "limit": limit}))
 
+    def offer(self, client: LocalAccount, task_id: int, miner: str) -> None:
+        """Offer task `task_id` (whose client is `client`) to `miner` alone: until the task's
+        deadline the market shows and recommends its shards to no other miner. A later offer
+        replaces an earlier one. The market only recommends: the contract lets any eligible
+        miner claim, so this directs honest miners, it does not bind them."""
+        timestamp = int(time.time())
+        self._json("POST", f"/tasks/{int(task_id)}/offer", json={
+            "miner": miner, "timestamp": timestamp,
+            "signature": _sign(client, offer_message(task_id, miner, timestamp))})
+
+    # ------------------------------------------------------------------ committee
+    def post_message(self, msg: dict[str, Any]) -> int:
+        """Relay a signed committee message (see `committee_message`); returns its id. An
+        identical repost returns the first id; another message under the same (author, kind,
+        epoch, topic) is refused (MarketError, status 409)."""
+        return int(self._json("POST", "/committee/messages", json=msg)["id"])
+
+    def messages(self, reader: LocalAccount, *, epoch: int | None = None,
+                 kind: str | None = None, topic: str | None = None, after_id: int = 0,
+                 ) -> list[dict[str, Any]]:
+        """The committee's messages with an id above `after_id` (filtered by epoch, kind and
+        topic when given), ascending by id, each with `id` and `receivedAt`. `reader` must be
+        a VerifierCommittee member. Fetched page by page, so this returns all of them."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": MESSAGE_PAGE}
+        for key, value in (("epoch", epoch), ("kind", kind), ("topic", topic)):
+            if value is not None:
+                params[key] = value
+        while True:
+            page = list(self._json("GET", "/committee/messages",
+                                   params={**params, "afterId": after_id},
+                                   headers=reader_headers(reader)))
+            out += page
+            if len(page) < MESSAGE_PAGE:
+                return out
+            after_id = int(page[-1]["id"])
+
     # ------------------------------------------------------------------ miners
     def heartbeat(self, account: LocalAccount, status: dict[str, Any]) -> None:
         timestamp = int(time.time())
-        message = heartbeat_message(account.address, timestamp, status)
-        signature = account.sign_message(encode_defunct(message)).signature
+        signature = _sign(account, heartbeat_message(account.address, timestamp, status))
         self._json("POST", "/miners/heartbeat", json={
             "miner": account.address, "timestamp": timestamp, "status": status,
-            "signature": "0x" + bytes(signature).hex()})
+            "signature": signature})
 
     def miners(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/miners"))
