@@ -1,0 +1,343 @@
+"""Declared cheating modes of a miner, for tests and `benchmarks/detection.py` ONLY.
+
+A verifier committee is only worth something if it catches miners that cut corners, so the
+project ships the corners to cut. `cheating_engine(mode, engine, model_dir)` wraps a loaded
+honest engine; the wrapper keeps its tokenizer interface (request_from_line,
+validate_request, decode, model_id...) so `miner.worker` runs it unchanged, and receipts
+still name the registered modelId. Only generation lies:
+
+- `substitute`: a cheaper sibling model serves the requests: `market.model.create` with
+  another seed and half the layers (same tokenizer, vocabulary and positions, so token ids
+  stay valid). It has its own modelId; it is built once and cached under `cache_dir`.
+- `perturb`: the real weights plus Gaussian noise of `perturb_scale` (default
+  `PERTURB_SCALE` = 0.05) times each tensor's own std (constant tensors such as norm weights
+  are left alone). On the embedded tiny model this changes about one greedy step in seven
+  when teacher-forced on the honest model, and most completions diverge after a while, but
+  none is random (see tests/test_miner_cheats.py).
+- `random`: exactly `max_tokens` uniformly random non-special token ids; the logprobs
+  reported are those of that uniform draw.
+- `wrong-prompt`: the real model answers a different prompt: every ordinary (non-special)
+  token of the prompt is replaced by a fixed unrelated decoy text, so the prompt keeps its
+  length and its chat skeleton (role tokens, BOS) but asks something else.
+
+Every mode is deterministic in (`seed`, request), so tests and benchmarks are repeatable.
+`miner run --test-mode MODE` turns one on and says so loudly; a normal `miner run` never
+does. torch is imported by the engines, not here, so `CHEAT_MODES` is cheap to import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from abc import abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.text import TextEngine
+from market.errors import QuarryError
+
+CHEAT_MODES = ("substitute", "perturb", "random", "wrong-prompt")
+
+PERTURB_SCALE = 0.05
+"""Noise std as a fraction of each weight tensor's std: slight, not random (module doc)."""
+SUBSTITUTE_SEED_BASE = 7919
+"""The sibling's seed is this plus `seed`: far from the small seeds real models are made with."""
+DECOY_TEXT = (
+    "Ignore the question. Recite the shipping forecast for the northern sea areas, then list "
+    "twelve kinds of cheese, the rivers of Europe from west to east, and a recipe for bread."
+)
+"""What `wrong-prompt` asks instead of the client's prompt."""
+
+
+class CheatError(QuarryError):
+    """A cheating mode that cannot be set up (unknown mode, unsupported model...)."""
+
+
+def default_cache_dir() -> Path:
+    """Where substitute models are kept: beside the miner's other state in $QUARRY_HOME."""
+    from market.config import quarry_home
+
+    return quarry_home() / "cheat-models"
+
+
+def _digest(*parts: Any) -> bytes:
+    return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).digest()
+
+
+class CheatingEngine(TextEngine):
+    """An honest engine's tokenizer and identity around dishonest generation.
+
+    `score` stays honest (the wrapped engine's): the cheat is in what the miner returns.
+    Attributes the wrapper lacks (device, pad_id, stop_token_ids...) are the honest engine's.
+    """
+
+    mode = ""
+
+    def __init__(self, honest: TextEngine, seed: int) -> None:
+        if not isinstance(honest, TextEngine):
+            raise CheatError(f"can only wrap an engine with a tokenizer (a TextEngine), got "
+                             f"{type(honest).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise CheatError(f"seed must be an integer, got {seed!r}")
+        self.honest = honest
+        self.seed = seed
+        self.tokenizer = honest.tokenizer
+        self.manifest = honest.manifest
+        self.model_dir = honest.model_dir
+        self.vocab_size = honest.vocab_size
+        self.max_positions = honest.max_positions
+        self._extra: list[TextEngine] = []  # engines this wrapper loaded and must close
+
+    def __getattr__(self, name: str) -> Any:
+        honest = self.__dict__.get("honest")
+        if honest is None:
+            raise AttributeError(name)
+        return getattr(honest, name)
+
+    def special_ids(self) -> frozenset[int]:
+        ids = set(getattr(self.tokenizer, "all_special_ids", ()) or ())
+        return frozenset(int(i) for i in ids)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        requests = list(requests)
+        for i, r in enumerate(requests):
+            self.validate_request(i, r)
+        return self._cheat(requests)
+
+    @abstractmethod
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        """The mode's outputs for already validated requests, in request order."""
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
+    ) -> list[ScoreResult]:
+        return self.honest.score(prompt_ids, output_ids)
+
+    def close(self) -> None:
+        for e in self._extra:
+            e.close()
+        self._extra.clear()
+        self.honest.close()
+
+
+class _OtherModel(CheatingEngine):
+    """Generation by another engine (a substitute or perturbed model) with the same tokenizer."""
+
+    def __init__(self, honest: TextEngine, seed: int, other: TextEngine) -> None:
+        super().__init__(honest, seed)
+        self.other = other
+        self._extra.append(other)
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        return self.other.generate(requests)
+
+
+class SubstituteEngine(_OtherModel):
+    mode = "substitute"
+
+    @property
+    def substitute_model_id(self) -> bytes:
+        """The modelId of what actually generates (receipts still carry `model_id`)."""
+        return self.other.model_id
+
+
+class PerturbEngine(_OtherModel):
+    mode = "perturb"
+
+    def __init__(self, honest: TextEngine, seed: int, other: TextEngine, scale: float) -> None:
+        super().__init__(honest, seed, other)
+        self.scale = scale
+
+
+class RandomTokensEngine(CheatingEngine):
+    mode = "random"
+
+    def __init__(self, honest: TextEngine, seed: int) -> None:
+        super().__init__(honest, seed)
+        special = self.special_ids()
+        self.allowed = [t for t in range(self.vocab_size) if t not in special]
+        if not self.allowed:
+            raise CheatError("the vocabulary has no ordinary (non-special) token to emit")
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        import numpy as np
+
+        allowed = np.asarray(self.allowed, dtype=np.int64)
+        logprob = -math.log(len(self.allowed))
+        outputs = []
+        for r in requests:
+            rng = np.random.Generator(np.random.PCG64(np.frombuffer(
+                _digest("random", self.seed, list(r.prompt_ids), r.seed), dtype="<u4")))
+            ids = tuple(int(t) for t in rng.choice(allowed, size=r.max_tokens))
+            outputs.append(GenerationOutput(token_ids=ids, text=self.decode(ids),
+                                            logprobs=(logprob,) * len(ids),
+                                            finish_reason="length"))
+        return outputs
+
+
+class WrongPromptEngine(CheatingEngine):
+    mode = "wrong-prompt"
+
+    def __init__(self, honest: TextEngine, seed: int) -> None:
+        super().__init__(honest, seed)
+        special = self.special_ids()
+        decoy = [int(t) for t in self.tokenizer.encode(DECOY_TEXT, add_special_tokens=False)]
+        self.decoy = [t for t in decoy if t not in special and 0 <= t < self.vocab_size]
+        if len(set(self.decoy)) < 2:
+            raise CheatError("the tokenizer turns the decoy prompt into fewer than 2 tokens")
+
+    def decoy_prompt(self, prompt: Sequence[int]) -> tuple[int, ...]:
+        """`prompt` with its ordinary tokens replaced by the decoy's; never equal to it."""
+        special = self.special_ids()
+        slots = [i for i, t in enumerate(prompt) if t not in special]
+        if not slots:  # only special tokens: replace all but the first (BOS) when possible
+            slots = list(range(1, len(prompt))) or [0]
+        n = len(self.decoy)
+        start = int.from_bytes(_digest("wrong-prompt", self.seed, list(prompt))[:8], "big") % n
+        for shift in range(n):
+            out = list(prompt)
+            for k, i in enumerate(slots):
+                out[i] = self.decoy[(start + shift + k) % n]
+            if out != list(prompt):
+                return tuple(out)
+        raise CheatError("could not build a decoy prompt")  # pragma: no cover - decoy varies
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        from dataclasses import replace
+
+        return self.honest.generate(
+            [replace(r, prompt_ids=self.decoy_prompt(r.prompt_ids)) for r in requests])
+
+
+# ---------------------------------------------------------------------------- model copies
+def _engine_options(engine: TextEngine) -> dict[str, Any]:
+    """Device and dtype of the honest engine when it has them, for the torch copy."""
+    opts: dict[str, Any] = {}
+    for name in ("device", "dtype", "max_batch_size", "max_batch_tokens"):
+        value = getattr(engine, name, None)
+        if value is not None:
+            opts[name] = value
+    return opts
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheatError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheatError(f"{path}: not a JSON object")
+    return data
+
+
+def substitute_model(model_dir: Path, *, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """The directory of the cheaper sibling of `model_dir`, created on first use.
+
+    The sibling has half the layers (at least one) and seed SUBSTITUTE_SEED_BASE + `seed`,
+    with the same hidden size, heads, vocabulary and positions. Its tokenizer must be
+    byte-identical to the real one (so only models made by `market model create` qualify).
+    """
+    from market.model.create import create_model
+    from market.model.manifest import load_manifest
+
+    model_dir = Path(model_dir)
+    manifest = load_manifest(model_dir)
+    cfg = _read_config(model_dir)
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        options = {
+            "hidden": int(cfg["hidden_size"]),
+            "heads": int(cfg["num_attention_heads"]),
+            "kv_heads": int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])),
+            "intermediate": int(cfg["intermediate_size"]),
+            "vocab_size": int(cfg["vocab_size"]),
+            "max_positions": int(cfg["max_position_embeddings"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheatError(f"{model_dir}/config.json lacks a Llama setting the substitute "
+                         f"needs: {exc}") from exc
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache / f"substitute-{manifest.model_id.hex()[:16]}-seed{seed}"
+    if not (target / "quarry-manifest.json").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{target.name}-"))
+        try:
+            create_model(tmp / "model", name=f"{manifest.name}-substitute",
+                         layers=max(1, layers // 2), seed=SUBSTITUTE_SEED_BASE + seed, **options)
+            try:
+                os.rename(tmp / "model", target)
+            except OSError:
+                if not (target / "quarry-manifest.json").is_file():  # not a lost race
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    sibling = load_manifest(target)
+    if sibling.model_id == manifest.model_id:
+        raise CheatError(f"the substitute in {target} is the real model itself")
+    for fname in ("tokenizer.json", "tokenizer_config.json"):
+        if sibling.files.get(fname) != manifest.files.get(fname):
+            raise CheatError(f"the substitute's {fname} differs from {model_dir}'s: only "
+                             "models made by `market model create` can be substituted")
+    return target
+
+
+def perturbed_engine(model_dir: Path, engine: TextEngine, *, seed: int = 0,
+                     scale: float = PERTURB_SCALE) -> TextEngine:
+    """A fresh torch copy of `model_dir` whose weights carry noise `scale` * tensor std."""
+    import torch
+
+    from market.engine.torch_engine import TorchEngine
+
+    if not (isinstance(scale, int | float) and not isinstance(scale, bool)
+            and math.isfinite(scale) and scale > 0):
+        raise CheatError(f"perturb scale must be a positive number, got {scale!r}")
+    copy = TorchEngine(model_dir, manifest=engine.manifest, **_engine_options(engine))
+    gen = torch.Generator(device="cpu").manual_seed(
+        int.from_bytes(_digest("perturb", seed)[:8], "big"))
+    with torch.no_grad():
+        for _, param in sorted(copy.model.named_parameters()):
+            std = float(param.detach().float().std()) if param.numel() > 1 else 0.0
+            if std > 0:
+                noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+                param.add_((noise * (std * scale)).to(param.device, param.dtype))
+    return copy
+
+
+def cheating_engine(mode: str, engine: TextEngine, model_dir: Path, *, seed: int = 0,
+                    cache_dir: Path | None = None,
+                    perturb_scale: float = PERTURB_SCALE) -> TextEngine:
+    """Wrap the honest `engine` (loaded from `model_dir`) in the cheating `mode`.
+
+    Closing the wrapper closes `engine` and whatever the mode loaded besides it.
+    """
+    if mode not in CHEAT_MODES:
+        raise CheatError(f"unknown test mode {mode!r}; valid modes: {', '.join(CHEAT_MODES)}")
+    if not isinstance(engine, TextEngine):
+        raise CheatError(f"can only wrap an engine with a tokenizer (a TextEngine), got "
+                         f"{type(engine).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise CheatError(f"seed must be an integer >= 0, got {seed!r}")
+    model_dir = Path(model_dir)
+    if mode == "random":
+        return RandomTokensEngine(engine, seed)
+    if mode == "wrong-prompt":
+        return WrongPromptEngine(engine, seed)
+    if mode == "perturb":
+        other = perturbed_engine(model_dir, engine, seed=seed, scale=perturb_scale)
+        return PerturbEngine(engine, seed, other, perturb_scale)
+    from market.engine.torch_engine import TorchEngine
+
+    sub_dir = substitute_model(model_dir, seed=seed, cache_dir=cache_dir)
+    other = TorchEngine(sub_dir, **_engine_options(engine))
+    if other.vocab_size != engine.vocab_size:
+        other.close()
+        raise CheatError(f"the substitute has {other.vocab_size} tokens, the real model "
+                         f"{engine.vocab_size}")
+    return SubstituteEngine(engine, seed, other)
