@@ -9,39 +9,32 @@ dispute it) without trusting whoever handed it over.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eth_utils import encode_hex
 
-from market.errors import QuarryError
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import RequestError
 from market.protocol.requests import (
     CHAT_COMPLETIONS_URL,
-    COMPLETIONS_URL,
+    BatchError,
     ParsedRequest,
+    RequestTooLarge,
+    chat_lines,
+    check_line_sizes,
+    encode_jsonl,
     parse_jsonl,
-    validate_request,
+    prompt_lines,
+    request_line_sizes,
 )
 
-
-class BatchError(QuarryError):
-    """A batch that cannot be submitted as given (size, model, shape); the message says why."""
-
-
-class RequestTooLarge(BatchError):
-    """One request line is over the market's `maxRequestBytes`."""
-
-    def __init__(self, line: int, size: int, limit: int) -> None:
-        self.line = line
-        self.size = size
-        self.limit = limit
-        super().__init__(f"line {line}: request is {size} bytes, over the market's limit of "
-                         f"{limit} bytes per request (maxRequestBytes)")
+__all__ = [  # the request-line helpers live in market.protocol.requests (verifiers use them)
+    "Batch", "BatchError", "Output", "RequestTooLarge", "chat_lines", "encode_jsonl",
+    "output_line", "parse_batch", "prompt_lines", "read_batch", "write_output_lines",
+]
 
 
 @dataclass(frozen=True)
@@ -66,9 +59,8 @@ class Batch:
 
     def check_sizes(self, limit: int) -> None:
         """Raise `RequestTooLarge` for the first line over `limit` bytes."""
-        for r, size in zip(self.requests, self.line_sizes, strict=True):
-            if size > limit:
-                raise RequestTooLarge(r.line, size, limit)
+        check_line_sizes(((r.line, size) for r, size in
+                          zip(self.requests, self.line_sizes, strict=True)), limit)
 
     def models(self) -> dict[str, int]:
         """Each `body.model` named in the batch, with the first line that names it."""
@@ -88,9 +80,8 @@ def parse_batch(data: bytes, source: str | None = None) -> Batch:
         named = RequestError(f"{source}: {exc}")
         named.line, named.field = exc.line, exc.field  # keep them for callers that look
         raise named from exc
-    # Line numbers follow parse_jsonl's own splitting, so sizes refer to the same lines.
-    lines = data.decode("utf-8").splitlines()
-    sizes = tuple(len(lines[r.line - 1].encode("utf-8")) for r in requests)
+    # request_line_sizes splits as parse_jsonl does, so sizes refer to the same lines.
+    sizes = tuple(size for _, size in request_line_sizes(data))
     return Batch(data, tuple(requests), sizes)
 
 
@@ -102,63 +93,6 @@ def read_batch(path: str | Path) -> Batch:
     except OSError as exc:
         raise RequestError(f"cannot read batch file {path}: {exc.strerror}") from exc
     return parse_batch(data, str(path))
-
-
-def encode_jsonl(lines: Sequence[Mapping[str, Any]]) -> bytes:
-    """Request objects as JSONL bytes (compact, UTF-8, one per line)."""
-    return b"".join(
-        json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        .encode("utf-8") + b"\n"
-        for line in lines
-    )
-
-
-def _body(model: str, max_tokens: int, temperature: float, seed: int | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
-    if seed is not None:
-        body["seed"] = seed
-    return body
-
-
-def prompt_lines(
-    prompts: Sequence[str],
-    *,
-    model: str,
-    max_tokens: int,
-    temperature: float = 0.0,
-    seed: int | None = 0,
-) -> list[dict[str, Any]]:
-    """Completions request lines for plain prompts: `custom_id` "request-<i>"."""
-    if isinstance(prompts, str):
-        raise BatchError("prompts must be a list of strings, not one string")
-    lines = []
-    for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, str):
-            raise BatchError(f"prompt {i} is a {type(prompt).__name__}, not a string")
-        line = {"custom_id": f"request-{i}", "method": "POST", "url": COMPLETIONS_URL,
-                "body": {**_body(model, max_tokens, temperature, seed), "prompt": prompt}}
-        lines.append(validate_request(line, line=i + 1))
-    return lines
-
-
-def chat_lines(
-    conversations: Sequence[Sequence[Mapping[str, str]]],
-    *,
-    model: str,
-    max_tokens: int,
-    temperature: float = 0.0,
-    seed: int | None = 0,
-) -> list[dict[str, Any]]:
-    """Chat request lines, one per message list (`[{"role", "content"}, ...]`)."""
-    lines = []
-    for i, messages in enumerate(conversations):
-        if isinstance(messages, str | Mapping):
-            raise BatchError(f"conversation {i} must be a list of {{role, content}} messages")
-        line = {"custom_id": f"request-{i}", "method": "POST", "url": CHAT_COMPLETIONS_URL,
-                "body": {**_body(model, max_tokens, temperature, seed),
-                         "messages": [dict(m) for m in messages]}}
-        lines.append(validate_request(line, line=i + 1))
-    return lines
 
 
 @dataclass(frozen=True)

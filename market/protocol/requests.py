@@ -26,17 +26,24 @@ from typing import Any
 from eth_abi import encode as abi_encode
 
 from market.protocol.canonical import keccak, request_hash
-from market.protocol.errors import RequestError
+from market.protocol.errors import ProtocolError, RequestError
 
 __all__ = [
     "COMPLETIONS_URL",
     "CHAT_COMPLETIONS_URL",
+    "BatchError",
+    "RequestTooLarge",
     "ParsedRequest",
     "SamplingParams",
     "validate_request",
     "sampling_params",
     "parse_jsonl",
     "load_jsonl",
+    "request_line_sizes",
+    "check_line_sizes",
+    "encode_jsonl",
+    "prompt_lines",
+    "chat_lines",
     "output_hash",
     "token_ids_hash",
 ]
@@ -48,6 +55,21 @@ _BODY_KEYS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p
 _ROLES = {"system", "user", "assistant"}
 MAX_SEED = 2**64 - 1
 MAX_TOKEN_ID = 2**32 - 1
+
+
+class BatchError(ProtocolError):
+    """A batch that cannot be submitted as given (size, model, shape); the message says why."""
+
+
+class RequestTooLarge(BatchError):
+    """One request line is over the market's `maxRequestBytes`."""
+
+    def __init__(self, line: int, size: int, limit: int) -> None:
+        self.line = line
+        self.size = size
+        self.limit = limit
+        super().__init__(f"line {line}: request is {size} bytes, over the market's limit of "
+                         f"{limit} bytes per request (maxRequestBytes)")
 
 
 @dataclass(frozen=True)
@@ -218,6 +240,84 @@ def load_jsonl(path: str | Path) -> list[ParsedRequest]:
         return parse_jsonl(data)
     except RequestError as exc:
         raise RequestError(f"{path}: {exc}") from exc
+
+
+def request_line_sizes(data: bytes) -> list[tuple[int, int]]:
+    """(1-based line number, UTF-8 bytes) of each request line of a batch file.
+
+    Splits exactly as `parse_jsonl` does (blank lines skipped but counted), so the n-th pair
+    belongs to the n-th parsed request and the line numbers agree with its errors.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"batch file is not UTF-8: {exc}") from exc
+    return [(number, len(line.encode("utf-8")))
+            for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def check_line_sizes(sizes: Iterable[tuple[int, int]], limit: int) -> None:
+    """Raise `RequestTooLarge` for the first (line, size) over `limit` bytes."""
+    for line, size in sizes:
+        if size > limit:
+            raise RequestTooLarge(line, size, limit)
+
+
+def encode_jsonl(lines: Sequence[Mapping[str, Any]]) -> bytes:
+    """Request objects as JSONL bytes (compact, UTF-8, one per line)."""
+    return b"".join(
+        json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        .encode("utf-8") + b"\n"
+        for line in lines
+    )
+
+
+def _body(model: str, max_tokens: int, temperature: float, seed: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def prompt_lines(
+    prompts: Sequence[str],
+    *,
+    model: str,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int | None = 0,
+) -> list[dict[str, Any]]:
+    """Completions request lines for plain prompts: `custom_id` "request-<i>"."""
+    if isinstance(prompts, str):
+        raise BatchError("prompts must be a list of strings, not one string")
+    lines = []
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise BatchError(f"prompt {i} is a {type(prompt).__name__}, not a string")
+        line = {"custom_id": f"request-{i}", "method": "POST", "url": COMPLETIONS_URL,
+                "body": {**_body(model, max_tokens, temperature, seed), "prompt": prompt}}
+        lines.append(validate_request(line, line=i + 1))
+    return lines
+
+
+def chat_lines(
+    conversations: Sequence[Sequence[Mapping[str, str]]],
+    *,
+    model: str,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int | None = 0,
+) -> list[dict[str, Any]]:
+    """Chat request lines, one per message list (`[{"role", "content"}, ...]`)."""
+    lines = []
+    for i, messages in enumerate(conversations):
+        if isinstance(messages, str | Mapping):
+            raise BatchError(f"conversation {i} must be a list of {{role, content}} messages")
+        line = {"custom_id": f"request-{i}", "method": "POST", "url": CHAT_COMPLETIONS_URL,
+                "body": {**_body(model, max_tokens, temperature, seed),
+                         "messages": [dict(m) for m in messages]}}
+        lines.append(validate_request(line, line=i + 1))
+    return lines
 
 
 def token_ids_hash(token_ids: Sequence[int]) -> bytes:

@@ -1,0 +1,495 @@
+"""Post a batch, fetch a shard's verified results, open and follow a dispute.
+
+The one implementation of what a task's client does on the market, shared by the client SDK
+(`client.sdk`) and the verifiers (whose leader posts challenge prompts from fresh addresses
+through this same path, and who open disputes as arbiters). Role packages may not import
+each other, so it lives here.
+
+Everything that can fail before money moves is checked before the first transaction, and
+everything read back (result documents) is checked against the chain before it is returned.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import encode_hex, to_checksum_address
+from web3.exceptions import ContractLogicError
+
+from market.chain.client import TxResult
+from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, Shard, ShardState, Task
+from market.chain.deploy import Quarry
+from market.chain.errors import ContractRevert
+from market.errors import QuarryError
+from market.protocol.merkle import input_tree
+from market.protocol.requests import BatchError, check_line_sizes, request_line_sizes
+from market.protocol.results import (
+    ResultCheckFailed,
+    ResultFormatError,
+    ResultItem,
+    ShardResult,
+    verify_shard_result,
+)
+from market.service.api import MarketAPI
+from market.store import ContentNotFound, ContentTooLarge, StoreError, content_uri
+
+__all__ = [
+    "HAS_RESULTS",
+    "MAX_REQUESTS",
+    "JobError",
+    "DeadlineExpired",
+    "InsufficientFunds",
+    "PaymentTooLow",
+    "MinerNotEligible",
+    "OfferFailed",
+    "ResultsNotReady",
+    "DisputeNotPossible",
+    "JobTimeout",
+    "DisputeInfo",
+    "post_batch",
+    "miner_ask",
+    "max_shards",
+    "check_funds",
+    "fetch_result_document",
+    "verified_shard",
+    "fetch_shard_result",
+    "open_dispute",
+    "dispute_info",
+    "task_disputes",
+    "wait_dispute",
+]
+
+HAS_RESULTS = frozenset({ShardState.SUBMITTED, ShardState.DISPUTED, ShardState.FINALIZED})
+"""Shard states whose result document is on-chain (and so can be fetched and checked)."""
+MAX_REQUESTS = 2**32 - 1  # TaskRegistry's uint32 request indices
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class JobError(QuarryError):
+    """A problem posting, reading or disputing a task; the message names it."""
+
+
+class DeadlineExpired(JobError):
+    """The deadline is not in the future (by the chain's clock)."""
+
+
+class InsufficientFunds(JobError):
+    """The account cannot pay the task (or bond) plus gas."""
+
+
+class PaymentTooLow(JobError):
+    """The offered price is below the ask of every miner that could claim the task."""
+
+
+class MinerNotEligible(JobError):
+    """The preferred miner cannot claim the task (not registered, model, reputation)."""
+
+
+class OfferFailed(JobError):
+    """The task was created but the market refused its offer to the preferred miner.
+
+    `task_id` and `tx` say what was created: the task is open to every eligible miner.
+    """
+
+    def __init__(self, message: str, task_id: int, tx: TxResult) -> None:
+        self.task_id = task_id
+        self.tx = tx
+        super().__init__(message)
+
+
+class ResultsNotReady(JobError):
+    """Some shards have no submitted result yet."""
+
+
+class DisputeNotPossible(JobError):
+    """The request's shard cannot be disputed now (state, window, caller)."""
+
+
+class JobTimeout(JobError):
+    """A wait ran out of time."""
+
+
+# ---------------------------------------------------------------------------- posting
+
+
+def max_shards(q: Quarry) -> int:
+    """TaskRegistry's `maxShardsPerTask`."""
+    return int(q.chain.call(q.tasks.contract.functions.maxShardsPerTask()))
+
+
+def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 0) -> int:
+    """The on-chain ask (wei/token) of a miner that may claim tasks for `model_id`;
+    `MinerNotEligible` says why one may not."""
+    try:
+        address = to_checksum_address(miner)
+    except (TypeError, ValueError):
+        raise MinerNotEligible(f"miner {miner!r} is not an address") from None
+    if not q.gpu.is_registered(address):
+        raise MinerNotEligible(f"miner {address} is not registered in GPURegistry")
+    info = q.gpu.miner_info(address)
+    if not q.gpu.is_eligible(address, model_id, min_reputation_bps):
+        served = ", ".join(encode_hex(m) for m in q.gpu.models_of(address)) or "nothing"
+        floor = (f" with reputation >= {min_reputation_bps} bps (it has "
+                 f"{info.reputation_bps})") if min_reputation_bps else ""
+        raise MinerNotEligible(f"miner {address} may not claim tasks for model "
+                               f"{encode_hex(model_id)}{floor}: it serves {served}, "
+                               f"{'active' if info.active else 'not active (exiting?)'}")
+    return info.price_per_token
+
+
+def check_funds(q: Quarry, account: LocalAccount, value: int, fn: Any, where: str,
+                what: str) -> None:
+    """Raise `InsufficientFunds` unless `value` plus the call's gas fits the balance, and the
+    contract's own revert (decoded, named) when the call would fail."""
+    address = str(account.address)
+    balance = q.chain.balance(address)
+    if balance < value:
+        raise InsufficientFunds(
+            f"not enough funds: the {what} is {value} wei, but {address} holds {balance} wei")
+    try:
+        gas = int(fn.estimate_gas({"from": address, "value": value}))
+    except ContractLogicError as exc:
+        raise q.chain._revert(exc, where) from None  # the named custom error
+    w3 = q.chain.w3
+    base_fee = int(w3.eth.get_block("latest").get("baseFeePerGas", 0) or 0)
+    max_fee = 2 * base_fee + int(w3.eth.max_priority_fee)
+    need = value + gas * max_fee
+    if balance < need:
+        raise InsufficientFunds(
+            f"not enough funds: the {what} is {value} wei plus up to {gas * max_fee} wei "
+            f"of gas, {need} wei in all, but {address} holds {balance} wei")
+
+
+def post_batch(
+    q: Quarry,
+    account: LocalAccount,
+    market: MarketAPI,
+    data: bytes,
+    request_hashes: Sequence[bytes],
+    *,
+    model_id: bytes,
+    shard_size: int,
+    max_tokens: int,
+    price: int,
+    deadline: int,
+    min_reputation_bps: int = 0,
+    arbiter: str = ZERO_ADDRESS,
+    prefer_miner: str | None = None,
+) -> tuple[int, TxResult]:
+    """Upload a batch file and create its task, paying `n * max_tokens * price` into escrow.
+
+    `data` is the JSONL file exactly as uploaded and `request_hashes` the hashes of its
+    request lines in order (`parse_jsonl(data)`); `max_tokens` is the task's
+    `maxTokensPerRequest` (at least every line's `body.max_tokens`), `deadline` an absolute
+    chain time. With `prefer_miner`, the task is offered to that miner only (directed job:
+    the market shows its shards to no one else until the deadline); the miner must be
+    eligible and ask at most `price`. Every check runs before the upload and the
+    transaction; returns the task id and the `createTask` transaction.
+    """
+    n = len(request_hashes)
+    if n == 0:
+        raise BatchError("the batch is empty")
+    if n > MAX_REQUESTS:
+        raise BatchError(f"a task holds at most {MAX_REQUESTS} requests, this batch has {n}")
+    sizes = request_line_sizes(data)
+    if len(sizes) != n:
+        raise BatchError(f"the batch file has {len(sizes)} request lines but "
+                         f"{n} request hashes were given")
+    limits = market.limits()
+    check_line_sizes(sizes, limits["maxRequestBytes"])
+    if len(data) > limits["maxFileBytes"]:
+        raise ContentTooLarge(len(data), limits["maxFileBytes"], "batch file")
+
+    if not isinstance(model_id, bytes | bytearray) or len(model_id) != 32:
+        raise JobError(f"model_id must be 32 bytes, got {model_id!r}")
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_REQUESTS:
+        raise JobError(f"max_tokens must be an integer in [1, 2**32-1], got {max_tokens!r}")
+    if not _is_int(price) or price <= 0:
+        raise JobError(f"price must be a positive integer (wei per token), got {price!r}")
+    if not _is_int(min_reputation_bps) or not 0 <= min_reputation_bps <= 10_000:
+        raise JobError(f"min_reputation_bps must be in [0, 10000], got {min_reputation_bps!r}")
+    if not _is_int(shard_size) or shard_size < 1:
+        raise JobError(f"shard_size must be a positive integer, got {shard_size!r}")
+    limit = max_shards(q)
+    if math.ceil(n / shard_size) > limit:
+        raise JobError(f"shard_size {shard_size} gives {math.ceil(n / shard_size)} shards; "
+                       f"a task may have at most {limit}")
+    shard_size = min(shard_size, n)
+    if not _is_int(deadline):
+        raise JobError(f"deadline must be an absolute chain time (int), got {deadline!r}")
+    now = q.chain.timestamp()
+    if deadline <= now:
+        raise DeadlineExpired(f"deadline {deadline} has already passed: the chain's time is "
+                              f"{now}")
+    try:
+        arbiter = to_checksum_address(arbiter or ZERO_ADDRESS)
+    except (TypeError, ValueError):
+        raise JobError(f"arbiter {arbiter!r} is not an address") from None
+    miner = None
+    if prefer_miner is not None:
+        ask = miner_ask(q, prefer_miner, bytes(model_id), min_reputation_bps)
+        miner = to_checksum_address(prefer_miner)
+        if price < ask:
+            raise PaymentTooLow(f"payment too low: {price} wei/token is below the ask of the "
+                                f"preferred miner {miner} ({ask} wei/token)")
+
+    payment = n * max_tokens * price
+    root = input_tree(list(request_hashes)).root
+    uri = content_uri(data)
+    args = (bytes(model_id), root, uri, n, shard_size, max_tokens, price, deadline,
+            min_reputation_bps, arbiter)
+    check_funds(q, account, payment, q.tasks.contract.functions.createTask(*args),
+                "TaskRegistry.createTask", "payment")
+
+    stored = market.put(data)
+    if stored != uri:
+        raise StoreError(f"the market stored the batch as {stored}, expected {uri}")
+    task_id, tx = q.tasks.create_task(
+        account, model_id=bytes(model_id), input_root=root, input_uri=uri, num_requests=n,
+        shard_size=shard_size, max_tokens_per_request=max_tokens, price_per_token=price,
+        deadline=deadline, min_reputation_bps=min_reputation_bps, arbiter=arbiter,
+        payment=payment)
+    if miner is not None:
+        try:
+            market.offer(account, task_id, miner)
+        except QuarryError as exc:
+            raise OfferFailed(f"task {task_id} was created, but the market refused to offer "
+                              f"it to {miner} ({exc}); it is open to every eligible miner "
+                              "(cancel it to get the open shards' budget back)",
+                              task_id, tx) from exc
+    return task_id, tx
+
+
+# ---------------------------------------------------------------------------- results
+
+
+def fetch_result_document(market: MarketAPI, shard: int, uri: str) -> ShardResult:
+    """A shard's result document by its content address; a wrong or unparsable document
+    raises `ResultCheckFailed` ("content address" / "format"), a missing one
+    `ContentNotFound`."""
+    try:
+        data = market.get(uri)
+    except ContentNotFound:
+        raise
+    except StoreError as exc:
+        raise ResultCheckFailed("content address", f"shard {shard}: {exc}") from exc
+    try:
+        return ShardResult.from_bytes(data)
+    except ResultFormatError as exc:
+        raise ResultCheckFailed("format", f"shard {shard}: {exc}") from exc
+
+
+def verified_shard(q: Quarry, market: MarketAPI, task_id: int, shard: int,
+                   request_hashes: Sequence[bytes], *, task: Task | None = None
+                   ) -> tuple[Shard, list[ResultItem]]:
+    """The shard as the chain has it and its result items, each checked against it.
+
+    `request_hashes` are the task's request hashes (all of them, or only this shard's);
+    `ResultCheckFailed` names the first check that fails, `ResultsNotReady` says the shard
+    has no result yet.
+    """
+    t = task or q.tasks.get_task(task_id)
+    s = q.tasks.get_shard(task_id, shard)
+    if s.state not in HAS_RESULTS:
+        raise ResultsNotReady(f"task {task_id} shard {shard} is {s.state.name}: no result yet")
+    start, end = q.tasks.shard_range(task_id, shard)
+    if len(request_hashes) == t.num_requests:
+        hashes = list(request_hashes[start:end])
+    elif len(request_hashes) == end - start:
+        hashes = list(request_hashes)
+    else:
+        raise JobError(f"{len(request_hashes)} request hashes given for task {task_id} shard "
+                       f"{shard}: expected the task's {t.num_requests} or the shard's "
+                       f"{end - start}")
+    items = verify_shard_result(
+        fetch_result_document(market, shard, s.result_uri), task_id=task_id, shard=shard,
+        start=start, miner=s.miner, model_id=t.model_id, result_root=s.result_root,
+        tokens_used=s.tokens_used, request_hashes=hashes, chain_id=q.chain.chain_id,
+        task_registry=q.tasks.address)
+    return s, items
+
+
+def fetch_shard_result(q: Quarry, market: MarketAPI, task_id: int, shard: int,
+                       request_hashes: Sequence[bytes]) -> list[ResultItem]:
+    """Shard `shard`'s result items, in request order, every one verified against the chain
+    (signature, Merkle proof under the on-chain root, output hash, billing)."""
+    return verified_shard(q, market, task_id, shard, request_hashes)[1]
+
+
+# ---------------------------------------------------------------------------- disputes
+
+
+@dataclass(frozen=True)
+class DisputeInfo:
+    """A dispute as the chain has it, with what its outcome moved."""
+
+    dispute_id: int
+    task_id: int
+    shard: int
+    index: int
+    status: DisputeStatus
+    opener: str
+    miner: str
+    bond: int
+    opened_at: int
+    deadline: int
+    evidence_uri: str
+    slashed: int = 0  # wei slashed from the miner's stake (MINER_AT_FAULT)
+    refunded: int = 0  # the shard's budget released back to the client (MINER_AT_FAULT)
+    voters: tuple[str, ...] = ()  # committee members whose votes resolved it
+
+    @property
+    def settled(self) -> bool:
+        return self.status != DisputeStatus.OPEN
+
+    def outcome(self) -> str:
+        """One line saying what happened (or that it is still open)."""
+        if self.status == DisputeStatus.MINER_AT_FAULT:
+            return (f"miner at fault: bond of {self.bond} wei returned, shard budget of "
+                    f"{self.refunded} wei refunded, miner slashed {self.slashed} wei "
+                    f"({len(self.voters)} votes)")
+        if self.status == DisputeStatus.MINER_NOT_AT_FAULT:
+            return (f"miner not at fault: bond of {self.bond} wei forfeited to the miner and "
+                    f"the {len(self.voters)} voters")
+        if self.status == DisputeStatus.EXPIRED:
+            return (f"expired with no committee verdict: bond of {self.bond} wei returned, "
+                    "the shard is paid as submitted")
+        return f"open until chain time {self.deadline}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"disputeId": self.dispute_id, "taskId": self.task_id, "shard": self.shard,
+                "index": self.index, "status": self.status.name, "opener": self.opener,
+                "miner": self.miner, "bond": self.bond, "openedAt": self.opened_at,
+                "deadline": self.deadline, "evidenceUri": self.evidence_uri,
+                "slashed": self.slashed, "refunded": self.refunded,
+                "voters": list(self.voters), "outcome": self.outcome()}
+
+
+def dispute_info(q: Quarry, dispute_id: int) -> DisputeInfo:
+    """The dispute, read from Arbitration (and, once resolved, its event)."""
+    arb = q.arbitration
+    try:
+        d = arb.get_dispute(dispute_id)
+    except ContractRevert as exc:
+        if exc.error == "UnknownDispute":
+            raise JobError(f"no dispute {dispute_id} on the chain") from None
+        raise
+    slashed = refunded = 0
+    voters: tuple[str, ...] = ()
+    if d.status in (DisputeStatus.MINER_AT_FAULT, DisputeStatus.MINER_NOT_AT_FAULT):
+        events = arb.events("DisputeResolved", q.deployment.deploy_block,
+                            disputeId=dispute_id)
+        if events:
+            slashed = int(events[-1]["slashed"])
+            voters = tuple(to_checksum_address(v) for v in events[-1]["voters"])
+        if d.status == DisputeStatus.MINER_AT_FAULT:
+            refunded = q.tasks.shard_budget(d.task_id, d.shard)
+    return DisputeInfo(dispute_id, d.task_id, d.shard, d.receipt.index, d.status,
+                       to_checksum_address(d.opener), to_checksum_address(d.miner), d.bond,
+                       d.opened_at, d.deadline, d.evidence_uri, slashed, refunded, voters)
+
+
+def task_disputes(q: Quarry, task_id: int) -> list[DisputeInfo]:
+    """Every dispute opened on a task, oldest first, with its current status."""
+    return [dispute_info(q, int(ev["disputeId"])) for ev in
+            q.arbitration.events("DisputeOpened", q.deployment.deploy_block, taskId=task_id)]
+
+
+def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: int, index: int,
+                 *, bond: int | None = None, evidence_uri: str | None = None) -> int:
+    """Dispute request `index`'s receipt in Arbitration; returns the dispute id.
+
+    `bond` defaults to the minimum bond, `evidence_uri` to the shard's result document
+    (which holds the disputed output). The shard must be Submitted and inside its challenge
+    window, and `account` the task's client or arbiter: `DisputeNotPossible` says which
+    condition fails, before any transaction.
+    """
+    try:
+        t = q.tasks.get_task(task_id)
+    except ContractRevert as exc:
+        if exc.error == "UnknownTask":
+            raise DisputeNotPossible(f"no task {task_id} on the chain") from None
+        raise
+    if not _is_int(index) or not 0 <= index < t.num_requests:
+        raise DisputeNotPossible(f"request index {index!r} is not in task {task_id} "
+                                 f"(0..{t.num_requests - 1})")
+    me = str(account.address)
+    if me not in (to_checksum_address(t.client), to_checksum_address(t.arbiter)):
+        raise DisputeNotPossible(f"{me} is neither task {task_id}'s client nor its arbiter")
+    k = index // t.shard_size
+    s = q.tasks.get_shard(task_id, k)
+    if s.state != ShardState.SUBMITTED:
+        raise DisputeNotPossible(
+            f"request {index} is in shard {k}, which is {s.state.name}: only a Submitted "
+            "shard inside its challenge window can be disputed")
+    now = q.chain.timestamp()
+    if now >= s.window_end:
+        raise DisputeNotPossible(f"shard {k}'s challenge window closed at {s.window_end} "
+                                 f"(chain time {now})")
+    doc = fetch_result_document(market, k, s.result_uri)
+    item = next((it for it in doc.items if it.index == index), None)
+    if item is None:
+        raise DisputeNotPossible(f"shard {k}'s result document holds no receipt for "
+                                 f"request {index}")
+    arb = q.arbitration
+    if bond is not None and (not _is_int(bond) or bond <= 0):
+        raise DisputeNotPossible(f"bond must be a positive integer (wei), got {bond!r}")
+    bond = arb.min_bond() if bond is None else bond
+    evidence = s.result_uri if evidence_uri is None else evidence_uri
+    args = (task_id, k, item.receipt.as_tuple(), item.signature, list(item.proof), evidence)
+    check_funds(q, account, bond, arb.contract.functions.openDispute(*args),
+                "Arbitration.openDispute", "bond")
+    dispute_id, _ = arb.open_dispute(account, task_id, k, item.receipt, item.signature,
+                                     item.proof, evidence, bond)
+    return dispute_id
+
+
+def wait_dispute(
+    q: Quarry,
+    dispute_id: int,
+    *,
+    timeout: float | None = None,
+    poll_s: float = 0.5,
+    expire_as: LocalAccount | None = None,
+    on_poll: Callable[[DisputeInfo, int], None] | None = None,
+) -> DisputeInfo:
+    """Block until the dispute is settled, and return it.
+
+    No verdict can come after the dispute's deadline, so the wait ends there at the latest:
+    with `expire_as`, that account then calls `expireDispute` (the bond goes back to the
+    opener and the shard unfreezes); without it, the still-open dispute is returned.
+    `on_poll(info, chain_time)` sees every poll (progress display). `JobTimeout` after
+    `timeout` seconds of wall time.
+    """
+    started = time.monotonic()
+    while True:
+        info = dispute_info(q, dispute_id)
+        now = q.chain.timestamp()
+        if on_poll is not None:
+            on_poll(info, now)
+        if info.settled:
+            return info
+        if now >= info.deadline:
+            if expire_as is None:
+                return info
+            try:
+                q.arbitration.expire_dispute(expire_as, dispute_id)
+            except ContractRevert as exc:
+                if exc.error != "DisputeNotOpen":  # settled by someone else meanwhile: fine
+                    raise
+            return dispute_info(q, dispute_id)
+        if timeout is not None and time.monotonic() - started >= timeout:
+            raise JobTimeout(f"dispute {dispute_id} is still open after {timeout:g} s "
+                             f"(its deadline is chain time {info.deadline}, now {now})")
+        time.sleep(poll_s)
