@@ -387,8 +387,10 @@ class VerifierCommittee(QuarryContract):
     def genesis_time(self) -> int:
         return int(self._call("genesisTime"))
 
-    def leader_of(self, epoch: int) -> str:
-        return to_checksum_address(self._call("leaderOf", epoch))
+    def leader_of(self, epoch: int, block: int | str = "latest") -> str:
+        """`leaderOf(epoch)` as of `block`: it moves with lastCommitHash, so an epoch's
+        leader is read at the block that committed its challenge set."""
+        return to_checksum_address(self.chain.call(self._fn("leaderOf", epoch), block=block))
 
     def challenge_set_of(self, epoch: int) -> bytes:
         return bytes(self._call("challengeSetOf", epoch))

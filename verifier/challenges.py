@@ -1,0 +1,259 @@
+"""Challenge sets: which miners an epoch challenges and with which prompts, and how the leader
+sends them.
+
+A challenge set names every miner eligible for the committee's model and gives each its own
+prompts (several requests, greedy and sampled, drawn like a client's from ordinary text). The
+committee signs its hash and commits it on-chain one epoch ahead; the prompts themselves
+travel only inside the committee (the relay reads are members-only), so a miner cannot
+recognise them. The leader then posts each miner's challenge as an ordinary paid task, from
+a fresh address, directed at that miner with a market offer: exactly what a client that
+picks its miner does.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eth_account import Account
+from eth_utils import encode_hex, to_checksum_address
+
+from market.chain.contracts import ShardState
+from market.errors import QuarryError
+from market.model.corpus import CORPUS
+from market.protocol.canonical import canonical_json_bytes, keccak, request_hash
+from market.protocol.merkle import input_tree
+from market.protocol.requests import COMPLETIONS_URL, encode_jsonl, validate_request
+from market.protocol.results import ResultCheckFailed
+from market.store import StoreError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from market.chain.deploy import Quarry
+    from market.protocol.results import ResultItem
+    from market.service.api import MarketAPI
+
+SAMPLED_TEMPERATURE = 0.8
+# Gas the fresh client address needs for createTask (and a dispute), funded by the leader.
+GAS_ALLOWANCE_WEI = 10**16
+
+
+class ChallengeSetInvalid(QuarryError):
+    """A proposed challenge set breaks a rule (the message names which)."""
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """One miner's prompts for an epoch, as OpenAI Batch request lines."""
+
+    miner: str
+    lines: tuple[dict[str, Any], ...]
+
+    @property
+    def data(self) -> bytes:
+        return encode_jsonl(self.lines)
+
+    @property
+    def request_hashes(self) -> list[bytes]:
+        return [request_hash(line) for line in self.lines]
+
+    @property
+    def input_root(self) -> bytes:
+        return input_tree(self.request_hashes).root
+
+    @property
+    def max_tokens(self) -> int:
+        return max(int(line["body"]["max_tokens"]) for line in self.lines)
+
+
+@dataclass(frozen=True)
+class ChallengeSet:
+    """An epoch's challenges, one per miner, sorted by miner address."""
+
+    epoch: int
+    model_id: bytes
+    challenges: tuple[Challenge, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "modelId": encode_hex(self.model_id),
+                "challenges": [{"miner": c.miner, "requests": list(c.lines)}
+                               for c in self.challenges]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ChallengeSet:
+        try:
+            challenges = tuple(
+                Challenge(to_checksum_address(c["miner"]),
+                          tuple(validate_request(r, line=i + 1)
+                                for i, r in enumerate(c["requests"])))
+                for c in d["challenges"])
+            return cls(int(d["epoch"]), bytes.fromhex(str(d["modelId"]).removeprefix("0x")),
+                       challenges)
+        except QuarryError as exc:
+            raise ChallengeSetInvalid(f"challenge set: {exc}") from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChallengeSetInvalid(f"challenge set is malformed: {exc!r}") from exc
+
+    def digest(self) -> bytes:
+        """What the committee signs and commits: keccak256 of the canonical JSON."""
+        return keccak(canonical_json_bytes(self.to_json()))
+
+    def challenge_for(self, miner: str) -> Challenge | None:
+        miner = to_checksum_address(miner)
+        return next((c for c in self.challenges if c.miner == miner), None)
+
+    @property
+    def miners(self) -> list[str]:
+        return [c.miner for c in self.challenges]
+
+
+def eligible_miners(q: Quarry, model_id: bytes) -> list[str]:
+    """Registered miners that may claim work for `model_id` now, sorted by address."""
+    seen = {to_checksum_address(ev["miner"])
+            for ev in q.gpu.events("MinerRegistered", q.deployment.deploy_block)}
+    return sorted((m for m in seen if q.gpu.is_eligible(m, model_id, 0)),
+                  key=lambda a: int(a, 16))
+
+
+def _prompt(rng: random.Random) -> str:
+    """A few consecutive words of ordinary text, like a user's prompt."""
+    words = CORPUS.split()
+    n = rng.randint(4, 14)
+    start = rng.randrange(0, len(words) - n)
+    return " ".join(words[start:start + n])
+
+
+def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Sequence[str], *,
+                       requests: int, max_tokens: int,
+                       rng: random.Random | None = None) -> ChallengeSet:
+    """Fresh prompts for every miner (all distinct), half greedy and half sampled.
+
+    The randomness is private (the system's CSPRNG unless a test passes `rng`): anyone who
+    could predict the prompts could answer challenges honestly and the rest not.
+    """
+    rng = rng or random.Random(secrets.randbits(128))
+    used: set[str] = set()
+    challenges = []
+    for miner in sorted((to_checksum_address(m) for m in miners), key=lambda a: int(a, 16)):
+        lines = []
+        for i in range(requests):
+            prompt = _prompt(rng)
+            while prompt in used:
+                prompt = _prompt(rng)
+            used.add(prompt)
+            body: dict[str, Any] = {"model": model_name, "max_tokens": max_tokens,
+                                    "prompt": prompt}
+            if i % 2:
+                body |= {"temperature": SAMPLED_TEMPERATURE, "seed": rng.randrange(2**31)}
+            else:
+                body |= {"temperature": 0.0, "seed": 0}
+            lines.append(validate_request({"custom_id": f"request-{i}", "method": "POST",
+                                           "url": COMPLETIONS_URL, "body": body}, line=i + 1))
+        challenges.append(Challenge(miner, tuple(lines)))
+    return ChallengeSet(epoch, model_id, tuple(challenges))
+
+
+def check_challenge_set(cs: ChallengeSet, *, epoch: int, model_id: bytes,
+                        eligible: Sequence[str], requests: int, max_tokens: int) -> None:
+    """Raise ChallengeSetInvalid unless `cs` is one an honest member would have drawn."""
+    if cs.epoch != epoch:
+        raise ChallengeSetInvalid(f"challenge set is for epoch {cs.epoch}, expected {epoch}")
+    if cs.model_id != model_id:
+        raise ChallengeSetInvalid(f"challenge set is for model {encode_hex(cs.model_id)}, "
+                                  f"the committee serves {encode_hex(model_id)}")
+    if sorted(cs.miners, key=lambda a: int(a, 16)) != cs.miners or \
+            len(set(cs.miners)) != len(cs.miners):
+        raise ChallengeSetInvalid("challenge set miners must be distinct and sorted")
+    if set(cs.miners) != set(eligible):
+        extra = sorted(set(cs.miners) - set(eligible))
+        left_out = sorted(set(eligible) - set(cs.miners))
+        raise ChallengeSetInvalid(f"challenge set miners differ from the eligible miners "
+                                  f"(not eligible: {extra}; left out: {left_out})")
+    prompts: set[str] = set()
+    for c in cs.challenges:
+        if len(c.lines) != requests:
+            raise ChallengeSetInvalid(f"miner {c.miner} has {len(c.lines)} requests, "
+                                      f"expected {requests}")
+        for line in c.lines:
+            body = line["body"]
+            if int(body["max_tokens"]) > max_tokens:
+                raise ChallengeSetInvalid(f"miner {c.miner}: max_tokens {body['max_tokens']} "
+                                          f"is over {max_tokens}")
+            prompt = str(body.get("prompt", body.get("messages")))
+            if prompt in prompts:
+                raise ChallengeSetInvalid(f"prompt {prompt[:40]!r} is given twice; every "
+                                          "miner gets its own prompts")
+            prompts.add(prompt)
+
+
+@dataclass(frozen=True)
+class PostedChallenge:
+    """A challenge sent as a task: the fresh client key stays with the leader (to dispute)."""
+
+    miner: str
+    task_id: int
+    client_key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"miner": self.miner, "taskId": self.task_id, "clientKey": self.client_key}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PostedChallenge:
+        return cls(to_checksum_address(d["miner"]), int(d["taskId"]), str(d["clientKey"]))
+
+
+def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge: Challenge,
+                   model_id: bytes, deadline: int) -> PostedChallenge:
+    """Fund a fresh address and post `challenge` from it as an ordinary task directed at the
+    challenged miner (at that miner's own price)."""
+    from market.jobs import post_batch
+
+    fresh = Account.create()
+    price = q.gpu.miner_info(challenge.miner).price_per_token
+    payment = len(challenge.lines) * challenge.max_tokens * price
+    q.chain.transfer(leader, fresh.address,
+                     payment + GAS_ALLOWANCE_WEI + q.arbitration.min_bond())
+    task_id, _ = post_batch(q, fresh, market, challenge.data, challenge.request_hashes,
+                            model_id=model_id, shard_size=len(challenge.lines),
+                            max_tokens=challenge.max_tokens, price=price, deadline=deadline,
+                            prefer_miner=challenge.miner)
+    return PostedChallenge(challenge.miner, task_id, fresh.key.hex())
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What became of one posted challenge."""
+
+    miner: str
+    task_id: int
+    status: str  # "answered" | "invalid" | "missing" | "other-miner"
+    items: tuple[ResultItem, ...] = ()
+    reason: str = ""
+
+
+def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: int) -> Answer:
+    """The challenged miner's verified outputs, or why there are none.
+
+    Raises ChallengeSetInvalid when the task on-chain is not this challenge (a leader that
+    lies about which task it posted).
+    """
+    from market.jobs import fetch_shard_result
+
+    t = q.tasks.get_task(task_id)
+    if t.input_root != challenge.input_root or t.num_requests != len(challenge.lines):
+        raise ChallengeSetInvalid(f"task {task_id} is not miner {challenge.miner}'s challenge "
+                                  "(its inputRoot differs)")
+    s = q.tasks.get_shard(task_id, 0)
+    if s.state in (ShardState.SUBMITTED, ShardState.DISPUTED, ShardState.FINALIZED):
+        if to_checksum_address(s.miner) != challenge.miner:
+            return Answer(challenge.miner, task_id, "other-miner")
+        try:
+            items = fetch_shard_result(q, market, task_id, 0, challenge.request_hashes)
+        except (ResultCheckFailed, StoreError) as exc:  # a signed answer that fails its checks
+            return Answer(challenge.miner, task_id, "invalid", reason=str(exc))
+        return Answer(challenge.miner, task_id, "answered", tuple(items))
+    return Answer(challenge.miner, task_id, "missing")

@@ -1,0 +1,600 @@
+"""One committee member's epoch protocol (PlanetServe section 3.4, on Quarry's contracts).
+
+`CommitteeMember.step()` is called in a loop by `verifier run`; every decision is taken from
+the chain and the signed messages on the market's relay, so a restarted verifier picks up
+where it was (what it signed is kept in its state file and it never signs two reports for
+one epoch). In epoch e:
+
+1. Challenge set for e+1. The proposer (leader of e, then the next member every quarter
+   epoch if no set is committed yet) draws fresh prompts for every eligible miner and posts
+   them; each member checks the set (every eligible miner, distinct prompts, limits) and
+   signs `ChallengeSet(e+1, hash)`; any member holding a quorum commits it.
+2. Challenges of e. The leader (`leaderOf(e)` read at the block that committed set e) posts
+   each miner's challenge as a directed paid task from a fresh address, collects the signed
+   answers, scores them and posts a proposal.
+3. Every member fetches and checks the same answers, re-scores them on its own scorers and
+   posts an observation: its scores, and the missing answers it confirms on-chain.
+4. The leader builds the report: new reputations from the previous evidence, the proposed
+   scores, and a missing answer counted (score 0) only when more than a third of the members
+   confirmed it. Evidence goes to the store (evidenceRoot = its sha256).
+5. Members co-sign the report only if every score is within the tolerance of their own and
+   the reputations follow from the rules; any member holding a quorum submits it.
+
+A leader that withholds or lies gets no quorum, so only its epoch fails; the next leader
+carries on. Two different report signatures of one verifier for one epoch, seen on the
+relay, are submitted as an equivocation proof.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eth_account import Account
+from eth_utils import encode_hex, to_checksum_address
+
+from market.chain.errors import ContractRevert
+from market.errors import QuarryError
+from market.protocol.canonical import canonical_json_bytes
+from market.protocol.eip712 import ChallengeSet as ChallengeSetStruct
+from market.protocol.eip712 import Report, SignatureError, sort_signatures
+from market.service.api import MarketError, committee_message, recover_committee_message
+from market.store import StoreError
+from verifier.challenges import (
+    Answer,
+    ChallengeSet,
+    ChallengeSetInvalid,
+    PostedChallenge,
+    check_challenge_set,
+    collect_answer,
+    draw_challenge_set,
+    eligible_miners,
+    post_challenge,
+)
+from verifier.reputation import MinerRecord, ReputationParams, update
+from verifier.scoring import mean_score, score_bps
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from market.chain.deploy import Quarry
+    from market.service.api import MarketAPI
+    from verifier.scoring_worker import ScoringClient
+
+log = logging.getLogger("verifier")
+
+BPS = 10_000
+SET_PROPOSAL, SET_SIGNATURE = "set-proposal", "set-signature"
+EPOCH_PROPOSAL, OBSERVATION, REPORT_SIGNATURE = "epoch-proposal", "observation", "report-signature"
+
+
+@dataclass(frozen=True)
+class EpochTiming:
+    """Where the leader stops waiting, as shares of the epoch."""
+
+    collect_until: float = 0.45  # answers not in by then are reported missing
+    report_at: float = 0.65      # the report is built even if some observations are missing
+    set_slot: float = 0.25       # a set proposer's turn before the next member's
+
+
+@dataclass
+class _State:
+    """What this member did, kept on disk so a restart never signs twice."""
+
+    signed_reports: dict[str, str] = field(default_factory=dict)   # epoch -> digest
+    sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # epoch -> set JSON
+    proposed_sets: list[str] = field(default_factory=list)          # "epoch:slot"
+    posted: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    disputed: list[int] = field(default_factory=list)               # task ids
+
+
+class CommitteeMember:
+    """A verifier's part in the committee; see the module docstring."""
+
+    def __init__(
+        self,
+        q: Quarry,
+        account: LocalAccount,
+        market: MarketAPI,
+        scorer: ScoringClient,
+        *,
+        model_id: bytes,
+        model_name: str,
+        params: ReputationParams,
+        state_path: Path,
+        requests: int = 4,
+        max_tokens: int = 32,
+        tolerance_bps: int = 500,
+        fault_below_bps: int = 5000,
+        test_mode: str = "",
+        timing: EpochTiming | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.q, self.account, self.market, self.scorer = q, account, market, scorer
+        self.me = to_checksum_address(account.address)
+        self.model_id, self.model_name, self.params = model_id, model_name, params
+        self.requests, self.max_tokens = requests, max_tokens
+        self.tolerance_bps, self.fault_below_bps = tolerance_bps, fault_below_bps
+        self.test_mode = test_mode
+        self.timing = timing or EpochTiming()
+        self.on_event = on_event or (lambda line: log.info("%s", line))
+        self.chain_id = q.chain.chain_id
+        self.committee_address = q.committee.address
+        self.state_path = Path(state_path)
+        self.state = self._load_state()
+        self._inbox: list[dict[str, Any]] = []
+        self._last_id = 0
+        self._leaders: dict[int, str] = {}
+        self._observed: dict[int, dict[str, Any]] = {}
+        self._proposed_epochs: set[int] = set()
+        self._reported_epochs: set[int] = set()
+        self._signed_sets: set[tuple[int, str]] = set()
+        self._slashed: set[str] = set()
+
+    # ------------------------------------------------------------------ state
+    def _load_state(self) -> _State:
+        try:
+            raw = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return _State()
+        except (OSError, json.JSONDecodeError) as exc:
+            raise QuarryError(f"verifier state file {self.state_path} is unreadable ({exc}); "
+                              "move it away only if this verifier signed nothing since") from exc
+        return _State(**raw)
+
+    def _save_state(self) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state.__dict__, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, self.state_path)
+
+    # ------------------------------------------------------------------ relay
+    def _post(self, kind: str, epoch: int, topic: str, body: dict[str, Any]) -> None:
+        self.market.post_message(committee_message(self.account, kind, epoch, topic, body))
+
+    def _read_inbox(self) -> None:
+        for msg in self.market.messages(self.account, after_id=self._last_id):
+            self._last_id = max(self._last_id, int(msg["id"]))
+            try:  # the relay is not trusted: every message is checked against its author
+                if recover_committee_message(msg) != to_checksum_address(msg["author"]):
+                    continue
+            except (MarketError, ValueError, KeyError):
+                continue
+            msg["author"] = to_checksum_address(msg["author"])
+            self._inbox.append(msg)
+
+    def _messages(self, kind: str, epoch: int, topic: str | None = None,
+                  authors: set[str] | None = None) -> list[dict[str, Any]]:
+        return [m for m in self._inbox
+                if m["kind"] == kind and int(m["epoch"]) == epoch
+                and (topic is None or m["topic"] == topic)
+                and (authors is None or m["author"] in authors)]
+
+    # ------------------------------------------------------------------ loop
+    def step(self) -> None:
+        """One pass: read the relay, then do whatever this member's role asks now."""
+        committee = self.q.committee
+        if not committee.is_member(self.me):
+            return
+        self._read_inbox()
+        duration, genesis = committee.epoch_duration(), committee.genesis_time()
+        now = self.q.chain.timestamp()
+        epoch = (now - genesis) // duration
+        into = (now - genesis) % duration / duration
+        members = committee.members()
+        self._next_set(epoch, into, members)
+        self._run_epoch(epoch, into, members, deadline=genesis + (epoch + 1) * duration)
+        for e in (epoch - 1, epoch):
+            if e >= 0:
+                self._submit_if_quorum(e, members)
+        self._watch_equivocation(members)
+
+    # ------------------------------------------------------------------ 1. challenge sets
+    def _next_set(self, epoch: int, into: float, members: list[str]) -> None:
+        nxt = epoch + 1
+        committed = self.q.committee.challenge_set_of(nxt)
+        proposals = self._messages(SET_PROPOSAL, nxt, authors=set(members))
+        if committed != bytes(32):
+            self._remember_set(nxt, committed, proposals)
+            return
+        eligible = eligible_miners(self.q, self.model_id)
+        if not eligible:
+            return
+        base = members.index(self.q.committee.leader_of(epoch))
+        slot = int(into / self.timing.set_slot)
+        key = f"{nxt}:{slot}"
+        if members[(base + slot) % len(members)] == self.me and self.test_mode != "withhold" \
+                and key not in self.state.proposed_sets:
+            cs = draw_challenge_set(nxt, self.model_id, self.model_name, eligible,
+                                    requests=self.requests, max_tokens=self.max_tokens)
+            self.state.proposed_sets.append(key)
+            self._save_state()
+            self._post(SET_PROPOSAL, nxt, encode_hex(cs.digest()), cs.to_json())
+            self.on_event(f"epoch {epoch}: proposed the challenge set of epoch {nxt} "
+                          f"({len(eligible)} miners)")
+            return
+        quorum = self.q.committee.quorum()
+        for msg in proposals:
+            digest = msg["topic"]
+            if (nxt, digest) not in self._signed_sets:
+                try:
+                    cs = ChallengeSet.from_json(msg["body"])
+                    if encode_hex(cs.digest()) != digest:
+                        raise ChallengeSetInvalid("its topic is not its hash")
+                    check_challenge_set(cs, epoch=nxt, model_id=self.model_id,
+                                        eligible=eligible, requests=self.requests,
+                                        max_tokens=self.max_tokens)
+                except ChallengeSetInvalid as exc:
+                    log.warning("not signing %s's set for epoch %d: %s", msg["author"], nxt, exc)
+                    self._signed_sets.add((nxt, digest))
+                    continue
+                sig = ChallengeSetStruct(nxt, cs.digest()).sign(
+                    self.account.key, self.chain_id, self.committee_address)
+                self._post(SET_SIGNATURE, nxt, digest, {"signature": encode_hex(sig)})
+                self._signed_sets.add((nxt, digest))
+            sigs = self._valid_signatures(
+                ChallengeSetStruct(nxt, bytes.fromhex(digest[2:])), SET_SIGNATURE, nxt, digest,
+                members)
+            if len(sigs) >= quorum:
+                try:
+                    self.q.committee.commit_challenge_set(
+                        self.account, nxt, bytes.fromhex(digest[2:]), sigs)
+                    self.on_event(f"epoch {epoch}: committed the challenge set of epoch {nxt}")
+                except ContractRevert as exc:  # another member was first
+                    log.info("commit of epoch %d's set: %s", nxt, exc)
+                return
+
+    def _remember_set(self, epoch: int, committed: bytes, proposals: list[dict[str, Any]]) -> None:
+        if str(epoch) in self.state.sets:
+            return
+        for msg in proposals:
+            if msg["topic"] == encode_hex(committed):
+                try:
+                    cs = ChallengeSet.from_json(msg["body"])
+                except ChallengeSetInvalid:
+                    continue
+                if cs.digest() == committed:
+                    self.state.sets[str(epoch)] = cs.to_json()
+                    self._save_state()
+                    return
+
+    def _valid_signatures(self, struct: Any, kind: str, epoch: int, topic: str,
+                          members: list[str]) -> list[bytes]:
+        """Distinct members' signatures over `struct` from the relay, ascending by signer."""
+        by_signer: dict[str, bytes] = {}
+        for msg in self._messages(kind, epoch, topic, set(members)):
+            try:
+                sig = bytes.fromhex(str(msg["body"]["signature"]).removeprefix("0x"))
+                if struct.recover(sig, self.chain_id, self.committee_address) == msg["author"]:
+                    by_signer[msg["author"]] = sig
+            except (SignatureError, KeyError, ValueError):
+                continue
+        return sort_signatures(struct, list(by_signer.values()), self.chain_id,
+                               self.committee_address)
+
+    # ------------------------------------------------------------------ 2-5. the epoch
+    def leader(self, epoch: int) -> str | None:
+        """The leader of `epoch`: `leaderOf(epoch)` at the block that committed its set."""
+        if epoch not in self._leaders:
+            events = self.q.committee.events("ChallengeSetCommitted",
+                                             self.q.deployment.deploy_block, epoch=epoch)
+            if not events:
+                return None
+            self._leaders[epoch] = self.q.committee.leader_of(epoch, events[0]["blockNumber"])
+        return self._leaders[epoch]
+
+    def _run_epoch(self, epoch: int, into: float, members: list[str], deadline: int) -> None:
+        raw = self.state.sets.get(str(epoch))
+        leader = self.leader(epoch)
+        if raw is None or leader is None:
+            return
+        cs = ChallengeSet.from_json(raw)
+        if leader == self.me and self.test_mode != "withhold":
+            self._lead(epoch, into, cs, deadline)
+        proposal = next(iter(self._messages(EPOCH_PROPOSAL, epoch, authors={leader})), None)
+        if proposal is None:
+            return
+        if epoch not in self._observed:
+            self._observe(epoch, cs, proposal)
+        if leader == self.me and epoch not in self._proposed_epochs and \
+                self.test_mode != "withhold":
+            observers = {m["author"] for m in self._messages(OBSERVATION, epoch,
+                                                             authors=set(members))}
+            if observers >= set(members) or into >= self.timing.report_at:
+                self._propose_report(epoch, cs, proposal, members)
+        own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader})), None)
+        if own is not None and str(epoch) not in self.state.signed_reports:
+            self._cosign(epoch, cs, proposal, own, members)
+
+    def _lead(self, epoch: int, into: float, cs: ChallengeSet, deadline: int) -> None:
+        key = str(epoch)
+        if key not in self.state.posted:
+            posted = []
+            for c in cs.challenges:
+                try:
+                    posted.append(post_challenge(self.q, self.account, self.market, c,
+                                                 self.model_id, deadline).to_json())
+                except QuarryError as exc:
+                    log.warning("epoch %d: could not post %s's challenge: %s", epoch,
+                                c.miner, exc)
+            self.state.posted[key] = posted
+            self._save_state()
+            self.on_event(f"epoch {epoch}: leader, sent {len(posted)} challenges")
+            return
+        if self._messages(EPOCH_PROPOSAL, epoch, authors={self.me}):
+            return
+        posted = [PostedChallenge.from_json(p) for p in self.state.posted[key]]
+        answers = [collect_answer(self.q, self.market, cs.challenge_for(p.miner), p.task_id)
+                   for p in posted]  # type: ignore[arg-type]
+        if any(a.status == "missing" for a in answers) and into < self.timing.collect_until:
+            return
+        scores = self._score(cs, answers)
+        if self.test_mode == "lie":
+            scores = {m: BPS - s for m, s in scores.items()}
+        body = {"setDigest": encode_hex(cs.digest()),
+                "challenges": [{"miner": a.miner, "taskId": a.task_id, "status": a.status}
+                               for a in answers],
+                "scores": scores}
+        self._post(EPOCH_PROPOSAL, epoch, "", body)
+        self.on_event(f"epoch {epoch}: proposed scores {scores}")
+        self._dispute_faults(posted, cs, answers, scores)
+
+    def _score(self, cs: ChallengeSet, answers: list[Answer]) -> dict[str, int]:
+        """Epoch score (bps) per answered challenge; an answer failing its checks scores 0."""
+        scores: dict[str, int] = {}
+        for a in answers:
+            if a.status == "invalid":
+                scores[a.miner] = 0
+            elif a.status == "answered":
+                challenge = cs.challenge_for(a.miner)
+                assert challenge is not None
+                by_index = {it.index: it for it in a.items}
+                ids = [list(by_index[i].token_ids) for i in range(len(challenge.lines))]
+                scores[a.miner] = score_bps(mean_score(self.scorer.score(challenge.lines, ids)))
+        return scores
+
+    def _observe(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any]) -> None:
+        body = proposal["body"]
+        scores: dict[str, int] = {}
+        missing: list[str] = []
+        problems: list[str] = []
+        if body.get("setDigest") != encode_hex(cs.digest()):
+            problems.append("the proposal is for another challenge set")
+        else:
+            answers = []
+            for entry in body.get("challenges", []):
+                challenge = cs.challenge_for(str(entry.get("miner")))
+                if challenge is None:
+                    problems.append(f"{entry.get('miner')} is not in the challenge set")
+                    continue
+                try:
+                    answers.append(collect_answer(self.q, self.market, challenge,
+                                                  int(entry["taskId"])))
+                except (ChallengeSetInvalid, StoreError, KeyError, ValueError) as exc:
+                    problems.append(str(exc))
+            scores = self._score(cs, answers)
+            missing = [a.miner for a in answers if a.status == "missing"]
+        if self.test_mode == "lie":  # a Byzantine member: inverted scores, frames everyone
+            scores = {m: BPS - s for m, s in scores.items()}
+            missing = list(cs.miners)
+        self._observed[epoch] = {"scores": scores, "missing": missing, "problems": problems}
+        self._post(OBSERVATION, epoch, "", self._observed[epoch])
+        self.on_event(f"epoch {epoch}: re-scored {scores}" +
+                      (f", confirms missing {missing}" if missing else ""))
+
+    # ------------------------------------------------------------------ reputation
+    def _previous(self, epoch: int) -> tuple[int, dict[str, MinerRecord]]:
+        """The last reported epoch before `epoch` and the records its evidence holds; the
+        reputations themselves are read from GPURegistry (the chain is the truth)."""
+        events = [ev for ev in self.q.committee.events("ReputationSubmitted",
+                                                       self.q.deployment.deploy_block)
+                  if int(ev["epoch"]) < epoch]
+        if not events:
+            return -1, {}
+        last = max(events, key=lambda ev: int(ev["epoch"]))
+        doc = self._evidence(bytes(last["evidenceRoot"]))
+        records = {to_checksum_address(m): MinerRecord(int(r["reputationBps"]),
+                                                       tuple(int(x) for x in r["window"]))
+                   for m, r in doc.get("records", {}).items()}
+        return int(last["epoch"]), records
+
+    def _evidence(self, root: bytes) -> dict[str, Any]:
+        data = self.market.get("sha256:" + root.hex())
+        if hashlib.sha256(data).digest() != root:
+            raise StoreError(f"evidence {encode_hex(root)} does not hash to its root")
+        return json.loads(data)
+
+    def _next_records(self, epoch: int, scores: Mapping[str, int | None]
+                      ) -> tuple[int, dict[str, MinerRecord], dict[str, MinerRecord]]:
+        """(previous epoch, every tracked miner's record after this epoch, the changed ones)."""
+        prev_epoch, records = self._previous(epoch)
+        out = dict(records)
+        changed = {}
+        for miner, s in sorted(scores.items()):
+            if s is None:
+                continue
+            chain_rep = self.q.gpu.miner_info(miner).reputation_bps
+            before = records.get(miner, MinerRecord(chain_rep, ()))
+            before = MinerRecord(chain_rep, before.window)
+            out[miner] = changed[miner] = update(before, s, self.params)
+        return prev_epoch, out, changed
+
+    def _epoch_scores(self, proposal: dict[str, Any], observations: list[dict[str, Any]],
+                      members: list[str]) -> dict[str, int | None]:
+        """Proposed scores, plus 0 for each missing answer more than n/3 members confirmed."""
+        scores: dict[str, int | None] = {
+            to_checksum_address(m): int(s) for m, s in proposal["body"]["scores"].items()}
+        claimed = [c["miner"] for c in proposal["body"]["challenges"] if c["status"] == "missing"]
+        for miner in claimed:
+            confirmations = {o["author"] for o in observations
+                             if o["author"] in members and miner in o["body"].get("missing", [])}
+            scores[to_checksum_address(miner)] = 0 if 3 * len(confirmations) > len(members) \
+                else None
+        return scores
+
+    def _propose_report(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
+                        members: list[str]) -> None:
+        self._proposed_epochs.add(epoch)
+        observations = self._messages(OBSERVATION, epoch, authors=set(members))
+        scores = self._epoch_scores(proposal, observations, members)
+        prev_epoch, records, changed = self._next_records(epoch, scores)
+        doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
+               "proposal": proposal, "observations": observations,
+               "members": members, "scores": scores,
+               "records": {m: {"reputationBps": r.reputation_bps, "window": list(r.window)}
+                           for m, r in sorted(records.items())}}
+        data = canonical_json_bytes(doc)
+        uri = self.market.put(data)
+        miners = sorted(changed, key=lambda a: int(a, 16))
+        report = Report(epoch, tuple(miners), tuple(changed[m].reputation_bps for m in miners),
+                        hashlib.sha256(data).digest())
+        self._sign_report(report, uri)
+        self.on_event(f"epoch {epoch}: leader, reported reputations "
+                      f"{dict(zip(miners, report.scores_bps, strict=True))}")
+
+    def _sign_report(self, report: Report, uri: str) -> None:
+        digest = encode_hex(report.digest(self.chain_id, self.committee_address))
+        if self.state.signed_reports.get(str(report.epoch), digest) != digest:
+            raise QuarryError(f"refusing to sign a second report for epoch {report.epoch}")
+        self.state.signed_reports[str(report.epoch)] = digest
+        self._save_state()
+        sig = report.sign(self.account.key, self.chain_id, self.committee_address)
+        self._post(REPORT_SIGNATURE, report.epoch, digest,
+                   {"report": _report_json(report), "evidenceUri": uri,
+                    "signature": encode_hex(sig)})
+
+    def _cosign(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
+                leader_msg: dict[str, Any], members: list[str]) -> None:
+        """Co-sign the leader's report only if it is what this member would have built."""
+        if self.test_mode == "lie" or epoch not in self._observed:
+            return
+        try:
+            report = _report_from_json(leader_msg["body"]["report"])
+            doc = self._evidence(report.evidence_root)
+            if doc.get("proposal", {}).get("signature") != proposal["signature"]:
+                raise QuarryError("the evidence holds another proposal")
+            observations = [o for o in doc.get("observations", [])
+                            if o.get("kind") == OBSERVATION and int(o.get("epoch", -1)) == epoch
+                            and to_checksum_address(o["author"]) in members
+                            and recover_committee_message(o) == to_checksum_address(o["author"])]
+            for o in observations:
+                o["author"] = to_checksum_address(o["author"])
+            scores = self._epoch_scores(proposal, observations, members)
+            mine = self._observed[epoch]["scores"]
+            for miner, s in scores.items():
+                if s is None or (s == 0 and miner not in proposal["body"]["scores"]):
+                    continue  # a confirmed missing answer needs no score of mine
+                own = mine.get(miner)
+                if own is None or abs(own - s) > self.tolerance_bps:
+                    raise QuarryError(f"{miner}: the leader's score {s} bps is not within "
+                                      f"{self.tolerance_bps} bps of mine ({own})")
+            _, _, changed = self._next_records(epoch, scores)
+            miners = sorted(changed, key=lambda a: int(a, 16))
+            expected = (tuple(miners), tuple(changed[m].reputation_bps for m in miners))
+            if (report.miners, report.scores_bps) != expected or report.epoch != epoch:
+                raise QuarryError(f"the reputations {report.scores_bps} do not follow from "
+                                  f"the scores (expected {expected[1]})")
+        except (QuarryError, KeyError, ValueError, TypeError) as exc:
+            log.warning("epoch %d: not co-signing the leader's report: %s", epoch, exc)
+            self.state.signed_reports.setdefault(str(epoch), "refused")
+            self._save_state()
+            return
+        self._sign_report(report, str(leader_msg["body"]["evidenceUri"]))
+        self.on_event(f"epoch {epoch}: co-signed the report")
+
+    def _submit_if_quorum(self, epoch: int, members: list[str]) -> None:
+        if epoch in self._reported_epochs:
+            return
+        if self.q.committee.reported(epoch):
+            self._reported_epochs.add(epoch)
+            return
+        leader = self.leader(epoch)
+        own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader} if leader
+                                       else None)), None)
+        if own is None:
+            return
+        report = _report_from_json(own["body"]["report"])
+        sigs = self._valid_signatures(report, REPORT_SIGNATURE, epoch, own["topic"], members)
+        if len(sigs) < self.q.committee.quorum():
+            return
+        try:
+            self.q.committee.submit_reputation(self.account, report, sigs)
+            self.on_event(f"epoch {epoch}: submitted the report ({len(sigs)} signatures)")
+        except ContractRevert as exc:  # another member was first
+            log.info("report of epoch %d: %s", epoch, exc)
+        self._reported_epochs.add(epoch)
+
+    # ------------------------------------------------------------------ disputes, slashing
+    def _dispute_faults(self, posted: list[PostedChallenge], cs: ChallengeSet,
+                        answers: list[Answer], scores: Mapping[str, int]) -> None:
+        """Challenge answers under the fault threshold are disputed at once from the fresh
+        client address, so cheating found by a challenge is slashed, not only down-rated."""
+        from market.jobs import open_dispute
+
+        keys = {p.task_id: p.client_key for p in posted}
+        for a in answers:
+            if a.status != "answered" or scores.get(a.miner, BPS) >= self.fault_below_bps \
+                    or a.task_id in self.state.disputed or self.test_mode == "lie":
+                continue
+            challenge = cs.challenge_for(a.miner)
+            assert challenge is not None
+            by_index = {it.index: it for it in a.items}
+            ids = [list(by_index[i].token_ids) for i in range(len(challenge.lines))]
+            worst = min(range(len(ids)), key=lambda i: self.scorer.score(
+                [challenge.lines[i]], [ids[i]])[0].score)
+            try:
+                dispute_id = open_dispute(self.q, Account.from_key(keys[a.task_id]),
+                                          self.market, a.task_id, worst)
+            except QuarryError as exc:
+                log.warning("could not dispute %s's challenge answer: %s", a.miner, exc)
+                continue
+            self.state.disputed.append(a.task_id)
+            self._save_state()
+            self.on_event(f"disputed {a.miner}'s challenge answer (task {a.task_id}, request "
+                          f"{worst}): dispute {dispute_id}")
+
+    def _watch_equivocation(self, members: list[str]) -> None:
+        seen: dict[tuple[str, int], tuple[Report, bytes]] = {}
+        for msg in self._inbox:
+            if msg["kind"] != REPORT_SIGNATURE or msg["author"] in self._slashed:
+                continue
+            try:
+                report = _report_from_json(msg["body"]["report"])
+                sig = bytes.fromhex(str(msg["body"]["signature"]).removeprefix("0x"))
+                if report.recover(sig, self.chain_id, self.committee_address) != msg["author"]:
+                    continue
+            except (SignatureError, KeyError, ValueError, TypeError):
+                continue
+            key = (msg["author"], report.epoch)
+            if key not in seen:
+                seen[key] = (report, sig)
+                continue
+            first, first_sig = seen[key]
+            if first == report:
+                continue
+            self._slashed.add(msg["author"])
+            if self.q.committee.verifier_info(msg["author"]).stake == 0:
+                continue
+            try:
+                self.q.committee.prove_equivocation(self.account, msg["author"], first,
+                                                    first_sig, report, sig)
+                self.on_event(f"proved that {msg['author']} signed two reports for epoch "
+                              f"{report.epoch}: its stake is slashed")
+            except ContractRevert as exc:
+                log.info("equivocation proof against %s: %s", msg["author"], exc)
+
+
+def _report_json(report: Report) -> dict[str, Any]:
+    return {"epoch": report.epoch, "miners": list(report.miners),
+            "scoresBps": list(report.scores_bps), "evidenceRoot": encode_hex(report.evidence_root)}
+
+
+def _report_from_json(d: Mapping[str, Any]) -> Report:
+    return Report(int(d["epoch"]), tuple(d["miners"]), tuple(int(s) for s in d["scoresBps"]),
+                  bytes.fromhex(str(d["evidenceRoot"]).removeprefix("0x")))
