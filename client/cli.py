@@ -69,12 +69,16 @@ def _submit(args: argparse.Namespace) -> int:
     with _connect(args) as c:
         job = c.submit(args.file, model=args.model, max_tokens=args.max_tokens,
                        price=args.price, deadline=args.deadline, shard_size=args.shard_size,
-                       arbiter=args.arbiter, min_reputation_bps=args.min_reputation)
+                       arbiter=args.arbiter, min_reputation_bps=args.min_reputation,
+                       prefer_miner=args.miner)
         t = job.task()
         cost = job.payment
         print(f"task {job.task_id}: {t.num_requests} requests in {t.num_shards} shard(s) of "
               f"{t.shard_size}, model 0x{t.model_id.hex()}, {t.price_per_token} wei/token, "
               f"deadline {t.deadline}")
+        if args.miner:
+            print(f"offered to miner {args.miner} only (the market shows it to no other miner "
+                  "until the deadline)")
         print(f"cost: {cost} wei ({_eth(cost)}) escrowed (at most; unused tokens are refunded)")
         if args.wait:
             status = job.wait(progress=not args.no_progress, timeout=args.timeout)
@@ -106,18 +110,34 @@ def _print_disputes(job: Any) -> None:
     if not disputes:
         print(f"task {job.task_id}: no disputes")
     for d in disputes:
+        outcome = f": {d.outcome()}" if d.settled else ""
         print(f"dispute {d.dispute_id}: request {d.index} (shard {d.shard}), "
-              f"{d.status.name}, bond {d.bond} wei, deadline {d.deadline}, miner {d.miner}")
+              f"{d.status.name}, bond {d.bond} wei, deadline {d.deadline}, miner {d.miner}"
+              f"{outcome}")
 
 
 def _dispute(args: argparse.Namespace) -> int:
+    index = args.index if args.index is not None else args.index_flag
     with _connect(args) as c:
         job = c.job(args.task_id)
-        if args.index is not None:
-            dispute_id = job.dispute(args.index, bond=args.bond, evidence_uri=args.evidence_uri)
-            print(f"opened dispute {dispute_id} on request {args.index}; the shard is frozen "
-                  "until the committee resolves it")
-        _print_disputes(job)
+        if index is None:
+            _print_disputes(job)
+            return 0
+        dispute_id = job.dispute(index, bond=args.bond, evidence_uri=args.evidence_uri)
+        [info] = [d for d in job.disputes() if d.dispute_id == dispute_id]
+        print(f"opened dispute {dispute_id} on request {index} (shard {info.shard}), bond "
+              f"{info.bond} wei; the shard is frozen until the committee resolves it (by chain "
+              f"time {info.deadline})", flush=True)
+        if not args.wait:
+            return 0
+        try:
+            info = job.wait_dispute(dispute_id, timeout=args.timeout,
+                                    progress=not args.no_progress)
+        except KeyboardInterrupt:
+            print(f"dispute {dispute_id} stays open; `client dispute {args.task_id}` shows its "
+                  "outcome later", file=sys.stderr)
+            raise
+        print(f"dispute {dispute_id}: {info.outcome()}")
     return 0
 
 
@@ -174,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-reputation", type=_non_negative, default=0, metavar="BPS",
                    help="least miner reputation to claim, in basis points")
     p.add_argument("--arbiter", default=None, help="address that may dispute for you")
+    p.add_argument("--miner", default=None, metavar="ADDRESS",
+                   help="a directed job: offer it to this miner only (its ask is the default "
+                   "price)")
     p.add_argument("--wait", action="store_true", help="wait until every shard has results")
     p.add_argument("--timeout", type=_seconds, default=None, help="with --wait: give up after")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -198,12 +221,22 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=_results)
 
-    p = sub.add_parser("dispute", help="dispute one output, and show the task's disputes",
-                       description="With --index, open a dispute on that request's signed "
-                       "receipt (freezing its shard); always list the task's disputes.")
+    p = sub.add_parser("dispute", help="dispute one output, or list the task's disputes",
+                       description="With INDEX, open a dispute on that request's signed "
+                       "receipt (freezing its shard), print its id, and wait for the "
+                       "committee's verdict: at the latest until the dispute's deadline, when "
+                       "it is expired (bond returned). Without INDEX, list the task's disputes "
+                       "and their outcomes.")
     p.add_argument("task_id", type=_task_id, metavar="TASK_ID")
-    p.add_argument("--index", type=_non_negative, default=None, metavar="N",
+    p.add_argument("index", type=_non_negative, nargs="?", default=None, metavar="INDEX",
                    help="the request (0-based, file order) to dispute")
+    p.add_argument("--index", dest="index_flag", type=_non_negative, default=None,
+                   help=argparse.SUPPRESS)  # the older spelling of INDEX
+    p.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="return once the dispute is open, without waiting for its outcome")
+    p.add_argument("--timeout", type=_seconds, default=None,
+                   help="give up waiting after this many seconds (the dispute stays open)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--bond", type=_non_negative, default=None, metavar="WEI",
                    help="dispute bond (default: the minimum)")
     p.add_argument("--evidence-uri", default=None,

@@ -26,7 +26,6 @@ from typing import Any
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import encode_hex, to_checksum_address
-from web3.exceptions import ContractLogicError
 
 from client.batch import (
     Batch,
@@ -40,21 +39,34 @@ from client.batch import (
 )
 from client.config import format_eth as _eth
 from market.chain.client import Chain, TxResult, as_account
-from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, ShardState, Task
+from market.chain.contracts import ZERO_ADDRESS, ShardState, Task
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert, DeploymentMismatch
 from market.errors import QuarryError
+from market.jobs import (
+    HAS_RESULTS,
+    DeadlineExpired,
+    DisputeInfo,
+    DisputeNotPossible,
+    InsufficientFunds,
+    JobError,
+    JobTimeout,
+    MinerNotEligible,
+    OfferFailed,
+    PaymentTooLow,
+    ResultsNotReady,
+    max_shards,
+    miner_ask,
+    open_dispute,
+    post_batch,
+    task_disputes,
+    verified_shard,
+    wait_dispute,
+)
 from market.protocol.merkle import input_tree
 from market.protocol.requests import validate_request
-from market.protocol.results import (
-    ResultCheckFailed,
-    ResultFormatError,
-    ResultItem,
-    ShardResult,
-    verify_shard_result,
-)
+from market.protocol.results import ResultCheckFailed
 from market.service.api import MarketAPI
-from market.store import ContentNotFound, ContentTooLarge, StoreError, content_uri
 
 __all__ = [
     "Client",
@@ -67,6 +79,8 @@ __all__ = [
     "ChainMismatch",
     "UnknownModel",
     "PaymentTooLow",
+    "MinerNotEligible",
+    "OfferFailed",
     "DeadlineExpired",
     "InsufficientFunds",
     "JobFailed",
@@ -81,11 +95,10 @@ DEFAULT_MAX_TOKENS = 64
 """`max_tokens` of prompt-list requests when none is given."""
 DEFAULT_DEADLINE_S = 3600
 MAX_SHARD_SIZE = 256
-HAS_RESULTS = frozenset({ShardState.SUBMITTED, ShardState.DISPUTED, ShardState.FINALIZED})
 
-
-class ClientError(QuarryError):
-    """A client-side problem; the message names it (and what to do, where it can)."""
+# The shared post/read/dispute path (market.jobs) raises these; re-exported here so that
+# `except ClientError` catches every client error, its own and the shared path's.
+ClientError = JobError
 
 
 class ChainMismatch(ClientError, DeploymentMismatch):
@@ -96,36 +109,12 @@ class UnknownModel(ClientError):
     """No registered miner serves the model asked for."""
 
 
-class PaymentTooLow(ClientError):
-    """The offered price is below every serving miner's ask: no one could claim the task."""
-
-
-class DeadlineExpired(ClientError):
-    """The deadline is not in the future (by the chain's clock)."""
-
-
-class InsufficientFunds(ClientError):
-    """The account cannot pay the task (or bond) plus gas."""
-
-
 class JobFailed(ClientError):
     """Shards were refunded or can no longer be done, so the job will not produce all results."""
 
 
-class JobTimeout(ClientError):
-    """`wait` ran out of time."""
-
-
-class ResultsNotReady(ClientError):
-    """Some shards have no submitted result yet."""
-
-
 class InputsMismatch(ClientError):
     """The stored request file does not match the task's on-chain input root."""
-
-
-class DisputeNotPossible(ClientError):
-    """The request's shard cannot be disputed now (state, window, caller)."""
 
 
 
@@ -214,6 +203,7 @@ class JobStatus:
     compensation: int  # wei slashed from miners' collateral for expired claims, to the client
     chain_time: int
     shards: tuple[ShardStatus, ...]
+    disputes: tuple[DisputeInfo, ...] = ()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -246,6 +236,7 @@ class JobStatus:
             "tokens": self.tokens, "counts": self.counts, "resultsReady": self.results_ready,
             "finished": self.finished, "chainTime": self.chain_time,
             "shards": [s.to_json() for s in self.shards],
+            "disputes": [d.to_json() for d in self.disputes],
         }
 
     def summary(self) -> str:
@@ -265,28 +256,10 @@ class JobStatus:
             miner = f" by {s.miner}" if s.miner else ""
             tokens = f", {s.tokens_used} tokens" if s.state in HAS_RESULTS else ""
             lines.append(f"  shard {s.index} [{s.start}, {s.end}): {s.state.name}{miner}{tokens}")
+        for d in self.disputes:
+            lines.append(f"  dispute {d.dispute_id} on request {d.index} (shard {d.shard}): "
+                         f"{d.outcome()}")
         return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class DisputeInfo:
-    dispute_id: int
-    task_id: int
-    shard: int
-    index: int
-    status: DisputeStatus
-    opener: str
-    miner: str
-    bond: int
-    opened_at: int
-    deadline: int
-    evidence_uri: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"disputeId": self.dispute_id, "taskId": self.task_id, "shard": self.shard,
-                "index": self.index, "status": self.status.name, "opener": self.opener,
-                "miner": self.miner, "bond": self.bond, "openedAt": self.opened_at,
-                "deadline": self.deadline, "evidenceUri": self.evidence_uri}
 
 
 # ---------------------------------------------------------------------------- client
@@ -396,14 +369,17 @@ class Client:
         temperature: float = 0.0,
         arbiter: str | None = None,
         min_reputation_bps: int = 0,
+        prefer_miner: str | None = None,
     ) -> Job:
         """Post a batch and pay for it; returns its `Job`.
 
         `requests`: prompt strings, request dicts (OpenAI Batch input lines), or a JSONL
         file's path. `max_tokens` sets the prompts' budget, or caps a file's lines.
         `price`: wei per output token (default: the lowest ask among miners serving the
-        model). `deadline`: seconds from now (int/float) or an absolute `datetime`.
-        Everything that can be wrong is checked before any transaction is sent.
+        model, or `prefer_miner`'s ask). `deadline`: seconds from now (int/float) or an
+        absolute `datetime`. `prefer_miner`: a directed job, offered to that miner only (the
+        market shows it to no one else until the deadline). Everything that can be wrong is
+        checked before any transaction is sent.
         """
         if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
             batch = read_batch(requests)
@@ -435,7 +411,8 @@ class Client:
                                      f"{max_tokens}")
         return self._submit_batch(batch, offer, price=price, deadline=deadline,
                                   shard_size=shard_size, arbiter=arbiter,
-                                  min_reputation_bps=min_reputation_bps)
+                                  min_reputation_bps=min_reputation_bps,
+                                  prefer_miner=prefer_miner)
 
     def _offer_for(self, batch: Batch, model: str | bytes | None,
                    min_reputation_bps: int) -> ModelOffer:
@@ -469,60 +446,29 @@ class Client:
         shard_size: int | None,
         arbiter: str | None,
         min_reputation_bps: int,
+        prefer_miner: str | None,
     ) -> Job:
-        limits = self.market.limits()
-        batch.check_sizes(limits["maxRequestBytes"])
-        if len(batch.data) > limits["maxFileBytes"]:
-            raise ContentTooLarge(len(batch.data), limits["maxFileBytes"], "batch file")
+        """Fill in the defaults (price, shard size, deadline) and post with `post_batch`."""
         n = len(batch)
-        if n > 2**32 - 1:
-            raise BatchError(f"a task holds at most {2**32 - 1} requests, this batch has {n}")
-
-        ask = offer.min_price
+        if prefer_miner is not None:  # post_batch checks the price against this miner's ask
+            ask, miners = miner_ask(self.q, prefer_miner, offer.model_id, min_reputation_bps), 1
+        else:
+            ask, miners = offer.min_price, offer.alive
+            if isinstance(price, int) and not isinstance(price, bool) and 0 < price < ask:
+                raise PaymentTooLow(
+                    f"payment too low: {price} wei/token is below every registered miner's ask "
+                    f"for model {offer.label()} (lowest ask: {ask} wei/token)")
         if price is None:
             price = ask
-        if isinstance(price, bool) or not isinstance(price, int) or price <= 0:
-            raise ClientError(f"price must be a positive integer (wei per token), got {price!r}")
-        if price < ask:
-            raise PaymentTooLow(
-                f"payment too low: {price} wei/token is below every registered miner's ask for "
-                f"model {offer.label()} (lowest ask: {ask} wei/token)")
-
-        now = self.chain.timestamp()
-        deadline_ts = self._deadline(deadline, now)
-
-        max_shards = int(self.chain.call(self.q.tasks.contract.functions.maxShardsPerTask()))
-        if shard_size is None:
-            shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, offer.alive)))))
-            shard_size = max(shard_size, math.ceil(n / max_shards))
-        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
-            raise ClientError(f"shard_size must be a positive integer, got {shard_size!r}")
-        if math.ceil(n / shard_size) > max_shards:
-            raise ClientError(f"shard_size {shard_size} gives {math.ceil(n / shard_size)} shards;"
-                              f" a task may have at most {max_shards}")
-        shard_size = min(shard_size, n)
-        arbiter = to_checksum_address(arbiter) if arbiter else ZERO_ADDRESS
-        if not 0 <= min_reputation_bps <= 10_000:
-            raise ClientError(f"min_reputation_bps must be in [0, 10000], "
-                              f"got {min_reputation_bps}")
-
-        max_tokens = batch.max_tokens
-        payment = n * max_tokens * price
-        root = input_tree(batch.request_hashes).root
-        uri = content_uri(batch.data)
-        args = (offer.model_id, root, uri, n, shard_size, max_tokens, price, deadline_ts,
-                min_reputation_bps, arbiter)
-        self._check_funds(payment, self.q.tasks.contract.functions.createTask(*args),
-                          "TaskRegistry.createTask", "payment")
-
-        stored = self.market.put(batch.data)
-        if stored != uri:
-            raise StoreError(f"the market stored the batch as {stored}, expected {uri}")
-        task_id, tx = self.q.tasks.create_task(
-            self.account, model_id=offer.model_id, input_root=root, input_uri=uri,
-            num_requests=n, shard_size=shard_size, max_tokens_per_request=max_tokens,
-            price_per_token=price, deadline=deadline_ts, min_reputation_bps=min_reputation_bps,
-            arbiter=arbiter, payment=payment)
+        deadline_ts = self._deadline(deadline, self.chain.timestamp())
+        if shard_size is None:  # two shards per miner that could take them, within the limit
+            shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, miners)))))
+            shard_size = max(shard_size, math.ceil(n / max_shards(self.q)))
+        task_id, tx = post_batch(
+            self.q, self.account, self.market, batch.data, batch.request_hashes,
+            model_id=offer.model_id, shard_size=shard_size, max_tokens=batch.max_tokens,
+            price=price, deadline=deadline_ts, min_reputation_bps=min_reputation_bps,
+            arbiter=arbiter or ZERO_ADDRESS, prefer_miner=prefer_miner)
         job = Job(self, task_id)
         job._batch = batch
         job.submission = tx
@@ -547,27 +493,6 @@ class Client:
             raise DeadlineExpired(f"deadline {deadline} s from now has already passed; give a "
                                   "positive number of seconds")
         return now + math.ceil(deadline)
-
-    def _check_funds(self, value: int, fn: Any, where: str, what: str) -> None:
-        """Raise `InsufficientFunds` unless `value` plus the call's gas fits the balance, and
-        the contract's own revert (decoded) when the call would fail."""
-        balance = self.chain.balance(self.address)
-        if balance < value:
-            raise InsufficientFunds(
-                f"not enough funds: the {what} is {value} wei ({_eth(value)}), but "
-                f"{self.address} holds {balance} wei ({_eth(balance)})")
-        try:
-            gas = int(fn.estimate_gas({"from": self.address, "value": value}))
-        except ContractLogicError as exc:
-            raise self.chain._revert(exc, where) from None  # the named custom error
-        w3 = self.chain.w3
-        base_fee = int(w3.eth.get_block("latest").get("baseFeePerGas", 0) or 0)
-        max_fee = 2 * base_fee + int(w3.eth.max_priority_fee)
-        need = value + gas * max_fee
-        if balance < need:
-            raise InsufficientFunds(
-                f"not enough funds: the {what} is {value} wei plus up to {gas * max_fee} wei "
-                f"of gas, {need} wei in all, but {self.address} holds {balance} wei")
 
     # ------------------------------------------------------------------ jobs and money
     def job(self, task_id: int) -> Job:
@@ -641,7 +566,8 @@ class Job:
 
     # ------------------------------------------------------------------ status
     def status(self) -> JobStatus:
-        """Every shard's state and the wei moved so far, from the contracts and their events."""
+        """Every shard's state, the wei moved so far and the task's disputes, from the
+        contracts and their events."""
         t = self.task()
         q, from_block = self._q, self._q.deployment.deploy_block
         shards = tuple(self._shard_status(t, k) for k in range(t.num_shards))
@@ -660,7 +586,8 @@ class Job:
             max_tokens_per_request=t.max_tokens_per_request, price_per_token=t.price_per_token,
             deadline=t.deadline, cancelled=t.cancelled, payment=self.payment,
             escrowed=q.escrow.escrowed(self.task_id), paid=paid, refunded=refunded,
-            compensation=compensation, chain_time=q.chain.timestamp(), shards=shards)
+            compensation=compensation, chain_time=q.chain.timestamp(), shards=shards,
+            disputes=tuple(self.disputes()))
 
     def wait(
         self,
@@ -746,36 +673,15 @@ class Job:
         self._batch = batch
         return batch
 
-    def _fetch_result(self, k: int, uri: str) -> ShardResult:
-        try:
-            data = self.client.market.get(uri)
-        except ContentNotFound:
-            raise
-        except StoreError as exc:
-            raise ResultCheckFailed("content address", f"shard {k}: {exc}") from exc
-        try:
-            return ShardResult.from_bytes(data)
-        except ResultFormatError as exc:
-            raise ResultCheckFailed("format", f"shard {k}: {exc}") from exc
-
     def shard_results(self, k: int) -> list[Output]:
         """Shard `k`'s outputs, each checked against the chain; `ResultCheckFailed` names the
         first check that fails."""
         t = self._task or self.task()
         batch = self.inputs()
-        s = self._q.tasks.get_shard(self.task_id, k)
-        if s.state not in HAS_RESULTS:
-            raise ResultsNotReady(f"task {self.task_id} shard {k} is {s.state.name}: no "
-                                  "result yet")
-        start, end = self._q.tasks.shard_range(self.task_id, k)
-        chain_id = self._q.chain.chain_id
-        registry = self._q.tasks.address
-        items: list[ResultItem] = verify_shard_result(
-            self._fetch_result(k, s.result_uri), task_id=self.task_id, shard=k, start=start,
-            miner=s.miner, model_id=t.model_id, result_root=s.result_root,
-            tokens_used=s.tokens_used, request_hashes=batch.request_hashes[start:end],
-            chain_id=chain_id, task_registry=registry)
+        s, items = verified_shard(self._q, self.client.market, self.task_id, k,
+                                  batch.request_hashes, task=t)
         miner = to_checksum_address(s.miner)
+        chain_id, registry = self._q.chain.chain_id, self._q.tasks.address
         outputs = []
         for item in items:
             request = batch.requests[item.index].request  # our own line, not the miner's copy
@@ -818,53 +724,40 @@ class Job:
         (which holds the disputed output). The shard must be Submitted and inside its
         challenge window, and this account the task's client or arbiter.
         """
-        t = self.task()
-        if isinstance(index, bool) or not isinstance(index, int) or \
-                not 0 <= index < t.num_requests:
-            raise DisputeNotPossible(f"request index {index!r} is not in task {self.task_id} "
-                                     f"(0..{t.num_requests - 1})")
-        me = self.client.address
-        if me not in (to_checksum_address(t.client), to_checksum_address(t.arbiter)):
-            raise DisputeNotPossible(f"{me} is neither task {self.task_id}'s client nor its "
-                                     "arbiter")
-        k = index // t.shard_size
-        s = self._q.tasks.get_shard(self.task_id, k)
-        if s.state != ShardState.SUBMITTED:
-            raise DisputeNotPossible(
-                f"request {index} is in shard {k}, which is {s.state.name}: only a Submitted "
-                "shard inside its challenge window can be disputed")
-        now = self._q.chain.timestamp()
-        if now >= s.window_end:
-            raise DisputeNotPossible(f"shard {k}'s challenge window closed at {s.window_end} "
-                                     f"(chain time {now})")
-        doc = self._fetch_result(k, s.result_uri)
-        item = next((it for it in doc.items if it.index == index), None)
-        if item is None:
-            raise DisputeNotPossible(f"shard {k}'s result document holds no receipt for "
-                                     f"request {index}")
-        arb = self._q.arbitration
-        bond = arb.min_bond() if bond is None else int(bond)
-        evidence = s.result_uri if evidence_uri is None else evidence_uri
-        args = (self.task_id, k, item.receipt.as_tuple(), item.signature, list(item.proof),
-                evidence)
-        self.client._check_funds(bond, arb.contract.functions.openDispute(*args),
-                                 "Arbitration.openDispute", "bond")
-        dispute_id, _ = arb.open_dispute(self.client.account, self.task_id, k, item.receipt,
-                                         item.signature, item.proof, evidence, bond)
-        return dispute_id
+        return open_dispute(self._q, self.client.account, self.client.market, self.task_id,
+                            index, bond=bond, evidence_uri=evidence_uri)
 
     def disputes(self) -> list[DisputeInfo]:
-        """Every dispute opened on this task, with its current on-chain status."""
-        arb = self._q.arbitration
-        out = []
-        for ev in arb.events("DisputeOpened", self._q.deployment.deploy_block,
-                             taskId=self.task_id):
-            dispute_id = int(ev["disputeId"])
-            d = arb.get_dispute(dispute_id)
-            out.append(DisputeInfo(dispute_id, d.task_id, d.shard, d.receipt.index, d.status,
-                                   to_checksum_address(d.opener), to_checksum_address(d.miner),
-                                   d.bond, d.opened_at, d.deadline, d.evidence_uri))
-        return out
+        """Every dispute opened on this task, with its current on-chain status and outcome."""
+        return task_disputes(self._q, self.task_id)
+
+    def wait_dispute(self, dispute_id: int, timeout: float | None = None,
+                     progress: bool = True, poll_s: float = 0.5,
+                     expire: bool = True) -> DisputeInfo:
+        """Block until dispute `dispute_id` (on this task) is settled; returns it.
+
+        A verdict can only come before the dispute's deadline, so this waits that long at
+        most (by the chain's clock). Then, with `expire`, this account expires the dispute
+        (the bond goes back to its opener and the shard is paid as submitted); without it,
+        the still-open dispute is returned. `JobTimeout` after `timeout` seconds. The bar
+        (to stderr) shows the chain time used of the dispute's deadline.
+        """
+        from tqdm import tqdm
+
+        info = next((d for d in self.disputes() if d.dispute_id == dispute_id), None)
+        if info is None:
+            raise DisputeNotPossible(f"task {self.task_id} has no dispute {dispute_id}")
+        with tqdm(total=max(1, info.deadline - info.opened_at), unit="s",
+                  desc=f"dispute {dispute_id}", file=sys.stderr, disable=not progress,
+                  leave=False) as bar:
+
+            def show(d: DisputeInfo, now: int) -> None:
+                bar.n = min(bar.total, max(0, now - d.opened_at))
+                bar.set_postfix_str(d.status.name.lower(), refresh=True)
+
+            return wait_dispute(self._q, dispute_id, timeout=timeout, poll_s=poll_s,
+                                expire_as=self.client.account if expire else None,
+                                on_poll=show)
 
     def cancel(self) -> int:
         """Cancel the task: every still-open shard's budget is refunded (returned, in wei)."""
