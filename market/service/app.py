@@ -1,4 +1,5 @@
-"""The market's HTTP API (FastAPI): store, models, job board, open shards, miner directory.
+"""The market's HTTP API (FastAPI): store, models, job board, open shards, miner directory,
+task offers and the verifier committee's message relay.
 
 `create_app(settings)` builds the app that `market serve` runs. It only reads the chain (the
 head for /health) and never writes to it; the board it serves is filled by the Celery
@@ -10,9 +11,10 @@ changes, so the market can start before the devnet and follow a redeploy.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,16 +25,40 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from market.chain.deploy import WatchedDeployment
-from market.chain.errors import ChainError
+from market.chain.errors import ChainError, revert_class
 from market.errors import ConfigError, QuarryError
-from market.service.api import MarketError, recover_heartbeat
-from market.service.board import Board, BoardError, checksum, model_id_bytes
+from market.service.api import (
+    MESSAGE_FIELDS,
+    READER_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    MarketError,
+    recover_committee_message,
+    recover_heartbeat,
+    recover_offer,
+    recover_reader,
+)
+from market.service.board import (
+    I64_MAX,
+    Board,
+    BoardError,
+    MessageConflict,
+    checksum,
+    deployment_identity,
+    model_id_bytes,
+)
 from market.service.matching import eligible, rank_open_shards
 from market.service.settings import MarketSettings
 from market.store import ContentNotFound, ContentTooLarge, LocalStore
 
 HEARTBEAT_SKEW_S = 60
 """How far a heartbeat's timestamp may be from the market's clock (replays age out)."""
+SIGNED_SKEW_S = 120
+"""How far an offer's or a committee reader's timestamp may be from the market's clock."""
+MAX_MESSAGE_BYTES = 1 << 20
+"""The largest committee message the relay takes (its JSON body)."""
+MAX_TOPIC_CHARS = 256
+KIND_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
 DESCRIPTION = """
 The Quarry market service: a content-addressed store for request and result files, a job
@@ -42,6 +68,10 @@ for miners and a miner directory with signed heartbeats.
 The chain is the source of truth: the market stores bytes (addressed by their sha256),
 indexes events and recommends; clients and miners check everything against the contracts.
 Errors are `{"detail": "..."}` with a 4xx status (503 while no deployment is configured).
+
+A task's client may offer the task to one miner (`POST /tasks/{taskId}/offer`): until its
+deadline only that miner is shown and recommended its shards. The verifier committee's members
+exchange signed messages through `/committee/messages`, which only members may post and read.
 """
 
 
@@ -62,14 +92,77 @@ def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
+class MessageTooLarge(QuarryError):
+    """A committee message over `MAX_MESSAGE_BYTES`."""
+
+
 ERROR_STATUS: tuple[tuple[type[QuarryError], int], ...] = (
     (ContentNotFound, 404),
     (ContentTooLarge, 413),
+    (MessageTooLarge, 413),
+    (MessageConflict, 409),
     (ChainError, 503),  # the chain is down or not the deployment's
     (ConfigError, 503),  # no usable deployment file: the market cannot reach the contracts
     (QuarryError, 400),  # the rest name bad input: store addresses, manifests, board queries
 )
 """The HTTP status of each error family, most specific first."""
+
+
+async def _read_body(request: Request, limit: int,
+                     too_large: Callable[[int, bool], QuarryError]) -> bytes:
+    """The raw body, refused (`too_large(size, so_far)`) past `limit` bytes: from the
+    content-length header before reading when it says so, else once the stream passes it."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise HTTPException(400, f"bad content-length {declared!r}") from None
+        if size > limit:
+            raise too_large(size, False)
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise too_large(received, True)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _check_message(msg: Any) -> dict[str, Any]:
+    """A committee message's fields checked (HTTPException 400 naming the bad one)."""
+    if not isinstance(msg, dict):
+        raise HTTPException(400, "a committee message must be a JSON object")
+    expected = {*MESSAGE_FIELDS, "signature"}
+    missing, unknown = sorted(expected - set(msg)), sorted(set(msg) - expected)
+    if missing or unknown:
+        raise HTTPException(400, "committee message: " + "; ".join(
+            part for part in (missing and f"missing {', '.join(missing)}",
+                              unknown and f"unknown field(s) {', '.join(unknown)}") if part))
+    if checksum(msg["author"], "author") != msg["author"]:
+        raise HTTPException(400, f"committee message author {msg['author']!r} must be written "
+                            "checksummed (EIP-55), as it was signed and as readers check it")
+    kind, epoch, topic = msg["kind"], msg["epoch"], msg["topic"]
+    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
+        raise HTTPException(400, f"committee message kind {kind!r} is not 1-64 of a-z, 0-9 "
+                            "and '-'")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= I64_MAX:
+        raise HTTPException(400, f"committee message epoch {epoch!r} is not an integer in "
+                            f"[0, {I64_MAX}]")
+    if not isinstance(topic, str) or len(topic) > MAX_TOPIC_CHARS:
+        raise HTTPException(400, f"committee message topic must be a string of at most "
+                            f"{MAX_TOPIC_CHARS} characters")
+    if not isinstance(msg["body"], dict):
+        raise HTTPException(400, "committee message body must be a JSON object")
+    return msg
+
+
+def _check_skew(what: str, timestamp: int, status: int) -> None:
+    skew = timestamp - time.time()
+    if abs(skew) > SIGNED_SKEW_S:
+        raise HTTPException(status, f"{what} timestamp {timestamp} is {skew:+.0f} s off the "
+                            f"market's clock (at most {SIGNED_SKEW_S} s)")
 
 
 def create_app(settings: MarketSettings) -> FastAPI:
@@ -143,22 +236,8 @@ def create_app(settings: MarketSettings) -> FastAPI:
         """Store the raw body; returns its `sha256:` address. 413 over `maxFileBytes`, refused
         from the content-length header before the body is read when the header says so."""
         limit = settings.max_file_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise HTTPException(400, f"bad content-length {declared!r}") from None
-            if size > limit:
-                raise ContentTooLarge(size, limit)
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:
-                raise ContentTooLarge(received, limit, "upload (so far)")
-            chunks.append(chunk)
-        data = b"".join(chunks)
+        data = await _read_body(request, limit, lambda size, so_far: ContentTooLarge(
+            size, limit, "upload (so far)" if so_far else "file"))
         uri = await run_in_threadpool(store.put, data)
         return {"uri": uri, "size": len(data)}
 
@@ -216,11 +295,13 @@ def create_app(settings: MarketSettings) -> FastAPI:
     def open_shards(modelId: str | None = None, miner: str | None = None,
                     limit: int = Query(20, ge=1, le=1000)) -> list[dict[str, Any]]:
         """Open shards, best first. With `miner`: only those it may claim, in its own order
-        (the workers' fresh recommendations when there are, else ranked now)."""
+        (the workers' fresh recommendations when there are, else ranked now). A task offered
+        to one miner shows only with that `miner`."""
         model_bytes = model_id_bytes(modelId) if modelId else None
         at = now()
         candidates = board.open_shards(model_bytes, at)
         if miner is None:
+            candidates = [s for s in candidates if s["offeredTo"] is None]
             candidates.sort(key=lambda s: (-s["pricePerToken"], s["deadline"]))
             return candidates[:limit]
         row = board.miner(miner)
@@ -234,6 +315,108 @@ def create_app(settings: MarketSettings) -> FastAPI:
                       if (k := (r.get("taskId"), r.get("shard"))) in by_key]
             return [s for s in picked if eligible(s, row, at)][:limit]
         return rank_open_shards(candidates, row, at, limit)
+
+    @app.post("/tasks/{task_id}/offer", tags=["jobs"])
+    def offer(task_id: int, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        """The task's client offers it to one registered miner: until the task's deadline its
+        shards are shown and recommended to that miner alone (the contract still lets any
+        eligible miner claim). 401 when not signed by the task's client (TaskRegistry), 404
+        for an unknown task or miner, 400 when the timestamp is over 120 s off. A newer offer
+        replaces an older one."""
+        try:
+            signer = recover_offer(task_id, body)
+        except MarketError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        miner = checksum(body["miner"], "miner")
+        timestamp = int(body["timestamp"])
+        _check_skew(f"offer for task {task_id}", timestamp, 400)
+        q = deployment.quarry()
+        try:
+            task = q.tasks.get_task(task_id)
+        except revert_class("UnknownTask"):
+            raise HTTPException(404, f"task {task_id} does not exist in TaskRegistry "
+                                f"{q.tasks.address}") from None
+        if signer != task.client:
+            raise HTTPException(401, f"offer for task {task_id} is signed by {signer}, not "
+                                f"its client {task.client}")
+        if not q.gpu.is_registered(miner):
+            raise HTTPException(404, f"miner {miner} is not registered in GPURegistry "
+                                f"{q.gpu.address}")
+        identity = deployment_identity(q)
+        board.put_offer(identity, task_id, task.client, miner, task.deadline, timestamp,
+                        str(body["signature"]))
+        stored = board.offer(identity, task_id)
+        assert stored is not None
+        return {"taskId": task_id, "miner": stored["miner"], "until": stored["until"]}
+
+    # -- committee -----------------------------------------------------------------------
+    def require_member(q: Any, address: str, action: str) -> None:
+        if not q.committee.is_member(address):
+            raise HTTPException(403, f"{address} is not a member of VerifierCommittee "
+                                f"{q.committee.address}, so it may not {action}")
+
+    @app.post("/committee/messages", status_code=201, tags=["committee"])
+    async def post_message(request: Request, response: Response) -> dict[str, int]:
+        """Relay a member's signed message (EIP-191 over the canonical JSON of author, kind,
+        epoch, topic, body). 201 `{"id"}`, 200 with the first id for an identical repost;
+        401 bad signature, 403 author not a member, 409 another message under the same
+        (author, kind, epoch, topic), 413 over 1 MiB."""
+        raw = await _read_body(request, MAX_MESSAGE_BYTES, lambda size, so_far: MessageTooLarge(
+            f"committee message is {size} bytes{' (so far)' if so_far else ''}, over the "
+            f"relay's limit of {MAX_MESSAGE_BYTES} bytes"))
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise HTTPException(400, f"committee message is not JSON: {exc}") from None
+        msg = _check_message(parsed)
+        author = msg["author"]
+        try:
+            signer = recover_committee_message(msg)
+        except MarketError as exc:
+            raise HTTPException(401, str(exc)) from exc
+        if signer != author:
+            raise HTTPException(401, f"committee message from {author} is signed by {signer}")
+        q = await run_in_threadpool(deployment.quarry)
+        await run_in_threadpool(require_member, q, author, "post committee messages")
+        message_id, created = await run_in_threadpool(
+            board.put_message, deployment_identity(q), msg)
+        if not created:
+            response.status_code = 200
+        return {"id": message_id}
+
+    @app.get("/committee/messages", tags=["committee"])
+    def messages(request: Request, epoch: int | None = Query(None, ge=0, le=I64_MAX),
+                 kind: str | None = None, topic: str | None = None,
+                 afterId: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10000),
+                 ) -> list[dict[str, Any]]:
+        """Messages with an id above `afterId`, ascending, filtered by epoch, kind and topic
+        when given; members only: headers X-Quarry-Reader, X-Quarry-Timestamp and
+        X-Quarry-Signature (EIP-191 over the canonical JSON of {"reader", "timestamp"}, the
+        timestamp within 120 s). 401 without a valid reader signature, 403 not a member."""
+        values = [request.headers.get(h)
+                  for h in (READER_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER)]
+        if any(v is None for v in values):
+            raise HTTPException(401, f"reading committee messages needs the headers "
+                                f"{READER_HEADER}, {TIMESTAMP_HEADER} and {SIGNATURE_HEADER}, "
+                                "signed by a VerifierCommittee member")
+        reader_text, timestamp_text, signature = (str(v) for v in values)
+        try:
+            timestamp = int(timestamp_text)
+        except ValueError:
+            raise HTTPException(401, f"{TIMESTAMP_HEADER} {timestamp_text!r} is not an "
+                                "integer") from None
+        reader = checksum(reader_text, "reader")
+        try:
+            signer = recover_reader(reader_text, timestamp, signature)
+        except MarketError as exc:
+            raise HTTPException(401, str(exc)) from exc
+        if signer != reader:
+            raise HTTPException(401, f"reader headers for {reader} are signed by {signer}")
+        _check_skew("reader", timestamp, 401)
+        q = deployment.quarry()
+        require_member(q, reader, "read committee messages")
+        return board.messages(deployment_identity(q), epoch=epoch, kind=kind, topic=topic,
+                              after_id=afterId, limit=limit)
 
     # -- miners ------------------------------------------------------------------------
     @app.post("/miners/heartbeat", tags=["miners"])

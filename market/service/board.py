@@ -14,8 +14,12 @@ integers (uint64 values beyond 2**63-1 are clamped, which changes no comparison 
 clock).
 
 Besides the chain-derived tables the board keeps what only the market knows: uploaded model
-manifests, miner heartbeats and matching recommendations. `reset()` drops the former and keeps
-the latter, for a chain that was reset under the market.
+manifests, miner heartbeats, matching recommendations, the verifier committee's relayed
+messages and clients' task offers. `reset()` drops the former (and the recommendations) and
+keeps the rest, for a chain that was reset under the market. Messages and offers cannot be
+rebuilt from the chain, yet only mean something on the deployment they were made for (epochs
+and task ids restart on a new one), so each row carries its deployment's identity and is only
+read back on that deployment: a redeploy neither loses nor revives them.
 """
 
 from __future__ import annotations
@@ -101,6 +105,18 @@ CREATE TABLE IF NOT EXISTS heartbeats (
 CREATE TABLE IF NOT EXISTS recommendations (
     miner TEXT PRIMARY KEY, rows TEXT NOT NULL, computed_at REAL NOT NULL,
     stored_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS committee_messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, deployment TEXT NOT NULL, author TEXT NOT NULL,
+    kind TEXT NOT NULL, epoch INTEGER NOT NULL, topic TEXT NOT NULL, body TEXT NOT NULL,
+    signature TEXT NOT NULL, received_at REAL NOT NULL,
+    UNIQUE (deployment, author, kind, epoch, topic));
+CREATE INDEX IF NOT EXISTS committee_messages_epoch
+    ON committee_messages (deployment, epoch, kind);
+CREATE TABLE IF NOT EXISTS offers (
+    deployment TEXT NOT NULL, task_id INTEGER NOT NULL, client TEXT NOT NULL,
+    miner TEXT NOT NULL, until INTEGER NOT NULL, timestamp INTEGER NOT NULL,
+    signature TEXT NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (deployment, task_id));
 """
 # What `reset()` clears: everything derived from the chain.
 _CHAIN_TABLES = ("events", "tasks", "shards", "miners", "disputes", "recommendations")
@@ -108,6 +124,17 @@ _CHAIN_TABLES = ("events", "tasks", "shards", "miners", "disputes", "recommendat
 
 class BoardError(QuarryError):
     """The board cannot follow the chain (reset, another deployment) or got bad input."""
+
+
+class MessageConflict(BoardError):
+    """A committee message under an (author, kind, epoch, topic) already holding another."""
+
+
+def deployment_identity(q: Quarry) -> str:
+    """What tells one deployment from another: chain id, contract addresses, deploy block.
+    The board is built for one; messages and offers are filed under theirs."""
+    return (f"{q.deployment.chain_id}:{q.tasks.address}:{q.gpu.address}:"
+            f"{q.arbitration.address}:{q.deployment.deploy_block}")
 
 
 def _i64(value: int) -> int:
@@ -261,8 +288,7 @@ class Board:
             raise BoardError(f"max_blocks must be at least 1, got {max_blocks}")
         rpc = q.chain._rpc
         w3 = q.chain.w3
-        identity = (f"{q.deployment.chain_id}:{q.tasks.address}:{q.gpu.address}:"
-                    f"{q.arbitration.address}:{q.deployment.deploy_block}")
+        identity = deployment_identity(q)
         with self._read() as conn:
             stored_identity = self._meta(conn, "deployment")
             cursor_value = self._meta(conn, "cursor")
@@ -630,10 +656,14 @@ class Board:
         return [_task_json(t, shards.get(t["task_id"], [])) for t in tasks]
 
     def open_shards(self, model_id: bytes | None, now: int) -> list[dict[str, Any]]:
-        """Shards a miner could claim now: Open, task not cancelled, deadline after `now`."""
-        sql = ("SELECT t.*, s.shard FROM shards s JOIN tasks t ON t.task_id = s.task_id "
+        """Shards a miner could claim now: Open, task not cancelled, deadline after `now`.
+        `offeredTo` is the one miner the task's client offered it to (None: anyone)."""
+        sql = ("SELECT t.*, s.shard, o.miner AS offered_to FROM shards s "
+               "JOIN tasks t ON t.task_id = s.task_id "
+               "LEFT JOIN offers o ON o.task_id = t.task_id AND o.until > ? AND "
+               "o.deployment = (SELECT value FROM meta WHERE key='deployment') "
                "WHERE s.state=? AND t.cancelled=0 AND t.deadline > ?")
-        params: list[Any] = [OPEN, int(now)]
+        params: list[Any] = [int(now), OPEN, int(now)]
         if model_id is not None:
             sql += " AND t.model_id=?"
             params.append(_hex(model_id_bytes(model_id)))
@@ -650,6 +680,7 @@ class Board:
                 "end": end, "maxTokensPerRequest": r["max_tokens"],
                 "minReputationBps": r["min_rep"],
                 "budget": (end - start) * r["max_tokens"] * int(r["price"]),
+                "offeredTo": r["offered_to"],
             })
         return out
 
@@ -795,6 +826,81 @@ class Board:
         if row is None or time.time() - float(row[1]) >= max_age_s:
             return None
         return list(json.loads(row[0]))
+
+    # ------------------------------------------------------------------ offers
+    def put_offer(self, deployment: str, task_id: int, client: str, miner: str, until: int,
+                  timestamp: int, signature: str) -> bool:
+        """Store a (verified) offer of `task_id` to `miner` until chain time `until`; it
+        replaces a stored one unless that one is newer. Returns whether it was stored."""
+        with self._write() as conn:
+            return conn.execute(
+                "INSERT INTO offers VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (deployment, task_id) DO UPDATE SET client=excluded.client, "
+                "miner=excluded.miner, until=excluded.until, timestamp=excluded.timestamp, "
+                "signature=excluded.signature, received_at=excluded.received_at "
+                "WHERE excluded.timestamp >= timestamp",
+                (deployment, int(task_id), checksum(client, "client"), checksum(miner, "miner"),
+                 _i64(until), int(timestamp), signature, time.time())).rowcount > 0
+
+    def offer(self, deployment: str, task_id: int) -> dict[str, Any] | None:
+        """The offer stored for `task_id` on `deployment`, or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM offers WHERE deployment=? AND task_id=?",
+                               (deployment, int(task_id))).fetchone()
+        if row is None:
+            return None
+        return {"taskId": row["task_id"], "client": row["client"], "miner": row["miner"],
+                "until": row["until"], "timestamp": row["timestamp"],
+                "signature": row["signature"], "receivedAt": row["received_at"]}
+
+    # ------------------------------------------------------------------ committee relay
+    def put_message(self, deployment: str, msg: dict[str, Any]) -> tuple[int, bool]:
+        """Store a (verified) committee message on `deployment`; returns (id, created).
+        Reposting the same body (and signature) returns the stored id; another one under the
+        same (author, kind, epoch, topic) raises MessageConflict: a member cannot take back or
+        change what it said."""
+        from market.protocol.canonical import canonical_json
+
+        key = (deployment, checksum(msg["author"], "author"), str(msg["kind"]),
+               int(msg["epoch"]), str(msg["topic"]))
+        body = canonical_json(msg["body"])
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT id, body, signature FROM committee_messages WHERE deployment=? AND "
+                "author=? AND kind=? AND epoch=? AND topic=?", key).fetchone()
+            if row is not None:
+                if row["body"] != body:
+                    raise MessageConflict(
+                        f"{key[1]} already posted another {key[2]!r} message for epoch "
+                        f"{key[3]} topic {key[4]!r} (id {row['id']}); a message cannot be "
+                        "changed")
+                return int(row["id"]), False
+            cur = conn.execute(
+                "INSERT INTO committee_messages (deployment, author, kind, epoch, topic, body, "
+                "signature, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key, body, str(msg["signature"]), time.time()))
+            return int(cur.lastrowid or 0), True
+
+    def messages(self, deployment: str, *, epoch: int | None = None, kind: str | None = None,
+                 topic: str | None = None, after_id: int = 0,
+                 limit: int | None = None) -> list[dict[str, Any]]:
+        """The committee messages of `deployment` with an id above `after_id`, filtered by
+        epoch, kind and topic when given, ascending by id (at most `limit`)."""
+        sql = "SELECT * FROM committee_messages WHERE deployment=? AND id>?"
+        params: list[Any] = [deployment, int(after_id)]
+        for column, value in (("epoch", epoch), ("kind", kind), ("topic", topic)):
+            if value is not None:
+                sql += f" AND {column}=?"
+                params.append(value)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [{"id": r["id"], "author": r["author"], "kind": r["kind"], "epoch": r["epoch"],
+                 "topic": r["topic"], "body": json.loads(r["body"]),
+                 "signature": r["signature"], "receivedAt": r["received_at"]} for r in rows]
 
     # ------------------------------------------------------------------ inspection
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:

@@ -2,7 +2,8 @@
 
 A recommendation only saves the miner a search; the contract's `claimShard` decides (it
 checks `isEligible` again). The ranking mirrors the contract's eligibility (the model is
-served, the task pays at least the miner's price, the reputation floor is met) and then
+served, the task pays at least the miner's price, the reputation floor is met), leaves out a
+task its client offered to another miner (`offeredTo`, see `POST /tasks/{id}/offer`), and then
 prefers the best paid work, sooner deadlines first. Shards that tie (typically the shards of
 one task) are ordered by rendezvous hashing on (miner, taskId, shard): every miner gets its
 own stable order, so two miners polling at once go for different shards instead of racing
@@ -23,8 +24,12 @@ def rendezvous_score(miner: str, task_id: int, shard: int) -> int:
 
 def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
     """Whether `miner` (a `Board.miners()` row) may claim `shard` (a `Board.open_shards()`
-    row) at chain time `now`, as far as the board knows."""
+    row) at chain time `now`, as far as the board knows, and is the one it is offered to when
+    its client offered it to one."""
     if not miner.get("eligible", True) or miner.get("exiting", False):
+        return False
+    offered_to = shard.get("offeredTo")
+    if offered_to is not None and str(offered_to).lower() != str(miner["address"]).lower():
         return False
     served = {str(m).lower() for m in miner.get("models", ())}
     return (str(shard["modelId"]).lower() in served
