@@ -1,0 +1,454 @@
+"""Dispute votes: a committee member's side of Arbitration.
+
+`DisputeDesk.step()` is one pass of the loop `verifier run` drives:
+
+1. find new `DisputeOpened` events (from the deployment block, each dispute once);
+2. for every dispute still open and inside its deadline that this member has not voted on,
+   `judge` it, sign `Vote(disputeId, minerAtFault)` in Arbitration's EIP-712 domain and post
+   it to the market's committee relay (kind "vote", epoch 0, topic = the dispute id);
+3. read every member's vote on it from the relay, keep only valid ones, and as soon as one
+   verdict has a quorum of distinct signers, send `Arbitration.resolve` with them.
+
+The relay is only a mailbox: every vote read from it is checked here (the signature must
+recover to its author, the author must be a current member, the vote must be for this
+dispute), and the contract checks the signatures again. Several members usually reach the
+quorum at about the same time; whoever's `resolve` lands first wins, and the others' revert
+with `DisputeNotOpen`, which is expected and quiet.
+
+Judging (`judge`) fails the miner in two ways:
+- the miner's own result document is unavailable or inconsistent (withheld data), or
+- the disputed output scores below `fault_below_bps` under the reference model.
+
+Transient trouble on the verifier's side (the market or the scoring workers do not answer)
+never becomes a vote: the dispute is retried at the next step.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import encode_hex, to_checksum_address
+
+from market.chain.contracts import Dispute, DisputeStatus, Task
+from market.chain.errors import ContractRevert
+from market.errors import QuarryError
+from market.jobs import verified_shard
+from market.protocol.eip712 import Vote, sort_signatures
+from market.protocol.errors import SignatureError
+from market.protocol.merkle import input_tree
+from market.protocol.requests import ParsedRequest, parse_jsonl
+from market.protocol.results import ResultCheckFailed, ResultItem
+from market.service.api import MarketAPI, MarketError, MarketUnavailable, committee_message
+from market.store import ContentNotFound, StoreError, parse_uri
+from verifier.scoring import ChallengeScore, score_bps
+
+if TYPE_CHECKING:
+    from market.chain.deploy import Quarry
+    from verifier.scoring_worker import ScoringClient
+
+log = logging.getLogger("verifier.disputes")
+
+VOTE_KIND = "vote"
+VOTE_EPOCH = 0  # dispute votes belong to no epoch; the topic (dispute id) keys them
+
+
+class DisputeDeferred(QuarryError):
+    """The dispute cannot be judged now for a reason on the verifier's side (market or
+    scoring workers unreachable, the market serving bytes that do not match their address,
+    a model this verifier does not run); no vote is cast and it is tried again later."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """This verifier's honest judgement of one dispute; `score` is None when the miner is
+    judged on its evidence alone (nothing was scored)."""
+
+    dispute_id: int
+    miner_at_fault: bool
+    reason: str
+    score: ChallengeScore | None
+
+
+@dataclass(frozen=True)
+class CastVote:
+    """A vote this desk signed (and posted, or found already posted under its name)."""
+
+    dispute_id: int
+    miner_at_fault: bool
+    signature: bytes
+    reason: str
+
+
+def vote_body(miner_at_fault: bool, signature: bytes, reason: str) -> dict[str, Any]:
+    """The relay message body of a dispute vote."""
+    return {"minerAtFault": miner_at_fault, "signature": encode_hex(signature),
+            "reason": reason}
+
+
+def valid_votes(messages: Iterable[Mapping[str, Any]], dispute_id: int, members: Iterable[str],
+                chain_id: int, arbitration: str) -> dict[bool, dict[str, bytes]]:
+    """The valid votes on `dispute_id` among relay messages: verdict -> {signer: signature}.
+
+    A message counts when it is a vote on this dispute's topic, its author is one of
+    `members`, and its `signature` is an EIP-712 `Vote(dispute_id, minerAtFault)` in
+    Arbitration's domain that recovers to the author. Everything else (malformed bodies,
+    votes signed for another dispute or verdict, non-members, a relay that forged the
+    author) is dropped, since the contract would reject the whole `resolve` for one bad
+    signature. A signer counts once per verdict.
+    """
+    member_set = {to_checksum_address(m) for m in members}
+    out: dict[bool, dict[str, bytes]] = {True: {}, False: {}}
+    for msg in messages:
+        try:
+            if msg.get("kind") != VOTE_KIND or str(msg.get("topic")) != str(dispute_id):
+                continue
+            author = to_checksum_address(str(msg["author"]))
+            body = msg["body"]
+            fault = body["minerAtFault"]
+            signature = bytes.fromhex(str(body["signature"]).removeprefix("0x"))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if not isinstance(fault, bool) or author not in member_set:
+            continue
+        try:
+            signer = Vote(dispute_id, fault).recover(signature, chain_id, arbitration)
+        except SignatureError:
+            continue
+        if signer == author:
+            out[fault].setdefault(author, signature)
+    return out
+
+
+def _scoring_line(request: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The request as the miner had to serve it: `max_tokens` capped by the task's
+    `maxTokensPerRequest` (what the miner's engine also caps to), so the reference
+    completion has the same length budget as the disputed one."""
+    line = copy.deepcopy(dict(request))
+    body = line["body"]
+    body["max_tokens"] = min(int(body["max_tokens"]), max_tokens)
+    return line
+
+
+class DisputeDesk:
+    """One committee member's dispute duty: judge, vote once, resolve on a quorum.
+
+    `lie=True` is a test mode (a Byzantine member): it votes the opposite of its honest
+    verdict. The desk remembers which disputes it has seen, voted on and closed, so each
+    step only reads new events and touches open disputes.
+    """
+
+    def __init__(self, q: Quarry, account: LocalAccount, market: MarketAPI,
+                 scorer: ScoringClient, *, fault_below_bps: int = 5000, lie: bool = False,
+                 model_id: bytes | None = None) -> None:
+        if not 0 <= fault_below_bps <= 10_000:
+            raise QuarryError(f"fault_below_bps must be in [0, 10000], got {fault_below_bps}")
+        self.q = q
+        self.account = account
+        self.address = account.address
+        self.market = market
+        self.scorer = scorer
+        self.fault_below_bps = fault_below_bps
+        self.lie = lie
+        self._model_id = model_id
+        self.open: set[int] = set()  # disputes seen and not yet closed
+        self.votes: dict[int, CastVote] = {}  # what this desk signed, per dispute
+        self.verdicts: dict[int, Verdict] = {}  # honest judgements (kept across retries)
+        self.closed: dict[int, str] = {}  # dispute id -> how it ended, as far as seen here
+        self.resolved_here: set[int] = set()  # disputes this desk's resolve settled
+        self._scan_from = q.deployment.deploy_block
+        self._said: dict[int, str] = {}  # last deferral logged per dispute (log once)
+
+    # ------------------------------------------------------------------ model
+    @property
+    def model_id(self) -> bytes:
+        """The model the scorer scores with: given, or the scorer's model directory's
+        manifest (the scoring worker checks the files against it before loading)."""
+        if self._model_id is None:
+            from market.model.manifest import load_manifest
+
+            self._model_id = load_manifest(self.scorer.model_dir).model_id
+        return self._model_id
+
+    # ------------------------------------------------------------------ judging
+    def judge(self, dispute_id: int) -> Verdict:
+        """This verifier's honest verdict on a dispute (raises DisputeDeferred when it
+        cannot judge now).
+
+        The evidence is the miner's own result document at the shard's on-chain
+        `resultURI`, never the opener's `evidenceURI` alone: the opener chooses that URI,
+        so trusting it would let a client point at bytes that are missing or are not the
+        miner's and have an honest miner slashed for "withholding". The document at
+        `resultURI` is the one the miner published and committed to with `resultRoot`; it
+        must verify like the client's own check (`verify_shard_result`: every receipt
+        signed by the miner, under the root, hashing to its text and token ids, answering
+        the task's own request hashes) and must hold exactly the disputed receipt.
+        Unavailable or inconsistent, the miner is at fault (data withheld); otherwise
+        the disputed token ids are scored against the request from the task's input file.
+        """
+        d = self.q.arbitration.get_dispute(dispute_id)
+        r = d.receipt
+        task = self.q.tasks.get_task(d.task_id)
+        start, end = self.q.tasks.shard_range(d.task_id, d.shard)
+
+        try:
+            requests = self._task_requests(task)
+        except _ClientSide as exc:
+            # Without the client's inputs the receipt cannot be shown wrong: the opener
+            # (the client or its arbiter) carries the burden of proof.
+            return Verdict(dispute_id, False, f"task input unusable, receipt stands: {exc}",
+                           None)
+        try:
+            item = self._disputed_item(d, task, start, requests[start:end])
+        except _Withheld as exc:
+            return Verdict(dispute_id, True, f"data withheld: {exc}", None)
+        if len(item.token_ids) > task.max_tokens_per_request:
+            return Verdict(dispute_id, True, f"request {r.index}: {len(item.token_ids)} "
+                           f"output tokens, over the task's {task.max_tokens_per_request}",
+                           None)
+        if task.model_id != self.model_id:
+            raise DisputeDeferred(
+                f"dispute {dispute_id} is over model 0x{task.model_id.hex()}, this verifier "
+                f"scores with 0x{self.model_id.hex()}")
+
+        line = _scoring_line(requests[r.index].request, task.max_tokens_per_request)
+        try:
+            scores = self.scorer.score([line], [list(item.token_ids)])
+        except QuarryError as exc:  # ScoringError: workers down, timeout...
+            raise DisputeDeferred(f"dispute {dispute_id}: scoring failed: {exc}") from exc
+        if len(scores) != 1:
+            raise DisputeDeferred(f"dispute {dispute_id}: the scorer returned {len(scores)} "
+                                  "scores for one output")
+        score = scores[0]
+        bps = score_bps(score.score)
+        fault = bps < self.fault_below_bps
+        detail = f"credibility {score.credibility:.3f}"
+        if score.agreement is not None:
+            detail += f", agreement {score.agreement:.3f}"
+        reason = (f"request {r.index}: score {bps} bps {'<' if fault else '>='} "
+                  f"{self.fault_below_bps} ({detail}, {score.tokens} tokens)")
+        return Verdict(dispute_id, fault, reason, score)
+
+    def _fetch(self, uri: str, what: str) -> bytes:
+        """Bytes at a store address. Missing content or a malformed address raise
+        `_Missing`; an unreachable market or bytes not matching their address (the market's
+        fault, not the author's) defer the dispute."""
+        try:
+            parse_uri(uri)
+        except StoreError as exc:
+            raise _Missing(f"{what} {exc}") from exc
+        try:
+            return self.market.get(uri)
+        except ContentNotFound as exc:
+            raise _Missing(f"{what} {uri} is not in the market's store") from exc
+        except (MarketUnavailable, StoreError) as exc:
+            raise DisputeDeferred(f"cannot fetch {what} {uri}: {exc}") from exc
+        except MarketError as exc:
+            if exc.status == 404:
+                raise _Missing(f"{what} {uri} is not in the market's store") from exc
+            raise DisputeDeferred(f"cannot fetch {what} {uri}: {exc}") from exc
+
+    def _task_requests(self, task: Any) -> list[ParsedRequest]:
+        """The task's requests, checked against its on-chain count and inputRoot."""
+        try:
+            data = self._fetch(task.input_uri, "input file")
+        except _Missing as exc:
+            raise _ClientSide(str(exc)) from exc
+        try:
+            requests = parse_jsonl(data)
+        except QuarryError as exc:
+            raise _ClientSide(f"input file is not a valid batch: {exc}") from exc
+        if len(requests) != task.num_requests:
+            raise _ClientSide(f"input file holds {len(requests)} requests, the task says "
+                              f"{task.num_requests}")
+        root = input_tree([p.request_hash for p in requests]).root
+        if root != task.input_root:
+            raise _ClientSide(f"input file's root 0x{root.hex()} is not the task's inputRoot")
+        return requests
+
+    def _disputed_item(self, d: Dispute, task: Task, start: int,
+                       requests: Sequence[ParsedRequest]) -> ResultItem:
+        """The disputed receipt's item in the miner's verified document (`_Withheld`
+        naming the first problem otherwise)."""
+        uri = self.q.tasks.get_shard(d.task_id, d.shard).result_uri
+        try:
+            parse_uri(uri)
+        except StoreError as exc:
+            raise _Withheld(f"the shard's resultURI {exc}") from exc
+        try:
+            _, items = verified_shard(self.q, self.market, d.task_id, d.shard,
+                                      [p.request_hash for p in requests], task=task)
+        except ContentNotFound as exc:
+            raise _Withheld(f"the miner's result document {uri} is not in the market's "
+                            "store") from exc
+        except ResultCheckFailed as exc:
+            if exc.check == "content address":  # the market served other bytes: its fault
+                raise DisputeDeferred(f"cannot fetch result document {uri}: {exc}") from exc
+            raise _Withheld(f"the miner's result document {uri} does not verify: "
+                            f"{exc}") from exc
+        except MarketError as exc:  # unreachable, or failing for reasons of its own
+            raise DisputeDeferred(f"cannot fetch result document {uri}: {exc}") from exc
+        item = items[d.receipt.index - start]
+        if item.receipt != d.receipt:
+            raise _Withheld(f"the miner's document answers request {d.receipt.index} with "
+                            "another receipt than the disputed one")
+        # verify_shard_result recovered item.signature to the shard's miner; the contract
+        # recovered the opener's signature over this same receipt to the same miner.
+        return item
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> None:
+        """Vote once on each open dispute, resolve any that has a quorum.
+
+        Errors about one dispute are logged and retried next step; only an unreachable
+        chain while looking for new disputes propagates.
+        """
+        if not self.q.committee.is_member(self.address):
+            self._note(0, f"{self.address} is not a committee member: not voting")
+            return
+        self._discover()
+        if not self.open:
+            return
+        now = self.q.chain.timestamp()
+        quorum = self.q.committee.quorum()
+        members = self.q.committee.members()
+        for dispute_id in sorted(self.open):
+            try:
+                d = self.q.arbitration.get_dispute(dispute_id)
+                if d.status != DisputeStatus.OPEN:
+                    self._close(dispute_id, d.status.name.lower())
+                    continue
+                if now >= d.deadline:
+                    self._close(dispute_id, "deadline passed unresolved")
+                    continue
+                if dispute_id not in self.votes:
+                    self._vote(dispute_id)
+                self._resolve(dispute_id, quorum, members)
+            except DisputeDeferred as exc:
+                self._note(dispute_id, str(exc))
+            except QuarryError as exc:
+                self._note(dispute_id, f"dispute {dispute_id}: {exc}")
+
+    def try_resolve(self, dispute_id: int) -> bool:
+        """Resolve `dispute_id` now if the relay holds a quorum of valid votes for one
+        verdict; True when this call's transaction settled it. Quiet (False) when another
+        member was first."""
+        return self._resolve(dispute_id, self.q.committee.quorum(),
+                             self.q.committee.members())
+
+    def _discover(self) -> None:
+        head = self.q.chain.block_number()
+        for event in self.q.arbitration.events("DisputeOpened", self._scan_from):
+            dispute_id = int(event["disputeId"])
+            if dispute_id not in self.closed and dispute_id not in self.open:
+                self.open.add(dispute_id)
+                log.info("dispute %d opened on task %s shard %s (miner %s)", dispute_id,
+                         event["taskId"], event["shard"], event["miner"])
+        # Events mined after `head` may come again next time; the id sets dedupe them.
+        self._scan_from = head + 1
+
+    def _close(self, dispute_id: int, how: str) -> None:
+        self.open.discard(dispute_id)
+        self.closed[dispute_id] = how
+        self._said.pop(dispute_id, None)
+        log.info("dispute %d closed: %s", dispute_id, how)
+
+    def _note(self, dispute_id: int, message: str) -> None:
+        """Log a reason for not acting, once until it changes."""
+        if self._said.get(dispute_id) != message:
+            self._said[dispute_id] = message
+            log.warning("%s", message)
+
+    def _arbitration_domain(self) -> tuple[int, str]:
+        return self.q.chain_id, self.q.arbitration.address
+
+    def _vote(self, dispute_id: int) -> None:
+        """Judge (unless already judged), sign and post this member's one vote."""
+        mine = self._own_posted_vote(dispute_id)
+        if mine is not None:  # posted before a restart: never sign a second, other vote
+            self.votes[dispute_id] = mine
+            return
+        verdict = self.verdicts.get(dispute_id)
+        if verdict is None:
+            verdict = self.judge(dispute_id)
+            self.verdicts[dispute_id] = verdict
+            log.info("dispute %d: miner %s (%s)", dispute_id,
+                     "at fault" if verdict.miner_at_fault else "not at fault", verdict.reason)
+        fault, reason = verdict.miner_at_fault, verdict.reason
+        if self.lie:
+            fault, reason = not fault, f"test-mode lie; honest verdict: {reason}"
+        chain_id, arbitration = self._arbitration_domain()
+        signature = Vote(dispute_id, fault).sign(self.account.key, chain_id, arbitration)
+        msg = committee_message(self.account, VOTE_KIND, VOTE_EPOCH, str(dispute_id),
+                                vote_body(fault, signature, reason))
+        try:
+            self.market.post_message(msg)
+        except MarketUnavailable as exc:
+            raise DisputeDeferred(f"dispute {dispute_id}: cannot post the vote: {exc}") from exc
+        except MarketError as exc:
+            if exc.status == 409:  # an earlier vote of ours is there: keep that one
+                mine = self._own_posted_vote(dispute_id)
+                if mine is not None:
+                    self.votes[dispute_id] = mine
+                    return
+            raise
+        self.votes[dispute_id] = CastVote(dispute_id, fault, signature, reason)
+
+    def _votes_on(self, dispute_id: int) -> list[dict[str, Any]]:
+        try:
+            return self.market.messages(self.account, epoch=VOTE_EPOCH, kind=VOTE_KIND,
+                                        topic=str(dispute_id))
+        except MarketUnavailable as exc:
+            raise DisputeDeferred(f"dispute {dispute_id}: cannot read votes: {exc}") from exc
+
+    def _own_posted_vote(self, dispute_id: int) -> CastVote | None:
+        chain_id, arbitration = self._arbitration_domain()
+        mine = [m for m in self._votes_on(dispute_id)
+                if str(m.get("author", "")).lower() == self.address.lower()]
+        valid = valid_votes(mine, dispute_id, [self.address], chain_id, arbitration)
+        for fault in (True, False):
+            if self.address in valid[fault]:
+                reason = str(mine[0].get("body", {}).get("reason", ""))
+                return CastVote(dispute_id, fault, valid[fault][self.address], reason)
+        return None
+
+    def _resolve(self, dispute_id: int, quorum: int, members: Sequence[str]) -> bool:
+        chain_id, arbitration = self._arbitration_domain()
+        tally = valid_votes(self._votes_on(dispute_id), dispute_id, members, chain_id,
+                            arbitration)
+        own = self.votes.get(dispute_id)
+        if own is not None and self.address in {to_checksum_address(m) for m in members}:
+            tally[own.miner_at_fault].setdefault(self.address, own.signature)
+        ready = [f for f in (True, False) if len(tally[f]) >= quorum]
+        if not ready:
+            return False
+        fault = max(ready, key=lambda f: len(tally[f]))
+        sigs = sort_signatures(Vote(dispute_id, fault), list(tally[fault].values()), chain_id,
+                               arbitration)
+        try:
+            self.q.arbitration.resolve(self.account, dispute_id, fault, sigs)
+        except ContractRevert as exc:
+            if exc.error == "DisputeNotOpen":  # another member resolved it first
+                self._close(dispute_id, "resolved by another member")
+                return False
+            raise
+        self.resolved_here.add(dispute_id)
+        self._close(dispute_id, f"resolved here: miner {'at' if fault else 'not at'} fault "
+                                f"({len(sigs)} votes)")
+        return True
+
+
+class _Missing(Exception):
+    """Internal: content absent from the store or a malformed address."""
+
+
+class _ClientSide(Exception):
+    """Internal: the task's inputs are unusable (the client's side)."""
+
+
+class _Withheld(Exception):
+    """Internal: the miner's document is missing or does not verify (the miner's side)."""
