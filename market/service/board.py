@@ -270,8 +270,9 @@ class Board:
         return 0 if value is None else int(value)
 
     def reset(self) -> None:
-        """Forget everything indexed from the chain (models and heartbeats stay), so the next
-        `index` rebuilds the board, e.g. after the devnet was restarted and redeployed."""
+        """Forget everything indexed from the chain (models, heartbeats, committee messages
+        and offers stay), so the next `index` rebuilds the board, e.g. after the devnet was
+        restarted and redeployed."""
         with self._write() as conn:
             for table in _CHAIN_TABLES:
                 conn.execute(f"DELETE FROM {table}")
