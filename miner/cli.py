@@ -49,7 +49,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     _logging(args.verbose)
     cfg = _load(args, model_dirs=args.model_dir or None, engine=args.engine,
                 max_batch=args.max_batch, poll_interval_s=args.poll_interval_s,
-                auto_withdraw=True if args.auto_withdraw else None)
+                auto_withdraw=True if args.auto_withdraw else None, test_mode=args.test_mode)
+    if cfg.test_mode:
+        print(f"miner: WARNING: TEST MODE {cfg.test_mode!r}: this miner CHEATS ON PURPOSE "
+              "(for tests and detection benchmarks only); its results are wrong and it will "
+              "be slashed", file=sys.stderr)
     worker = Worker.from_config(cfg, progress=not args.no_progress)
     try:
         print(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
@@ -144,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true",
                    help="exit when a poll finds no shard to take")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--test-mode", metavar="MODE",
+                   help="CHEAT ON PURPOSE, for tests and benchmarks only: substitute, perturb, "
+                   "random or wrong-prompt (see miner/cheats.py)")
     p.add_argument("-v", "--verbose", action="store_true")
 
     p = command("status", "stake, collateral, reputation, shards and earnings", cmd_status)

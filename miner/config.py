@@ -14,6 +14,8 @@ then command-line flags (each later source overrides the earlier).
     poll_interval_s = 2.0
     max_batch = 8
     auto_withdraw = false
+    # test_mode = "random"                # CHEATS ON PURPOSE (tests/benchmarks only):
+                                          # substitute | perturb | random | wrong-prompt
 
     [miner.engine_options]                # passed to the engine's constructor
     device = "cuda"
@@ -104,6 +106,7 @@ class MinerConfig:
     heartbeat_interval_s: float = 5.0
     max_batch: int = 8
     auto_withdraw: bool = False
+    test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -283,6 +286,14 @@ def _convert(name: str, value: Any, base: Path | None) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"miner setting auto_withdraw: {value!r} is not true or false")
         return value
+    if name == "test_mode":
+        from miner.cheats import CHEAT_MODES  # only a miner asked to cheat loads this
+
+        mode = str(value).strip().lower()
+        if mode not in CHEAT_MODES:
+            raise ConfigError(f"miner setting test_mode: {value!r} is not a test mode; valid "
+                              f"modes: {', '.join(CHEAT_MODES)}")
+        return mode
     raise ConfigError(f"unknown miner setting {name}")  # pragma: no cover - checked before
 
 
