@@ -30,6 +30,7 @@ from client.sdk import (
     InsufficientFunds,
     JobFailed,
     JobTimeout,
+    MinerNotEligible,
     PaymentTooLow,
     ResultCheckFailed,
     ResultsNotReady,
@@ -38,6 +39,7 @@ from client.sdk import (
 from market.chain.contracts import DisputeStatus, GpuSpec, ShardState
 from market.chain.errors import revert_class
 from market.protocol.canonical import json_hash
+from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
@@ -354,6 +356,100 @@ def test_dispute_freezes_the_shard(devnet: Any, market: Market, tmp_path: Path,
                         "--key-file", str(key)]) == 0
     assert f"dispute {dispute_id}: request 1 (shard 0), OPEN, bond {bond} wei" in \
         capsys.readouterr().out
+
+
+def test_dispute_wait_outcomes_in_cli_and_status(devnet: Any, market: Market, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    q = devnet.q
+    key = tmp_path / "key"
+    key.write_text(devnet.client.key.hex())
+    flags = ["--market-url", market.url, "--key-file", str(key), "--no-progress"]
+    c = connect(devnet, market)
+    job = c.submit(["p0", "p1", "p2", "p3"], model=MODEL, max_tokens=4, shard_size=2)
+    for k in range(2):
+        serve_shard(devnet, market, job.task_id, k, devnet.miner)
+    collateral = q.tasks.get_shard(job.task_id, 0).collateral
+    budget = q.tasks.shard_budget(job.task_id, 0)
+    bond = q.arbitration.min_bond()
+    opened = q.arbitration.dispute_count()
+
+    def committee() -> None:  # votes the miner at fault once the dispute is open
+        while q.arbitration.dispute_count() == opened:
+            time.sleep(0.02)
+        sigs = quorum_signatures(Vote(opened + 1, True), devnet.verifier_keys[:3],
+                                 devnet.chain.chain_id, q.arbitration.address)
+        q.arbitration.resolve(devnet.anyone, opened + 1, True, sigs)
+
+    thread = threading.Thread(target=committee, daemon=True)
+    thread.start()
+    capsys.readouterr()
+    try:  # waits by default: the id at once, then the verdict in one line
+        assert client_main(["dispute", str(job.task_id), "1", *flags]) == 0
+    finally:
+        thread.join(timeout=60)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"opened dispute {opened + 1} on request 1 (shard 0), bond "
+                             f"{bond} wei")
+    assert out[1] == (f"dispute {opened + 1}: miner at fault: bond of {bond} wei returned, "
+                      f"shard budget of {budget} wei refunded, miner slashed {collateral} wei "
+                      "(3 votes)")
+
+    # --no-wait returns at once; an unresolved dispute is expired by the waiting client.
+    assert client_main(["dispute", str(job.task_id), "3", "--no-wait", *flags]) == 0
+    assert capsys.readouterr().out.startswith(f"opened dispute {opened + 2} on request 3")
+    assert client_main(["dispute", str(job.task_id), *flags]) == 0
+    listed = capsys.readouterr().out
+    assert f"dispute {opened + 1}: request 1 (shard 0), MINER_AT_FAULT" in listed
+    assert f"dispute {opened + 2}: request 3 (shard 1), OPEN, bond {bond} wei" in listed
+    devnet.chain.advance_time(q.arbitration.params()["dispute_timeout"])
+    info = job.wait_dispute(opened + 2, timeout=60, progress=False, poll_s=0.05)
+    assert info.status == DisputeStatus.EXPIRED
+    assert info.outcome() == (f"expired with no committee verdict: bond of {bond} wei "
+                              "returned, the shard is paid as submitted")
+    with pytest.raises(DisputeNotPossible, match=f"task {job.task_id} has no dispute 999"):
+        job.wait_dispute(999)
+
+    assert client_main(["status", str(job.task_id), *flags[:4]]) == 0
+    summary = capsys.readouterr().out
+    assert f"dispute {opened + 1} on request 1 (shard 0): miner at fault" in summary
+    assert f"dispute {opened + 2} on request 3 (shard 1): expired" in summary
+    status = job.status().to_json()
+    assert [(d["disputeId"], d["status"], d["slashed"]) for d in status["disputes"]] == \
+        [(opened + 1, "MINER_AT_FAULT", collateral), (opened + 2, "EXPIRED", 0)]
+
+
+# ---------------------------------------------------------------------------- directed jobs
+
+
+def test_directed_job_prefer_miner(devnet: Any, market: Market, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    q = devnet.q
+    dearer = 2 * devnet.PRICE  # miner2 now asks more than the cheapest miner
+    q.gpu.update(devnet.miner2, [devnet.MODEL_ID], GpuSpec("NVIDIA H100", 81920, 1),
+                 "http://127.0.0.1:9101", dearer)
+    c = connect(devnet, market)
+    job = c.submit(["a", "b", "c"], model=MODEL, max_tokens=2,
+                   prefer_miner=devnet.miner2.address)
+    t = job.task()
+    # One miner to do it: shards of ceil(3 / 2); its ask is the default price.
+    assert (t.shard_size, t.price_per_token) == (2, dearer)
+    with pytest.raises(PaymentTooLow, match=f"preferred miner {devnet.miner2.address}"):
+        c.submit(["a"], model=MODEL, max_tokens=2, price=devnet.PRICE,
+                 prefer_miner=devnet.miner2.address)
+    with pytest.raises(MinerNotEligible, match=f"{devnet.outsider.address} may not claim "
+                       f"tasks for model {MODEL}"):
+        c.submit(["a"], model=MODEL, max_tokens=2, prefer_miner=devnet.outsider.address)
+
+    key = tmp_path / "key"
+    key.write_text(devnet.client.key.hex())
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(encode_jsonl(prompt_lines(["x"], model=MODEL, max_tokens=2)))
+    capsys.readouterr()
+    assert client_main(["submit", str(batch), "--miner", devnet.miner.address, "--market-url",
+                        market.url, "--key-file", str(key)]) == 0
+    out = capsys.readouterr().out
+    assert f"{devnet.PRICE} wei/token" in out
+    assert f"offered to miner {devnet.miner.address} only" in out
 
 
 # ---------------------------------------------------------------------------- CLI
