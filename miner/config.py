@@ -290,6 +290,8 @@ def _convert(name: str, value: Any, base: Path | None) -> Any:
         from miner.cheats import CHEAT_MODES  # only a miner asked to cheat loads this
 
         mode = str(value).strip().lower()
+        if mode == "":  # an empty variable or setting: an honest miner
+            return None
         if mode not in CHEAT_MODES:
             raise ConfigError(f"miner setting test_mode: {value!r} is not a test mode; valid "
                               f"modes: {', '.join(CHEAT_MODES)}")

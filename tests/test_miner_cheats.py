@@ -312,6 +312,8 @@ def test_cli_parses_test_mode_and_config_sources(tmp_path: Path,
     assert MinerConfig.load(toml, test_mode="random").test_mode == "random"  # the flag wins
     monkeypatch.setenv("QUARRY_MINER_TEST_MODE", "substitute")
     assert MinerConfig.load().test_mode == "substitute"
+    monkeypatch.setenv("QUARRY_MINER_TEST_MODE", "")
+    assert MinerConfig.load().test_mode is None  # empty: honest
     with pytest.raises(ConfigError, match="valid modes: substitute, perturb, random, "
                                           "wrong-prompt"):
         MinerConfig.load(test_mode="nonsense")
