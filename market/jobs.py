@@ -156,7 +156,7 @@ def check_funds(q: Quarry, account: LocalAccount, value: int, fn: Any, where: st
     balance = q.chain.balance(address)
     if balance < value:
         raise InsufficientFunds(
-            f"not enough funds: the {what} is {value} wei, but {address} holds {balance} wei")
+            f"not enough funds: the {what} is {value} wei but {address} holds {balance} wei")
     try:
         gas = int(fn.estimate_gas({"from": address, "value": value}))
     except ContractLogicError as exc:
