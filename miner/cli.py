@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _connect(cfg: MinerConfig) -> Any:
-    from miner.connect import connect
+    from market.connect import connect
 
     q, market = connect(cfg)
     market.close()

@@ -137,7 +137,7 @@ def register_miner(
     hw = hardware or hardware_for(cfg)
     opened: MarketAPI | None = None
     if q is None or market is None:
-        from miner.connect import connect
+        from market.connect import connect
 
         q2, opened = connect(cfg)
         q, market = q or q2, market or opened

@@ -184,8 +184,8 @@ class Worker:
     @classmethod
     def from_config(cls, cfg: MinerConfig, **kwargs: Any) -> Worker:
         """Connect, verify and load every configured model, and check the registration."""
+        from market.connect import connect
         from market.engine.factory import load_engine
-        from miner.connect import connect
         from miner.register import load_models
 
         cfg.require("key", "model_dirs")
