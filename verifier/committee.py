@@ -425,24 +425,11 @@ class CommitteeMember:
             out[miner] = changed[miner] = update(before, s, self.params)
         return prev_epoch, out, changed
 
-    def _epoch_scores(self, proposal: dict[str, Any], observations: list[dict[str, Any]],
-                      members: list[str]) -> dict[str, int | None]:
-        """Proposed scores, plus 0 for each missing answer more than n/3 members confirmed."""
-        scores: dict[str, int | None] = {
-            to_checksum_address(m): int(s) for m, s in proposal["body"]["scores"].items()}
-        claimed = [c["miner"] for c in proposal["body"]["challenges"] if c["status"] == "missing"]
-        for miner in claimed:
-            confirmations = {o["author"] for o in observations
-                             if o["author"] in members and miner in o["body"].get("missing", [])}
-            scores[to_checksum_address(miner)] = 0 if 3 * len(confirmations) > len(members) \
-                else None
-        return scores
-
     def _propose_report(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
                         members: list[str]) -> None:
         self._proposed_epochs.add(epoch)
         observations = self._messages(OBSERVATION, epoch, authors=set(members))
-        scores = self._epoch_scores(proposal, observations, members)
+        scores = epoch_scores(proposal, observations, members)
         prev_epoch, records, changed = self._next_records(epoch, scores)
         doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
                "proposal": proposal, "observations": observations,
@@ -485,7 +472,7 @@ class CommitteeMember:
                             and recover_committee_message(o) == to_checksum_address(o["author"])]
             for o in observations:
                 o["author"] = to_checksum_address(o["author"])
-            scores = self._epoch_scores(proposal, observations, members)
+            scores = epoch_scores(proposal, observations, members)
             mine = self._observed[epoch]["scores"]
             for miner, s in scores.items():
                 if s is None or (s == 0 and miner not in proposal["body"]["scores"]):
@@ -588,6 +575,22 @@ class CommitteeMember:
                               f"{report.epoch}: its stake is slashed")
             except ContractRevert as exc:
                 log.info("equivocation proof against %s: %s", msg["author"], exc)
+
+
+def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]],
+                 members: list[str]) -> dict[str, int | None]:
+    """The leader's proposed scores, plus 0 for each answer it reports missing that more than
+    a third of the members confirmed (fewer: None, reputation untouched), so a lying leader
+    cannot frame a miner and one lying member cannot either."""
+    scores: dict[str, int | None] = {
+        to_checksum_address(m): int(s) for m, s in proposal["body"]["scores"].items()}
+    claimed = [c["miner"] for c in proposal["body"]["challenges"] if c["status"] == "missing"]
+    for miner in claimed:
+        confirmations = {o["author"] for o in observations
+                         if o["author"] in members and miner in o["body"].get("missing", [])}
+        scores[to_checksum_address(miner)] = 0 if 3 * len(confirmations) > len(members) \
+            else None
+    return scores
 
 
 def _report_json(report: Report) -> dict[str, Any]:
