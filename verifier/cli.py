@@ -152,7 +152,7 @@ def cmd_dispute(args: argparse.Namespace) -> int:
               flush=True)
         if args.no_wait:
             return 0
-        info = wait_dispute(q, dispute_id, timeout=args.timeout)
+        info = wait_dispute(q, dispute_id, timeout=args.timeout, expire_as=account)
         print(json.dumps(info.to_json()) if args.json
               else f"dispute {dispute_id}: {info.outcome()}")
     finally:
