@@ -233,31 +233,21 @@ class DisputeDesk:
                   f"{self.fault_below_bps} ({detail}, {score.tokens} tokens)")
         return Verdict(dispute_id, fault, reason, score)
 
-    def _fetch(self, uri: str, what: str) -> bytes:
-        """Bytes at a store address. Missing content or a malformed address raise
-        `_Missing`; an unreachable market or bytes not matching their address (the market's
-        fault, not the author's) defer the dispute."""
+    def _task_requests(self, task: Task) -> list[ParsedRequest]:
+        """The task's requests, checked against its on-chain count and inputRoot
+        (`_ClientSide` naming the problem). An unreachable market, or one serving bytes
+        that do not match their address (its fault, not the client's), defers."""
+        uri = task.input_uri
         try:
             parse_uri(uri)
         except StoreError as exc:
-            raise _Missing(f"{what} {exc}") from exc
+            raise _ClientSide(f"inputURI: {exc}") from exc
         try:
-            return self.market.get(uri)
+            data = self.market.get(uri)
         except ContentNotFound as exc:
-            raise _Missing(f"{what} {uri} is not in the market's store") from exc
-        except (MarketUnavailable, StoreError) as exc:
-            raise DisputeDeferred(f"cannot fetch {what} {uri}: {exc}") from exc
-        except MarketError as exc:
-            if exc.status == 404:
-                raise _Missing(f"{what} {uri} is not in the market's store") from exc
-            raise DisputeDeferred(f"cannot fetch {what} {uri}: {exc}") from exc
-
-    def _task_requests(self, task: Any) -> list[ParsedRequest]:
-        """The task's requests, checked against its on-chain count and inputRoot."""
-        try:
-            data = self._fetch(task.input_uri, "input file")
-        except _Missing as exc:
-            raise _ClientSide(str(exc)) from exc
+            raise _ClientSide(f"input file {uri} is not in the market's store") from exc
+        except (MarketError, StoreError) as exc:
+            raise DisputeDeferred(f"cannot fetch input file {uri}: {exc}") from exc
         try:
             requests = parse_jsonl(data)
         except QuarryError as exc:
@@ -342,6 +332,8 @@ class DisputeDesk:
 
     def _discover(self) -> None:
         head = self.q.chain.block_number()
+        if head < self._scan_from:  # no new block (nodes refuse a range past the head)
+            return
         for event in self.q.arbitration.events("DisputeOpened", self._scan_from):
             dispute_id = int(event["disputeId"])
             if dispute_id not in self.closed and dispute_id not in self.open:
@@ -440,10 +432,6 @@ class DisputeDesk:
         self._close(dispute_id, f"resolved here: miner {'at' if fault else 'not at'} fault "
                                 f"({len(sigs)} votes)")
         return True
-
-
-class _Missing(Exception):
-    """Internal: content absent from the store or a malformed address."""
 
 
 class _ClientSide(Exception):

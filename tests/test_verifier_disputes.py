@@ -1,0 +1,412 @@
+"""Dispute votes end to end: a real Anvil (session devnet, four committee members, quorum 3),
+a real market app (uvicorn in a thread, with its committee relay), a real Redis and a real
+Celery scoring worker on the tiny model.
+
+Miners run the real engine through `miner.worker.Worker`: one honestly, one with the declared
+`random` cheating mode. The client disputes one output of each; four `DisputeDesk`s (one a
+liar) judge, vote through the relay and resolve. Checked to the wei: the bond split of the
+no-fault outcome and the slash/refund/reward of the fault outcome. Evidence cases (withheld,
+tampered, client-side input) are judged without scoring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_utils import to_checksum_address
+
+from market.chain.client import anvil_account
+from market.chain.contracts import DisputeStatus, GpuSpec, ShardState
+from market.chain.devnet import free_port
+from market.chain.errors import revert_class
+from market.errors import QuarryError
+from market.jobs import open_dispute
+from market.protocol.eip712 import Vote
+from market.protocol.merkle import input_tree
+from market.protocol.requests import parse_jsonl
+from market.protocol.results import Completion, ShardResult, build_shard_result
+from market.service.api import MarketAPI, committee_message
+from market.store import content_uri
+from verifier.disputes import (
+    DisputeDeferred,
+    DisputeDesk,
+    _scoring_line,
+    valid_votes,
+    vote_body,
+)
+
+pytestmark = [pytest.mark.chain, pytest.mark.timeout(300)]
+
+PRICE = 10**9
+STAKE = 10**18
+MAX_TOKENS = 6
+BPS = 10_000
+QUEUE = "quarry.score.test-disputes"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from market.model.create import create_model
+
+    d = tmp_path_factory.mktemp("models") / "quarry-dispute-test"
+    create_model(d, name="quarry-dispute-test", layers=2, hidden=64, max_positions=256)
+    return d
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, one_torch_thread: None) -> Iterator[Any]:
+    from market.engine.factory import load_engine
+
+    eng = load_engine("torch", model_dir, max_batch_size=4)
+    yield eng
+    eng.close()
+
+
+@dataclasses.dataclass
+class Scoring:
+    redis_url: str
+    scorer: Any  # ScoringClient on QUEUE, served by one real scoring worker
+
+
+@pytest.fixture(scope="module")
+def scoring(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scoring]:
+    """Redis and one scoring worker; every desk in these tests shares the worker's queue
+    (scores are deterministic, so sharing changes nothing)."""
+    from market.service.processes import start_redis
+    from verifier.scoring_worker import ScoringClient, start_scoring_worker
+
+    root = tmp_path_factory.mktemp("scoring")
+    redis = start_redis(root / "redis")
+    procs = [redis]
+    try:
+        redis_url = redis.extra["url"]
+        procs.append(start_scoring_worker(redis_url, QUEUE, root / "scoring.log"))
+        yield Scoring(redis_url, ScoringClient(redis_url, QUEUE, model_dir, timeout_s=120))
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+@dataclasses.dataclass
+class Stack:
+    api: MarketAPI
+    redis_url: str
+    scorer: Any
+
+
+@pytest.fixture
+def stack(devnet: Any, scoring: Scoring, tmp_path: Path) -> Iterator[Stack]:
+    """A market app of its own per test: the chain is rolled back after each test (dispute
+    ids start again at 1), so a relay kept across tests would hold stale votes that still
+    verify (same Arbitration address)."""
+    from market.service.app import serve_in_thread
+    from market.service.settings import MarketSettings
+
+    settings = MarketSettings(
+        redis_url=scoring.redis_url, deployment=devnet.deployment.save(
+            tmp_path / "deployment.json"),
+        store_dir=tmp_path / "store", db_path=tmp_path / "board.sqlite", port=free_port(),
+        index_interval_s=60.0)
+    with MarketAPI(settings.url) as api, serve_in_thread(settings):
+        yield Stack(api, scoring.redis_url, scoring.scorer)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def batch(n: int, tag: str = "") -> bytes:
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                         "body": {"model": "quarry-dispute-test",
+                                  "prompt": f"{tag}the river {i} runs",
+                                  "max_tokens": MAX_TOKENS}}) for i in range(n)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def register_miner(devnet: Any, index: int, model_id: bytes) -> Any:
+    miner = anvil_account(index)
+    devnet.q.gpu.register(miner, [model_id], GpuSpec("Test GPU", 1024, 1),
+                          f"http://127.0.0.1:{9300 + index}", PRICE, STAKE)
+    return miner
+
+
+def post_task(devnet: Any, api: MarketAPI, model_id: bytes, data: bytes, *,
+              input_uri: str | None = None) -> int:
+    """One task (one shard) for `data`; `input_uri` points the task at other bytes."""
+    uri = api.put(data)
+    hashes = [r.request_hash for r in parse_jsonl(data)]
+    task_id, _ = devnet.q.tasks.create_task(
+        devnet.client, model_id=model_id, input_root=input_tree(hashes).root,
+        input_uri=input_uri or uri, num_requests=len(hashes), shard_size=len(hashes),
+        max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        deadline=devnet.chain.timestamp() + 3600)
+    return task_id
+
+
+def serve_by_hand(devnet: Any, api: MarketAPI, task_id: int, miner: Any, data: bytes, *,
+                  tamper: bool = False, upload: bool = True) -> ShardResult:
+    """A miner's part without an engine: claim, fixed outputs, sign, (upload,) submit.
+    `tamper` changes one item's text after signing; `upload=False` never publishes."""
+    q = devnet.q
+    q.tasks.claim_shard(miner, task_id, 0)
+    task = q.tasks.get_task(task_id)
+    completions = [Completion(r.index, r.custom_id, r.request_hash, f"out {r.index}",
+                              (5, 6, 7), "length", 3) for r in parse_jsonl(data)]
+    doc = build_shard_result(task_id=task_id, shard=0, model_id=task.model_id,
+                             completions=completions, private_key=miner.key,
+                             miner=miner.address, chain_id=q.chain_id,
+                             task_registry=q.tasks.address)
+    published = doc
+    if tamper:
+        items = list(doc.items)
+        items[1] = dataclasses.replace(items[1], text="not what was signed")
+        published = dataclasses.replace(doc, items=tuple(items))
+    data_out = published.to_bytes()
+    uri = api.put(data_out) if upload else content_uri(data_out)
+    q.tasks.submit_result(miner, task_id, 0, doc.result_root, uri, doc.tokens_used)
+    return doc
+
+
+def votes_on(api: MarketAPI, reader: Any, dispute_id: int) -> list[dict[str, Any]]:
+    return api.messages(reader, epoch=0, kind="vote", topic=str(dispute_id))
+
+
+# ---------------------------------------------------------------------------- the committee
+
+
+def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
+        devnet: Any, stack: Stack, engine: Any, model_dir: Path) -> None:
+    from miner.cheats import cheating_engine
+    from miner.worker import Worker
+
+    q, api, mid = devnet.q, stack.api, engine.model_id
+    honest, cheat = register_miner(devnet, 12, mid), register_miner(devnet, 13, mid)
+    data = batch(3)
+    t_honest, t_cheat = post_task(devnet, api, mid, data), post_task(devnet, api, mid, data)
+    cheat_engine = cheating_engine("random", engine, model_dir)  # closing it closes `engine`
+    for miner, eng, task_id in ((honest, engine, t_honest), (cheat, cheat_engine, t_cheat)):
+        worker = Worker(account=miner, quarry=q, engines={mid: eng}, store=api, progress=False)
+        outcome = worker.process_shard(task_id, 0)
+        assert outcome.submitted, outcome.reason
+
+    # The client disputes request 1 of each; the honest one with an evidenceURI that names
+    # nothing, which the desks must not take as the miner withholding its data.
+    bond = q.arbitration.min_bond()
+    nowhere = "sha256:" + "0" * 64
+    d_honest = open_dispute(q, devnet.client, api, t_honest, 1, evidence_uri=nowhere)
+    d_cheat = open_dispute(q, devnet.client, api, t_cheat, 1)
+    assert q.tasks.get_shard(t_cheat, 0).state == ShardState.DISPUTED
+
+    w = q.escrow.withdrawable
+    parties = [devnet.client, honest, cheat, *devnet.verifiers]
+    before = {a.address: w(a.address) for a in parties}
+    cheat_stake = q.gpu.miner_info(cheat.address).stake
+    collateral = q.tasks.get_shard(t_cheat, 0).collateral
+    cheat_budget = q.tasks.shard_budget(t_cheat, 0)
+    assert collateral > 0
+
+    desks = [DisputeDesk(q, v, api, stack.scorer, lie=(i == 0))
+             for i, v in enumerate(devnet.verifiers)]
+    liar, fair = desks[0], desks[1:]
+
+    # The liar votes first; alone it is no quorum, whatever it signs.
+    liar.step()
+    assert set(liar.votes) == {d_honest, d_cheat}
+    assert liar.votes[d_honest].miner_at_fault is True
+    assert liar.votes[d_cheat].miner_at_fault is False
+    for d, fault in ((d_honest, True), (d_cheat, False)):
+        assert liar.try_resolve(d) is False
+        with pytest.raises(revert_class("QuorumNotReached")):
+            q.arbitration.resolve(liar.account, d, fault, [liar.votes[d].signature])
+        assert q.arbitration.get_dispute(d).status == DisputeStatus.OPEN
+
+    for desk in fair:
+        desk.step()
+    assert q.arbitration.get_dispute(d_honest).status == DisputeStatus.MINER_NOT_AT_FAULT
+    assert q.arbitration.get_dispute(d_cheat).status == DisputeStatus.MINER_AT_FAULT
+    assert fair[-1].resolved_here == {d_honest, d_cheat}  # the third fair vote made a quorum
+    assert not any(desk.resolved_here for desk in desks[:-1])
+
+    # Every desk judged the same way with the same numbers; the liar only signed otherwise.
+    for d, fault in ((d_honest, False), (d_cheat, True)):
+        verdicts = [desk.verdicts[d] for desk in desks]
+        assert all(v.miner_at_fault is fault for v in verdicts)
+        assert len({v.score for v in verdicts}) == 1
+        assert all(desk.votes[d].miner_at_fault is fault for desk in fair)
+    honest_score = fair[0].verdicts[d_honest].score
+    cheat_score = fair[0].verdicts[d_cheat].score
+    assert honest_score is not None and cheat_score is not None
+    assert honest_score.score >= 0.5 > cheat_score.score
+    assert honest_score.agreement is not None and honest_score.agreement > 0.9
+    assert "withheld" not in fair[0].verdicts[d_honest].reason
+
+    # The voters are the three fair members; the liar is in neither outcome.
+    fair_addresses = sorted((d.address for d in fair), key=lambda a: int(a, 16))
+    resolved = {int(e["disputeId"]): e for e in
+                q.arbitration.events("DisputeResolved", devnet.deployment.deploy_block)}
+    for d in (d_honest, d_cheat):
+        assert [to_checksum_address(v) for v in resolved[d]["voters"]] == fair_addresses
+
+    # No fault: minerBondShareBps of the bond to the miner, the rest split among the voters,
+    # dust to the miner; the client's bond is gone. Fault: the shard budget back to the
+    # client with the bond, the collateral slashed, verifierRewardBps of it to the voters.
+    p = q.arbitration.params()
+    n = len(fair)
+    to_miner = bond * p["miner_bond_share_bps"] // BPS
+    each_bond = (bond - to_miner) // n
+    slash = collateral * p["fault_slash_bps"] // BPS
+    each_slash = slash * p["verifier_reward_bps"] // BPS // n
+    assert int(resolved[d_cheat]["slashed"]) == slash
+    delta = {a.address: w(a.address) - before[a.address] for a in parties}
+    assert delta[honest.address] == bond - each_bond * n
+    assert delta[cheat.address] == 0
+    assert q.gpu.miner_info(cheat.address).stake == cheat_stake - slash
+    assert delta[devnet.client.address] == cheat_budget + bond + slash - each_slash * n
+    for desk in fair:
+        assert delta[desk.address] == each_bond + each_slash
+    assert delta[liar.address] == 0
+    assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
+
+    # The honest shard proceeds: finalizable at once, the miner paid for its tokens.
+    shard = q.tasks.get_shard(t_honest, 0)
+    assert shard.state == ShardState.SUBMITTED
+    budget = q.tasks.shard_budget(t_honest, 0)
+    q.tasks.finalize_shard(devnet.anyone, t_honest, 0)
+    assert w(honest.address) - before[honest.address] == (bond - each_bond * n
+                                                          + shard.tokens_used * PRICE)
+    assert w(devnet.client.address) - before[devnet.client.address] == (
+        delta[devnet.client.address] + budget - shard.tokens_used * PRICE)
+
+    # Late resolvers are quiet; further steps change nothing and nobody votes twice.
+    assert fair[0].try_resolve(d_honest) is False
+    for desk in desks:
+        desk.step()
+        assert set(desk.closed) == {d_honest, d_cheat} and not desk.open
+    for d in (d_honest, d_cheat):
+        assert sorted(m["author"] for m in votes_on(api, liar.account, d)) == sorted(
+            desk.address for desk in desks)
+
+
+# ---------------------------------------------------------------------------- evidence
+
+
+def test_evidence_withheld_tampered_or_client_side_is_judged_without_scoring(
+        devnet: Any, stack: Stack) -> None:
+    """Checks that need no model: the disputes are over conftest's MODEL_ID, which the
+    scorer does not run, so any attempt to score would defer instead of returning."""
+    q, api, miner = devnet.q, stack.api, devnet.miner
+    desk = DisputeDesk(q, devnet.verifiers[1], api, stack.scorer)
+
+    withheld = post_task(devnet, api, devnet.MODEL_ID, batch(2, "a "))
+    withheld_doc = serve_by_hand(devnet, api, withheld, miner, batch(2, "a "),
+                                 upload=False)
+    tampered = post_task(devnet, api, devnet.MODEL_ID, batch(2, "b "))
+    serve_by_hand(devnet, api, tampered, miner, batch(2, "b "), tamper=True)
+    # The client's inputURI names bytes that are not its committed batch.
+    client_side = post_task(devnet, api, devnet.MODEL_ID, batch(2, "c "),
+                            input_uri=api.put(batch(2, "other ")))
+    serve_by_hand(devnet, api, client_side, miner, batch(2, "c "))
+    fine = post_task(devnet, api, devnet.MODEL_ID, batch(2, "d "))
+    serve_by_hand(devnet, api, fine, miner, batch(2, "d "))
+
+    def dispute(task_id: int) -> int:
+        return open_dispute(q, devnet.client, api, task_id, 1)
+
+    # The client of the withheld shard disputes with the receipt the miner showed it.
+    item = withheld_doc.items[1]
+    d_withheld, _ = q.arbitration.open_dispute(
+        devnet.client, withheld, 0, item.receipt, item.signature, item.proof,
+        q.tasks.get_shard(withheld, 0).result_uri, q.arbitration.min_bond())
+    verdict = desk.judge(d_withheld)
+    assert verdict.miner_at_fault and verdict.score is None
+    assert "data withheld" in verdict.reason and "not in the market's store" in verdict.reason
+
+    verdict = desk.judge(dispute(tampered))
+    assert verdict.miner_at_fault and verdict.score is None
+    assert "output hash check failed" in verdict.reason
+
+    verdict = desk.judge(dispute(client_side))
+    assert not verdict.miner_at_fault and verdict.score is None
+    assert "task input unusable" in verdict.reason and "inputRoot" in verdict.reason
+
+    # A document that verifies must be scored: with no model for it, no verdict.
+    d_fine = dispute(fine)
+    with pytest.raises(DisputeDeferred, match="scores with 0x"):
+        desk.judge(d_fine)
+    desk.step()
+    assert d_fine not in desk.votes and d_withheld in desk.votes
+    assert votes_on(api, desk.account, d_fine) == []
+
+
+def test_no_vote_while_the_scorer_does_not_answer(devnet: Any, stack: Stack, engine: Any,
+                                                  model_dir: Path) -> None:
+    from verifier.scoring_worker import ScoringClient
+
+    q, api, mid = devnet.q, stack.api, engine.model_id
+    miner = register_miner(devnet, 14, mid)
+    data = batch(2, "e ")
+    task_id = post_task(devnet, api, mid, data)
+    serve_by_hand(devnet, api, task_id, miner, data)
+    dispute_id = open_dispute(q, devnet.client, api, task_id, 0)
+    silent = ScoringClient(stack.redis_url, "quarry.score.nobody-listens", model_dir,
+                           timeout_s=1)
+    desk = DisputeDesk(q, devnet.verifiers[2], api, silent)
+    desk.step()
+    assert desk.open == {dispute_id} and not desk.votes
+    assert votes_on(api, desk.account, dispute_id) == []
+    # Nor while the market does not answer (its own side's trouble is never a verdict).
+    with MarketAPI(f"http://127.0.0.1:{free_port()}") as dead:
+        cut_off = DisputeDesk(q, devnet.verifiers[3], dead, stack.scorer)
+        cut_off.step()
+        assert cut_off.open == {dispute_id} and not cut_off.votes and not cut_off.verdicts
+    # With a scorer that answers, the same desk votes (a hand-made output: at fault).
+    desk.scorer = stack.scorer
+    desk.step()
+    assert desk.votes[dispute_id].miner_at_fault is True
+    assert [m["author"] for m in votes_on(api, desk.account, dispute_id)] == [desk.address]
+
+
+# ---------------------------------------------------------------------------- pure logic
+
+
+def test_valid_votes_keeps_only_members_signing_this_dispute() -> None:
+    chain_id, arbitration = 31337, "0x" + "ab" * 20
+    a, b, c, outsider = (anvil_account(i) for i in (6, 7, 8, 5))
+    members = [a.address, b.address, c.address]
+
+    def vote(account: Any, dispute_id: int, fault: bool, *, topic: int = 7,
+             signer: Any = None) -> dict[str, Any]:
+        sig = Vote(dispute_id, fault).sign((signer or account).key, chain_id, arbitration)
+        return committee_message(account, "vote", 0, str(topic), vote_body(fault, sig, "r"))
+
+    good_a, good_b = vote(a, 7, True), vote(b, 7, False)
+    messages = [
+        good_a, good_b,
+        vote(c, 8, True),  # signed for another dispute, posted under this topic
+        vote(c, 7, True, signer=outsider),  # c posts a signature that is not c's
+        vote(outsider, 7, True),  # not a member
+        {**vote(c, 7, True), "body": {"minerAtFault": 1, "signature": "0x00"}},  # not a bool
+        {**vote(c, 7, True), "body": "junk"},
+        vote(a, 7, True, topic=9),  # another topic
+        good_a,  # a repeat counts once
+    ]
+    out = valid_votes(messages, 7, members, chain_id, arbitration)
+    assert out == {True: {a.address: bytes.fromhex(good_a["body"]["signature"][2:])},
+                   False: {b.address: bytes.fromhex(good_b["body"]["signature"][2:])}}
+
+
+def test_scoring_line_caps_max_tokens_without_touching_the_request() -> None:
+    request = parse_jsonl(batch(1))[0].request
+    line = _scoring_line(request, 2)
+    assert line["body"]["max_tokens"] == 2 and request["body"]["max_tokens"] == MAX_TOKENS
+    assert _scoring_line(request, 100)["body"]["max_tokens"] == MAX_TOKENS
+
+
+def test_fault_threshold_is_checked(devnet: Any) -> None:
+    with pytest.raises(QuarryError, match="fault_below_bps"):
+        DisputeDesk(devnet.q, devnet.verifiers[0], MarketAPI("http://127.0.0.1:9"), None,  # type: ignore[arg-type]
+                    fault_below_bps=10_001)
