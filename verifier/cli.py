@@ -107,9 +107,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             tolerance_bps=cfg.tolerance_bps, fault_below_bps=cfg.fault_below_bps,
             test_mode=cfg.test_mode, on_event=lambda line: print(line, flush=True))
         desk = DisputeDesk(q, account, market, scorer, fault_below_bps=cfg.fault_below_bps,
+                           model_id=manifest.model_id,
                            lie=cfg.test_mode == "lie")
         print(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
-              f"{manifest.name} ({manifest.model_id_hex()}), {cfg.scoring_workers} scoring "
+              f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
               f"worker(s) on {queue}; Ctrl-C stops", file=sys.stderr, flush=True)
         while True:
             for part in (member.step, desk.step):
