@@ -138,6 +138,26 @@ def test_withholding_leader_fails_only_its_epoch(stack: LocalStack) -> None:
         assert q.committee.reported(withheld + 1) or q.committee.reported(withheld + 2), \
             "the next leader carries on"
         assert q.gpu.miner_info(MINER.address).reputation_bps > 5000
+
+        # Equivocation: a member that signs two different reports for one epoch is slashed
+        # by whoever sees both on the relay; half its stake goes to the prover.
+        from market.protocol.eip712 import Report
+        from market.service.api import committee_message
+        from verifier.committee import REPORT_SIGNATURE, _report_json
+
+        cheat, prover = VERIFIERS[3], members[0]
+        before = q.escrow.withdrawable(prover.me)
+        for score in (6000, 7000):
+            report = Report(withheld + 5, (MINER.address,), (score,), bytes(32))
+            sig = report.sign(cheat.key, q.chain.chain_id, q.committee.address)
+            digest = report.digest(q.chain.chain_id, q.committee.address)
+            markets[3].post_message(committee_message(
+                cheat, REPORT_SIGNATURE, report.epoch, "0x" + digest.hex(),
+                {"report": _report_json(report), "evidenceUri": "", "signature": "0x" + sig.hex()}))
+        prover.step()
+        assert q.committee.verifier_info(cheat.address).stake == 0
+        assert not q.committee.is_member(cheat.address)
+        assert q.escrow.withdrawable(prover.me) == before + stake // 2
     finally:
         for market in markets:
             market.close()
