@@ -11,11 +11,14 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from market.errors import ConfigError
+
+T = TypeVar("T")
 
 _UNITS = {"wei": 0, "gwei": 9, "ether": 18, "eth": 18}
 _AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
@@ -63,6 +66,35 @@ def layered(
         raise ConfigError(f"unknown {role} setting(s): {', '.join(unknown)} "
                           f"(known: {', '.join(sorted(known))})")
     return table, later, base
+
+
+def load_config(
+    cls: type[T],
+    role: str,
+    path: Path | str | None,
+    overrides: Mapping[str, Any],
+    from_env: Callable[[str, str], Any],
+    convert: Callable[[str, Any, Path | None], Any],
+) -> T:
+    """A role's frozen config dataclass from its defaults, the file, the environment and
+    flags; paths in the file are relative to the file, others to the working directory."""
+    table, later, base = layered(role, {f.name for f in fields(cls)},  # type: ignore[arg-type]
+                                 path, overrides, from_env)
+    typed = {k: convert(k, v, base) for k, v in table.items()}
+    typed.update({k: convert(k, v, None) for k, v in later.items()})
+    return replace(cls(), **typed)  # type: ignore[type-var]
+
+
+def require_settings(cfg: Any, role: str, *names: str) -> None:
+    """Raise ConfigError naming the first of `names` the command needs but `cfg` lacks."""
+    for name in names:
+        if name == "key":
+            if not cfg.key and cfg.key_file is None:
+                raise missing(role, "key", "key (hex private key) or key_file")
+            continue
+        value = getattr(cfg, name)
+        if value is None or value == "" or value == ():
+            raise missing(role, name, name)
 
 
 def parse_wei(value: Any, name: str, role: str = "miner") -> int:

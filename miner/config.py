@@ -33,7 +33,7 @@ each command then `require`s the fields it needs, so `miner status` needs no mod
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,10 @@ from market.roleconfig import (
     as_path,
     as_url,
     check_key,
-    layered,
-    missing,
+    load_config,
     parse_wei,
     read_key,
+    require_settings,
 )
 
 ROLE = "miner"
@@ -91,24 +91,12 @@ class MinerConfig:
     def load(cls, path: Path | str | None = None, **overrides: Any) -> MinerConfig:
         """Defaults, then `[miner]` of the TOML file at `path`, then `QUARRY_MINER_<FIELD>`
         variables, then `overrides` (flags; None means "not given")."""
-        table, later, base = layered(ROLE, {f.name for f in fields(cls)}, path, overrides,
-                                     _from_env)
-        # Paths in the file are relative to the file; from the environment or flags, to cwd.
-        typed = {k: _convert(k, v, base) for k, v in table.items()}
-        typed.update({k: _convert(k, v, None) for k, v in later.items()})
-        return replace(cls(), **typed)
+        return load_config(cls, ROLE, path, overrides, _from_env, _convert)
 
     # ------------------------------------------------------------------ checks
     def require(self, *names: str) -> None:
         """Raise ConfigError naming the first of `names` this command needs but lacks."""
-        for name in names:
-            if name == "key":
-                if not self.key and self.key_file is None:
-                    raise missing(ROLE, "key", "key (hex private key) or key_file")
-                continue
-            value = getattr(self, name)
-            if value is None or value == "" or value == ():
-                raise missing(ROLE, name, name)
+        require_settings(self, ROLE, *names)
 
     def private_key(self) -> str:
         """The hex private key, read from `key_file` when `key` is not given inline."""

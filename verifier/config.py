@@ -26,12 +26,20 @@ variables, then command-line flags (each later source overrides the earlier).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from market.errors import ConfigError
-from market.roleconfig import as_number, as_path, as_url, layered, missing, parse_wei, read_key
+from market.roleconfig import (
+    as_number,
+    as_path,
+    as_url,
+    load_config,
+    parse_wei,
+    read_key,
+    require_settings,
+)
 
 ROLE = "verifier"
 DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
@@ -65,20 +73,11 @@ class VerifierConfig:
     def load(cls, path: Path | str | None = None, **overrides: Any) -> VerifierConfig:
         """Defaults, then `[verifier]` of the TOML file, then `QUARRY_VERIFIER_<FIELD>`
         variables, then `overrides` (flags; None means "not given")."""
-        table, later, base = layered(ROLE, {f.name for f in fields(cls)}, path, overrides,
-                                     _from_env)
-        typed = {k: _convert(k, v, base) for k, v in table.items()}
-        typed.update({k: _convert(k, v, None) for k, v in later.items()})
-        return replace(cls(), **typed)
+        return load_config(cls, ROLE, path, overrides, _from_env, _convert)
 
     def require(self, *names: str) -> None:
         """Raise ConfigError naming the first of `names` this command needs but lacks."""
-        for name in names:
-            if name == "key":
-                if not self.key and self.key_file is None:
-                    raise missing(ROLE, "key", "key (hex private key) or key_file")
-            elif getattr(self, name) in (None, ""):
-                raise missing(ROLE, name, name)
+        require_settings(self, ROLE, *names)
 
     def account(self) -> Any:
         from eth_account import Account
