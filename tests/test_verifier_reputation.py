@@ -135,3 +135,16 @@ def test_bad_update_input_is_named() -> None:
         update(MinerRecord(-1), 100, PARAMS)
     with pytest.raises(ConfigError, match="prev must be a MinerRecord"):
         update(5000, 100, PARAMS)  # type: ignore[arg-type]
+
+
+def test_default_constants_catch_cheaters_and_spare_honest_miners() -> None:
+    """The defaults' documented behaviour (see ReputationParams and benchmarks/detection.py)."""
+    p = ReputationParams()
+    assert not run([0], p)[-1].trusted(p)  # garbage: untrusted after one epoch
+    near = run([8500, 8500, 8500], p)  # the closest cheat measured (perturbed weights)
+    assert near[0].trusted(p) and not near[1].trusted(p)
+    escaped = run([9200, 8500, 8500], p)  # one epoch above the threshold: still by epoch 3
+    assert not escaped[2].trusted(p)
+    honest = run([9400, 10000, 9374, 9800] * 5, p)  # honest epoch scores as measured
+    assert all(r.abnormal(p) == 0 and r.trusted(p) for r in honest)
+    assert honest[-1].reputation_bps > 9000

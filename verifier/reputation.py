@@ -52,15 +52,38 @@ def _is_int(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class ReputationParams:
-    """Every reputation constant. Provisional defaults, to be chosen from
-    `benchmarks/detection.py`'s measurements."""
+    """Every reputation constant; the defaults come from `benchmarks/detection.py` (tiny
+    model, challenges of 16 requests x 64 tokens, half greedy, drawn as the committee draws
+    them; 2 honest miners and one per cheating mode, 12 epochs; plus a 30-epoch run with 4
+    honest miners to see the tails):
 
-    alpha: float = 0.5
+    - `abnormal_below_bps = 9150`: honest epoch scores never went below 9374 (120 epochs;
+      an honest sample can be less likely than the verifier's median sample, so sampled
+      requests score < 1), and the closest cheat, `perturb` (5% weight noise, like a
+      coarse quantization), never above 8910 (30 epochs); substitute, random and
+      wrong-prompt stayed under 3000. 9150 is the middle of that gap (~230 bps each side).
+      With the committee's earlier 4 x 32 challenges the two overlapped (honest down to
+      8922, perturb up to 9252): no threshold separates them, hence the larger challenges.
+    - `alpha = 0.7`: a perturbed miner scores ~8500, above the initial 5000, so a fast
+      average would first raise it; with 0.7 (and the stricter rate) it is untrusted at
+      epoch 2, and still by epoch 3 if one of its first three epochs escapes the threshold.
+      A miner answering garbage (score 0) drops to 3500 in its first epoch.
+    - `penalty_rates = (0.3, 0.5, 0.7)`, default `stricter`: every level met the targets
+      (untrusted within 3 epochs, no honest false positive): lenient untrusted perturb at
+      epoch 3, stricter and aggressive at 2; stricter takes every cheater below 0.2 by
+      epoch 3 and aggressive below 0.1 by epoch 3-4 (PlanetServe: stricter below 0.2, and
+      aggressive below 0.1, within 5 epochs).
+
+    These figures hold for the tiny model, where an honest greedy answer on the verifier's
+    hardware agrees exactly; re-run the benchmark for another model or challenge size.
+    """
+
+    alpha: float = 0.7
     window: int = 5
-    abnormal_below_bps: int = 5000
+    abnormal_below_bps: int = 9150
     abnormal_fraction: float = 0.2
     penalty: str = "stricter"
-    penalty_rates: tuple[float, float, float] = field(default=(0.2, 0.4, 0.6))
+    penalty_rates: tuple[float, float, float] = field(default=(0.3, 0.5, 0.7))
     untrusted_below_bps: int = 4000
     initial_bps: int = 5000
 
