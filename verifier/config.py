@@ -10,8 +10,8 @@ variables, then command-line flags (each later source overrides the earlier).
     redis_url = "redis://127.0.0.1:6379/0"  # Celery broker of the scoring workers
     scoring_workers = 1                   # spawned by `verifier run`; 0: run `verifier worker`
     poll_interval_s = 1.0
-    challenge_requests = 4                # requests per miner per epoch (greedy and sampled)
-    challenge_max_tokens = 32
+    challenge_requests = 16               # requests per miner per epoch (greedy and sampled)
+    challenge_max_tokens = 64
     tolerance_bps = 500                   # co-sign when |own score - leader's| <= this
     fault_below_bps = 5000                # a disputed output scoring under this is a fault
     state_dir = "~/.quarry/verifier"      # what this verifier signed (never equivocate)
@@ -61,8 +61,8 @@ class VerifierConfig:
     redis_url: str = DEFAULT_REDIS_URL
     scoring_workers: int = 1
     poll_interval_s: float = 1.0
-    challenge_requests: int = 4
-    challenge_max_tokens: int = 32
+    challenge_requests: int = 16  # benchmarks/detection.py: 4 x 32 cannot separate `perturb`
+    challenge_max_tokens: int = 64
     tolerance_bps: int = 500
     fault_below_bps: int = 5000
     state_dir: Path | None = None
