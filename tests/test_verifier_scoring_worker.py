@@ -92,17 +92,22 @@ def test_two_workers_share_one_queue(model_dir: Path, redis_url: str,
         finally:
             client.close()
 
+    def totals() -> dict[str, int]:
+        app = scoring_app(redis_url)
+        try:
+            nodes = [w.extra["node"] for w in workers]
+            stats = app.control.inspect(destination=nodes, timeout=5).stats() or {}
+        finally:
+            app.close()
+        return {n: stats.get(n, {}).get("total", {}).get(SCORE_TASK, 0) for n in nodes}
+
+    before = totals()
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(job, range(8))) == [len(batch)] * 8
-    app = scoring_app(redis_url)
-    try:
-        nodes = [w.extra["node"] for w in workers]
-        stats = app.control.inspect(destination=nodes, timeout=5).stats() or {}
-    finally:
-        app.close()
-    done = {n: stats.get(n, {}).get("total", {}).get(SCORE_TASK, 0) for n in nodes}
+    after = totals()
+    done = {n: after[n] - before[n] for n in after}
     assert all(count > 0 for count in done.values()), done
-    assert sum(done.values()) >= 8
+    assert sum(done.values()) == 8
 
 
 @pytest.mark.timeout(180)
