@@ -6,10 +6,10 @@ declared cheating mode of `miner.cheats`) and the verifier's own reference engin
 `--epochs` epochs. Each epoch every miner gets its own challenge, drawn exactly as the
 committee draws it (`verifier.challenges.draw_challenge_set`: distinct corpus prompts,
 half greedy and half sampled), answers it with its engine, and the verifier scores the
-answers with `verifier.scoring.score_outputs`. Challenges default to 16 requests x 64
-tokens: with 4 x 32 the `perturb` cheat's epoch scores overlap honest ones (the noise of
-honest sampled answers dominates), so no threshold separates them; the JSON also names the
-committee's configured size (`committee_challenge`).
+answers with `verifier.scoring.score_outputs`. Challenges have the committee's default size
+(`VerifierConfig`: 16 requests x 64 tokens, set from this benchmark: with 4 x 32 the
+`perturb` cheat's epoch scores overlap honest ones, since the noise of honest sampled
+answers dominates, so no threshold separates them).
 The epoch score (mean, in bps) then drives `verifier.reputation.update` from the initial
 reputation, for each of the three penalty levels, with the other constants at their
 `ReputationParams` defaults.
@@ -38,10 +38,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "out" / "detection.json"
 TARGET_EPOCHS_TO_UNTRUSTED = 3
-# The challenge size the defaults are chosen for (see ReputationParams): with the committee's
-# earlier 4 requests x 32 tokens, `perturb` epoch scores overlap honest ones (module doc).
-CHALLENGE_REQUESTS = 16
-CHALLENGE_MAX_TOKENS = 64
 SWEEP_ALPHAS = (0.5, 0.6, 0.7, 0.8)
 SWEEP_RATES = (0.3, 0.4, 0.5, 0.6, 0.7)
 TARGET_HONEST_FALSE_POSITIVES = 0
@@ -98,11 +94,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from market.model.create import create_model
     from miner.cheats import CHEAT_MODES, cheating_engine
     from verifier.challenges import SAMPLED_TEMPERATURE, draw_challenge_set
-    from verifier.config import VerifierConfig
     from verifier.reputation import PENALTY_LEVELS, MinerRecord, ReputationParams, update
     from verifier.scoring import mean_score, score_bps, score_outputs
 
-    committee = VerifierConfig()
     torch.set_num_threads(args.threads)
     started = time.monotonic()
     model_dir = work / "tiny"
@@ -230,8 +224,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "epoch_scores_bps": epoch_bps,
         "levels": levels,
         "alpha_rate_sweep": sweep,
-        "committee_challenge": {"requests": committee.challenge_requests,
-                                "max_tokens": committee.challenge_max_tokens},
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -244,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=12, help="epochs (12)")
     parser.add_argument("--honest", type=int, default=2, help="honest miners (2)")
-    parser.add_argument("--requests", type=int, default=CHALLENGE_REQUESTS,
-                        help=f"requests per challenge ({CHALLENGE_REQUESTS}; the committee's "
-                        f"default is {committee.challenge_requests})")
-    parser.add_argument("--max-tokens", type=int, default=CHALLENGE_MAX_TOKENS,
-                        help=f"max_tokens per request ({CHALLENGE_MAX_TOKENS}; the committee's "
-                        f"default is {committee.challenge_max_tokens})")
+    parser.add_argument("--requests", type=int, default=committee.challenge_requests,
+                        help="requests per challenge (the committee's default, "
+                        f"{committee.challenge_requests})")
+    parser.add_argument("--max-tokens", type=int, default=committee.challenge_max_tokens,
+                        help="max_tokens per request (the committee's default, "
+                        f"{committee.challenge_max_tokens})")
     parser.add_argument("--reference-samples", type=int, default=3,
                         help="verifier samples per sampled request (3)")
     parser.add_argument("--seed", type=int, default=2024, help="challenge-drawing seed (2024)")
