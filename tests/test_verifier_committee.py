@@ -111,7 +111,8 @@ def test_withholding_leader_fails_only_its_epoch(stack: LocalStack) -> None:
             markets.append(market)
             members.append(CommitteeMember(
                 q, v, market, scorer, model_id=manifest.model_id, model_name=manifest.name,
-                params=ReputationParams(abnormal_below_bps=6000), state_path=stack.home / f"state-{v.address}.json",
+                params=ReputationParams(abnormal_below_bps=6000),
+                state_path=stack.home / f"state-{v.address}.json",
                 requests=2, max_tokens=8, timing=EpochTiming()))
         by_address = {m.me: m for m in members}
         withheld: int | None = None
