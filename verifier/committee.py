@@ -58,7 +58,7 @@ from verifier.challenges import (
     post_challenge,
 )
 from verifier.reputation import MinerRecord, ReputationParams, update
-from verifier.scoring import mean_score, score_bps
+from verifier.scoring import ChallengeScore, mean_score, score_bps
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -136,6 +136,7 @@ class CommitteeMember:
         self._reported_epochs: set[int] = set()
         self._signed_sets: set[tuple[int, str]] = set()
         self._slashed: set[str] = set()
+        self._scored: dict[int, list[ChallengeScore]] = {}  # task id -> per-request scores
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> _State:
@@ -346,18 +347,25 @@ class CommitteeMember:
         self._dispute_faults(posted, cs, answers, scores)
 
     def _score(self, cs: ChallengeSet, answers: list[Answer]) -> dict[str, int]:
-        """Epoch score (bps) per answered challenge; an answer failing its checks scores 0."""
+        """Epoch score (bps) per answered challenge; an answer failing its checks scores 0.
+        Each task's answers are scored once: the leader re-reads them as a member and to
+        pick the request it disputes."""
         scores: dict[str, int] = {}
         for a in answers:
             if a.status == "invalid":
                 scores[a.miner] = 0
             elif a.status == "answered":
-                challenge = cs.challenge_for(a.miner)
-                assert challenge is not None
-                by_index = {it.index: it for it in a.items}
-                ids = [list(by_index[i].token_ids) for i in range(len(challenge.lines))]
-                scores[a.miner] = score_bps(mean_score(self.scorer.score(challenge.lines, ids)))
+                scores[a.miner] = score_bps(mean_score(self._request_scores(cs, a)))
         return scores
+
+    def _request_scores(self, cs: ChallengeSet, a: Answer) -> list[ChallengeScore]:
+        if a.task_id not in self._scored:
+            challenge = cs.challenge_for(a.miner)
+            assert challenge is not None
+            by_index = {it.index: it for it in a.items}
+            ids = [list(by_index[i].token_ids) for i in range(len(challenge.lines))]
+            self._scored[a.task_id] = self.scorer.score(challenge.lines, ids)
+        return self._scored[a.task_id]
 
     def _observe(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any]) -> None:
         body = proposal["body"]
@@ -529,12 +537,8 @@ class CommitteeMember:
             if a.status != "answered" or scores.get(a.miner, BPS) >= self.fault_below_bps \
                     or a.task_id in self.state.disputed or self.test_mode == "lie":
                 continue
-            challenge = cs.challenge_for(a.miner)
-            assert challenge is not None
-            by_index = {it.index: it for it in a.items}
-            ids = [list(by_index[i].token_ids) for i in range(len(challenge.lines))]
-            worst = min(range(len(ids)), key=lambda i: self.scorer.score(
-                [challenge.lines[i]], [ids[i]])[0].score)
+            per_request = self._request_scores(cs, a)
+            worst = min(range(len(per_request)), key=lambda i: per_request[i].score)
             try:
                 dispute_id = open_dispute(self.q, Account.from_key(keys[a.task_id]),
                                           self.market, a.task_id, worst)
