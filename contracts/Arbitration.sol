@@ -4,8 +4,16 @@ pragma solidity ^0.8.24;
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
-import {MerkleProof} from "@openzeppelin/contracts/utils/cryptography/MerkleProof.sol";
-import {Receipt, SigLib, InvalidSignature, DuplicateSigner, SignersNotSorted} from "./lib/QuarryTypes.sol";
+import {
+    Receipt,
+    Receipts,
+    ResultTree,
+    SumNode,
+    SigLib,
+    InvalidSignature,
+    DuplicateSigner,
+    SignersNotSorted
+} from "./lib/QuarryTypes.sol";
 import {ITaskRegistry, Task, Shard, ShardState} from "./interfaces/ITaskRegistry.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
@@ -21,6 +29,23 @@ enum DisputeStatus {
     Expired
 }
 
+/// @notice What a committee member did about one dispute.
+enum Ballot {
+    None,
+    Fault,
+    NoFault,
+    /// @dev Left an expired dispute without a vote, and was penalized for it.
+    Absent
+}
+
+/// @notice Where an availability challenge stands.
+enum ChallengeStatus {
+    None,
+    Open,
+    Answered,
+    Unanswered
+}
+
 /// @notice One dispute over one receipt of a submitted shard.
 struct Dispute {
     uint256 taskId;
@@ -31,25 +56,59 @@ struct Dispute {
     uint256 bond;
     uint64 openedAt;
     uint64 deadline;
+    /// @dev The epoch whose committee judges the dispute (the one it was opened in).
+    uint64 epoch;
+    /// @dev That committee's total weight: a verdict needs more than two thirds of it.
+    uint256 totalWeight;
+    uint256 faultWeight;
+    uint256 noFaultWeight;
     Receipt receipt;
     string evidenceURI;
 }
 
+/// @notice A request, by the client or its arbiter, that the miner show one receipt of a
+/// submitted shard on-chain.
+struct AvailabilityChallenge {
+    uint256 taskId;
+    uint32 shard;
+    uint32 index;
+    ChallengeStatus status;
+    address challenger;
+    address miner;
+    uint256 bond;
+    uint64 openedAt;
+    uint64 deadline;
+}
+
 /// @title Arbitration
-/// @notice Disputes over signed receipts, resolved by a quorum of committee votes (ERC-792's
-/// arbitrator/arbitrable split in spirit: TaskRegistry is the arbitrable, this the arbitrator).
-/// EIP-712 domain `{name: "Quarry", version: "1", chainId, verifyingContract: this}`.
-/// @dev The bond is held here while the dispute is open and then credited through PaymentEscrow.
-/// Outcomes:
-/// - Fault: the client gets the whole shard budget back (TaskRegistry), the miner loses
+/// @notice Disputes over receipts, resolved by stake-weighted committee votes; availability
+/// challenges that make withheld results a fault; on-chain proofs of over-billing
+/// (ERC-792's arbitrator/arbitrable split in spirit: TaskRegistry is the arbitrable, this the
+/// arbitrator). EIP-712 domain `{name: "Quarry", version: "1", chainId, verifyingContract: this}`.
+/// @dev A receipt is proven by the shard's own result commitment: a proof under the root hash
+/// and root sum (`resultRoot`, `tokensUsed`) the miner itself submitted (library ResultTree).
+/// No signature is needed on-chain, so nothing the miner does later can make its receipts
+/// unprovable.
+///
+/// Outcomes (bonds are held here, then credited through PaymentEscrow):
+/// - Fault (a committee verdict, an unanswered availability challenge, or a proven billing
+///   fault): the client gets the whole shard budget back (TaskRegistry), the miner loses
 ///   `collateral * faultSlashBps / 10000` of its stake, of which `verifierRewardBps` is split
-///   equally among the voters and the rest goes to the client; the bond returns to the opener.
+///   equally among the voters (if any) and the rest goes to the client; a bond returns to the
+///   opener.
 /// - No fault: `minerBondShareBps` of the bond goes to the miner and the rest is split equally
 ///   among the voters (rounding dust to the miner); the shard can be finalized at once.
-/// - Expired (no quorum by `deadline`): no fault, the bond returns to the opener.
+/// - Expired (no verdict by `deadline`): no fault, the bond returns to the opener; every member
+///   of the judging committee that cast no vote can then be reported ({reportAbsence}) and loses
+///   its seat (and stake, past the committee's limit) to the opener.
+/// - Availability challenge answered: the bond goes to the miner (it covers the answer's gas)
+///   and the shard's window is extended by the time the challenge took (at least
+///   `responseWindow`), so the client can dispute the receipt it now holds.
 contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     bytes32 public constant VOTE_TYPEHASH = keccak256("Vote(uint256 disputeId,bool minerAtFault)");
     uint16 public constant BPS = 10_000;
+    /// @notice Most availability challenges one shard can receive.
+    uint8 public constant MAX_AVAILABILITY_CHALLENGES = 3;
 
     /// @notice Least bond (wei) to open a dispute.
     uint256 public minBond;
@@ -61,6 +120,10 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     uint16 public verifierRewardBps;
     /// @notice Share of the bond paid to the miner on no fault (the rest to the voters).
     uint16 public minerBondShareBps;
+    /// @notice Least bond (wei) to challenge availability; it pays the miner's answer.
+    uint256 public minAvailabilityBond;
+    /// @notice Seconds the miner has to answer an availability challenge.
+    uint64 public responseWindow;
 
     ITaskRegistry public taskRegistry;
     IGPURegistry public gpuRegistry;
@@ -69,7 +132,14 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
 
     /// @notice Number of disputes; ids run from 1 to `disputeCount`.
     uint256 public disputeCount;
+    /// @notice Number of availability challenges; ids run from 1 to `challengeCount`.
+    uint256 public challengeCount;
     mapping(uint256 disputeId => Dispute) private _disputes;
+    mapping(uint256 disputeId => mapping(address member => Ballot)) private _ballots;
+    mapping(uint256 disputeId => mapping(bool minerAtFault => address[])) private _voters;
+    mapping(uint256 challengeId => AvailabilityChallenge) private _challenges;
+    /// @notice Availability challenges opened per shard.
+    mapping(uint256 taskId => mapping(uint32 shard => uint8)) public availabilityChallengesOf;
 
     event TaskRegistrySet(address taskRegistry);
     event GPURegistrySet(address gpuRegistry);
@@ -78,6 +148,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     event ParamsSet(
         uint256 minBond, uint64 disputeTimeout, uint16 faultSlashBps, uint16 verifierRewardBps, uint16 minerBondShareBps
     );
+    event AvailabilityParamsSet(uint256 minAvailabilityBond, uint64 responseWindow);
     event DisputeOpened(
         uint256 indexed disputeId,
         uint256 indexed taskId,
@@ -89,46 +160,103 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         Receipt receipt,
         string evidenceURI
     );
-    /// @notice Resolved by a quorum; `slashed` is the miner's stake taken (0 on no fault).
+    /// @notice `voter` (weight `weight` in the dispute's committee) voted.
+    event VoteCast(uint256 indexed disputeId, address indexed voter, bool minerAtFault, uint256 weight);
+    /// @notice Resolved by more than two thirds of the committee's weight; `slashed` is the
+    /// miner's stake taken (0 on no fault).
     event DisputeResolved(uint256 indexed disputeId, bool minerAtFault, address[] voters, uint256 slashed);
     event DisputeExpired(uint256 indexed disputeId);
+    /// @notice `member` cast no vote on the expired dispute and lost `slashed` wei to the opener.
+    event AbsenceReported(uint256 indexed disputeId, address indexed member, uint256 slashed);
+    event AvailabilityChallenged(
+        uint256 indexed challengeId,
+        uint256 indexed taskId,
+        uint32 indexed shard,
+        uint32 index,
+        address challenger,
+        address miner,
+        uint256 bond,
+        uint64 deadline
+    );
+    /// @notice The receipt of request `index` and its proof, shown on-chain; the shard's window
+    /// now ends at `windowEnd`.
+    event AvailabilityAnswered(
+        uint256 indexed challengeId,
+        uint256 indexed taskId,
+        uint32 indexed shard,
+        uint32 index,
+        Receipt receipt,
+        SumNode[] proof,
+        uint64 windowEnd
+    );
+    /// @notice No answer in time: the miner is at fault and lost `slashed` wei.
+    event AvailabilityUnanswered(uint256 indexed challengeId, uint256 indexed taskId, uint32 indexed shard, uint256 slashed);
+    /// @notice A receipt under the shard's commitment was proven to over-bill; `slashed` wei taken.
+    event BillingFaultProven(
+        uint256 indexed taskId, uint32 indexed shard, uint32 index, address prover, uint256 slashed
+    );
 
     error NotWired();
     error InvalidBps(uint256 bps);
-    /// @notice `msg.value` is below `minBond`.
+    /// @notice `msg.value` is below the required bond.
     error InsufficientBond(uint256 required, uint256 got);
-    /// @notice Only the task's client or its named arbiter may dispute.
+    /// @notice Only the task's client or its named arbiter may dispute or challenge.
     error NotClientOrArbiter(address caller);
     error ShardNotSubmitted(ShardState state);
     /// @notice The shard's challenge window is closed.
     error OutsideWindow(uint64 windowEnd);
-    /// @notice The receipt's taskId, shard, modelId or index does not match the disputed shard.
+    /// @notice The receipt's taskId, shard, modelId or index does not match.
     error ReceiptMismatch();
-    /// @notice The receipt signature does not recover to the shard's miner.
-    error InvalidMinerSignature(address recovered, address miner);
-    /// @notice The Merkle proof does not prove the receipt under the shard's resultRoot.
+    /// @notice The receipt bills more output tokens than a request may have.
+    error TooManyOutputTokens(uint256 max, uint256 got);
+    /// @notice The proof does not prove the receipt under the shard's resultRoot and tokensUsed.
     error InvalidProof();
+    /// @notice Nobody can judge a dispute now: the current committee is empty.
+    error NoCommittee(uint256 epoch);
     error UnknownDispute(uint256 disputeId);
     error DisputeNotOpen(DisputeStatus status);
     error DisputeDeadlinePassed(uint64 deadline);
     error DisputeNotExpired(uint64 deadline);
-    /// @notice A vote signer is not a committee member.
+    /// @notice Absences are reported only on an expired dispute.
+    error DisputeNotExpiredStatus(DisputeStatus status);
+    /// @notice A vote signer is not a member of the dispute's committee.
     error NotCommitteeMember(address signer);
-    error QuorumNotReached(uint256 required, uint256 got);
+    /// @notice Every signature given was already recorded.
+    error NoNewVotes(uint256 disputeId);
+    /// @notice `member` voted, or was already reported absent.
+    error NotAbsent(address member);
+    error UnknownChallenge(uint256 challengeId);
+    error ChallengeNotOpen(ChallengeStatus status);
+    /// @notice The miner's time to answer has passed.
+    error ResponseWindowClosed(uint64 deadline);
+    /// @notice The miner may still answer until `deadline`.
+    error ResponseWindowOpen(uint64 deadline);
+    /// @notice `index` is not a request of the shard [start, end).
+    error IndexNotInShard(uint32 index, uint32 start, uint32 end);
+    error TooManyChallenges(uint256 max);
+    /// @notice The token ids given do not hash to the receipt's outputHash.
+    error OutputHashMismatch();
+    /// @notice The receipt bills its output correctly.
+    error NoBillingFault();
 
     /// @param minBond_ Least dispute bond (wei).
     /// @param disputeTimeout_ Seconds until an unresolved dispute may be expired.
     /// @param faultSlashBps_ Share of the shard collateral slashed on fault (<= 10000).
     /// @param verifierRewardBps_ Share of the slashed stake paid to voters on fault (<= 10000).
     /// @param minerBondShareBps_ Share of the bond paid to the miner on no fault (<= 10000).
+    /// @param minAvailabilityBond_ Least availability-challenge bond (wei, > 0).
+    /// @param responseWindow_ Seconds the miner has to answer an availability challenge.
     constructor(
         uint256 minBond_,
         uint64 disputeTimeout_,
         uint16 faultSlashBps_,
         uint16 verifierRewardBps_,
-        uint16 minerBondShareBps_
+        uint16 minerBondShareBps_,
+        uint256 minAvailabilityBond_,
+        uint64 responseWindow_
     ) Ownable(msg.sender) EIP712("Quarry", "1") {
         _setParams(minBond_, disputeTimeout_, faultSlashBps_, verifierRewardBps_, minerBondShareBps_);
+        _setAvailabilityParams(minAvailabilityBond_, responseWindow_);
     }
 
     // ------------------------------------------------------------------ wiring and params
@@ -157,7 +285,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         emit EscrowSet(a);
     }
 
-    /// @notice Sets the economic parameters (apply to disputes opened or resolved afterwards).
+    /// @notice Sets the dispute parameters (apply to disputes opened or resolved afterwards).
     function setParams(
         uint256 minBond_,
         uint64 disputeTimeout_,
@@ -168,29 +296,37 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         _setParams(minBond_, disputeTimeout_, faultSlashBps_, verifierRewardBps_, minerBondShareBps_);
     }
 
+    /// @notice Sets the availability-challenge bond and response window (for new challenges).
+    function setAvailabilityParams(uint256 minAvailabilityBond_, uint64 responseWindow_) external onlyOwner {
+        _setAvailabilityParams(minAvailabilityBond_, responseWindow_);
+    }
+
     // ------------------------------------------------------------------ disputes
 
     /// @notice Disputes one receipt of a Submitted shard inside its challenge window, with
-    /// `msg.value` (>= minBond) as bond. Checks that the receipt matches the task and shard,
-    /// that the miner signed it, and that it is a leaf of the shard's resultRoot. Freezes the shard.
+    /// `msg.value` (>= minBond) as bond. The receipt must match the task and shard and be proven
+    /// under the shard's result commitment. The current epoch's committee judges it.
+    /// Freezes the shard. Emits {DisputeOpened}.
     /// @param taskId The task.
     /// @param shard The shard index.
     /// @param receipt The disputed receipt.
-    /// @param minerSig The miner's EIP-712 signature over the receipt (TaskRegistry domain).
-    /// @param proof StandardMerkleTree proof of (uint256 index, receiptStructHash) under resultRoot.
+    /// @param proof Result-tree proof of the receipt (library ResultTree).
     /// @param evidenceURI Where the disputed output and evidence live.
     /// @return disputeId The new dispute's id (from 1).
     function openDispute(
         uint256 taskId,
         uint32 shard,
         Receipt calldata receipt,
-        bytes calldata minerSig,
-        bytes32[] calldata proof,
+        SumNode[] calldata proof,
         string calldata evidenceURI
     ) external payable nonReentrant returns (uint256 disputeId) {
-        if (address(taskRegistry) == address(0)) revert NotWired();
+        if (address(taskRegistry) == address(0) || address(committee) == address(0)) revert NotWired();
         if (msg.value < minBond || msg.value == 0) revert InsufficientBond(minBond, msg.value);
-        address miner = _checkDispute(taskId, shard, receipt, minerSig, proof);
+        (Task memory t, Shard memory s) = _checkChallenger(taskId, shard);
+        _checkReceipt(taskId, shard, t, s, receipt, proof, true);
+        uint256 epoch = committee.currentEpoch();
+        uint256 total = committee.totalWeightAt(epoch);
+        if (total == 0) revert NoCommittee(epoch);
 
         disputeId = ++disputeCount;
         Dispute storage d = _disputes[disputeId];
@@ -198,59 +334,60 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         d.shard = shard;
         d.status = DisputeStatus.Open;
         d.opener = msg.sender;
-        d.miner = miner;
+        d.miner = s.miner;
         d.bond = msg.value;
         d.openedAt = uint64(block.timestamp);
         d.deadline = uint64(block.timestamp) + disputeTimeout;
+        d.epoch = uint64(epoch);
+        d.totalWeight = total;
         d.receipt = receipt;
         d.evidenceURI = evidenceURI;
         _emitOpened(disputeId, d);
         taskRegistry.markDisputed(taskId, shard);
     }
 
-    /// @notice Resolves an open dispute before its deadline with a quorum of committee votes:
-    /// EIP-712 `Vote(disputeId, minerAtFault)` signatures, signers strictly ascending by address.
+    /// @notice Records committee votes on an open dispute: EIP-712 `Vote(disputeId,
+    /// minerAtFault)` signatures of members of the dispute's committee, signers strictly
+    /// ascending by address. Signers who already voted are skipped. As soon as one verdict
+    /// holds more than two thirds of the committee's weight the dispute is resolved. Anyone may
+    /// submit. Emits {VoteCast} per new vote (and {DisputeResolved}).
     /// @param disputeId The dispute.
     /// @param minerAtFault The verdict the signatures vote for.
     /// @param sigs Member signatures.
-    function resolve(uint256 disputeId, bool minerAtFault, bytes[] calldata sigs) external nonReentrant {
+    /// @return resolved True when these votes settled the dispute.
+    function castVotes(uint256 disputeId, bool minerAtFault, bytes[] calldata sigs)
+        external
+        nonReentrant
+        returns (bool resolved)
+    {
         Dispute storage d = _dispute(disputeId);
         if (d.status != DisputeStatus.Open) revert DisputeNotOpen(d.status);
         if (block.timestamp >= d.deadline) revert DisputeDeadlinePassed(d.deadline);
-        address[] memory voters = SigLib.recoverSorted(hashVote(disputeId, minerAtFault), sigs);
-        for (uint256 i = 0; i < voters.length; ++i) {
-            if (!committee.isMember(voters[i])) revert NotCommitteeMember(voters[i]);
+        address[] memory signers = SigLib.recoverSorted(hashVote(disputeId, minerAtFault), sigs);
+        Ballot ballot = minerAtFault ? Ballot.Fault : Ballot.NoFault;
+        uint256 added = 0;
+        uint256 fresh = 0;
+        for (uint256 i = 0; i < signers.length; ++i) {
+            address member = signers[i];
+            uint256 w = committee.weightAt(member, d.epoch);
+            if (w == 0) revert NotCommitteeMember(member);
+            if (_ballots[disputeId][member] != Ballot.None) continue;
+            _ballots[disputeId][member] = ballot;
+            _voters[disputeId][minerAtFault].push(member);
+            added += w;
+            ++fresh;
+            emit VoteCast(disputeId, member, minerAtFault, w);
         }
-        uint256 q = committee.quorum();
-        if (voters.length < q) revert QuorumNotReached(q, voters.length);
-
-        d.status = minerAtFault ? DisputeStatus.MinerAtFault : DisputeStatus.MinerNotAtFault;
-        (address miner, uint256 collateral, address client) =
-            taskRegistry.resolveDispute(d.taskId, d.shard, minerAtFault);
-        uint256 bond = d.bond;
-        uint256 n = voters.length;
-        if (minerAtFault) {
-            uint256 slashAmount = collateral * faultSlashBps / BPS;
-            uint256 each = slashAmount * verifierRewardBps / BPS / n;
-            uint256 slashed = 0;
-            for (uint256 i = 0; i < n; ++i) {
-                slashed += gpuRegistry.slash(miner, each, voters[i]);
-            }
-            slashed += gpuRegistry.slash(miner, slashAmount - each * n, client);
-            emit DisputeResolved(disputeId, true, voters, slashed);
-            escrow.credit{value: bond}(d.opener);
-        } else {
-            uint256 toMiner = bond * minerBondShareBps / BPS;
-            uint256 each = (bond - toMiner) / n;
-            emit DisputeResolved(disputeId, false, voters, 0);
-            for (uint256 i = 0; i < n; ++i) {
-                escrow.credit{value: each}(voters[i]);
-            }
-            escrow.credit{value: bond - each * n}(miner);
+        if (fresh == 0) revert NoNewVotes(disputeId);
+        uint256 tally = minerAtFault ? (d.faultWeight += added) : (d.noFaultWeight += added);
+        if (tally * 3 > d.totalWeight * 2) {
+            _resolve(disputeId, d, minerAtFault);
+            return true;
         }
+        return false;
     }
 
-    /// @notice Ends a dispute that no quorum resolved by its deadline: no fault, the bond goes
+    /// @notice Ends a dispute that no verdict settled by its deadline: no fault, the bond goes
     /// back to the opener and the shard can be finalized. Anyone may call.
     /// @param disputeId The dispute.
     function expireDispute(uint256 disputeId) external nonReentrant {
@@ -259,8 +396,132 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         if (block.timestamp < d.deadline) revert DisputeNotExpired(d.deadline);
         d.status = DisputeStatus.Expired;
         emit DisputeExpired(disputeId);
-        taskRegistry.resolveDispute(d.taskId, d.shard, false);
+        taskRegistry.resolveDispute(d.taskId, d.shard, false, uint64(block.timestamp));
         escrow.credit{value: d.bond}(d.opener);
+    }
+
+    /// @notice Reports members of an expired dispute's committee that cast no vote: each loses
+    /// its seat and, past the committee's strike limit, part of its stake to the dispute's
+    /// opener (VerifierCommittee.penalizeAbsence). Anyone may call; each member once per dispute.
+    /// @param disputeId An expired dispute.
+    /// @param absent Members of its committee without a recorded vote.
+    function reportAbsence(uint256 disputeId, address[] calldata absent) external nonReentrant {
+        Dispute storage d = _dispute(disputeId);
+        if (d.status != DisputeStatus.Expired) revert DisputeNotExpiredStatus(d.status);
+        for (uint256 i = 0; i < absent.length; ++i) {
+            address member = absent[i];
+            if (committee.weightAt(member, d.epoch) == 0) revert NotCommitteeMember(member);
+            if (_ballots[disputeId][member] != Ballot.None) revert NotAbsent(member);
+            _ballots[disputeId][member] = Ballot.Absent;
+            uint256 slashed = committee.penalizeAbsence(member, d.opener);
+            emit AbsenceReported(disputeId, member, slashed);
+        }
+    }
+
+    // ------------------------------------------------------------------ availability
+
+    /// @notice Challenges a Submitted shard, inside its window, to show the receipt of request
+    /// `index` on-chain within `responseWindow`, with `msg.value` (>= minAvailabilityBond) as
+    /// bond. Client or arbiter only; at most MAX_AVAILABILITY_CHALLENGES per shard. Freezes the
+    /// shard. Emits {AvailabilityChallenged}.
+    /// @return challengeId The new challenge's id (from 1).
+    function challengeAvailability(uint256 taskId, uint32 shard, uint32 index)
+        external
+        payable
+        nonReentrant
+        returns (uint256 challengeId)
+    {
+        if (address(taskRegistry) == address(0)) revert NotWired();
+        if (msg.value < minAvailabilityBond) revert InsufficientBond(minAvailabilityBond, msg.value);
+        (, Shard memory s) = _checkChallenger(taskId, shard);
+        (uint32 start, uint32 end) = taskRegistry.shardRange(taskId, shard);
+        if (index < start || index >= end) revert IndexNotInShard(index, start, end);
+        uint8 count = availabilityChallengesOf[taskId][shard];
+        if (count >= MAX_AVAILABILITY_CHALLENGES) revert TooManyChallenges(MAX_AVAILABILITY_CHALLENGES);
+        availabilityChallengesOf[taskId][shard] = count + 1;
+
+        challengeId = ++challengeCount;
+        AvailabilityChallenge storage c = _challenges[challengeId];
+        c.taskId = taskId;
+        c.shard = shard;
+        c.index = index;
+        c.status = ChallengeStatus.Open;
+        c.challenger = msg.sender;
+        c.miner = s.miner;
+        c.bond = msg.value;
+        c.openedAt = uint64(block.timestamp);
+        c.deadline = uint64(block.timestamp) + responseWindow;
+        emit AvailabilityChallenged(challengeId, taskId, shard, index, msg.sender, s.miner, msg.value, c.deadline);
+        taskRegistry.markDisputed(taskId, shard);
+    }
+
+    /// @notice Answers an open availability challenge with the receipt of the challenged
+    /// request and its result-tree proof (calldata only; the output stays off-chain, bound by
+    /// `outputHash`). Anyone may answer; the bond goes to the shard's miner. The shard unfreezes
+    /// with its window extended by the challenge's duration (at least `responseWindow` left).
+    /// Emits {AvailabilityAnswered}, which carries what an ordinary dispute needs.
+    function answerAvailability(uint256 challengeId, Receipt calldata receipt, SumNode[] calldata proof)
+        external
+        nonReentrant
+    {
+        AvailabilityChallenge storage c = _challenge(challengeId);
+        if (c.status != ChallengeStatus.Open) revert ChallengeNotOpen(c.status);
+        if (block.timestamp >= c.deadline) revert ResponseWindowClosed(c.deadline);
+        if (receipt.index != c.index) revert ReceiptMismatch();
+        Task memory t = taskRegistry.getTask(c.taskId);
+        Shard memory s = taskRegistry.getShard(c.taskId, c.shard);
+        _checkReceipt(c.taskId, c.shard, t, s, receipt, proof, true);
+        c.status = ChallengeStatus.Answered;
+        uint64 windowEnd = s.windowEnd + (uint64(block.timestamp) - c.openedAt);
+        uint64 least = uint64(block.timestamp) + responseWindow;
+        if (windowEnd < least) windowEnd = least;
+        emit AvailabilityAnswered(challengeId, c.taskId, c.shard, c.index, receipt, proof, windowEnd);
+        taskRegistry.resolveDispute(c.taskId, c.shard, false, windowEnd);
+        escrow.credit{value: c.bond}(c.miner);
+    }
+
+    /// @notice Settles an availability challenge left unanswered past its deadline as a fault:
+    /// the client gets the shard budget back and the slash, the challenger its bond. Anyone may
+    /// call. Emits {AvailabilityUnanswered}.
+    function settleUnanswered(uint256 challengeId) external nonReentrant {
+        AvailabilityChallenge storage c = _challenge(challengeId);
+        if (c.status != ChallengeStatus.Open) revert ChallengeNotOpen(c.status);
+        if (block.timestamp < c.deadline) revert ResponseWindowOpen(c.deadline);
+        c.status = ChallengeStatus.Unanswered;
+        uint256 slashed = _settleFault(c.taskId, c.shard, new address[](0));
+        emit AvailabilityUnanswered(challengeId, c.taskId, c.shard, slashed);
+        escrow.credit{value: c.bond}(c.challenger);
+    }
+
+    // ------------------------------------------------------------------ billing
+
+    /// @notice Proves on-chain that a receipt under a Submitted shard's commitment over-bills:
+    /// it claims more output tokens than a request may have, or its output (the token ids and
+    /// text hash that hash to its `outputHash`) has another number of tokens than it bills.
+    /// Settled at once as a fault, without the committee. Client or arbiter, inside the window.
+    /// Emits {BillingFaultProven}.
+    /// @param receipt A receipt of the shard.
+    /// @param proof Its result-tree proof.
+    /// @param textHash keccak256 of the output's UTF-8 text (ignored for a too-large count).
+    /// @param tokenIds The output's token ids (ignored for a too-large count).
+    function proveBillingFault(
+        uint256 taskId,
+        uint32 shard,
+        Receipt calldata receipt,
+        SumNode[] calldata proof,
+        bytes32 textHash,
+        uint32[] calldata tokenIds
+    ) external nonReentrant {
+        (Task memory t, Shard memory s) = _checkChallenger(taskId, shard);
+        _checkReceipt(taskId, shard, t, s, receipt, proof, false);
+        if (receipt.outputTokens <= t.maxTokensPerRequest) {
+            bytes32 h = keccak256(abi.encode(textHash, keccak256(abi.encodePacked(tokenIds))));
+            if (h != receipt.outputHash) revert OutputHashMismatch();
+            if (tokenIds.length == receipt.outputTokens) revert NoBillingFault();
+        }
+        taskRegistry.markDisputed(taskId, shard);
+        uint256 slashed = _settleFault(taskId, shard, new address[](0));
+        emit BillingFaultProven(taskId, shard, receipt.index, msg.sender, slashed);
     }
 
     // ------------------------------------------------------------------ views
@@ -268,6 +529,21 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     /// @notice The dispute (reverts {UnknownDispute} for an unknown id).
     function getDispute(uint256 disputeId) external view returns (Dispute memory) {
         return _dispute(disputeId);
+    }
+
+    /// @notice What `member` did about `disputeId`.
+    function ballotOf(uint256 disputeId, address member) external view returns (Ballot) {
+        return _ballots[disputeId][member];
+    }
+
+    /// @notice The members who voted `minerAtFault` on `disputeId`, in the order recorded.
+    function votersOf(uint256 disputeId, bool minerAtFault) external view returns (address[] memory) {
+        return _voters[disputeId][minerAtFault];
+    }
+
+    /// @notice The availability challenge (reverts {UnknownChallenge} for an unknown id).
+    function getChallenge(uint256 challengeId) external view returns (AvailabilityChallenge memory) {
+        return _challenge(challengeId);
     }
 
     /// @notice EIP-712 digest of `Vote(disputeId, minerAtFault)` in this domain.
@@ -280,38 +556,107 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         return _domainSeparatorV4();
     }
 
-    /// @notice The result-tree leaf of a receipt: OpenZeppelin StandardMerkleTree's leaf for
-    /// the value (uint256 index, bytes32 receiptStructHash).
-    function receiptLeaf(Receipt calldata receipt) public view returns (bytes32) {
-        bytes32 structHash = taskRegistry.receiptStructHash(receipt);
-        return keccak256(bytes.concat(keccak256(abi.encode(uint256(receipt.index), structHash))));
+    /// @notice True when `proof` proves `receipt` under the shard's result commitment
+    /// (`resultRoot`, `tokensUsed`) and the receipt belongs to the shard.
+    function proves(uint256 taskId, uint32 shard, Receipt calldata receipt, SumNode[] calldata proof)
+        external
+        view
+        returns (bool)
+    {
+        Task memory t = taskRegistry.getTask(taskId);
+        Shard memory s = taskRegistry.getShard(taskId, shard);
+        (uint32 start, uint32 end) = taskRegistry.shardRange(taskId, shard);
+        return _belongs(taskId, shard, t.modelId, start, end, receipt) && _proven(s, start, end, receipt, proof);
+    }
+
+    /// @notice The result-tree leaf hash of a receipt (its sum is `receipt.outputTokens`).
+    function receiptLeaf(Receipt calldata receipt) external pure returns (bytes32) {
+        return ResultTree.leafHash(receipt.index, Receipts.structHash(receipt));
     }
 
     // ------------------------------------------------------------------ internal
 
-    function _checkDispute(
-        uint256 taskId,
-        uint32 shard,
-        Receipt calldata receipt,
-        bytes calldata minerSig,
-        bytes32[] calldata proof
-    ) private view returns (address miner) {
-        Task memory t = taskRegistry.getTask(taskId);
+    /// @dev The caller is the task's client or arbiter, and the shard is Submitted inside its window.
+    function _checkChallenger(uint256 taskId, uint32 shard) private view returns (Task memory t, Shard memory s) {
+        t = taskRegistry.getTask(taskId);
         if (msg.sender != t.client && (t.arbiter == address(0) || msg.sender != t.arbiter)) {
             revert NotClientOrArbiter(msg.sender);
         }
-        Shard memory s = taskRegistry.getShard(taskId, shard);
+        s = taskRegistry.getShard(taskId, shard);
         if (s.state != ShardState.Submitted) revert ShardNotSubmitted(s.state);
         if (block.timestamp >= s.windowEnd) revert OutsideWindow(s.windowEnd);
+    }
+
+    /// @dev The receipt belongs to the shard and is proven under its (resultRoot, tokensUsed);
+    /// with `capTokens`, it also bills at most `maxTokensPerRequest`.
+    function _checkReceipt(
+        uint256 taskId,
+        uint32 shard,
+        Task memory t,
+        Shard memory s,
+        Receipt calldata receipt,
+        SumNode[] calldata proof,
+        bool capTokens
+    ) private view {
         (uint32 start, uint32 end) = taskRegistry.shardRange(taskId, shard);
-        if (
-            receipt.taskId != taskId || receipt.shard != shard || receipt.modelId != t.modelId
-                || receipt.index < start || receipt.index >= end
-        ) revert ReceiptMismatch();
-        address signer = SigLib.recover(taskRegistry.hashReceipt(receipt), minerSig);
-        if (signer != s.miner) revert InvalidMinerSignature(signer, s.miner);
-        if (!MerkleProof.verifyCalldata(proof, s.resultRoot, receiptLeaf(receipt))) revert InvalidProof();
-        return s.miner;
+        if (!_belongs(taskId, shard, t.modelId, start, end, receipt)) revert ReceiptMismatch();
+        if (capTokens && receipt.outputTokens > t.maxTokensPerRequest) {
+            revert TooManyOutputTokens(t.maxTokensPerRequest, receipt.outputTokens);
+        }
+        if (!_proven(s, start, end, receipt, proof)) revert InvalidProof();
+    }
+
+    function _belongs(uint256 taskId, uint32 shard, bytes32 modelId, uint32 start, uint32 end, Receipt calldata r)
+        private
+        pure
+        returns (bool)
+    {
+        return r.taskId == taskId && r.shard == shard && r.modelId == modelId && r.index >= start && r.index < end;
+    }
+
+    function _proven(Shard memory s, uint32 start, uint32 end, Receipt calldata r, SumNode[] calldata proof)
+        private
+        pure
+        returns (bool)
+    {
+        bytes32 leaf = ResultTree.leafHash(r.index, Receipts.structHash(r));
+        return ResultTree.verify(s.resultRoot, s.tokensUsed, r.index - start, end - start, leaf, r.outputTokens, proof);
+    }
+
+    function _resolve(uint256 disputeId, Dispute storage d, bool minerAtFault) private {
+        d.status = minerAtFault ? DisputeStatus.MinerAtFault : DisputeStatus.MinerNotAtFault;
+        address[] memory voters = _voters[disputeId][minerAtFault];
+        uint256 bond = d.bond;
+        if (minerAtFault) {
+            uint256 slashed = _settleFault(d.taskId, d.shard, voters);
+            emit DisputeResolved(disputeId, true, voters, slashed);
+            escrow.credit{value: bond}(d.opener);
+        } else {
+            (address miner,,) = taskRegistry.resolveDispute(d.taskId, d.shard, false, uint64(block.timestamp));
+            uint256 n = voters.length;
+            uint256 each = (bond - bond * minerBondShareBps / BPS) / n;
+            emit DisputeResolved(disputeId, false, voters, 0);
+            for (uint256 i = 0; i < n; ++i) {
+                escrow.credit{value: each}(voters[i]);
+            }
+            escrow.credit{value: bond - each * n}(miner);
+        }
+    }
+
+    /// @dev Settles a frozen shard as the miner's fault: the client gets the shard budget back
+    /// (TaskRegistry), and `collateral * faultSlashBps` of the miner's stake is slashed, with
+    /// `verifierRewardBps` of it split equally among `voters` and the rest to the client.
+    /// @return slashed The stake actually taken.
+    function _settleFault(uint256 taskId, uint32 shard, address[] memory voters) private returns (uint256 slashed) {
+        (address miner, uint256 collateral, address client) =
+            taskRegistry.resolveDispute(taskId, shard, true, uint64(block.timestamp));
+        uint256 slashAmount = collateral * faultSlashBps / BPS;
+        uint256 n = voters.length;
+        uint256 each = n == 0 ? 0 : slashAmount * verifierRewardBps / BPS / n;
+        for (uint256 i = 0; i < n; ++i) {
+            slashed += gpuRegistry.slash(miner, each, voters[i]);
+        }
+        slashed += gpuRegistry.slash(miner, slashAmount - each * n, client);
     }
 
     function _emitOpened(uint256 disputeId, Dispute storage d) private {
@@ -325,6 +670,11 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         if (d.status == DisputeStatus.None) revert UnknownDispute(disputeId);
     }
 
+    function _challenge(uint256 challengeId) private view returns (AvailabilityChallenge storage c) {
+        c = _challenges[challengeId];
+        if (c.status == ChallengeStatus.None) revert UnknownChallenge(challengeId);
+    }
+
     function _setParams(uint256 minBond_, uint64 timeout, uint16 fBps, uint16 vBps, uint16 mBps) private {
         if (fBps > BPS) revert InvalidBps(fBps);
         if (vBps > BPS) revert InvalidBps(vBps);
@@ -335,5 +685,12 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         verifierRewardBps = vBps;
         minerBondShareBps = mBps;
         emit ParamsSet(minBond_, timeout, fBps, vBps, mBps);
+    }
+
+    function _setAvailabilityParams(uint256 bond, uint64 window) private {
+        if (bond == 0) revert InsufficientBond(1, 0);
+        minAvailabilityBond = bond;
+        responseWindow = window;
+        emit AvailabilityParamsSet(bond, window);
     }
 }

@@ -25,14 +25,25 @@ struct MinerInfo {
     GpuSpec gpu;
     uint64 exitRequestedAt;
     bool active;
+    /// @dev True from registration until `probationEpochs` consecutive passing reports.
+    bool onProbation;
+    /// @dev Consecutive committee reports at or above `probationPassBps` while on probation.
+    uint16 passedEpochs;
 }
 
 /// @title GPURegistry
 /// @notice Miners: staked registration, served models, collateral locked by open shards,
-/// slashing and committee-written reputation.
+/// slashing, committee-written reputation and probation.
 /// @dev Slashed wei always goes to PaymentEscrow.credit for the named beneficiary, so it is
 /// pulled like every other payment. Stake locked as collateral (an open shard, or a shard
 /// under dispute, whose collateral stays locked until the dispute resolves) cannot leave.
+///
+/// Identities are not free: every registration, a fresh key's or one re-registering after a
+/// withdrawal, starts on probation. A miner on probation may claim only tasks whose client
+/// opted in (`allowProbation`, which the committee's challenge tasks set); it leaves probation
+/// after `probationEpochs` consecutive committee reports at or above `probationPassBps`.
+/// Only externally owned accounts may register: receipts are checked with ECDSA, and a
+/// contract account could not sign them (ERC-1271 is not accepted, see the README).
 contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     /// @notice Most models one miner may list.
     uint256 public constant MAX_MODELS = 16;
@@ -47,6 +58,11 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     uint16 public initialReputationBps;
     /// @notice Miners below this reputation are untrusted and never eligible.
     uint16 public untrustedBelowBps = 4000;
+    /// @notice Consecutive passing committee reports that end a new miner's probation
+    /// (0: no probation).
+    uint16 public probationEpochs = 3;
+    /// @notice Least reported reputation that counts as a passing epoch on probation.
+    uint16 public probationPassBps = 6000;
 
     address public taskRegistry;
     address public arbitration;
@@ -78,6 +94,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     event CollateralUnlocked(address indexed miner, uint256 amount, uint256 locked);
     event Slashed(address indexed miner, uint256 amount, address indexed beneficiary, address indexed by);
     event ReputationSet(address indexed miner, uint16 bps);
+    event ProbationParamsSet(uint16 epochs, uint16 passBps);
+    /// @notice `miner` passed probation and may claim every task its reputation allows.
+    event ProbationEnded(address indexed miner);
 
     error Unauthorized(address caller);
     error NotWired();
@@ -100,6 +119,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     error InsufficientFreeStake(uint256 free, uint256 requested);
     error UnlockExceedsLocked(uint256 locked, uint256 requested);
     error InvalidBps(uint256 bps);
+    /// @notice Only externally owned accounts may register (receipts need ECDSA signatures).
+    error ContractAccount(address account);
 
     /// @param minStake_ Least stake (wei) to register.
     /// @param unbondingPeriod_ Seconds from {requestExit} to {withdrawStake}.
@@ -168,9 +189,19 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         emit InitialReputationSet(v);
     }
 
+    /// @notice Sets probation: `epochs` consecutive committee reports at or above `passBps`
+    /// end it (applies to miners already on probation too; 0 epochs disables it for new ones).
+    function setProbation(uint16 epochs, uint16 passBps) external onlyOwner {
+        if (passBps > BPS) revert InvalidBps(passBps);
+        probationEpochs = epochs;
+        probationPassBps = passBps;
+        emit ProbationParamsSet(epochs, passBps);
+    }
+
     // ------------------------------------------------------------------ miners
 
-    /// @notice Registers the caller as a miner with `msg.value` as stake.
+    /// @notice Registers the caller as a miner with `msg.value` as stake, on probation (see
+    /// the contract's notice). Externally owned accounts only.
     /// @param modelIds Models served (1..16, distinct).
     /// @param gpu GPU description (count and memory must be non-zero).
     /// @param endpoint Where clients and the market reach the miner.
@@ -179,6 +210,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         external
         payable
     {
+        // solhint-disable-next-line avoid-tx-origin
+        if (msg.sender != tx.origin) revert ContractAccount(msg.sender);
         MinerInfo storage m = _miners[msg.sender];
         if (m.active) revert AlreadyRegistered(msg.sender);
         if (msg.value == 0 || msg.value < minStake) revert InsufficientStake(minStake, msg.value);
@@ -189,6 +222,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         m.pricePerToken = pricePerToken;
         m.exitRequestedAt = 0;
         m.active = true;
+        m.onProbation = probationEpochs > 0;
+        m.passedEpochs = 0;
         emit MinerRegistered(msg.sender, modelIds, gpu, endpoint, pricePerToken, msg.value);
     }
 
@@ -288,7 +323,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         escrow.credit{value: slashed}(beneficiary);
     }
 
-    /// @notice Writes `miner`'s reputation. VerifierCommittee only.
+    /// @notice Writes `miner`'s reputation from one epoch's committee report, and counts the
+    /// epoch towards the end of its probation (a report below `probationPassBps` restarts the
+    /// count). VerifierCommittee only; reports arrive in epoch order, one per epoch.
     function setReputation(address miner, uint16 bps) external {
         if (msg.sender != committee || msg.sender == address(0)) revert Unauthorized(msg.sender);
         if (bps > BPS) revert InvalidBps(bps);
@@ -296,19 +333,37 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         if (!m.active) revert NotRegistered(miner);
         m.reputationBps = bps;
         emit ReputationSet(miner, bps);
+        if (m.onProbation) {
+            if (bps < probationPassBps) {
+                m.passedEpochs = 0;
+            } else if (++m.passedEpochs >= probationEpochs) {
+                m.onProbation = false;
+                emit ProbationEnded(miner);
+            }
+        }
     }
 
     // ------------------------------------------------------------------ views
 
     /// @notice True when `miner` may claim work for `modelId` at reputation floor `minRepBps`:
-    /// registered, not exiting, stake >= minStake, serves the model, and reputation at least
-    /// `max(minRepBps, untrustedBelowBps)`.
-    function isEligible(address miner, bytes32 modelId, uint16 minRepBps) external view returns (bool) {
+    /// registered, not exiting, stake >= minStake, serves the model, reputation at least
+    /// `max(minRepBps, untrustedBelowBps)`, and not on probation unless `allowProbation`.
+    function isEligible(address miner, bytes32 modelId, uint16 minRepBps, bool allowProbation)
+        external
+        view
+        returns (bool)
+    {
         MinerInfo storage m = _miners[miner];
         if (!m.active || m.exitRequestedAt != 0 || m.stake < minStake) return false;
+        if (m.onProbation && !allowProbation) return false;
         if (!_serves[miner][modelId]) return false;
         uint16 floor = minRepBps > untrustedBelowBps ? minRepBps : untrustedBelowBps;
         return m.reputationBps >= floor;
+    }
+
+    /// @notice True while `miner` is on probation (see the contract's notice).
+    function onProbation(address miner) external view returns (bool) {
+        return _miners[miner].onProbation;
     }
 
     /// @notice True when `miner` is registered (possibly exiting).

@@ -4,7 +4,7 @@ pragma solidity ^0.8.24;
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
-import {Receipt} from "./lib/QuarryTypes.sol";
+import {Receipt, Receipts, RECEIPT_TYPEHASH as RECEIPT_TYPE} from "./lib/QuarryTypes.sol";
 import {ITaskRegistry, Task, Shard, ShardState} from "./interfaces/ITaskRegistry.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
@@ -21,14 +21,16 @@ import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 ///   3. `TaskRegistry(collateralBps, claimTimeout, challengeWindow, reclaimPenaltyBps)`
 ///   4. `VerifierCommittee(minVerifierStake, unbondingPeriod, epochDuration, genesisTime)`
 ///      (genesisTime 0 means the deploy block's timestamp)
-///   5. `Arbitration(minBond, disputeTimeout, faultSlashBps, verifierRewardBps, minerBondShareBps)`
+///   5. `Arbitration(minBond, disputeTimeout, faultSlashBps, verifierRewardBps, minerBondShareBps,
+///      minAvailabilityBond, responseWindow)`
 ///   then:
 ///   - escrow.setTaskRegistry(task), escrow.setArbitration(arb), escrow.setGPURegistry(gpu),
 ///     escrow.setCommittee(committee)
 ///   - gpu.setTaskRegistry(task), gpu.setArbitration(arb), gpu.setCommittee(committee),
 ///     gpu.setEscrow(escrow)
 ///   - task.setGPURegistry(gpu), task.setEscrow(escrow), task.setArbitration(arb)
-///   - committee.setGPURegistry(gpu), committee.setEscrow(escrow) (treasury defaults to the owner)
+///   - committee.setGPURegistry(gpu), committee.setEscrow(escrow), committee.setArbitration(arb)
+///     (treasury defaults to the owner)
 ///   - arb.setTaskRegistry(task), arb.setGPURegistry(gpu), arb.setCommittee(committee),
 ///     arb.setEscrow(escrow)
 ///
@@ -37,9 +39,7 @@ import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 /// pricePerToken`; the budgets add up to the payment exactly.
 contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     /// @notice EIP-712 type hash of {Receipt}.
-    bytes32 public constant RECEIPT_TYPEHASH = keccak256(
-        "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"
-    );
+    bytes32 public constant RECEIPT_TYPEHASH = RECEIPT_TYPE;
     /// @notice 100% in basis points.
     uint16 public constant BPS = 10_000;
     /// @notice Hard cap on shards per task, so every per-task computation stays gas-bounded.
@@ -81,7 +81,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         uint32 shardSize,
         uint32 numShards,
         uint256 payment,
-        uint64 deadline
+        uint64 deadline,
+        bool allowProbation
     );
     event ShardClaimed(
         uint256 indexed taskId, uint32 indexed shard, address indexed miner, uint64 claimExpiry, uint256 collateral
@@ -210,6 +211,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     /// @param deadline After it no shard is claimed and unfinished shards are refunded.
     /// @param minReputationBps Least miner reputation to claim (the untrusted floor also applies).
     /// @param arbiter Optional address allowed to dispute on the client's behalf (zero: none).
+    /// @param allowProbation Whether miners on probation may claim (GPURegistry's notice).
     /// @return taskId The new task's id (from 1).
     function createTask(
         bytes32 modelId,
@@ -221,7 +223,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         uint256 pricePerToken,
         uint64 deadline,
         uint16 minReputationBps,
-        address arbiter
+        address arbiter,
+        bool allowProbation
     ) external payable nonReentrant returns (uint256 taskId) {
         if (address(escrow) == address(0) || address(gpuRegistry) == address(0)) revert NotWired();
         if (numRequests == 0) revert ZeroRequests();
@@ -250,6 +253,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         t.deadline = deadline;
         t.createdAt = uint64(block.timestamp);
         t.minReputationBps = minReputationBps;
+        t.allowProbation = allowProbation;
         _emitCreated(taskId, t, expected);
         escrow.deposit{value: msg.value}(taskId);
     }
@@ -301,7 +305,9 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         ShardState st = _stateOf(t, s);
         if (st != ShardState.Open) revert ShardNotOpen(st);
         if (block.timestamp >= t.deadline) revert DeadlinePassed(t.deadline);
-        if (!gpuRegistry.isEligible(msg.sender, t.modelId, t.minReputationBps)) revert NotEligible(msg.sender);
+        if (!gpuRegistry.isEligible(msg.sender, t.modelId, t.minReputationBps, t.allowProbation)) {
+            revert NotEligible(msg.sender);
+        }
         uint256 budget = _budget(t, shard);
         uint256 collateral = budget * collateralBps / BPS;
         uint64 expiry = uint64(block.timestamp) + claimTimeout;
@@ -315,11 +321,16 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     }
 
     /// @notice Submits the shard's result before the claim expires and opens the challenge window.
+    /// @dev `(resultRoot, tokensUsed)` is the root of the shard's result tree (library
+    /// ResultTree): a Merkle sum tree over its receipts in index order whose root sum is the
+    /// tokens billed. Arbitration checks every receipt against both, so a miner that bills more
+    /// than its receipts hold cannot prove any receipt and loses an availability challenge.
     /// @param taskId The task.
     /// @param shard The shard index.
-    /// @param resultRoot StandardMerkleTree root over (uint256 index, bytes32 receiptStructHash).
+    /// @param resultRoot The result tree's root hash.
     /// @param resultURI Where outputs and signed receipts live.
-    /// @param tokensUsed Output tokens billed (<= shard requests * maxTokensPerRequest).
+    /// @param tokensUsed The result tree's root sum: output tokens billed (<= shard requests *
+    /// maxTokensPerRequest).
     function submitResult(uint256 taskId, uint32 shard, bytes32 resultRoot, string calldata resultURI, uint64 tokensUsed)
         external
         nonReentrant
@@ -383,7 +394,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
 
     // ------------------------------------------------------------------ Arbitration hooks
 
-    /// @notice Freezes a Submitted shard inside its window. Arbitration only.
+    /// @notice Freezes a Submitted shard inside its window (a dispute or an availability
+    /// challenge). Arbitration only.
     function markDisputed(uint256 taskId, uint32 shard) external onlyArbitration {
         Task storage t = _task(taskId);
         Shard storage s = _shard(taskId, t, shard);
@@ -393,14 +405,15 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         emit ShardDisputed(taskId, shard);
     }
 
-    /// @notice Ends a dispute. Fault: the shard is Refunded, its whole budget goes back to the
-    /// client and the collateral is unlocked (Arbitration slashes it in the same transaction).
-    /// No fault: the shard returns to Submitted with its window closed, so it can be finalized
-    /// at once. Arbitration only.
+    /// @notice Unfreezes a shard. Fault: the shard is Refunded, its whole budget goes back to
+    /// the client and the collateral is unlocked (Arbitration slashes it in the same
+    /// transaction). No fault: the shard returns to Submitted with its window ending at
+    /// `windowEnd` (now after a verdict, so it can be finalized at once; later after an
+    /// answered availability challenge, so the client can still dispute). Arbitration only.
     /// @return miner The shard's miner.
     /// @return collateral The shard's collateral (unlocked on fault, still locked otherwise).
     /// @return client The task's client.
-    function resolveDispute(uint256 taskId, uint32 shard, bool minerAtFault)
+    function resolveDispute(uint256 taskId, uint32 shard, bool minerAtFault, uint64 windowEnd)
         external
         onlyArbitration
         returns (address miner, uint256 collateral, address client)
@@ -421,7 +434,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             gpuRegistry.unlockCollateral(miner, collateral);
         } else {
             s.state = ShardState.Submitted;
-            s.windowEnd = uint64(block.timestamp);
+            s.windowEnd = windowEnd;
         }
     }
 
@@ -461,11 +474,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
 
     /// @notice EIP-712 struct hash of a receipt (the value the result tree commits to).
     function receiptStructHash(Receipt calldata r) public pure returns (bytes32) {
-        return keccak256(
-            abi.encode(
-                RECEIPT_TYPEHASH, r.taskId, r.shard, r.index, r.requestHash, r.outputHash, r.outputTokens, r.modelId
-            )
-        );
+        return Receipts.structHash(r);
     }
 
     /// @notice Full EIP-712 digest of a receipt under this contract's domain (what the miner signs).
@@ -501,7 +510,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             t.shardSize,
             t.numShards,
             payment,
-            t.deadline
+            t.deadline,
+            t.allowProbation
         );
     }
 

@@ -5,6 +5,8 @@ import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
+import {Checkpoints} from "@openzeppelin/contracts/utils/structs/Checkpoints.sol";
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Report, SigLib, InvalidSignature, DuplicateSigner, SignersNotSorted} from "./lib/QuarryTypes.sol";
 import {IVerifierCommittee} from "./interfaces/IVerifierCommittee.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
@@ -13,65 +15,112 @@ import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @notice Everything Quarry keeps about a verifier.
 struct VerifierInfo {
+    /// @dev Bonded wei, slashable until withdrawn.
     uint256 stake;
-    uint64 exitRequestedAt;
-    bool member;
+    /// @dev Voting weight while seated: the stake bonded at registration.
+    uint256 weight;
+    /// @dev First epoch in which the verifier votes (0: no registration).
+    uint64 activeFrom;
+    /// @dev First epoch in which it no longer votes (`type(uint64).max` while seated).
+    uint64 activeUntil;
+    /// @dev When the stake may be withdrawn (0 while seated).
+    uint64 withdrawableAt;
 }
 
 /// @title VerifierCommittee
-/// @notice Staked verifiers (at most 64), epochs and leaders, quorum-signed challenge-set
-/// commitments and reputation reports, and equivocation slashing.
+/// @notice Staked verifiers, epochs and leaders, quorum-signed challenge-set commitments and
+/// reputation reports, and the slashing of equivocating or idle members.
 /// EIP-712 domain `{name: "Quarry", version: "1", chainId, verifyingContract: this}`.
-/// @dev Epoch rules: `commitChallengeSet` accepts only `epoch == currentEpoch() + 1` (the set
-/// for e+1 is committed during e, DESIGN.md section 6); `submitReputation` accepts any
-/// `epoch <= currentEpoch()`, once per epoch. {requestExit} leaves the committee at once (the
-/// quorum shrinks), but the stake stays slashable for equivocation until {withdrawStake}.
-/// An equivocation slash takes the whole stake: half to the prover, the rest to the treasury
-/// (owner by default), both credited in PaymentEscrow.
+/// @dev Membership is decided per epoch, so no one can join to sway a decision already under
+/// way:
+/// - a join or an exit takes effect at the start of epoch `currentEpoch() + activationDelay`,
+///   and at most `churnLimit` verifiers may be activated at one epoch (Ethereum's validator
+///   churn limit);
+/// - the committee of an epoch (its snapshot) is fixed once the epoch starts: a member's weight
+///   is the stake it bonded, and a quorum is more than two thirds of the snapshot's total weight
+///   (by stake, not by head count);
+/// - when `maxMembers` seats are taken, a newcomer with more stake displaces the member with the
+///   least (top-N by stake) at the same boundary;
+/// - Arbitration may penalize a member that left an expired dispute without a vote: it loses its
+///   seat, and once it has more than `idleStrikesAllowed` strikes, `idleSlashBps` of its stake.
+/// Epoch rules: `commitChallengeSet` accepts only `epoch == currentEpoch() + 1`, signed by the
+/// current snapshot; `submitReputation` accepts only an epoch newer than the last reported one,
+/// signed by that epoch's snapshot. A verifier leaving keeps its stake bonded (slashable for
+/// equivocation and absence) for `unbondingPeriod` after its last epoch.
 contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
+    using Checkpoints for Checkpoints.Trace208;
+
     bytes32 public constant CHALLENGE_SET_TYPEHASH = keccak256("ChallengeSet(uint256 epoch,bytes32 challengeSetHash)");
     bytes32 public constant REPORT_TYPEHASH =
         keccak256("Report(uint256 epoch,address[] miners,uint16[] scoresBps,bytes32 evidenceRoot)");
-    /// @notice Hard cap on the committee size.
+    /// @notice Hard cap on the members of one epoch.
     uint256 public constant MAX_MEMBERS_CAP = 64;
+    /// @notice Hard cap on seats: the members plus verifiers whose exit has not taken effect.
+    uint256 public constant MAX_SEATS = 128;
     /// @notice Most miners in one report.
     uint256 public constant MAX_REPORT_MINERS = 256;
     uint16 public constant BPS = 10_000;
 
-    /// @notice Least stake (wei) to register as a verifier.
+    /// @notice Least stake (wei) to register.
     uint256 public minVerifierStake;
-    /// @notice Seconds from {requestExit} to {withdrawStake}.
+    /// @notice Seconds a leaving verifier's stake stays bonded after its last epoch.
     uint64 public unbondingPeriod;
     /// @notice Seconds per epoch.
     uint64 public epochDuration;
     /// @notice Start of epoch 0.
     uint64 public genesisTime;
-    /// @notice Current committee cap (<= MAX_MEMBERS_CAP).
+    /// @notice Most members of one epoch (<= MAX_MEMBERS_CAP).
     uint256 public maxMembers = MAX_MEMBERS_CAP;
+    /// @notice Epochs from a join or exit request to the boundary where it takes effect (>= 1).
+    uint64 public activationDelay = 1;
+    /// @notice Most verifiers activated at one epoch boundary (>= 1).
+    uint32 public churnLimit = 4;
+    /// @notice Absences a member may have before each further one also costs stake.
+    uint32 public idleStrikesAllowed;
+    /// @notice Share of its stake an absent member loses past `idleStrikesAllowed`.
+    uint16 public idleSlashBps = 1000;
     /// @notice Receives the non-prover half of an equivocation slash (owner when unset).
     address public treasury;
 
     IGPURegistry public gpuRegistry;
     IPaymentEscrow public escrow;
+    /// @notice May penalize members absent from an expired dispute.
+    address public arbitration;
 
     /// @notice Chain of commitments; seeds `leaderOf`.
     bytes32 public lastCommitHash;
     mapping(uint256 epoch => bytes32) public challengeSetOf;
     mapping(uint256 epoch => bool) public reported;
+    /// @notice The least epoch a report may still be submitted for (reports go in epoch order).
+    uint256 public nextReportEpoch;
+    /// @notice Verifiers activated at the start of each epoch.
+    mapping(uint256 epoch => uint32) public activations;
+    /// @notice Expired disputes each verifier left without a vote (kept across registrations).
+    mapping(address verifier => uint32) public strikesOf;
 
-    address[] private _members;
-    mapping(address => uint256) private _indexPlusOne;
+    address[] private _seats;
     mapping(address => VerifierInfo) private _verifiers;
+    Checkpoints.Trace208 private _totalWeight;
+    Checkpoints.Trace208 private _memberCount;
 
     event GPURegistrySet(address gpuRegistry);
     event EscrowSet(address escrow);
+    event ArbitrationSet(address arbitration);
     event TreasurySet(address treasury);
     event MinVerifierStakeSet(uint256 v);
     event UnbondingPeriodSet(uint64 v);
     event MaxMembersSet(uint256 v);
-    event VerifierRegistered(address indexed verifier, uint256 stake);
-    event VerifierExitRequested(address indexed verifier, uint64 withdrawableAt);
+    event MembershipParamsSet(uint64 activationDelay, uint32 churnLimit);
+    event IdlePenaltySet(uint32 strikesAllowed, uint16 slashBps);
+    /// @notice `verifier` bonded `stake` wei and votes from epoch `activeFrom` on.
+    event VerifierRegistered(address indexed verifier, uint256 stake, uint64 activeFrom);
+    /// @notice A newcomer with more stake took `verifier`'s seat from epoch `activeUntil` on.
+    event VerifierDisplaced(address indexed verifier, address indexed by, uint64 activeUntil);
+    /// @notice `verifier` votes until epoch `activeUntil` and may withdraw at `withdrawableAt`.
+    event VerifierExitRequested(address indexed verifier, uint64 activeUntil, uint64 withdrawableAt);
     event VerifierStakeWithdrawn(address indexed verifier, uint256 amount);
+    /// @notice An absence from an expired dispute cost `verifier` its seat and `slashed` wei.
+    event AbsencePenalized(address indexed verifier, uint32 strikes, uint256 slashed, address beneficiary);
     event ChallengeSetCommitted(uint256 indexed epoch, bytes32 challengeSetHash, bytes32 lastCommitHash, address[] signers);
     event ReputationSubmitted(uint256 indexed epoch, bytes32 evidenceRoot, uint256 count, address[] signers);
     /// @notice A reported miner was not registered any more; its score was not written.
@@ -79,24 +128,34 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     event Equivocation(address indexed verifier, uint256 indexed epoch, address indexed prover, uint256 slashed);
 
     error NotWired();
+    error Unauthorized(address caller);
+    /// @notice Only externally owned accounts may register (votes and reports are ECDSA-signed).
+    error ContractAccount(address account);
     error InsufficientStake(uint256 required, uint256 got);
     error AlreadyRegistered(address verifier);
     error NotMember(address account);
-    error CommitteeFull(uint256 max);
+    /// @notice Every seat is taken by a member with at least `lowestStake` (a newcomer must bond more).
+    error CommitteeFull(uint256 max, uint256 lowestStake);
+    /// @notice `limit` verifiers are already being activated at epoch `epoch`: try next epoch.
+    error ChurnLimitReached(uint256 epoch, uint256 limit);
     error NotExiting(address verifier);
     error UnbondingNotOver(uint64 withdrawableAt);
     error InvalidMaxMembers(uint256 v);
+    error InvalidMembershipParams(uint64 activationDelay, uint32 churnLimit);
+    error InvalidBps(uint256 bps);
     error ZeroEpochDuration();
     error NoMembers();
     error WrongEpoch(uint256 epoch, uint256 current);
     error AlreadyCommitted(uint256 epoch);
     error ZeroChallengeSet();
-    error AlreadyReported(uint256 epoch);
+    /// @notice Reports are accepted only for epochs from `next` on (epoch order).
+    error ReportOutOfOrder(uint256 epoch, uint256 next);
     error LengthMismatch(uint256 miners, uint256 scores);
     error TooManyMiners(uint256 max, uint256 got);
     error ScoreOutOfRange(uint256 score);
-    /// @notice A quorum signer is not a committee member.
+    /// @notice A quorum signer is not a member of the epoch's committee.
     error NotCommitteeMember(address signer);
+    /// @notice The signers hold `got` of the snapshot's weight; more than two thirds (`required`) is needed.
     error QuorumNotReached(uint256 required, uint256 got);
     error EpochMismatch(uint256 a, uint256 b);
     error SameReport();
@@ -104,7 +163,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     error NothingToSlash(address verifier);
 
     /// @param minVerifierStake_ Least stake (wei) to register.
-    /// @param unbondingPeriod_ Seconds from {requestExit} to {withdrawStake}.
+    /// @param unbondingPeriod_ Seconds a leaving verifier's stake stays bonded after its last
+    /// epoch (keep it above Arbitration's dispute timeout so absences stay punishable).
     /// @param epochDuration_ Seconds per epoch (> 0).
     /// @param genesisTime_ Start of epoch 0 (0: this block's timestamp; must not be in the future).
     constructor(uint256 minVerifierStake_, uint64 unbondingPeriod_, uint64 epochDuration_, uint64 genesisTime_)
@@ -132,6 +192,12 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         emit EscrowSet(a);
     }
 
+    /// @notice Sets Arbitration (penalizes absent members). One-time, owner only.
+    function setArbitration(address a) external onlyOwner setOnce(arbitration, a) {
+        arbitration = a;
+        emit ArbitrationSet(a);
+    }
+
     /// @notice Sets the treasury that gets the non-prover half of equivocation slashes.
     function setTreasury(address a) external onlyOwner {
         if (a == address(0)) revert ZeroAddress();
@@ -145,61 +211,117 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         emit MinVerifierStakeSet(v);
     }
 
-    /// @notice Sets the unbonding period in seconds.
+    /// @notice Sets the unbonding period in seconds (for exits requested afterwards).
     function setUnbondingPeriod(uint64 v) external onlyOwner {
         unbondingPeriod = v;
         emit UnbondingPeriodSet(v);
     }
 
-    /// @notice Sets the committee cap (current size..MAX_MEMBERS_CAP, and > 0).
+    /// @notice Sets the most members of one epoch (1..MAX_MEMBERS_CAP). Lowering it removes no
+    /// one: newcomers then displace the smallest stakes one for one.
     function setMaxMembers(uint256 v) external onlyOwner {
-        if (v == 0 || v > MAX_MEMBERS_CAP || v < _members.length) revert InvalidMaxMembers(v);
+        if (v == 0 || v > MAX_MEMBERS_CAP) revert InvalidMaxMembers(v);
         maxMembers = v;
         emit MaxMembersSet(v);
     }
 
+    /// @notice Sets the activation delay (epochs, >= 1) and the churn limit (>= 1).
+    function setMembershipParams(uint64 activationDelay_, uint32 churnLimit_) external onlyOwner {
+        if (activationDelay_ == 0 || churnLimit_ == 0) revert InvalidMembershipParams(activationDelay_, churnLimit_);
+        activationDelay = activationDelay_;
+        churnLimit = churnLimit_;
+        emit MembershipParamsSet(activationDelay_, churnLimit_);
+    }
+
+    /// @notice Sets how absences from expired disputes are punished.
+    function setIdlePenalty(uint32 strikesAllowed, uint16 slashBps) external onlyOwner {
+        if (slashBps > BPS) revert InvalidBps(slashBps);
+        idleStrikesAllowed = strikesAllowed;
+        idleSlashBps = slashBps;
+        emit IdlePenaltySet(strikesAllowed, slashBps);
+    }
+
     // ------------------------------------------------------------------ membership
 
-    /// @notice Joins the committee with `msg.value` (>= minVerifierStake) as stake.
+    /// @notice Bonds `msg.value` as stake and takes a seat from the next possible epoch
+    /// boundary (`currentEpoch() + activationDelay`). Externally owned accounts only.
+    /// @dev Reverts {ChurnLimitReached} when that boundary already activates `churnLimit`
+    /// verifiers, and {CommitteeFull} when every seat is taken by at least as much stake;
+    /// otherwise, with every seat taken, the member with the least stake is displaced at the
+    /// same boundary. Emits {VerifierRegistered} (and {VerifierDisplaced}).
     function register() external payable {
+        // solhint-disable-next-line avoid-tx-origin
+        if (msg.sender != tx.origin) revert ContractAccount(msg.sender);
         VerifierInfo storage v = _verifiers[msg.sender];
-        if (v.stake != 0 || v.member) revert AlreadyRegistered(msg.sender);
+        if (v.activeFrom != 0) revert AlreadyRegistered(msg.sender);
         if (msg.value == 0 || msg.value < minVerifierStake) revert InsufficientStake(minVerifierStake, msg.value);
-        if (_members.length >= maxMembers) revert CommitteeFull(maxMembers);
+        uint48 at = _changeEpoch();
+        if (activations[at] >= churnLimit) revert ChurnLimitReached(at, churnLimit);
+        _prune();
+        if (_memberCount.latest() >= maxMembers) {
+            (address lowest, uint256 lowestWeight) = _lowestSeat();
+            if (msg.value <= lowestWeight) revert CommitteeFull(maxMembers, lowestWeight);
+            _unseat(lowest, at);
+            emit VerifierDisplaced(lowest, msg.sender, at);
+        }
+        if (_seats.length >= MAX_SEATS) revert CommitteeFull(maxMembers, 0);
+        activations[at] += 1;
         v.stake = msg.value;
-        v.exitRequestedAt = 0;
-        v.member = true;
-        _members.push(msg.sender);
-        _indexPlusOne[msg.sender] = _members.length;
-        emit VerifierRegistered(msg.sender, msg.value);
+        v.weight = msg.value;
+        v.activeFrom = at;
+        v.activeUntil = type(uint64).max;
+        _seats.push(msg.sender);
+        _moveWeight(at, msg.value, true);
+        emit VerifierRegistered(msg.sender, msg.value, at);
     }
 
-    /// @notice Leaves the committee now; the stake can be withdrawn after `unbondingPeriod`.
+    /// @notice Leaves the committee at the next possible epoch boundary; the stake can be
+    /// withdrawn `unbondingPeriod` after that boundary. Emits {VerifierExitRequested}.
     function requestExit() external {
         VerifierInfo storage v = _verifiers[msg.sender];
-        if (!v.member) revert NotMember(msg.sender);
-        _removeMember(msg.sender);
-        v.member = false;
-        v.exitRequestedAt = uint64(block.timestamp);
-        emit VerifierExitRequested(msg.sender, uint64(block.timestamp) + unbondingPeriod);
+        if (v.activeFrom == 0 || v.activeUntil != type(uint64).max) revert NotMember(msg.sender);
+        uint48 at = _changeEpoch();
+        _unseat(msg.sender, at);
+        emit VerifierExitRequested(msg.sender, at, v.withdrawableAt);
     }
 
-    /// @notice Sends the caller its stake after the unbonding period.
+    /// @notice Sends the caller its stake after the unbonding period and clears its record.
     function withdrawStake() external nonReentrant {
         VerifierInfo storage v = _verifiers[msg.sender];
-        if (v.exitRequestedAt == 0) revert NotExiting(msg.sender);
-        uint64 at = v.exitRequestedAt + unbondingPeriod;
-        if (block.timestamp < at) revert UnbondingNotOver(at);
+        if (v.withdrawableAt == 0) revert NotExiting(msg.sender);
+        if (block.timestamp < v.withdrawableAt) revert UnbondingNotOver(v.withdrawableAt);
         uint256 amount = v.stake;
         delete _verifiers[msg.sender];
         emit VerifierStakeWithdrawn(msg.sender, amount);
         if (amount > 0) Address.sendValue(payable(msg.sender), amount);
     }
 
+    /// @notice Penalizes `verifier` for an expired dispute it did not vote on: a strike, its
+    /// seat (from the next possible boundary), and past `idleStrikesAllowed` strikes
+    /// `idleSlashBps` of its stake, credited to `beneficiary`. Arbitration only.
+    /// @return slashed The wei taken.
+    function penalizeAbsence(address verifier, address beneficiary)
+        external
+        nonReentrant
+        returns (uint256 slashed)
+    {
+        if (msg.sender != arbitration || msg.sender == address(0)) revert Unauthorized(msg.sender);
+        VerifierInfo storage v = _verifiers[verifier];
+        uint32 strikes = ++strikesOf[verifier];
+        if (v.activeFrom != 0 && v.activeUntil == type(uint64).max) _unseat(verifier, _changeEpoch());
+        if (strikes > idleStrikesAllowed) {
+            slashed = v.stake * idleSlashBps / BPS;
+            v.stake -= slashed;
+        }
+        emit AbsencePenalized(verifier, strikes, slashed, beneficiary);
+        if (slashed > 0) escrow.credit{value: slashed}(beneficiary);
+    }
+
     // ------------------------------------------------------------------ epochs
 
     /// @notice Commits the challenge set of `epoch` (must be `currentEpoch() + 1`) with a quorum
-    /// of sorted member signatures over `ChallengeSet(epoch, challengeSetHash)`. Once per epoch.
+    /// of the current snapshot's sorted member signatures over `ChallengeSet(epoch,
+    /// challengeSetHash)`. Once per epoch.
     /// @param epoch The epoch the challenges run in.
     /// @param challengeSetHash Hash of the off-chain challenge set (non-zero).
     /// @param sigs Member signatures, signers strictly ascending by address.
@@ -208,15 +330,17 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         if (epoch != cur + 1) revert WrongEpoch(epoch, cur);
         if (challengeSetHash == bytes32(0)) revert ZeroChallengeSet();
         if (challengeSetOf[epoch] != bytes32(0)) revert AlreadyCommitted(epoch);
-        address[] memory signers = _checkQuorum(hashChallengeSet(epoch, challengeSetHash), sigs);
+        address[] memory signers = _checkQuorum(hashChallengeSet(epoch, challengeSetHash), sigs, cur);
         challengeSetOf[epoch] = challengeSetHash;
         bytes32 h = keccak256(abi.encode(lastCommitHash, epoch, challengeSetHash));
         lastCommitHash = h;
         emit ChallengeSetCommitted(epoch, challengeSetHash, h, signers);
     }
 
-    /// @notice Writes a quorum-signed reputation report for `epoch` (<= currentEpoch(), once
-    /// per epoch) to GPURegistry. Miners no longer registered are skipped.
+    /// @notice Writes a reputation report for `epoch`, signed by a quorum of that epoch's
+    /// committee, to GPURegistry. `epoch` must not be in the future and must be newer than
+    /// every epoch reported before (a held-back older report can never overwrite a newer one).
+    /// Miners no longer registered are skipped.
     /// @param epoch The epoch scored.
     /// @param miners Miners scored (<= 256).
     /// @param scoresBps Their new reputations (<= 10000 each).
@@ -232,14 +356,15 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         if (address(gpuRegistry) == address(0)) revert NotWired();
         uint256 cur = currentEpoch();
         if (epoch > cur) revert WrongEpoch(epoch, cur);
-        if (reported[epoch]) revert AlreadyReported(epoch);
+        if (epoch < nextReportEpoch) revert ReportOutOfOrder(epoch, nextReportEpoch);
         if (miners.length != scoresBps.length) revert LengthMismatch(miners.length, scoresBps.length);
         if (miners.length > MAX_REPORT_MINERS) revert TooManyMiners(MAX_REPORT_MINERS, miners.length);
         for (uint256 i = 0; i < scoresBps.length; ++i) {
             if (scoresBps[i] > BPS) revert ScoreOutOfRange(scoresBps[i]);
         }
-        address[] memory signers = _checkQuorum(_hashReport(epoch, miners, scoresBps, evidenceRoot), sigs);
+        address[] memory signers = _checkQuorum(_hashReport(epoch, miners, scoresBps, evidenceRoot), sigs, epoch);
         reported[epoch] = true;
+        nextReportEpoch = epoch + 1;
         emit ReputationSubmitted(epoch, evidenceRoot, miners.length, signers);
         for (uint256 i = 0; i < miners.length; ++i) {
             if (gpuRegistry.isRegistered(miners[i])) {
@@ -251,8 +376,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     }
 
     /// @notice Slashes `verifier` for signing two different reports of the same epoch: its
-    /// whole stake, half credited to the caller and the rest to the treasury, and removes it
-    /// from the committee. Anyone may call.
+    /// whole stake, half credited to the caller and the rest to the treasury; it loses its seat
+    /// at the next possible boundary. Anyone may call.
     function proveEquivocation(
         address verifier,
         Report calldata a,
@@ -273,12 +398,7 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         uint256 amount = v.stake;
         if (amount == 0) revert NothingToSlash(verifier);
         v.stake = 0;
-        if (v.member) {
-            _removeMember(verifier);
-            v.member = false;
-            // Leaves like an exit so the (now empty) record can be cleared by withdrawStake.
-            v.exitRequestedAt = uint64(block.timestamp);
-        }
+        if (v.activeUntil == type(uint64).max) _unseat(verifier, _changeEpoch());
         uint256 toProver = amount / 2;
         emit Equivocation(verifier, a.epoch, msg.sender, amount);
         escrow.credit{value: toProver}(msg.sender);
@@ -287,27 +407,65 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
 
     // ------------------------------------------------------------------ views
 
-    /// @notice floor(2n/3) + 1 for n members.
-    function quorum() public view returns (uint256) {
-        return _members.length * 2 / 3 + 1;
+    /// @notice `verifier`'s voting weight in `epoch`'s committee (0 when not a member then).
+    function weightAt(address verifier, uint256 epoch) public view returns (uint256) {
+        VerifierInfo storage v = _verifiers[verifier];
+        if (v.activeFrom == 0 || epoch < v.activeFrom || epoch >= v.activeUntil) return 0;
+        return v.weight;
     }
 
-    /// @notice True when `account` is on the committee now.
+    /// @notice The total weight of `epoch`'s committee.
+    function totalWeightAt(uint256 epoch) public view returns (uint256) {
+        return _totalWeight.upperLookupRecent(SafeCast.toUint48(epoch));
+    }
+
+    /// @notice The number of members of `epoch`'s committee.
+    function memberCountAt(uint256 epoch) public view returns (uint256) {
+        return _memberCount.upperLookupRecent(SafeCast.toUint48(epoch));
+    }
+
+    /// @notice The least signer weight that is a quorum in `epoch`: more than 2/3 of its total.
+    function quorumWeight(uint256 epoch) public view returns (uint256) {
+        return totalWeightAt(epoch) * 2 / 3 + 1;
+    }
+
+    /// @notice True when `account` is a member of the current epoch's committee.
     function isMember(address account) external view returns (bool) {
-        return _verifiers[account].member;
+        return weightAt(account, currentEpoch()) > 0;
     }
 
-    /// @notice The committee (at most 64 addresses).
+    /// @notice The members of `epoch`'s committee, ascending by address. Exact for the current
+    /// and later epochs; for earlier ones, verifiers who have since left may be missing.
+    function membersAt(uint256 epoch) public view returns (address[] memory out) {
+        address[] memory found = new address[](_seats.length);
+        uint256 n = 0;
+        for (uint256 i = 0; i < _seats.length; ++i) {
+            address a = _seats[i];
+            if (weightAt(a, epoch) == 0) continue;
+            uint256 j = n++;
+            while (j > 0 && found[j - 1] > a) {
+                found[j] = found[j - 1];
+                --j;
+            }
+            found[j] = a;
+        }
+        out = new address[](n);
+        for (uint256 i = 0; i < n; ++i) {
+            out[i] = found[i];
+        }
+    }
+
+    /// @notice The current epoch's committee, ascending by address.
     function members() external view returns (address[] memory) {
-        return _members;
+        return membersAt(currentEpoch());
     }
 
-    /// @notice Committee size.
-    function memberCount() external view returns (uint256) {
-        return _members.length;
+    /// @notice Every verifier holding a seat or leaving one (unordered; at most MAX_SEATS).
+    function seats() external view returns (address[] memory) {
+        return _seats;
     }
 
-    /// @notice A verifier's stake and status.
+    /// @notice A verifier's stake, weight and activity span.
     function verifierInfo(address account) external view returns (VerifierInfo memory) {
         return _verifiers[account];
     }
@@ -317,11 +475,16 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         return (block.timestamp - genesisTime) / epochDuration;
     }
 
-    /// @notice `members[uint256(keccak256(abi.encode(lastCommitHash, epoch))) % n]`.
+    /// @notice When `epoch` starts.
+    function epochStart(uint256 epoch) public view returns (uint256) {
+        return genesisTime + epoch * epochDuration;
+    }
+
+    /// @notice `membersAt(epoch)[uint256(keccak256(abi.encode(lastCommitHash, epoch))) % n]`.
     function leaderOf(uint256 epoch) external view returns (address) {
-        uint256 n = _members.length;
-        if (n == 0) revert NoMembers();
-        return _members[uint256(keccak256(abi.encode(lastCommitHash, epoch))) % n];
+        address[] memory m = membersAt(epoch);
+        if (m.length == 0) revert NoMembers();
+        return m[uint256(keccak256(abi.encode(lastCommitHash, epoch))) % m.length];
     }
 
     /// @notice EIP-712 digest of `ChallengeSet(epoch, challengeSetHash)` in this domain.
@@ -359,24 +522,74 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         );
     }
 
-    function _checkQuorum(bytes32 digest, bytes[] calldata sigs) private view returns (address[] memory signers) {
+    /// @dev Recovers `sigs` (strictly ascending signers), each a member of `epoch`'s committee,
+    /// and checks that together they weigh more than two thirds of it.
+    function _checkQuorum(bytes32 digest, bytes[] calldata sigs, uint256 epoch)
+        private
+        view
+        returns (address[] memory signers)
+    {
         signers = SigLib.recoverSorted(digest, sigs);
+        uint256 weight = 0;
         for (uint256 i = 0; i < signers.length; ++i) {
-            if (!_verifiers[signers[i]].member) revert NotCommitteeMember(signers[i]);
+            uint256 w = weightAt(signers[i], epoch);
+            if (w == 0) revert NotCommitteeMember(signers[i]);
+            weight += w;
         }
-        uint256 q = quorum();
-        if (signers.length < q) revert QuorumNotReached(q, signers.length);
+        uint256 required = quorumWeight(epoch);
+        if (weight < required) revert QuorumNotReached(required, weight);
     }
 
-    function _removeMember(address account) private {
-        uint256 idx = _indexPlusOne[account] - 1;
-        uint256 last = _members.length - 1;
-        if (idx != last) {
-            address moved = _members[last];
-            _members[idx] = moved;
-            _indexPlusOne[moved] = idx + 1;
+    /// @dev The epoch at which a membership change requested now takes effect. Never earlier
+    /// than a change already scheduled, so the weight checkpoints stay in key order even after
+    /// the activation delay is lowered.
+    function _changeEpoch() private view returns (uint48) {
+        uint256 at = currentEpoch() + activationDelay;
+        (bool exists, uint48 last,) = _totalWeight.latestCheckpoint();
+        if (exists && last > at) at = last;
+        return SafeCast.toUint48(at);
+    }
+
+    /// @dev Adds (or removes) `weight` and one member to every epoch from `at` on.
+    function _moveWeight(uint48 at, uint256 weight, bool add) private {
+        uint256 total = _totalWeight.latest();
+        uint256 count = _memberCount.latest();
+        _totalWeight.push(at, SafeCast.toUint208(add ? total + weight : total - weight));
+        _memberCount.push(at, SafeCast.toUint208(add ? count + 1 : count - 1));
+    }
+
+    /// @dev Ends `account`'s membership at epoch `at`; its stake unbonds from that boundary.
+    function _unseat(address account, uint48 at) private {
+        VerifierInfo storage v = _verifiers[account];
+        v.activeUntil = at;
+        v.withdrawableAt = SafeCast.toUint64(epochStart(at) + unbondingPeriod);
+        _moveWeight(at, v.weight, false);
+    }
+
+    /// @dev The seated verifier (not leaving) with the least weight; ties go to the later seat.
+    function _lowestSeat() private view returns (address lowest, uint256 lowestWeight) {
+        lowestWeight = type(uint256).max;
+        for (uint256 i = 0; i < _seats.length; ++i) {
+            VerifierInfo storage v = _verifiers[_seats[i]];
+            if (v.activeUntil != type(uint64).max) continue;
+            if (v.weight <= lowestWeight) {
+                lowest = _seats[i];
+                lowestWeight = v.weight;
+            }
         }
-        _members.pop();
-        delete _indexPlusOne[account];
+    }
+
+    /// @dev Drops the seats of verifiers whose membership has ended.
+    function _prune() private {
+        uint256 cur = currentEpoch();
+        uint256 i = 0;
+        while (i < _seats.length) {
+            if (_verifiers[_seats[i]].activeUntil <= cur) {
+                _seats[i] = _seats[_seats.length - 1];
+                _seats.pop();
+            } else {
+                ++i;
+            }
+        }
     }
 }

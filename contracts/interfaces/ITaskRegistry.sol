@@ -28,6 +28,8 @@ struct Task {
     uint64 deadline;
     uint64 createdAt;
     uint16 minReputationBps;
+    /// @dev The client lets miners on probation claim its shards (GPURegistry's notice).
+    bool allowProbation;
     bool cancelled;
     /// @dev Sum of the budgets of shards that are Claimed, Submitted or Disputed.
     uint256 committed;
@@ -41,8 +43,10 @@ struct Shard {
     uint64 submittedAt;
     /// @dev End of the challenge window: disputes need `now < windowEnd`, finalize `now >= windowEnd`.
     uint64 windowEnd;
+    /// @dev The root sum of the result tree: the output tokens the shard bills.
     uint64 tokensUsed;
     uint256 collateral;
+    /// @dev The root hash of the result tree (library ResultTree).
     bytes32 resultRoot;
     string resultURI;
 }
@@ -55,7 +59,7 @@ interface ITaskRegistry {
     function hashReceipt(Receipt calldata receipt) external view returns (bytes32);
     function receiptStructHash(Receipt calldata receipt) external pure returns (bytes32);
     function markDisputed(uint256 taskId, uint32 shard) external;
-    function resolveDispute(uint256 taskId, uint32 shard, bool minerAtFault)
+    function resolveDispute(uint256 taskId, uint32 shard, bool minerAtFault, uint64 windowEnd)
         external
         returns (address miner, uint256 collateral, address client);
 }

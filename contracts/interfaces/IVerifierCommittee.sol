@@ -3,6 +3,8 @@ pragma solidity ^0.8.24;
 
 /// @notice What the other Quarry contracts need from VerifierCommittee.
 interface IVerifierCommittee {
-    function isMember(address account) external view returns (bool);
-    function quorum() external view returns (uint256);
+    function currentEpoch() external view returns (uint256);
+    function weightAt(address verifier, uint256 epoch) external view returns (uint256);
+    function totalWeightAt(uint256 epoch) external view returns (uint256);
+    function penalizeAbsence(address verifier, address beneficiary) external returns (uint256 slashed);
 }

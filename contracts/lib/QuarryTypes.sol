@@ -15,12 +15,36 @@ struct Receipt {
     bytes32 modelId;
 }
 
+/// @dev EIP-712 type hash of {Receipt}.
+bytes32 constant RECEIPT_TYPEHASH = keccak256(
+    "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"
+);
+
+/// @title Receipts
+/// @notice The EIP-712 struct hash of a receipt, shared by TaskRegistry (whose domain miners
+/// sign in) and Arbitration (which proves receipts under result roots).
+library Receipts {
+    function structHash(Receipt calldata r) internal pure returns (bytes32) {
+        return keccak256(
+            abi.encode(
+                RECEIPT_TYPEHASH, r.taskId, r.shard, r.index, r.requestHash, r.outputHash, r.outputTokens, r.modelId
+            )
+        );
+    }
+}
+
 /// @notice A committee reputation report for one epoch (EIP-712 struct `Report`).
 struct Report {
     uint256 epoch;
     address[] miners;
     uint16[] scoresBps;
     bytes32 evidenceRoot;
+}
+
+/// @notice One sibling on a result-tree path: a subtree's hash and the output tokens it holds.
+struct SumNode {
+    bytes32 hash;
+    uint64 sum;
 }
 
 /// @notice A signature does not parse (bad length or malleable `s`).
@@ -60,5 +84,85 @@ library SigLib {
             signers[i] = s;
             prev = s;
         }
+    }
+}
+
+/// @title ResultTree
+/// @notice The shard result commitment: a Merkle sum tree over the shard's receipts in index
+/// order, whose root carries the shard's total output tokens. `submitResult` stores the root's
+/// hash as `resultRoot` and its sum as `tokensUsed`, so every receipt proven under the root is
+/// also proven to be part of what the shard bills.
+/// @dev Shape: RFC 9162 (Certificate Transparency v2) over `size` leaves, the left subtree
+/// holding the largest power of two below `size`; no padding, so every leaf position is a real
+/// request of the shard and a proof's length and directions follow from (position, size).
+/// - leaf: `hash = keccak256(bytes.concat(keccak256(abi.encode(uint256 index, bytes32
+///   receiptStructHash))))`, `sum = outputTokens` (OpenZeppelin StandardMerkleTree's leaf);
+/// - node: `hash = keccak256(abi.encode(left.hash, uint256 left.sum, right.hash, uint256
+///   right.sum))`, `sum = left.sum + right.sum`.
+library ResultTree {
+    /// @dev The leaf hash of a receipt with the given struct hash.
+    function leafHash(uint256 index, bytes32 receiptStructHash) internal pure returns (bytes32) {
+        return keccak256(bytes.concat(keccak256(abi.encode(index, receiptStructHash))));
+    }
+
+    /// @dev The hash of an inner node.
+    function nodeHash(bytes32 left, uint256 leftSum, bytes32 right, uint256 rightSum)
+        internal
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(left, leftSum, right, rightSum));
+    }
+
+    /// @dev The root (hash, sum) that `proof` leads to from the leaf at `position` of a tree of
+    /// `size` leaves (RFC 9162 section 2.1.3.2); `ok` is false when the proof's length does not
+    /// fit (position, size).
+    function processProof(
+        uint256 position,
+        uint256 size,
+        bytes32 leaf,
+        uint256 leafSum,
+        SumNode[] calldata proof
+    ) internal pure returns (bool ok, bytes32 root, uint256 sum) {
+        if (position >= size) return (false, bytes32(0), 0);
+        uint256 fn = position;
+        uint256 sn = size - 1;
+        root = leaf;
+        sum = leafSum;
+        for (uint256 i = 0; i < proof.length; ++i) {
+            if (sn == 0) return (false, bytes32(0), 0);
+            SumNode calldata p = proof[i];
+            if (fn & 1 == 1 || fn == sn) {
+                root = nodeHash(p.hash, p.sum, root, sum);
+                sum += p.sum;
+                if (fn & 1 == 0) {
+                    while (fn & 1 == 0 && fn != 0) {
+                        fn >>= 1;
+                        sn >>= 1;
+                    }
+                }
+            } else {
+                root = nodeHash(root, sum, p.hash, p.sum);
+                sum += p.sum;
+            }
+            fn >>= 1;
+            sn >>= 1;
+        }
+        ok = sn == 0;
+    }
+
+    /// @dev True when `proof` proves the leaf (`leaf`, `leafSum`) at `position` under a tree of
+    /// `size` leaves whose root hash is `root` and whose root sum is `total`.
+    function verify(
+        bytes32 root,
+        uint256 total,
+        uint256 position,
+        uint256 size,
+        bytes32 leaf,
+        uint256 leafSum,
+        SumNode[] calldata proof
+    ) internal pure returns (bool) {
+        (bool ok, bytes32 r, uint256 s) = processProof(position, size, leaf, leafSum, proof);
+        return ok && r == root && s == total;
     }
 }
