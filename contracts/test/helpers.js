@@ -1,6 +1,7 @@
 // Shared deploy+wire fixture and EIP-712 / Merkle helpers for the Quarry contract tests.
 const { ethers } = require("hardhat");
-const { StandardMerkleTree } = require("@openzeppelin/merkle-tree");
+const { time } = require("@nomicfoundation/hardhat-network-helpers");
+const { leafHash, SumTree } = require("./resultTree");
 
 const P = {
   minStake: ethers.parseEther("1"),
@@ -18,6 +19,8 @@ const P = {
   faultSlashBps: 10000,
   verifierRewardBps: 2000,
   minerBondShareBps: 5000,
+  minAvailabilityBond: ethers.parseEther("0.05"),
+  responseWindow: 120n,
 };
 
 const MODEL = ethers.keccak256(ethers.toUtf8Bytes("tiny-llama"));
@@ -79,7 +82,8 @@ async function deployQuarry() {
   const committee = await (await ethers.getContractFactory("VerifierCommittee")).deploy(
     P.minVerifierStake, P.verifierUnbonding, P.epochDuration, 0);
   const arb = await (await ethers.getContractFactory("Arbitration")).deploy(
-    P.minBond, P.disputeTimeout, P.faultSlashBps, P.verifierRewardBps, P.minerBondShareBps);
+    P.minBond, P.disputeTimeout, P.faultSlashBps, P.verifierRewardBps, P.minerBondShareBps,
+    P.minAvailabilityBond, P.responseWindow);
 
   await escrow.setTaskRegistry(task);
   await escrow.setArbitration(arb);
@@ -94,18 +98,35 @@ async function deployQuarry() {
   await task.setArbitration(arb);
   await committee.setGPURegistry(gpu);
   await committee.setEscrow(escrow);
+  await committee.setArbitration(arb);
   await arb.setTaskRegistry(task);
   await arb.setGPURegistry(gpu);
   await arb.setCommittee(committee);
   await arb.setEscrow(escrow);
 
+  // The fixture's two miners are established (off probation); miners registered later in a
+  // test start on probation, as the contract's defaults say.
+  const probation = [await gpu.probationEpochs(), await gpu.probationPassBps()];
+  await gpu.setProbation(0, probation[1]);
   for (const m of [miner, miner2]) {
     await gpu.connect(m).register([MODEL], GPU, "http://miner.local", PRICE, { value: P.minStake });
   }
+  await gpu.setProbation(...probation);
   for (const v of verifiers) {
     await committee.connect(v).register({ value: P.minVerifierStake });
   }
+  await activate(committee);
   return { escrow, gpu, task, committee, arb, owner, client, arbiter, miner, miner2, outsider, verifiers, signers };
+}
+
+/** Moves the clock to the start of the epoch at which every pending join or exit has taken
+ * effect (the committee's last scheduled change); returns that epoch. */
+async function activate(committee) {
+  const cur = await committee.currentEpoch();
+  const at = cur + (await committee.activationDelay());
+  const start = await committee.epochStart(at);
+  if (BigInt(await time.latest()) < start) await time.increaseTo(start);
+  return at;
 }
 
 /** Default task: 10 requests, shards of 4 (sizes 4, 4, 2), 100 tokens max, 1 gwei per token. */
@@ -125,12 +146,13 @@ async function createTask(task, client, over = {}) {
     deadline: now + 3600n,
     minRep: 0,
     arbiter: ethers.ZeroAddress,
+    allowProbation: false,
     ...over,
   };
   const value = over.value ?? BigInt(a.numRequests) * BigInt(a.maxTokens) * a.price;
   const tx = await task.connect(client).createTask(
     a.modelId, a.inputRoot, a.inputURI, a.numRequests, a.shardSize, a.maxTokens, a.price, a.deadline,
-    a.minRep, a.arbiter, { value });
+    a.minRep, a.arbiter, a.allowProbation, { value });
   const rc = await tx.wait();
   const ev = rc.logs.map((l) => { try { return task.interface.parseLog(l); } catch { return null; } })
     .find((e) => e && e.name === "TaskCreated");
@@ -142,8 +164,10 @@ function receiptStructHash(r) {
 }
 
 /**
- * Builds signed receipts and the result tree for a shard's index range.
- * Returns { root, receipts, sigs, tree, proofOf(i) }.
+ * Builds signed receipts and the result (sum) tree for a shard's index range. `tokens` is the
+ * output tokens of every receipt, or a function of the request index.
+ * Returns { root, total, receipts, sigs, tree, proofOf(k) }: submit `root` as resultRoot and
+ * `total` as tokensUsed; `proofOf(k)` proves receipts[k] ([{hash, sum}] from the leaf up).
  */
 async function buildResult(task, taskId, shard, start, end, minerSigner, modelId = MODEL, tokens = 10) {
   const domain = await domainOf(task);
@@ -156,16 +180,25 @@ async function buildResult(task, taskId, shard, start, end, minerSigner, modelId
       index: i,
       requestHash: ethers.keccak256(ethers.toUtf8Bytes(`req-${taskId}-${i}`)),
       outputHash: ethers.keccak256(ethers.toUtf8Bytes(`out-${taskId}-${i}`)),
-      outputTokens: tokens,
+      outputTokens: typeof tokens === "function" ? tokens(i) : tokens,
       modelId,
     };
     receipts.push(r);
     sigs.push(await minerSigner.signTypedData(domain, RECEIPT_TYPES, r));
   }
-  const values = receipts.map((r) => [r.index, receiptStructHash(r)]);
-  const tree = StandardMerkleTree.of(values, ["uint256", "bytes32"]);
-  const proofOf = (k) => tree.getProof(k);
-  return { root: tree.root, receipts, sigs, tree, proofOf };
+  const tree = resultTree(receipts);
+  const proofOf = (k) => tree.proof(k);
+  return { root: tree.root, total: tree.total, receipts, sigs, tree, proofOf };
+}
+
+/** The result tree of receipts in index order. */
+function resultTree(receipts) {
+  return new SumTree(receipts.map((r) => ({ hash: receiptLeaf(r), sum: BigInt(r.outputTokens) })));
+}
+
+/** A receipt's result-tree leaf hash (Arbitration.receiptLeaf). */
+function receiptLeaf(r) {
+  return leafHash(BigInt(r.index), receiptStructHash(r));
 }
 
 async function signVotes(arb, signers, disputeId, minerAtFault, domainOver = {}) {
@@ -195,6 +228,6 @@ async function gasCost(tx) {
 module.exports = {
   P, MODEL, OTHER_MODEL, GPU, PRICE,
   RECEIPT_TYPES, VOTE_TYPES, REPORT_TYPES, CHALLENGE_TYPES,
-  domainOf, sortByAddress, deployQuarry, createTask, receiptStructHash, buildResult,
-  signVotes, signReport, signChallengeSet, gasCost,
+  domainOf, sortByAddress, deployQuarry, activate, createTask, receiptStructHash, receiptLeaf,
+  resultTree, buildResult, signVotes, signReport, signChallengeSet, gasCost,
 };
