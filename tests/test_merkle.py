@@ -1,4 +1,6 @@
-"""StandardMerkleTree against the npm @openzeppelin/merkle-tree library, root and every proof."""
+"""The input tree (StandardMerkleTree) against the npm @openzeppelin/merkle-tree library, and
+the result sum tree against the JavaScript one the Hardhat tests use (whose proofs the contract
+checks there): roots, sums and every proof."""
 
 from __future__ import annotations
 
@@ -12,8 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.protocol import MerkleError, StandardMerkleTree, input_tree, keccak, result_tree
-from market.protocol.merkle import INDEX_HASH_TYPES, leaf_hash, node_hash, process_proof
+from market.protocol import MerkleError, StandardMerkleTree, input_tree, keccak
+from market.protocol.merkle import (
+    INDEX_HASH_TYPES,
+    ResultTree,
+    SumNode,
+    leaf_hash,
+    node_hash,
+    process_proof,
+    process_sum_proof,
+    sum_node_hash,
+    verify_sum_proof,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_node = pytest.mark.skipif(
@@ -32,7 +44,6 @@ def hashes(n: int, seed: int) -> list[bytes]:
 @needs_node
 def test_roots_and_every_proof_match_openzeppelin_js() -> None:
     trees = [input_tree(hashes(n, n)) for n in SIZES]
-    trees.append(result_tree(hashes(5, 99), first_index=40))  # a shard that starts at 40
     other_types = ("address", "uint32", "bool")
     other_values = [("0x" + f"{i:040x}", i * 7, i % 2 == 0) for i in range(1, 6)]
     trees.append(StandardMerkleTree(other_values, other_types))
@@ -94,3 +105,87 @@ def test_bad_inputs() -> None:
         leaf_hash(("uint8",), (300,))
     with pytest.raises(MerkleError, match="2 types"):
         leaf_hash(INDEX_HASH_TYPES, (1,))
+
+
+def _sum_leaves(n: int, seed: int, first_index: int = 0) -> list[tuple[int, bytes, int]]:
+    """(request index, receipt struct hash, output tokens) for a shard of n requests."""
+    rng = random.Random(seed)
+    return [(first_index + i, rng.randbytes(32), rng.randrange(0, 4096)) for i in range(n)]
+
+
+def _result_tree(leaves: list[tuple[int, bytes, int]]) -> ResultTree:
+    return ResultTree([SumNode(leaf_hash(INDEX_HASH_TYPES, (i, h)), t) for i, h, t in leaves])
+
+
+@pytest.mark.skipif(shutil.which("node") is None
+                    or not (ROOT / "node_modules" / "ethers").exists(),
+                    reason="node and ethers are needed for the cross-check")
+def test_result_tree_roots_sums_and_proofs_match_the_javascript_tree() -> None:
+    cases = [_sum_leaves(n, n, first_index=40 if n == 5 else 0)
+             for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 100)]
+    payload = {"cases": [{"leaves": [{"index": str(i), "structHash": "0x" + h.hex(),
+                                      "tokens": str(t)} for i, h, t in leaves]}
+                         for leaves in cases]}
+    proc = subprocess.run(
+        ["node", str(ROOT / "tests" / "js" / "result_tree.js")], input=json.dumps(payload),
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=True,
+    )
+    for leaves, expected in zip(cases, json.loads(proc.stdout)["cases"], strict=True):
+        tree = _result_tree(leaves)
+        assert "0x" + tree.root.hex() == expected["root"]
+        assert str(tree.total) == expected["total"] == str(sum(t for _, _, t in leaves))
+        assert ["0x" + n.hash.hex() for n in tree.leaves] == expected["leafHashes"]
+        for i in range(len(tree)):
+            assert [n.to_json() for n in tree.proof(i)] == [
+                {"hash": p["hash"], "sum": int(p["sum"])} for p in expected["proofs"][i]]
+
+
+def test_result_tree_by_hand() -> None:
+    """Three leaves: the left subtree holds two (the largest power of two below three)."""
+    a, b, c = (SumNode(keccak(bytes([i])), 10 * (i + 1)) for i in range(3))
+    ab = SumNode(sum_node_hash(a, b), 30)
+    tree = ResultTree([a, b, c])
+    assert (tree.root, tree.total) == (sum_node_hash(ab, c), 60)
+    assert tree.proof(0) == [b, c] and tree.proof(2) == [ab]
+    assert ResultTree([a]).root == a.hash and ResultTree([a]).proof(0) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.binary(min_size=32, max_size=32), st.integers(0, 2**32)),
+                min_size=1, max_size=40, unique_by=lambda v: v[0]))
+def test_every_sum_proof_verifies_and_tampering_fails(values: list[tuple[bytes, int]]) -> None:
+    """Leaves are distinct, as real ones are (each hashes its request index). The size is
+    not tested: a path can be the same in trees of two sizes, and the contract takes the size
+    from the shard, never from the prover."""
+    leaves = [SumNode(h, t) for h, t in values]
+    tree = ResultTree(leaves)
+    n = len(leaves)
+    assert tree.total == sum(t for _, t in values)
+    for i, leaf in enumerate(leaves):
+        proof = tree.proof(i)
+        assert verify_sum_proof(tree.root, tree.total, i, n, leaf, proof)
+        assert process_sum_proof(i, n, leaf, proof) == SumNode(tree.root, tree.total)
+        # a billed total that is not the leaves' sum proves nothing
+        assert not verify_sum_proof(tree.root, tree.total + 1, i, n, leaf, proof)
+        assert not verify_sum_proof(tree.root, tree.total, i, n, SumNode(leaf.hash,
+                                                                         leaf.sum + 1), proof)
+        # another position or proof length fails
+        if n > 1:
+            assert not verify_sum_proof(tree.root, tree.total, (i + 1) % n, n, leaf, proof)
+            assert not verify_sum_proof(tree.root, tree.total, i, n, leaf, proof[:-1])
+        assert not verify_sum_proof(tree.root, tree.total, i, n, leaf,
+                                    [*proof, SumNode(tree.root, 0)])
+
+
+def test_sum_tree_bad_inputs() -> None:
+    with pytest.raises(MerkleError, match="at least one leaf"):
+        ResultTree([])
+    with pytest.raises(MerkleError, match="uint64"):
+        SumNode(b"\0" * 32, 2**64)
+    with pytest.raises(MerkleError, match="32 bytes"):
+        SumNode(b"short", 1)
+    with pytest.raises(MerkleError, match="out of range"):
+        ResultTree([SumNode(b"\0" * 32, 1)]).proof(1)
+    with pytest.raises(MerkleError, match="malformed"):
+        SumNode.from_json({"hash": "00" * 32, "sum": 1})
+    assert process_sum_proof(3, 3, SumNode(b"\0" * 32, 1), []) is None

@@ -2,7 +2,7 @@
 
 - `canonical`: canonical JSON, `request_hash`, `json_hash` (modelId), `keccak`;
 - `requests`: OpenAI-Batch request lines (validation, JSONL), `output_hash`;
-- `merkle`: OpenZeppelin StandardMerkleTree (input and result trees);
+- `merkle`: OpenZeppelin StandardMerkleTree (input tree), the result sum tree;
 - `eip712`: Receipt, Vote, Report, ChallengeSet: struct hashes, signing, recovery.
 
 Importing this package pulls in eth-account but not web3.
@@ -37,12 +37,15 @@ from market.protocol.errors import (
     SignatureError,
 )
 from market.protocol.merkle import (
+    ResultTree,
     StandardMerkleTree,
+    SumNode,
     input_tree,
     leaf_hash,
+    receipt_leaf,
     receipts_tree,
-    result_tree,
     verify_proof,
+    verify_sum_proof,
 )
 from market.protocol.requests import (
     ParsedRequest,
@@ -63,9 +66,11 @@ __all__ = [
     "Receipt",
     "Report",
     "RequestError",
+    "ResultTree",
     "SamplingParams",
     "SignatureError",
     "StandardMerkleTree",
+    "SumNode",
     "Vote",
     "canonical_json",
     "canonical_json_bytes",
@@ -78,10 +83,10 @@ __all__ = [
     "output_hash",
     "parse_jsonl",
     "quorum_signatures",
+    "receipt_leaf",
     "receipts_tree",
     "recover",
     "request_hash",
-    "result_tree",
     "sampling_params",
     "sign",
     "sign_all",
@@ -90,4 +95,5 @@ __all__ = [
     "typed_digest",
     "validate_request",
     "verify_proof",
+    "verify_sum_proof",
 ]

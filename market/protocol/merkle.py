@@ -7,14 +7,19 @@
   end of a flat array in reverse, and node i has children 2i+1 and 2i+2; the root is node 0.
 
 `MerkleProof.verify` in OpenZeppelin Contracts checks these proofs on-chain. Quarry's input
-tree has leaves `(uint256 index, bytes32 requestHash)` and the result tree
-`(uint256 index, bytes32 receiptStructHash)`; `proof(i)` takes the position `i` in the value
-list given to the constructor, whatever the sorted layout.
+tree has leaves `(uint256 index, bytes32 requestHash)`; `proof(i)` takes the position `i` in
+the value list given to the constructor, whatever the sorted layout.
+
+A shard's result tree is not a StandardMerkleTree but a Merkle *sum* tree (`ResultTree`,
+Solidity library `ResultTree`): its leaves are the shard's receipts in index order, each
+carrying its `outputTokens`, and every node carries the tokens below it, so the root's sum is
+the shard's `tokensUsed` and any receipt proven under the root is proven to be billed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from eth_abi import encode as abi_encode
@@ -26,12 +31,17 @@ from market.protocol.errors import MerkleError
 __all__ = [
     "INDEX_HASH_TYPES",
     "StandardMerkleTree",
+    "SumNode",
+    "ResultTree",
     "leaf_hash",
     "node_hash",
+    "sum_node_hash",
     "process_proof",
+    "process_sum_proof",
     "verify_proof",
+    "verify_sum_proof",
     "input_tree",
-    "result_tree",
+    "receipt_leaf",
     "receipts_tree",
 ]
 
@@ -168,22 +178,146 @@ def input_tree(request_hashes: Sequence[bytes]) -> StandardMerkleTree:
     return StandardMerkleTree([(i, h) for i, h in enumerate(request_hashes)], INDEX_HASH_TYPES)
 
 
-def receipts_tree(receipts: Sequence[Any]) -> StandardMerkleTree:
-    """A shard's result tree straight from its `Receipt`s: leaf `(r.index, r.struct_hash())`.
-
-    This is the leaf `Arbitration.receiptLeaf` recomputes, with `index` the request's global
-    index in the task (within the shard's `[start, end)`).
-    """
-    return StandardMerkleTree([(r.index, r.struct_hash()) for r in receipts], INDEX_HASH_TYPES)
+UINT64_MAX = 2**64 - 1
 
 
-def result_tree(receipt_struct_hashes: Sequence[bytes], first_index: int = 0) -> StandardMerkleTree:
-    """A shard's result tree: leaf j is `(uint256 first_index + j, bytes32 structHash_j)`.
+@dataclass(frozen=True)
+class SumNode:
+    """A result-tree node: a subtree's hash and the output tokens it holds (Solidity's
+    `SumNode {bytes32 hash; uint64 sum;}`), and the unit of a result-tree proof."""
 
-    Pass the receipts' EIP-712 struct hashes in index order, and the global request index
-    of the first one (the shard's `start`) as `first_index`: Arbitration checks the leaf
-    `(receipt.index, structHash)` with the task-wide index.
-    """
-    return StandardMerkleTree(
-        [(first_index + j, h) for j, h in enumerate(receipt_struct_hashes)], INDEX_HASH_TYPES
-    )
+    hash: bytes
+    sum: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hash, bytes | bytearray) or len(self.hash) != 32:
+            raise MerkleError(f"sum node hash {self.hash!r} is not 32 bytes")
+        if not isinstance(self.sum, int) or isinstance(self.sum, bool) \
+                or not 0 <= self.sum <= UINT64_MAX:
+            raise MerkleError(f"sum node sum {self.sum!r} is not a uint64")
+
+    def as_tuple(self) -> tuple[bytes, int]:
+        """The ABI tuple a contract call takes."""
+        return (bytes(self.hash), self.sum)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hash": "0x" + bytes(self.hash).hex(), "sum": self.sum}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SumNode:
+        try:
+            h = str(d["hash"])
+            if not h.startswith("0x"):
+                raise ValueError("hash must be 0x-prefixed hex")
+            return cls(bytes.fromhex(h[2:]), int(d["sum"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MerkleError(f"malformed sum node {d!r}: {exc}") from exc
+
+
+def sum_node_hash(left: SumNode, right: SumNode) -> bytes:
+    """keccak256(abi.encode(left.hash, uint256 left.sum, right.hash, uint256 right.sum))."""
+    return keccak(bytes(left.hash) + left.sum.to_bytes(32, "big")
+                  + bytes(right.hash) + right.sum.to_bytes(32, "big"))
+
+
+def _join(left: SumNode, right: SumNode) -> SumNode:
+    return SumNode(sum_node_hash(left, right), left.sum + right.sum)
+
+
+def _split(n: int) -> int:
+    """The largest power of two strictly below `n` (n >= 2): the left subtree's size."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+class ResultTree:
+    """A shard's result tree: a Merkle sum tree over leaves in position order, shaped as
+    RFC 9162 (the left subtree of n leaves holds the largest power of two below n), with no
+    padding, so every position is a real request and a proof's shape follows from
+    (position, size). `root` and `total` are what `submitResult` takes as `resultRoot` and
+    `tokensUsed`."""
+
+    def __init__(self, leaves: Sequence[SumNode]) -> None:
+        if not leaves:
+            raise MerkleError("a result tree needs at least one leaf")
+        self.leaves = list(leaves)
+        self._nodes: dict[tuple[int, int], SumNode] = {}
+        top = self._build(0, len(self.leaves))
+        if top.sum > UINT64_MAX:
+            raise MerkleError(f"result tree holds {top.sum} tokens, more than a uint64")
+        self.root: bytes = top.hash
+        self.total: int = top.sum
+
+    def _build(self, lo: int, hi: int) -> SumNode:
+        if hi - lo == 1:
+            node = self.leaves[lo]
+        else:
+            k = _split(hi - lo)
+            node = _join(self._build(lo, lo + k), self._build(lo + k, hi))
+        self._nodes[(lo, hi)] = node
+        return node
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def proof(self, position: int) -> list[SumNode]:
+        """The siblings from leaf `position` up to the root."""
+        n = len(self.leaves)
+        if not isinstance(position, int) or not 0 <= position < n:
+            raise MerkleError(f"leaf position {position!r} out of range for a tree of {n}")
+        path: list[SumNode] = []
+        lo, hi = 0, n
+        while hi - lo > 1:
+            k = _split(hi - lo)
+            if position < lo + k:
+                path.append(self._nodes[(lo + k, hi)])
+                hi = lo + k
+            else:
+                path.append(self._nodes[(lo, lo + k)])
+                lo = lo + k
+        path.reverse()
+        return path
+
+
+def process_sum_proof(position: int, size: int, leaf: SumNode,
+                      proof: Sequence[SumNode]) -> SumNode | None:
+    """The root node `proof` leads to from `leaf` at `position` of a tree of `size` leaves
+    (RFC 9162 section 2.1.3.2, as `ResultTree.processProof` on-chain), or None when the
+    proof's length does not fit (position, size)."""
+    if not 0 <= position < size:
+        return None
+    fn, sn = position, size - 1
+    node = leaf
+    for sibling in proof:
+        if sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            node = _join(sibling, node)
+            if not fn & 1:
+                while not fn & 1 and fn != 0:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            node = _join(node, sibling)
+        fn >>= 1
+        sn >>= 1
+    return node if sn == 0 else None
+
+
+def verify_sum_proof(root: bytes, total: int, position: int, size: int, leaf: SumNode,
+                     proof: Sequence[SumNode]) -> bool:
+    """Whether `proof` proves `leaf` at `position` under a result tree of `size` leaves with
+    root hash `root` and root sum `total` (what Arbitration checks)."""
+    top = process_sum_proof(position, size, leaf, proof)
+    return top is not None and top.hash == bytes(root) and top.sum == total
+
+
+def receipt_leaf(receipt: Any) -> SumNode:
+    """A receipt's result-tree leaf: hash `leaf_hash((index, structHash))`, sum
+    `outputTokens` (`Arbitration.receiptLeaf`)."""
+    return SumNode(leaf_hash(INDEX_HASH_TYPES, (receipt.index, receipt.struct_hash())),
+                   receipt.output_tokens)
+
+
+def receipts_tree(receipts: Sequence[Any]) -> ResultTree:
+    """A shard's result tree from its `Receipt`s in index order."""
+    return ResultTree([receipt_leaf(r) for r in receipts])

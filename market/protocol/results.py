@@ -2,13 +2,14 @@
 
 A miner builds one `ShardResult` per shard (`build_shard_result`): for each request, the
 exact output tokens and text, one EIP-712 `Receipt` signed by the miner, and the receipt's
-proof under the shard's result root (the root `submitResult` puts on-chain). The document
-travels as canonical JSON through the content-addressed store.
+proof under the shard's result tree, a Merkle sum tree whose root hash and root sum are what
+`submitResult` puts on-chain as `resultRoot` and `tokensUsed`. The document travels as
+canonical JSON through the content-addressed store.
 
 A client trusts nothing in it: `verify_shard_result` rechecks every item against the chain
-(root, miner, token count) and the task's own inputs (request hashes), and raises
-`ResultCheckFailed` naming the first check that fails. What passes is what a dispute can
-later prove on-chain: the same receipt, signature and proof.
+(root, sum, miner, token counts) and the task's own inputs (request hashes), and raises
+`ResultCheckFailed` naming the first check that fails. What passes is what Arbitration can
+later prove on-chain: the same receipt under the same (resultRoot, tokensUsed).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from eth_utils import encode_hex, to_checksum_address
 
 from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import Receipt
-from market.protocol.errors import ProtocolError, SignatureError
-from market.protocol.merkle import INDEX_HASH_TYPES, leaf_hash, receipts_tree, verify_proof
+from market.protocol.errors import MerkleError, ProtocolError, SignatureError
+from market.protocol.merkle import SumNode, receipt_leaf, receipts_tree, verify_sum_proof
 from market.protocol.requests import output_hash
 
-FORMAT = "quarry-shard-result/1"
+FORMAT = "quarry-shard-result/2"
 
 
 class ResultFormatError(ProtocolError):
@@ -65,7 +66,7 @@ class ResultItem:
     prompt_tokens: int
     receipt: Receipt
     signature: bytes
-    proof: tuple[bytes, ...]
+    proof: tuple[SumNode, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,7 +79,7 @@ class ResultItem:
             "receipt": {k: encode_hex(v) if isinstance(v, bytes) else v
                         for k, v in self.receipt.message().items()},
             "signature": encode_hex(self.signature),
-            "proof": [encode_hex(p) for p in self.proof],
+            "proof": [p.to_json() for p in self.proof],
         }
 
     @classmethod
@@ -93,9 +94,9 @@ class ResultItem:
                 prompt_tokens=int(d["prompt_tokens"]),
                 receipt=Receipt.from_message(d["receipt"]),
                 signature=_unhex(d["signature"], f"{where}.signature"),
-                proof=tuple(_unhex(p, f"{where}.proof") for p in d["proof"]),
+                proof=tuple(SumNode.from_json(p) for p in d["proof"]),
             )
-        except (KeyError, TypeError, ValueError, SignatureError) as exc:
+        except (KeyError, TypeError, ValueError, SignatureError, MerkleError) as exc:
             raise ResultFormatError(f"{where}: malformed result item ({exc!r})") from exc
 
 
@@ -172,8 +173,8 @@ def build_shard_result(
 ) -> ShardResult:
     """Sign one receipt per completion, build the result tree, and attach each proof.
 
-    `completions` must be the shard's requests in index order; the root goes on-chain with
-    `submitResult` and `tokens_used` is what the shard bills.
+    `completions` must be the shard's requests in index order; `result_root` and
+    `tokens_used` (the tree's root hash and root sum) go on-chain with `submitResult`.
     """
     receipts = [
         Receipt(task_id, shard, c.index, c.request_hash, output_hash(c.text, c.token_ids),
@@ -190,7 +191,16 @@ def build_shard_result(
         for j, (c, r) in enumerate(zip(completions, receipts, strict=True))
     )
     return ShardResult(task_id, shard, to_checksum_address(miner), model_id, tree.root,
-                       sum(len(c.token_ids) for c in completions), items)
+                       tree.total, items)
+
+
+def receipt_proven(receipt: Receipt, proof: Sequence[SumNode], *, result_root: bytes,
+                   tokens_used: int, start: int, size: int) -> bool:
+    """Whether `proof` proves `receipt` under a shard's on-chain commitment (`resultRoot`,
+    `tokensUsed`) whose requests are `start .. start + size - 1`: what Arbitration checks
+    before a dispute, an availability answer or a billing proof."""
+    return verify_sum_proof(result_root, tokens_used, receipt.index - start, size,
+                            receipt_leaf(receipt), proof)
 
 
 def verify_shard_result(
@@ -206,14 +216,16 @@ def verify_shard_result(
     request_hashes: Sequence[bytes],
     chain_id: int,
     task_registry: str,
+    max_tokens_per_request: int | None = None,
 ) -> list[ResultItem]:
     """Check a shard's document against the chain and the inputs; returns its items.
 
     `miner`, `result_root` and `tokens_used` come from the chain (`getShard`), `start` from
-    `shardRange`, and `request_hashes` are the hashes of the shard's own requests (indices
-    `start .. start + len - 1`) from the client's batch. Checks, in order: header, coverage,
-    then per item receipt fields, token count, output hash, signature, Merkle proof; finally
-    billing. The first failure raises `ResultCheckFailed` naming it.
+    `shardRange`, `max_tokens_per_request` from the task, and `request_hashes` are the hashes
+    of the shard's own requests (indices `start .. start + len - 1`) from the client's batch.
+    Checks, in order: header, coverage, then per item receipt fields, token count (against
+    the output and the task's cap), output hash, signature, Merkle proof (under the root hash
+    and the root sum); finally billing. The first failure raises `ResultCheckFailed` naming it.
     """
     if (result.task_id, result.shard) != (task_id, shard):
         raise ResultCheckFailed(
@@ -239,6 +251,10 @@ def verify_shard_result(
             raise ResultCheckFailed(
                 "token count", f"receipt says {r.output_tokens} tokens, output has "
                 f"{len(item.token_ids)}", index=i)
+        if max_tokens_per_request is not None and r.output_tokens > max_tokens_per_request:
+            raise ResultCheckFailed(
+                "token count", f"receipt bills {r.output_tokens} tokens, over the task's "
+                f"{max_tokens_per_request} per request", index=i)
         if r.output_hash != output_hash(item.text, item.token_ids):
             raise ResultCheckFailed("output hash", "output does not hash to the receipt's "
                                     "outputHash (altered text or tokens)", index=i)
@@ -250,10 +266,10 @@ def verify_shard_result(
             raise ResultCheckFailed(
                 "signature", f"receipt signed by {signer}, not the shard's miner {want_miner}",
                 index=i)
-        leaf = leaf_hash(INDEX_HASH_TYPES, (r.index, r.struct_hash()))
-        if not verify_proof(result_root, leaf, item.proof):
+        if not receipt_proven(r, item.proof, result_root=result_root, tokens_used=tokens_used,
+                              start=start, size=len(request_hashes)):
             raise ResultCheckFailed("merkle proof", "receipt is not under the shard's on-chain "
-                                    "resultRoot", index=i)
+                                    "resultRoot and tokensUsed", index=i)
     billed = sum(item.receipt.output_tokens for item in result.items)
     if billed != tokens_used:
         raise ResultCheckFailed(
