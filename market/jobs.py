@@ -1,4 +1,4 @@
-"""Post a batch, fetch a shard's verified results, open and follow a dispute.
+"""Post a batch, fetch a shard's verified results, challenge, dispute and prove faults.
 
 The one implementation of what a task's client does on the market, shared by the client SDK
 (`client.sdk`) and the verifiers (whose leader posts challenge prompts from fresh addresses
@@ -7,10 +7,20 @@ each other, so it lives here.
 
 Everything that can fail before money moves is checked before the first transaction, and
 everything read back (result documents) is checked against the chain before it is returned.
+
+When a shard's result document is missing or does not verify, the client has three on-chain
+remedies, all inside the shard's challenge window:
+- `challenge_availability`: the miner must show the named request's receipt on-chain within
+  Arbitration's response window, or it is at fault (`wait_challenge` settles that);
+- `open_dispute`: with the receipt from the document, or from an answered challenge when the
+  document is still missing (the committee then finds the data withheld);
+- `prove_billing_fault`: a receipt that bills more tokens than its output has (or than a
+  request may have) is proven wrong on-chain at once, without the committee.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -22,17 +32,28 @@ from eth_utils import encode_hex, to_checksum_address
 from web3.exceptions import ContractLogicError
 
 from market.chain.client import TxResult
-from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, Shard, ShardState, Task
+from market.chain.contracts import (
+    ZERO_ADDRESS,
+    Ballot,
+    ChallengeStatus,
+    DisputeStatus,
+    Shard,
+    ShardState,
+    Task,
+)
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
-from market.protocol.merkle import input_tree
+from market.protocol.canonical import keccak
+from market.protocol.eip712 import Receipt
+from market.protocol.merkle import SumNode, input_tree
 from market.protocol.requests import BatchError, check_line_sizes, request_line_sizes
 from market.protocol.results import (
     ResultCheckFailed,
     ResultFormatError,
     ResultItem,
     ShardResult,
+    receipt_proven,
     verify_shard_result,
 )
 from market.service.api import MarketAPI
@@ -51,6 +72,7 @@ __all__ = [
     "DisputeNotPossible",
     "JobTimeout",
     "DisputeInfo",
+    "ChallengeInfo",
     "post_batch",
     "miner_ask",
     "max_shards",
@@ -62,6 +84,12 @@ __all__ = [
     "dispute_info",
     "task_disputes",
     "wait_dispute",
+    "report_absent",
+    "challenge_availability",
+    "challenge_info",
+    "answered_receipt",
+    "wait_challenge",
+    "prove_billing_fault",
 ]
 
 HAS_RESULTS = frozenset({ShardState.SUBMITTED, ShardState.DISPUTED, ShardState.FINALIZED})
@@ -113,7 +141,8 @@ class ResultsNotReady(JobError):
 
 
 class DisputeNotPossible(JobError):
-    """The request's shard cannot be disputed now (state, window, caller)."""
+    """The request's shard cannot be disputed or challenged now (state, window, caller,
+    evidence)."""
 
 
 class JobTimeout(JobError):
@@ -128,7 +157,8 @@ def max_shards(q: Quarry) -> int:
     return int(q.chain.call(q.tasks.contract.functions.maxShardsPerTask()))
 
 
-def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 0) -> int:
+def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 0,
+              allow_probation: bool = False) -> int:
     """The on-chain ask (wei/token) of a miner that may claim tasks for `model_id`;
     `MinerNotEligible` says why one may not."""
     try:
@@ -138,7 +168,12 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
     if not q.gpu.is_registered(address):
         raise MinerNotEligible(f"miner {address} is not registered in GPURegistry")
     info = q.gpu.miner_info(address)
-    if not q.gpu.is_eligible(address, model_id, min_reputation_bps):
+    if info.on_probation and not allow_probation and \
+            q.gpu.is_eligible(address, model_id, min_reputation_bps, True):
+        raise MinerNotEligible(f"miner {address} is on probation (new to the market, "
+                               f"{info.passed_epochs} epoch(s) of challenges passed): allow "
+                               "miners on probation to direct a job at it")
+    if not q.gpu.is_eligible(address, model_id, min_reputation_bps, allow_probation):
         served = ", ".join(encode_hex(m) for m in q.gpu.models_of(address)) or "nothing"
         floor = (f" with reputation >= {min_reputation_bps} bps (it has "
                  f"{info.reputation_bps})") if min_reputation_bps else ""
@@ -186,6 +221,7 @@ def post_batch(
     min_reputation_bps: int = 0,
     arbiter: str = ZERO_ADDRESS,
     prefer_miner: str | None = None,
+    allow_probation: bool = False,
 ) -> tuple[int, TxResult]:
     """Upload a batch file and create its task, paying `n * max_tokens * price` into escrow.
 
@@ -194,8 +230,10 @@ def post_batch(
     `maxTokensPerRequest` (at least every line's `body.max_tokens`), `deadline` an absolute
     chain time. With `prefer_miner`, the task is offered to that miner only (directed job:
     the market shows its shards to no one else until the deadline); the miner must be
-    eligible and ask at most `price`. Every check runs before the upload and the
-    transaction; returns the task id and the `createTask` transaction.
+    eligible and ask at most `price`. `allow_probation` lets miners on probation (new
+    identities that have not yet passed the committee's challenges) claim it. Every check runs
+    before the upload and the transaction; returns the task id and the `createTask`
+    transaction.
     """
     n = len(request_hashes)
     if n == 0:
@@ -238,7 +276,7 @@ def post_batch(
         raise JobError(f"arbiter {arbiter!r} is not an address") from None
     miner = None
     if prefer_miner is not None:
-        ask = miner_ask(q, prefer_miner, bytes(model_id), min_reputation_bps)
+        ask = miner_ask(q, prefer_miner, bytes(model_id), min_reputation_bps, allow_probation)
         miner = to_checksum_address(prefer_miner)
         if price < ask:
             raise PaymentTooLow(f"payment too low: {price} wei/token is below the ask of the "
@@ -248,7 +286,7 @@ def post_batch(
     root = input_tree(list(request_hashes)).root
     uri = content_uri(data)
     args = (bytes(model_id), root, uri, n, shard_size, max_tokens, price, deadline,
-            min_reputation_bps, arbiter)
+            min_reputation_bps, arbiter, allow_probation)
     check_funds(q, account, payment, q.tasks.contract.functions.createTask(*args),
                 "TaskRegistry.createTask", "payment")
 
@@ -259,7 +297,7 @@ def post_batch(
         account, model_id=bytes(model_id), input_root=root, input_uri=uri, num_requests=n,
         shard_size=shard_size, max_tokens_per_request=max_tokens, price_per_token=price,
         deadline=deadline, min_reputation_bps=min_reputation_bps, arbiter=arbiter,
-        payment=payment)
+        allow_probation=allow_probation, payment=payment)
     if miner is not None:
         try:
             market.offer(account, task_id, miner)
@@ -316,7 +354,7 @@ def verified_shard(q: Quarry, market: MarketAPI, task_id: int, shard: int,
         fetch_result_document(market, shard, s.result_uri), task_id=task_id, shard=shard,
         start=start, miner=s.miner, model_id=t.model_id, result_root=s.result_root,
         tokens_used=s.tokens_used, request_hashes=hashes, chain_id=q.chain.chain_id,
-        task_registry=q.tasks.address)
+        task_registry=q.tasks.address, max_tokens_per_request=t.max_tokens_per_request)
     return s, items
 
 
@@ -348,6 +386,8 @@ class DisputeInfo:
     slashed: int = 0  # wei slashed from the miner's stake (MINER_AT_FAULT)
     refunded: int = 0  # the shard's budget released back to the client (MINER_AT_FAULT)
     voters: tuple[str, ...] = ()  # committee members whose votes resolved it
+    epoch: int = 0  # the epoch whose committee judges it
+    absent: tuple[str, ...] = ()  # members reported absent after it expired
 
     @property
     def settled(self) -> bool:
@@ -363,8 +403,10 @@ class DisputeInfo:
             return (f"miner not at fault: bond of {self.bond} wei forfeited to the miner and "
                     f"the {len(self.voters)} voters")
         if self.status == DisputeStatus.EXPIRED:
+            absent = (f"; {len(self.absent)} member(s) that cast no vote lost their seats"
+                      if self.absent else "")
             return (f"expired with no committee verdict: bond of {self.bond} wei returned, "
-                    "the shard is paid as submitted")
+                    f"the shard is paid as submitted{absent}")
         return f"open until chain time {self.deadline}"
 
     def to_json(self) -> dict[str, Any]:
@@ -373,7 +415,8 @@ class DisputeInfo:
                 "miner": self.miner, "bond": self.bond, "openedAt": self.opened_at,
                 "deadline": self.deadline, "evidenceUri": self.evidence_uri,
                 "slashed": self.slashed, "refunded": self.refunded,
-                "voters": list(self.voters), "outcome": self.outcome()}
+                "voters": list(self.voters), "epoch": self.epoch, "absent": list(self.absent),
+                "outcome": self.outcome()}
 
 
 def dispute_info(q: Quarry, dispute_id: int) -> DisputeInfo:
@@ -387,6 +430,10 @@ def dispute_info(q: Quarry, dispute_id: int) -> DisputeInfo:
         raise
     slashed = refunded = 0
     voters: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    if d.status == DisputeStatus.EXPIRED:
+        absent = tuple(to_checksum_address(ev["member"]) for ev in arb.events(
+            "AbsenceReported", q.deployment.deploy_block, disputeId=dispute_id))
     if d.status in (DisputeStatus.MINER_AT_FAULT, DisputeStatus.MINER_NOT_AT_FAULT):
         events = arb.events("DisputeResolved", q.deployment.deploy_block,
                             disputeId=dispute_id)
@@ -397,7 +444,8 @@ def dispute_info(q: Quarry, dispute_id: int) -> DisputeInfo:
             refunded = q.tasks.shard_budget(d.task_id, d.shard)
     return DisputeInfo(dispute_id, d.task_id, d.shard, d.receipt.index, d.status,
                        to_checksum_address(d.opener), to_checksum_address(d.miner), d.bond,
-                       d.opened_at, d.deadline, d.evidence_uri, slashed, refunded, voters)
+                       d.opened_at, d.deadline, d.evidence_uri, slashed, refunded, voters,
+                       d.epoch, absent)
 
 
 def task_disputes(q: Quarry, task_id: int) -> list[DisputeInfo]:
@@ -406,15 +454,11 @@ def task_disputes(q: Quarry, task_id: int) -> list[DisputeInfo]:
             q.arbitration.events("DisputeOpened", q.deployment.deploy_block, taskId=task_id)]
 
 
-def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: int, index: int,
-                 *, bond: int | None = None, evidence_uri: str | None = None) -> int:
-    """Dispute request `index`'s receipt in Arbitration; returns the dispute id.
-
-    `bond` defaults to the minimum bond, `evidence_uri` to the shard's result document
-    (which holds the disputed output). The shard must be Submitted and inside its challenge
-    window, and `account` the task's client or arbiter: `DisputeNotPossible` says which
-    condition fails, before any transaction.
-    """
+def _challengeable(q: Quarry, account: LocalAccount, task_id: int, index: int,
+                   what: str) -> tuple[Task, int, Shard]:
+    """(task, shard, shard state) for request `index`, after checking what Arbitration
+    checks of a dispute or challenge: the account is the client or arbiter, and the shard is
+    Submitted inside its window (`DisputeNotPossible` naming the condition that fails)."""
     try:
         t = q.tasks.get_task(task_id)
     except ContractRevert as exc:
@@ -432,27 +476,84 @@ def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: i
     if s.state != ShardState.SUBMITTED:
         raise DisputeNotPossible(
             f"request {index} is in shard {k}, which is {s.state.name}: only a Submitted "
-            "shard inside its challenge window can be disputed")
+            f"shard inside its challenge window can be {what}")
     now = q.chain.timestamp()
     if now >= s.window_end:
         raise DisputeNotPossible(f"shard {k}'s challenge window closed at {s.window_end} "
                                  f"(chain time {now})")
-    doc = fetch_result_document(market, k, s.result_uri)
+    return t, k, s
+
+
+def _bond(value: int | None, minimum: int) -> int:
+    if value is not None and (not _is_int(value) or value <= 0):
+        raise DisputeNotPossible(f"bond must be a positive integer (wei), got {value!r}")
+    return minimum if value is None else value
+
+
+def _document_item(market: MarketAPI, s: Shard, k: int, start: int, size: int,
+                   index: int) -> ResultItem | None:
+    """Request `index`'s item from the shard's result document when the document is there
+    and its receipt is proven under the shard's commitment; None otherwise."""
+    try:
+        doc = fetch_result_document(market, k, s.result_uri)
+    except (ContentNotFound, ResultCheckFailed, StoreError, QuarryError):
+        return None
     item = next((it for it in doc.items if it.index == index), None)
-    if item is None:
-        raise DisputeNotPossible(f"shard {k}'s result document holds no receipt for "
-                                 f"request {index}")
+    if item is None or not receipt_proven(item.receipt, item.proof, result_root=s.result_root,
+                                          tokens_used=s.tokens_used, start=start, size=size):
+        return None
+    return item
+
+
+def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: int, index: int,
+                 *, bond: int | None = None, evidence_uri: str | None = None) -> int:
+    """Dispute request `index`'s receipt in Arbitration; returns the dispute id.
+
+    The receipt and its proof come from the shard's result document or, when that is
+    missing or does not prove it, from an answered availability challenge on the request
+    (the committee then judges the withheld output as the miner's fault). `bond` defaults to
+    the minimum bond, `evidence_uri` to the shard's result document. The shard must be
+    Submitted and inside its challenge window, and `account` the task's client or arbiter:
+    `DisputeNotPossible` says which condition fails, before any transaction.
+    """
+    _, k, s = _challengeable(q, account, task_id, index, "disputed")
+    start, end = q.tasks.shard_range(task_id, k)
+    item = _document_item(market, s, k, start, end - start, index)
+    if item is not None:
+        receipt, proof = item.receipt, item.proof
+    else:
+        answer = answered_receipt(q, task_id, k, index)
+        if answer is None:
+            raise DisputeNotPossible(
+                f"shard {k}'s result document is missing or does not prove request {index}'s "
+                "receipt, and no availability challenge on it was answered: challenge its "
+                f"availability first (`client challenge {task_id} {index}`)")
+        receipt, proof = answer
     arb = q.arbitration
-    if bond is not None and (not _is_int(bond) or bond <= 0):
-        raise DisputeNotPossible(f"bond must be a positive integer (wei), got {bond!r}")
-    bond = arb.min_bond() if bond is None else bond
+    bond = _bond(bond, arb.min_bond())
     evidence = s.result_uri if evidence_uri is None else evidence_uri
-    args = (task_id, k, item.receipt.as_tuple(), item.signature, list(item.proof), evidence)
+    args = (task_id, k, receipt.as_tuple(), [p.as_tuple() for p in proof], evidence)
     check_funds(q, account, bond, arb.contract.functions.openDispute(*args),
                 "Arbitration.openDispute", "bond")
-    dispute_id, _ = arb.open_dispute(account, task_id, k, item.receipt, item.signature,
-                                     item.proof, evidence, bond)
+    dispute_id, _ = arb.open_dispute(account, task_id, k, receipt, proof, evidence, bond)
     return dispute_id
+
+
+def report_absent(q: Quarry, account: LocalAccount, dispute_id: int) -> tuple[str, ...]:
+    """Report every member of an expired dispute's committee that cast no vote (each loses
+    its seat, and stake to the opener past the committee's limit); returns them."""
+    d = q.arbitration.get_dispute(dispute_id)
+    if d.status != DisputeStatus.EXPIRED:
+        return ()
+    absent = tuple(m for m in q.committee.members_at(d.epoch)
+                   if q.arbitration.ballot_of(dispute_id, m) == Ballot.NONE)
+    if absent:
+        try:
+            q.arbitration.report_absence(account, dispute_id, absent)
+        except ContractRevert as exc:
+            if exc.error != "NotAbsent":  # someone reported (some of) them first: fine
+                raise
+    return absent
 
 
 def wait_dispute(
@@ -468,7 +569,8 @@ def wait_dispute(
 
     No verdict can come after the dispute's deadline, so the wait ends there at the latest:
     with `expire_as`, that account then calls `expireDispute` (the bond goes back to the
-    opener and the shard unfreezes); without it, the still-open dispute is returned.
+    opener and the shard unfreezes) and reports the committee members that cast no vote;
+    without it, the still-open dispute is returned.
     `on_poll(info, chain_time)` sees every poll (progress display). `JobTimeout` after
     `timeout` seconds of wall time.
     """
@@ -488,8 +590,168 @@ def wait_dispute(
             except ContractRevert as exc:
                 if exc.error != "DisputeNotOpen":  # settled by someone else meanwhile: fine
                     raise
+            report_absent(q, expire_as, dispute_id)
             return dispute_info(q, dispute_id)
         if timeout is not None and time.monotonic() - started >= timeout:
             raise JobTimeout(f"dispute {dispute_id} is still open after {timeout:g} s "
                              f"(its deadline is chain time {info.deadline}, now {now})")
         time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------- availability
+
+
+@dataclass(frozen=True)
+class ChallengeInfo:
+    """An availability challenge as the chain has it, with its answer or settlement."""
+
+    challenge_id: int
+    task_id: int
+    shard: int
+    index: int
+    status: ChallengeStatus
+    challenger: str
+    miner: str
+    bond: int
+    opened_at: int
+    deadline: int
+    receipt: Receipt | None = None  # the answer (ANSWERED)
+    proof: tuple[SumNode, ...] = ()
+    window_end: int = 0  # the shard's window after the answer (ANSWERED)
+    slashed: int = 0  # the miner's stake taken (UNANSWERED)
+
+    @property
+    def settled(self) -> bool:
+        return self.status != ChallengeStatus.OPEN
+
+    def outcome(self) -> str:
+        if self.status == ChallengeStatus.ANSWERED:
+            return (f"answered: the miner showed request {self.index}'s receipt on-chain and "
+                    f"got the bond of {self.bond} wei; the shard can be disputed until chain "
+                    f"time {self.window_end}")
+        if self.status == ChallengeStatus.UNANSWERED:
+            return (f"unanswered: miner at fault, shard budget refunded, miner slashed "
+                    f"{self.slashed} wei, bond of {self.bond} wei returned")
+        return f"open: the miner must answer by chain time {self.deadline}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"challengeId": self.challenge_id, "taskId": self.task_id, "shard": self.shard,
+                "index": self.index, "status": self.status.name, "challenger": self.challenger,
+                "miner": self.miner, "bond": self.bond, "openedAt": self.opened_at,
+                "deadline": self.deadline, "windowEnd": self.window_end,
+                "slashed": self.slashed, "outcome": self.outcome()}
+
+
+def challenge_availability(q: Quarry, account: LocalAccount, task_id: int, index: int, *,
+                           bond: int | None = None) -> int:
+    """Challenge the miner of request `index`'s shard to show its receipt on-chain; returns
+    the challenge id. `bond` defaults to Arbitration's minimum (it pays the miner's answer).
+    `DisputeNotPossible` names what forbids it, before any transaction."""
+    _, k, _ = _challengeable(q, account, task_id, index, "challenged")
+    arb = q.arbitration
+    bond = _bond(bond, arb.min_availability_bond())
+    check_funds(q, account, bond, arb.contract.functions.challengeAvailability(task_id, k, index),
+                "Arbitration.challengeAvailability", "bond")
+    challenge_id, _ = arb.challenge_availability(account, task_id, k, index, bond)
+    return challenge_id
+
+
+def _answer_from_event(ev: dict[str, Any]) -> tuple[Receipt, tuple[SumNode, ...]]:
+    return (Receipt.from_message(ev["receipt"]),
+            tuple(SumNode(bytes(p["hash"]), int(p["sum"])) for p in ev["proof"]))
+
+
+def challenge_info(q: Quarry, challenge_id: int) -> ChallengeInfo:
+    """The challenge, read from Arbitration (and its answer or settlement event)."""
+    arb = q.arbitration
+    try:
+        c = arb.get_challenge(challenge_id)
+    except ContractRevert as exc:
+        if exc.error == "UnknownChallenge":
+            raise JobError(f"no availability challenge {challenge_id} on the chain") from None
+        raise
+    info = ChallengeInfo(challenge_id, c.task_id, c.shard, c.index, c.status,
+                         to_checksum_address(c.challenger), to_checksum_address(c.miner),
+                         c.bond, c.opened_at, c.deadline)
+    since = q.deployment.deploy_block
+    if c.status == ChallengeStatus.ANSWERED:
+        ev = arb.events("AvailabilityAnswered", since, challengeId=challenge_id)[-1]
+        receipt, proof = _answer_from_event(ev)
+        return dataclasses.replace(info, receipt=receipt, proof=proof,
+                                   window_end=int(ev["windowEnd"]))
+    if c.status == ChallengeStatus.UNANSWERED:
+        ev = arb.events("AvailabilityUnanswered", since, challengeId=challenge_id)[-1]
+        return dataclasses.replace(info, slashed=int(ev["slashed"]))
+    return info
+
+
+def answered_receipt(q: Quarry, task_id: int, shard: int, index: int
+                     ) -> tuple[Receipt, tuple[SumNode, ...]] | None:
+    """The receipt and proof a miner showed on-chain for request `index`, if any."""
+    for ev in reversed(q.arbitration.events("AvailabilityAnswered", q.deployment.deploy_block,
+                                            taskId=task_id, shard=shard)):
+        if int(ev["index"]) == index:
+            return _answer_from_event(ev)
+    return None
+
+
+def wait_challenge(
+    q: Quarry,
+    challenge_id: int,
+    *,
+    timeout: float | None = None,
+    poll_s: float = 0.5,
+    settle_as: LocalAccount | None = None,
+    on_poll: Callable[[ChallengeInfo, int], None] | None = None,
+) -> ChallengeInfo:
+    """Block until the challenge is answered or its deadline passes, and return it. With
+    `settle_as`, that account then settles an unanswered challenge (the miner at fault);
+    without it, the still-open challenge is returned. `JobTimeout` after `timeout` s."""
+    started = time.monotonic()
+    while True:
+        info = challenge_info(q, challenge_id)
+        now = q.chain.timestamp()
+        if on_poll is not None:
+            on_poll(info, now)
+        if info.settled:
+            return info
+        if now >= info.deadline:
+            if settle_as is None:
+                return info
+            try:
+                q.arbitration.settle_unanswered(settle_as, challenge_id)
+            except ContractRevert as exc:
+                if exc.error != "ChallengeNotOpen":  # answered or settled meanwhile
+                    raise
+            return challenge_info(q, challenge_id)
+        if timeout is not None and time.monotonic() - started >= timeout:
+            raise JobTimeout(f"availability challenge {challenge_id} is still open after "
+                             f"{timeout:g} s (its deadline is chain time {info.deadline})")
+        time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------- billing
+
+
+def prove_billing_fault(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: int,
+                        index: int) -> TxResult:
+    """Prove on-chain that request `index`'s receipt over-bills: it claims more tokens than
+    a request may have, or than its own output (the document's token ids) holds. The shard
+    is refunded and the miner slashed at once. `DisputeNotPossible` when the shard cannot be
+    challenged or the document shows no billing fault."""
+    t, k, s = _challengeable(q, account, task_id, index, "challenged")
+    start, end = q.tasks.shard_range(task_id, k)
+    item = _document_item(market, s, k, start, end - start, index)
+    if item is None:
+        raise DisputeNotPossible(f"shard {k}'s result document does not prove request "
+                                 f"{index}'s receipt; challenge its availability instead")
+    r = item.receipt
+    if r.output_tokens <= t.max_tokens_per_request and r.output_tokens == len(item.token_ids):
+        raise DisputeNotPossible(f"request {index}'s receipt bills {r.output_tokens} tokens, "
+                                 "what its output holds: no billing fault to prove")
+    args = (task_id, k, r.as_tuple(), [p.as_tuple() for p in item.proof],
+            keccak(item.text.encode("utf-8")), list(item.token_ids))
+    check_funds(q, account, 0, q.arbitration.contract.functions.proveBillingFault(*args),
+                "Arbitration.proveBillingFault", "billing proof")
+    return q.arbitration.prove_billing_fault(account, task_id, k, r, item.proof, args[4],
+                                             item.token_ids)

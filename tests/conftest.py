@@ -72,6 +72,21 @@ class Devnet:
         return [bytes(v.key) for v in self.verifiers]
 
 
+def until_seated(q: Quarry) -> int:
+    """Move the devnet clock to the epoch boundary where every membership change scheduled so
+    far has taken effect (joins activate, exits end); returns that epoch."""
+    c = q.committee
+    at = c.current_epoch()
+    for v in c.seats():
+        info = c.verifier_info(v)
+        at = max(at, info.active_from if info.seated else info.active_until)
+    start = c.epoch_start(at)
+    now = q.chain.timestamp()
+    if now < start:
+        q.chain.advance_time(start - now)
+    return at
+
+
 def _ensure_artifacts() -> None:
     """Compile once when the artifacts are missing (compiling is idempotent and offline)."""
     import subprocess
@@ -105,11 +120,17 @@ def devnet_session() -> Iterator[Devnet]:
             outsider=accounts[5], anyone=accounts[10], verifiers=accounts[6:10],
         )
         gpu = GpuSpec("NVIDIA H100", 81920, 1)
+        # The two fixture miners are established (off probation); a miner registered in a test
+        # starts on probation, as on any deployment.
+        probation = q.gpu.probation_params()
+        q.gpu.set_probation(net.deployer, 0, probation[1])
         for i, m in enumerate((net.miner, net.miner2)):
             q.gpu.register(m, [MODEL_ID], gpu, f"http://127.0.0.1:{9100 + i}", PRICE,
                            MINER_STAKE)
+        q.gpu.set_probation(net.deployer, *probation)
         for v in net.verifiers:
             q.committee.register(v, VERIFIER_STAKE)
+        until_seated(q)
         yield net
     finally:
         anvil.stop()

@@ -1,6 +1,7 @@
 """The contracts through the Python wrappers on a real Anvil: the task life cycle with exact
-balances, disputes both ways, Python-made signatures and Merkle proofs accepted on-chain, and
-bad inputs raising the exception named after the custom error."""
+balances, disputes both ways with stake-weighted votes, availability challenges and billing
+proofs, probation, Python-made signatures, result-tree proofs and output hashes accepted
+on-chain, and bad inputs raising the exception named after the custom error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import TYPE_CHECKING
 import pytest
 from eth_account.signers.local import LocalAccount
 
-from market.chain.contracts import ZERO_ADDRESS, DisputeStatus, GpuSpec, ShardState
+from market.chain.contracts import (
+    ZERO_ADDRESS,
+    Ballot,
+    ChallengeStatus,
+    DisputeStatus,
+    GpuSpec,
+    ShardState,
+)
 from market.chain.errors import ContractRevert, revert_class
 from market.protocol import (
     ChallengeSet,
@@ -25,7 +33,8 @@ from market.protocol import (
     request_hash,
 )
 from market.protocol.eip712 import domain_separator
-from market.protocol.merkle import INDEX_HASH_TYPES, leaf_hash
+from market.protocol.merkle import INDEX_HASH_TYPES, SumNode, leaf_hash
+from market.protocol.results import receipt_proven
 
 if TYPE_CHECKING:
     from conftest import Devnet
@@ -65,7 +74,8 @@ class Posted:
 
 
 def post_task(net: Devnet, n: int, shard_size: int, *, client: LocalAccount | None = None,
-              arbiter: str = ZERO_ADDRESS, tag: str = "t") -> Posted:
+              arbiter: str = ZERO_ADDRESS, tag: str = "t", allow_probation: bool = False
+              ) -> Posted:
     client = client or net.client
     hashes = [request_hash(r) for r in requests(n, tag)]
     root = input_tree(hashes).root
@@ -74,8 +84,14 @@ def post_task(net: Devnet, n: int, shard_size: int, *, client: LocalAccount | No
         client, model_id=MODEL_ID, input_root=root, input_uri=f"store://{root.hex()}",
         num_requests=n, shard_size=shard_size, max_tokens_per_request=MAX_TOKENS,
         price_per_token=PRICE, deadline=deadline, arbiter=arbiter,
+        allow_probation=allow_probation,
     )
     return Posted(task_id, n * MAX_TOKENS * PRICE, tx.gas_cost, hashes)
+
+
+def answer_ids(i: int) -> list[int]:
+    """Request i's output token ids (1..8 tokens)."""
+    return list(range(1, 1 + (i % MAX_TOKENS) + 1))
 
 
 @dataclass
@@ -85,28 +101,33 @@ class Work:
     root: bytes
     tokens: int
 
-    def proof(self, j: int) -> list[bytes]:
+    def proof(self, j: int) -> list[SumNode]:
         return receipts_tree(self.receipts).proof(j)
 
 
-def do_work(net: Devnet, posted: Posted, shard: int, miner: LocalAccount) -> Work:
-    """What a miner does off-chain: outputs, signed receipts, the result tree."""
+def do_work(net: Devnet, posted: Posted, shard: int, miner: LocalAccount,
+            billed: dict[int, int] | None = None) -> Work:
+    """What a miner does off-chain: outputs, signed receipts, the result tree. `billed` maps
+    request indices to a token count the receipt claims instead of the output's."""
     start, end = net.q.tasks.shard_range(posted.task_id, shard)
     receipts = []
     for i in range(start, end):
-        ids = list(range(1, 1 + (i % MAX_TOKENS) + 1))  # 1..8 tokens
+        ids = answer_ids(i)
+        count = (billed or {}).get(i, len(ids))
         receipts.append(Receipt(posted.task_id, shard, i, posted.hashes[i],
-                                output_hash(f"answer {i}", ids), len(ids), MODEL_ID))
+                                output_hash(f"answer {i}", ids), count, MODEL_ID))
     sigs = [r.sign(miner.key, net.chain.chain_id, net.q.tasks.address) for r in receipts]
-    tokens = sum(r.output_tokens for r in receipts)
-    return Work(receipts, sigs, receipts_tree(receipts).root, tokens)
+    tree = receipts_tree(receipts)
+    assert tree.total == sum(r.output_tokens for r in receipts)
+    return Work(receipts, sigs, tree.root, tree.total)
 
 
 def claim_and_submit(net: Devnet, posted: Posted, shard: int,
-                     miner: LocalAccount | None = None) -> Work:
+                     miner: LocalAccount | None = None,
+                     billed: dict[int, int] | None = None) -> Work:
     miner = miner or net.miner
     net.q.tasks.claim_shard(miner, posted.task_id, shard)
-    work = do_work(net, posted, shard, miner)
+    work = do_work(net, posted, shard, miner, billed)
     net.q.tasks.submit_result(miner, posted.task_id, shard, work.root, "store://out", work.tokens)
     return work
 
@@ -237,8 +258,8 @@ def open_dispute(net: Devnet, posted: Posted, work: Work, j: int, shard: int = 1
                  opener: LocalAccount | None = None) -> tuple[int, int]:
     bond = net.q.arbitration.min_bond()
     dispute_id, _ = net.q.arbitration.open_dispute(
-        opener or net.client, posted.task_id, shard, work.receipts[j], work.sigs[j],
-        work.proof(j), "store://evidence", bond)
+        opener or net.client, posted.task_id, shard, work.receipts[j], work.proof(j),
+        "store://evidence", bond)
     return dispute_id, bond
 
 
@@ -264,6 +285,25 @@ def test_contracts_agree_with_python_hashes(devnet: Devnet) -> None:
         cid, q.committee.address)
 
 
+def test_python_result_tree_proofs_are_what_the_contract_accepts(devnet: Devnet) -> None:
+    """Every receipt of shards of 1..9 requests: the Python proof is accepted by
+    `Arbitration.proves` and by `receipt_proven`, and both refuse a billed total that is not
+    the receipts' sum."""
+    net, q = devnet, devnet.q
+    for n in range(1, 10):
+        posted = post_task(net, n, n, tag=f"s{n}")
+        work = claim_and_submit(net, posted, 0)
+        for j, r in enumerate(work.receipts):
+            proof = work.proof(j)
+            assert q.arbitration.proves(posted.task_id, 0, r, proof)
+            assert receipt_proven(r, proof, result_root=work.root, tokens_used=work.tokens,
+                                  start=0, size=n)
+            assert not receipt_proven(r, proof, result_root=work.root,
+                                      tokens_used=work.tokens + 1, start=0, size=n)
+            if n > 1:
+                assert not q.arbitration.proves(posted.task_id, 0, r, work.proof((j + 1) % n))
+
+
 def test_dispute_miner_at_fault(devnet: Devnet) -> None:
     net, q = devnet, devnet.q
     posted = post_task(net, 8, 4)
@@ -274,11 +314,12 @@ def test_dispute_miner_at_fault(devnet: Devnet) -> None:
     d = q.arbitration.get_dispute(dispute_id)
     assert (d.status, d.miner, d.receipt) == (DisputeStatus.OPEN, net.miner.address,
                                               work.receipts[2])
+    assert (d.epoch, d.total_weight) == (q.committee.current_epoch(), 4 * 10**18)
     assert q.tasks.get_shard(posted.task_id, 1).state == ShardState.DISPUTED
     with reverts("DisputeOpen"):
         q.tasks.finalize_shard(net.anyone, posted.task_id, 1)
 
-    tx = q.arbitration.resolve(net.anyone, dispute_id, True, votes(net, dispute_id, True))
+    tx = q.arbitration.cast_votes(net.anyone, dispute_id, True, votes(net, dispute_id, True))
     voters = sorted(net.verifiers[:3], key=lambda a: int(a.address, 16))
     assert tx.event("DisputeResolved")["voters"] == [v.address for v in voters]
     each = collateral * 10_000 // 10_000 * 2000 // 10_000 // 3
@@ -302,7 +343,7 @@ def test_dispute_no_fault_then_finalize(devnet: Devnet) -> None:
     with reverts("NotClientOrArbiter"):
         open_dispute(net, posted, work, 0, opener=net.outsider)
     dispute_id, bond = open_dispute(net, posted, work, 0, opener=client_arbiter)
-    q.arbitration.resolve(net.anyone, dispute_id, False, votes(net, dispute_id, False))
+    q.arbitration.cast_votes(net.anyone, dispute_id, False, votes(net, dispute_id, False))
     assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.MINER_NOT_AT_FAULT
     shard = q.tasks.get_shard(posted.task_id, 1)
     assert shard.state == ShardState.SUBMITTED
@@ -324,33 +365,31 @@ def test_dispute_rejects_bad_evidence(devnet: Devnet) -> None:
     bond = q.arbitration.min_bond()
     task_id, r = posted.task_id, work.receipts[1]
 
-    def dispute(receipt: Receipt, sig: bytes, proof: list[bytes], value: int = bond) -> None:
-        q.arbitration.open_dispute(net.client, task_id, 1, receipt, sig, proof, "e", value)
+    def dispute(receipt: Receipt, proof: list[SumNode], value: int = bond) -> None:
+        q.arbitration.open_dispute(net.client, task_id, 1, receipt, proof, "e", value)
 
-    wrong_key = r.sign(net.outsider.key, net.chain.chain_id, q.tasks.address)
-    with reverts("InvalidMinerSignature") as info:
-        dispute(r, wrong_key, work.proof(1))
-    assert info.value.args_dict == {"recovered": net.outsider.address,
-                                    "miner": net.miner.address}
-    wrong_chain = r.sign(net.miner.key, net.chain.chain_id + 1, q.tasks.address)
-    with reverts("InvalidMinerSignature") as info:
-        dispute(r, wrong_chain, work.proof(1))
-    assert info.value.args_dict["recovered"] != net.miner.address
     with reverts("InvalidProof"):
-        dispute(r, work.sigs[1], work.proof(2))
+        dispute(r, work.proof(2))
+    # signed by the miner, but not what its result root commits to
+    forged = Receipt(task_id, 1, r.index, r.request_hash, keccak(b"other"), r.output_tokens,
+                     MODEL_ID)
+    with reverts("InvalidProof"):
+        dispute(forged, work.proof(1))
     other = Receipt(task_id, 1, 1, r.request_hash, r.output_hash, 1, MODEL_ID)  # index 1: shard 0
     with reverts("ReceiptMismatch"):
-        dispute(other, other.sign(net.miner.key, net.chain.chain_id, q.tasks.address), [])
+        dispute(other, [])
+    over = Receipt(task_id, 1, r.index, r.request_hash, r.output_hash, MAX_TOKENS + 1, MODEL_ID)
+    with reverts("TooManyOutputTokens") as info:
+        dispute(over, work.proof(1))
+    assert info.value.args_dict == {"max": MAX_TOKENS, "got": MAX_TOKENS + 1}
     with reverts("InsufficientBond"):
-        dispute(r, work.sigs[1], work.proof(1), bond - 1)
-    with reverts("InvalidSignature"):
-        dispute(r, work.sigs[1][:64], work.proof(1))
+        dispute(r, work.proof(1), bond - 1)
     net.chain.advance_time(q.tasks.params()["challenge_window"])
     with reverts("OutsideWindow"):
-        dispute(r, work.sigs[1], work.proof(1))
+        dispute(r, work.proof(1))
 
 
-def test_resolve_rejects_bad_quorums(devnet: Devnet) -> None:
+def test_votes_count_by_stake_and_are_recorded_until_a_quorum(devnet: Devnet) -> None:
     net, q = devnet, devnet.q
     posted = post_task(net, 8, 4)
     work = claim_and_submit(net, posted, 1)
@@ -359,28 +398,131 @@ def test_resolve_rejects_bad_quorums(devnet: Devnet) -> None:
     good = votes(net, dispute_id, True)
     signer = Vote(dispute_id, True).recover(good[0], cid, arb)
     with reverts("DuplicateSigner") as info:
-        q.arbitration.resolve(net.anyone, dispute_id, True, [good[0], good[0], good[1]])
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, [good[0], good[0], good[1]])
     assert info.value.args_dict == {"signer": signer}
     with reverts("SignersNotSorted"):
-        q.arbitration.resolve(net.anyone, dispute_id, True, [good[1], good[0], good[2]])
-    with reverts("QuorumNotReached") as info:
-        q.arbitration.resolve(net.anyone, dispute_id, True, good[:2])
-    assert info.value.args_dict == {"required": 3, "got": 2}
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, [good[1], good[0], good[2]])
     with reverts("NotCommitteeMember"):
-        q.arbitration.resolve(net.anyone, dispute_id, True, quorum_signatures(
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, quorum_signatures(
             Vote(dispute_id, True), [net.outsider.key, *net.verifier_keys[:3]], cid, arb))
     # A vote signed for another chain, or for the other verdict, recovers to a stranger. (One
     # signature each: strangers' random addresses would otherwise trip the sort check first.)
     wrong_chain = Vote(dispute_id, True).sign(net.verifier_keys[0], cid + 1, arb)
     with reverts("NotCommitteeMember") as info:
-        q.arbitration.resolve(net.anyone, dispute_id, True, [wrong_chain])
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, [wrong_chain])
     assert info.value.args_dict["signer"] != net.verifiers[0].address
     other_verdict = Vote(dispute_id, False).sign(net.verifier_keys[0], cid, arb)
     with reverts("NotCommitteeMember"):
-        q.arbitration.resolve(net.anyone, dispute_id, True, [other_verdict])
-    q.arbitration.resolve(net.anyone, dispute_id, True, good)
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, [other_verdict])
+    # Two of four equal stakes are not more than two thirds: recorded, still open.
+    tx = q.arbitration.cast_votes(net.anyone, dispute_id, True, good[:2])
+    assert not tx.all("DisputeResolved") and len(tx.all("VoteCast")) == 2
+    d = q.arbitration.get_dispute(dispute_id)
+    assert (d.status, d.fault_weight) == (DisputeStatus.OPEN, 2 * 10**18)
+    assert q.arbitration.ballot_of(dispute_id, signer) == Ballot.FAULT
+    with reverts("NoNewVotes"):
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, good[:2])
+    tx = q.arbitration.cast_votes(net.anyone, dispute_id, True, good)  # the third is new
+    assert len(tx.all("VoteCast")) == 1 and tx.event("DisputeResolved")["minerAtFault"]
     with reverts("DisputeNotOpen"):
-        q.arbitration.resolve(net.anyone, dispute_id, True, good)
+        q.arbitration.cast_votes(net.anyone, dispute_id, True, good)
+
+
+def test_unanswered_availability_challenge_is_a_fault(devnet: Devnet) -> None:
+    """Gap 1: a root and a full bill for a result never published. The client challenges one
+    request; nobody can answer; after the response window the miner is at fault."""
+    net, q = devnet, devnet.q
+    posted = post_task(net, 4, 4)
+    q.tasks.claim_shard(net.miner, posted.task_id, 0)
+    q.tasks.submit_result(net.miner, posted.task_id, 0, keccak(b"nothing"), "store://gone",
+                          4 * MAX_TOKENS)
+    collateral = q.tasks.get_shard(posted.task_id, 0).collateral
+    bond = q.arbitration.min_availability_bond()
+    challenge_id, _ = q.arbitration.challenge_availability(net.client, posted.task_id, 0, 2,
+                                                           bond)
+    c = q.arbitration.get_challenge(challenge_id)
+    assert (c.status, c.index, c.miner) == (ChallengeStatus.OPEN, 2, net.miner.address)
+    with reverts("ResponseWindowOpen"):
+        q.arbitration.settle_unanswered(net.anyone, challenge_id)
+    net.chain.advance_time(q.arbitration.response_window())
+    tx = q.arbitration.settle_unanswered(net.anyone, challenge_id)
+    assert tx.event("AvailabilityUnanswered")["slashed"] == collateral
+    assert q.tasks.get_shard(posted.task_id, 0).state == ShardState.REFUNDED
+    info = q.gpu.miner_info(net.miner.address)
+    assert (info.stake, info.locked) == (MINER_STAKE - collateral, 0)
+    withdraw_exact(net, net.client, posted.payment + collateral + bond)
+    assert q.escrow.withdrawable(net.miner.address) == 0
+    assert_escrow_invariant(net)
+
+
+def test_answered_challenge_reopens_the_window_for_a_dispute(devnet: Devnet) -> None:
+    net, q = devnet, devnet.q
+    posted = post_task(net, 4, 4)
+    work = claim_and_submit(net, posted, 0)
+    bond = q.arbitration.min_availability_bond()
+    challenge_id, _ = q.arbitration.challenge_availability(net.client, posted.task_id, 0, 1,
+                                                           bond)
+    with reverts("ReceiptMismatch"):
+        q.arbitration.answer_availability(net.miner, challenge_id, work.receipts[0],
+                                          work.proof(0))
+    tx = q.arbitration.answer_availability(net.miner, challenge_id, work.receipts[1],
+                                           work.proof(1))
+    ev = tx.event("AvailabilityAnswered")
+    assert Receipt.from_message(ev["receipt"]) == work.receipts[1]
+    assert ev["windowEnd"] >= net.chain.timestamp() + q.arbitration.response_window()
+    assert q.tasks.get_shard(posted.task_id, 0).state == ShardState.SUBMITTED
+    withdraw_exact(net, net.miner, bond)  # the bond pays the honest miner's answer
+    # the answered receipt and proof are what an ordinary dispute needs
+    proof = [SumNode(bytes(p["hash"]), int(p["sum"])) for p in ev["proof"]]
+    dispute_id, _ = q.arbitration.open_dispute(
+        net.client, posted.task_id, 0, work.receipts[1], proof, "store://e",
+        q.arbitration.min_bond())
+    assert q.arbitration.get_dispute(dispute_id).receipt == work.receipts[1]
+
+
+def test_billing_faults_are_proven_on_chain(devnet: Devnet) -> None:
+    """Gap 2: a receipt that bills more tokens than its output holds, proven with the output's
+    token ids (Python's output_hash encoding, checked by the contract), and one over the
+    task's cap, proven by the receipt alone."""
+    net, q = devnet, devnet.q
+    posted = post_task(net, 8, 4)
+    padded = claim_and_submit(net, posted, 0, billed={1: len(answer_ids(1)) + 3})
+    ids = answer_ids(1)
+    text_hash = keccak(b"answer 1")
+    with reverts("NoBillingFault"):
+        q.arbitration.prove_billing_fault(net.client, posted.task_id, 0, padded.receipts[0],
+                                          padded.proof(0), keccak(b"answer 0"), answer_ids(0))
+    with reverts("OutputHashMismatch"):
+        q.arbitration.prove_billing_fault(net.client, posted.task_id, 0, padded.receipts[1],
+                                          padded.proof(1), text_hash, ids + [9])
+    collateral = q.tasks.get_shard(posted.task_id, 0).collateral
+    tx = q.arbitration.prove_billing_fault(net.client, posted.task_id, 0, padded.receipts[1],
+                                           padded.proof(1), text_hash, ids)
+    assert tx.event("BillingFaultProven")["slashed"] == collateral
+    assert q.tasks.get_shard(posted.task_id, 0).state == ShardState.REFUNDED
+
+    over = claim_and_submit(net, posted, 1, net.miner2, billed={5: MAX_TOKENS * 3, 6: 0, 7: 0})
+    assert over.tokens <= 4 * MAX_TOKENS  # within the shard's maximum, so submit accepted it
+    q.arbitration.prove_billing_fault(net.client, posted.task_id, 1, over.receipts[1],
+                                      over.proof(1), bytes(32), [])
+    assert q.tasks.get_shard(posted.task_id, 1).state == ShardState.REFUNDED
+    assert_escrow_invariant(net)
+
+
+def test_new_miners_start_on_probation(devnet: Devnet) -> None:
+    """Gap 6: a fresh key registers on probation: it may claim only tasks that allow it."""
+    net, q = devnet, devnet.q
+    q.gpu.register(net.outsider, [MODEL_ID], GpuSpec("g", 1, 1), "http://x", PRICE, MINER_STAKE)
+    info = q.gpu.miner_info(net.outsider.address)
+    assert (info.on_probation, info.passed_epochs) == (True, 0)
+    assert not q.gpu.is_eligible(net.outsider.address, MODEL_ID)
+    assert q.gpu.is_eligible(net.outsider.address, MODEL_ID, allow_probation=True)
+    ordinary = post_task(net, 2, 2, tag="o")
+    with reverts("NotEligible"):
+        q.tasks.claim_shard(net.outsider, ordinary.task_id, 0)
+    opted_in = post_task(net, 2, 2, tag="p", allow_probation=True)
+    q.tasks.claim_shard(net.outsider, opted_in.task_id, 0)
+    assert q.tasks.get_task(opted_in.task_id).allow_probation
 
 
 # -- committee ----------------------------------------------------------------------------
@@ -394,11 +536,23 @@ def test_reputation_report_and_challenge_set(devnet: Devnet) -> None:
     with reverts("DuplicateSigner"):
         sig = report.sign(net.verifier_keys[0], cid, vc)
         q.committee.submit_reputation(net.anyone, report, [sig, sig, sig])
+    with reverts("QuorumNotReached") as info:  # two of four equal stakes
+        q.committee.submit_reputation(net.anyone, report,
+                                      quorum_signatures(report, net.verifier_keys[:2], cid, vc))
+    assert info.value.args_dict == {"required": q.committee.quorum_weight(epoch),
+                                    "got": 2 * 10**18}
     q.committee.submit_reputation(net.anyone, report,
                                   quorum_signatures(report, net.verifier_keys[:3], cid, vc))
     assert q.gpu.miner_info(net.miner.address).reputation_bps == 9000
     assert q.gpu.miner_info(net.miner2.address).reputation_bps == 1000
-    assert q.committee.reported(epoch)
+    assert q.committee.reported(epoch) and q.committee.next_report_epoch() == epoch + 1
+    # Gap 5: an older report held back can never overwrite a newer one.
+    if epoch > 0:
+        old = Report(epoch - 1, (net.miner2.address,), (9999,), keccak(b"old"))
+        with reverts("ReportOutOfOrder") as info:
+            q.committee.submit_reputation(
+                net.anyone, old, quorum_signatures(old, net.verifier_keys[:3], cid, vc))
+        assert info.value.args_dict == {"epoch": epoch - 1, "next": epoch + 1}
     # Below the untrusted floor the miner can no longer claim.
     posted = post_task(net, 2, 2)
     with reverts("NotEligible") as info:
@@ -428,8 +582,10 @@ def test_equivocation_slashes_a_verifier(devnet: Devnet) -> None:
     b = Report(0, (net.miner.address,), (9900,), keccak(b"b"))
     q.committee.prove_equivocation(net.anyone, cheat.address, a, a.sign(cheat.key, cid, vc),
                                    b, b.sign(cheat.key, cid, vc))
-    assert not q.committee.is_member(cheat.address)
-    assert q.committee.quorum() == 3 * 2 // 3 + 1
+    # its seat ends at the next possible boundary; its stake is gone now
+    info = q.committee.verifier_info(cheat.address)
+    assert (info.stake, info.active_until) == (0, q.committee.current_epoch()
+                                               + q.committee.activation_delay())
     stake = 10**18
     withdraw_exact(net, net.anyone, stake // 2)
     withdraw_exact(net, net.deployer, stake - stake // 2)  # the treasury defaults to the owner

@@ -23,6 +23,7 @@ from market.chain.artifacts import load_artifact
 from market.chain.client import Chain, TxResult, plain
 from market.chain.errors import ChainError
 from market.protocol.eip712 import Receipt, Report
+from market.protocol.merkle import SumNode
 
 ZERO_ADDRESS = "0x" + "00" * 20
 
@@ -78,6 +79,8 @@ class MinerInfo:
     gpu: GpuSpec
     exit_requested_at: int
     active: bool
+    on_probation: bool
+    passed_epochs: int
 
     @staticmethod
     def _convert(kw: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +102,7 @@ class Task:
     deadline: int
     created_at: int
     min_reputation_bps: int
+    allow_probation: bool
     cancelled: bool
     committed: int
 
@@ -120,11 +124,26 @@ class Shard:
         return {**kw, "state": ShardState(kw["state"])}
 
 
+SEATED = 2**64 - 1
+"""`VerifierInfo.active_until` of a verifier that has not asked to leave."""
+
+
 @dataclass(frozen=True)
 class VerifierInfo:
     stake: int
-    exit_requested_at: int
-    member: bool
+    weight: int
+    active_from: int  # first epoch it votes in (0: not registered)
+    active_until: int  # first epoch it no longer votes in (SEATED while seated)
+    withdrawable_at: int  # chain time its stake may leave (0 while seated)
+
+    @property
+    def registered(self) -> bool:
+        return self.active_from != 0
+
+    @property
+    def seated(self) -> bool:
+        """Registered and not leaving (possibly not active yet)."""
+        return self.registered and self.active_until == SEATED
 
 
 class QuarryContract:
@@ -229,8 +248,21 @@ class GPURegistry(QuarryContract):
     def withdraw_stake(self, sender: LocalAccount) -> TxResult:
         return self._tx(sender, "withdrawStake")
 
-    def is_eligible(self, miner: str, model_id: bytes, min_rep_bps: int = 0) -> bool:
-        return bool(self._call("isEligible", to_checksum_address(miner), model_id, min_rep_bps))
+    def is_eligible(self, miner: str, model_id: bytes, min_rep_bps: int = 0,
+                    allow_probation: bool = False) -> bool:
+        return bool(self._call("isEligible", to_checksum_address(miner), model_id, min_rep_bps,
+                               allow_probation))
+
+    def on_probation(self, miner: str) -> bool:
+        return bool(self._call("onProbation", to_checksum_address(miner)))
+
+    def set_probation(self, sender: LocalAccount, epochs: int, pass_bps: int) -> TxResult:
+        """Owner only."""
+        return self._tx(sender, "setProbation", epochs, pass_bps)
+
+    def probation_params(self) -> tuple[int, int]:
+        """(probationEpochs, probationPassBps)."""
+        return int(self._call("probationEpochs")), int(self._call("probationPassBps"))
 
     def is_registered(self, miner: str) -> bool:
         return bool(self._call("isRegistered", to_checksum_address(miner)))
@@ -262,15 +294,17 @@ class TaskRegistry(QuarryContract):
         deadline: int,
         min_reputation_bps: int = 0,
         arbiter: str = ZERO_ADDRESS,
+        allow_probation: bool = False,
         payment: int | None = None,
     ) -> tuple[int, TxResult]:
-        """Post a task paying `payment` (default: the exact maximum cost); returns its id."""
+        """Post a task paying `payment` (default: the exact maximum cost); returns its id.
+        `allow_probation` lets miners on probation claim its shards."""
         if payment is None:
             payment = num_requests * max_tokens_per_request * price_per_token
         result = self._tx(
             sender, "createTask", model_id, input_root, input_uri, num_requests, shard_size,
             max_tokens_per_request, price_per_token, deadline, min_reputation_bps,
-            to_checksum_address(arbiter), value=payment,
+            to_checksum_address(arbiter), allow_probation, value=payment,
         )
         return int(result.event("TaskCreated")["taskId"]), result
 
@@ -366,14 +400,47 @@ class VerifierCommittee(QuarryContract):
         return self._tx(sender, "proveEquivocation", to_checksum_address(verifier),
                         a.as_tuple(), sig_a, b.as_tuple(), sig_b)
 
-    def quorum(self) -> int:
-        return int(self._call("quorum"))
-
     def is_member(self, account: str) -> bool:
+        """A member of the current epoch's committee."""
         return bool(self._call("isMember", to_checksum_address(account)))
 
     def members(self) -> list[str]:
+        """The current epoch's committee, ascending by address."""
         return [to_checksum_address(m) for m in self._call("members")]
+
+    def members_at(self, epoch: int) -> list[str]:
+        """Epoch `epoch`'s committee, ascending by address."""
+        return [to_checksum_address(m) for m in self._call("membersAt", epoch)]
+
+    def seats(self) -> list[str]:
+        """Every verifier holding a seat or still leaving one (unordered)."""
+        return [to_checksum_address(m) for m in self._call("seats")]
+
+    def weight_at(self, account: str, epoch: int) -> int:
+        return int(self._call("weightAt", to_checksum_address(account), epoch))
+
+    def weights_at(self, epoch: int) -> dict[str, int]:
+        """Every member of `epoch`'s committee with its voting weight."""
+        return {m: self.weight_at(m, epoch) for m in self.members_at(epoch)}
+
+    def total_weight_at(self, epoch: int) -> int:
+        return int(self._call("totalWeightAt", epoch))
+
+    def quorum_weight(self, epoch: int) -> int:
+        """The least signer weight that is a quorum in `epoch` (more than 2/3 of its total)."""
+        return int(self._call("quorumWeight", epoch))
+
+    def activation_delay(self) -> int:
+        return int(self._call("activationDelay"))
+
+    def epoch_start(self, epoch: int) -> int:
+        return int(self._call("epochStart", epoch))
+
+    def next_report_epoch(self) -> int:
+        return int(self._call("nextReportEpoch"))
+
+    def strikes_of(self, account: str) -> int:
+        return int(self._call("strikesOf", to_checksum_address(account)))
 
     def verifier_info(self, account: str) -> VerifierInfo:
         return _struct(VerifierInfo, self._call("verifierInfo", to_checksum_address(account)))
@@ -419,6 +486,20 @@ class DisputeStatus(IntEnum):
     EXPIRED = 4
 
 
+class Ballot(IntEnum):
+    NONE = 0
+    FAULT = 1
+    NO_FAULT = 2
+    ABSENT = 3  # reported absent from an expired dispute
+
+
+class ChallengeStatus(IntEnum):
+    NONE = 0
+    OPEN = 1
+    ANSWERED = 2
+    UNANSWERED = 3
+
+
 @dataclass(frozen=True)
 class Dispute:
     task_id: int
@@ -429,6 +510,10 @@ class Dispute:
     bond: int
     opened_at: int
     deadline: int
+    epoch: int  # the epoch whose committee judges it
+    total_weight: int  # that committee's weight: a verdict needs more than 2/3 of it
+    fault_weight: int
+    no_fault_weight: int
     receipt: Receipt
     evidence_uri: str
 
@@ -436,6 +521,27 @@ class Dispute:
     def _convert(kw: dict[str, Any]) -> dict[str, Any]:
         return {**kw, "status": DisputeStatus(kw["status"]),
                 "receipt": Receipt.from_message(kw["receipt"])}
+
+
+@dataclass(frozen=True)
+class AvailabilityChallenge:
+    task_id: int
+    shard: int
+    index: int
+    status: ChallengeStatus
+    challenger: str
+    miner: str
+    bond: int
+    opened_at: int
+    deadline: int
+
+    @staticmethod
+    def _convert(kw: dict[str, Any]) -> dict[str, Any]:
+        return {**kw, "status": ChallengeStatus(kw["status"])}
+
+
+def _proof(proof: Sequence[SumNode]) -> list[tuple[bytes, int]]:
+    return [p.as_tuple() for p in proof]
 
 
 class Arbitration(QuarryContract):
@@ -447,32 +553,86 @@ class Arbitration(QuarryContract):
         task_id: int,
         shard: int,
         receipt: Receipt,
-        miner_sig: bytes,
-        proof: Sequence[bytes],
+        proof: Sequence[SumNode],
         evidence_uri: str,
         bond: int,
     ) -> tuple[int, TxResult]:
-        """Dispute one receipt (by the task's client or arbiter); returns the dispute id."""
-        result = self._tx(sender, "openDispute", task_id, shard, receipt.as_tuple(), miner_sig,
-                          list(proof), evidence_uri, value=bond)
+        """Dispute one receipt, proven under the shard's result tree (by the task's client or
+        arbiter); returns the dispute id."""
+        result = self._tx(sender, "openDispute", task_id, shard, receipt.as_tuple(),
+                          _proof(proof), evidence_uri, value=bond)
         return int(result.event("DisputeOpened")["disputeId"]), result
 
-    def resolve(self, sender: LocalAccount, dispute_id: int, miner_at_fault: bool,
-                sigs: Sequence[bytes]) -> TxResult:
-        """`sigs`: committee Vote signatures, signers ascending (`eip712.quorum_signatures`)."""
-        return self._tx(sender, "resolve", dispute_id, miner_at_fault, list(sigs))
+    def cast_votes(self, sender: LocalAccount, dispute_id: int, miner_at_fault: bool,
+                   sigs: Sequence[bytes]) -> TxResult:
+        """Record committee Vote signatures (signers ascending, `eip712.sort_signatures`);
+        the dispute resolves once one verdict holds more than 2/3 of its committee's weight
+        (the result then carries `DisputeResolved`)."""
+        return self._tx(sender, "castVotes", dispute_id, miner_at_fault, list(sigs))
 
     def expire_dispute(self, sender: LocalAccount, dispute_id: int) -> TxResult:
         return self._tx(sender, "expireDispute", dispute_id)
 
+    def report_absence(self, sender: LocalAccount, dispute_id: int,
+                       absent: Sequence[str]) -> TxResult:
+        """Penalize members of an expired dispute's committee that cast no vote."""
+        return self._tx(sender, "reportAbsence", dispute_id,
+                        [to_checksum_address(a) for a in absent])
+
     def get_dispute(self, dispute_id: int) -> Dispute:
         return _struct(Dispute, self._call("getDispute", dispute_id))
+
+    def ballot_of(self, dispute_id: int, member: str) -> Ballot:
+        return Ballot(int(self._call("ballotOf", dispute_id, to_checksum_address(member))))
+
+    def voters_of(self, dispute_id: int, miner_at_fault: bool) -> list[str]:
+        return [to_checksum_address(v) for v in self._call("votersOf", dispute_id,
+                                                             miner_at_fault)]
 
     def dispute_count(self) -> int:
         return int(self._call("disputeCount"))
 
     def min_bond(self) -> int:
         return int(self._call("minBond"))
+
+    # ------------------------------------------------------------------ availability, billing
+    def challenge_availability(self, sender: LocalAccount, task_id: int, shard: int,
+                               index: int, bond: int) -> tuple[int, TxResult]:
+        """Ask the shard's miner to show request `index`'s receipt on-chain; returns the
+        challenge id."""
+        result = self._tx(sender, "challengeAvailability", task_id, shard, index, value=bond)
+        return int(result.event("AvailabilityChallenged")["challengeId"]), result
+
+    def answer_availability(self, sender: LocalAccount, challenge_id: int, receipt: Receipt,
+                            proof: Sequence[SumNode]) -> TxResult:
+        return self._tx(sender, "answerAvailability", challenge_id, receipt.as_tuple(),
+                        _proof(proof))
+
+    def settle_unanswered(self, sender: LocalAccount, challenge_id: int) -> TxResult:
+        return self._tx(sender, "settleUnanswered", challenge_id)
+
+    def prove_billing_fault(self, sender: LocalAccount, task_id: int, shard: int,
+                            receipt: Receipt, proof: Sequence[SumNode], text_hash: bytes,
+                            token_ids: Sequence[int]) -> TxResult:
+        return self._tx(sender, "proveBillingFault", task_id, shard, receipt.as_tuple(),
+                        _proof(proof), text_hash, list(token_ids))
+
+    def get_challenge(self, challenge_id: int) -> AvailabilityChallenge:
+        return _struct(AvailabilityChallenge, self._call("getChallenge", challenge_id))
+
+    def challenge_count(self) -> int:
+        return int(self._call("challengeCount"))
+
+    def proves(self, task_id: int, shard: int, receipt: Receipt,
+               proof: Sequence[SumNode]) -> bool:
+        """Whether the contract accepts `proof` for `receipt` under the shard's commitment."""
+        return bool(self._call("proves", task_id, shard, receipt.as_tuple(), _proof(proof)))
+
+    def min_availability_bond(self) -> int:
+        return int(self._call("minAvailabilityBond"))
+
+    def response_window(self) -> int:
+        return int(self._call("responseWindow"))
 
     def hash_vote(self, dispute_id: int, miner_at_fault: bool) -> bytes:
         return bytes(self._call("hashVote", dispute_id, miner_at_fault))
@@ -485,7 +645,7 @@ class Arbitration(QuarryContract):
 
     def params(self) -> dict[str, int]:
         names = ("minBond", "disputeTimeout", "faultSlashBps", "verifierRewardBps",
-                 "minerBondShareBps")
+                 "minerBondShareBps", "minAvailabilityBond", "responseWindow")
         return {_snake(n): int(self._call(n)) for n in names}
 
 

@@ -32,13 +32,16 @@ ETHER = 10**18
 
 @dataclass(frozen=True)
 class DeployParams:
-    """Every amount (wei) and duration (seconds) the constructors take. The defaults are the
-    devnet's: small stakes and short windows so a whole life cycle runs in seconds."""
+    """Every amount (wei) and duration (seconds) the constructors and the deploy-time setters
+    take. The defaults are the devnet's: small stakes and short windows so a whole life cycle
+    runs in seconds. The README's "cost of attacking the committee" works through them."""
 
     # GPURegistry
     min_stake: int = ETHER // 10
     miner_unbonding_period: int = 60
     initial_reputation_bps: int = 5000
+    probation_epochs: int = 2  # passing committee reports before a new miner leaves probation
+    probation_pass_bps: int = 6000
     # TaskRegistry
     collateral_bps: int = 2000
     claim_timeout: int = 600
@@ -46,15 +49,22 @@ class DeployParams:
     reclaim_penalty_bps: int = 5000
     # VerifierCommittee
     min_verifier_stake: int = ETHER // 10
-    verifier_unbonding_period: int = 60
+    # Above dispute_timeout: a member leaving stays slashable for its absences.
+    verifier_unbonding_period: int = 900
     epoch_duration: int = 120
     genesis_time: int = 0  # 0: the deploy block's timestamp
+    activation_delay: int = 1  # epochs from a join or exit to the boundary it takes effect at
+    churn_limit: int = 4  # verifiers activated per epoch
+    idle_strikes_allowed: int = 0  # absences before each further one also costs stake
+    idle_slash_bps: int = 1000
     # Arbitration
     min_bond: int = ETHER // 100
     dispute_timeout: int = 600
     fault_slash_bps: int = 10_000
     verifier_reward_bps: int = 2000
     miner_bond_share_bps: int = 5000
+    min_availability_bond: int = ETHER // 100  # pays the miner's answer (gas included)
+    response_window: int = 60  # seconds a miner has to answer an availability challenge
 
     def constructor_args(self, name: str) -> tuple[Any, ...]:
         return {
@@ -66,8 +76,19 @@ class DeployParams:
             "VerifierCommittee": (self.min_verifier_stake, self.verifier_unbonding_period,
                                   self.epoch_duration, self.genesis_time),
             "Arbitration": (self.min_bond, self.dispute_timeout, self.fault_slash_bps,
-                            self.verifier_reward_bps, self.miner_bond_share_bps),
+                            self.verifier_reward_bps, self.miner_bond_share_bps,
+                            self.min_availability_bond, self.response_window),
         }[name]
+
+    def setter_calls(self) -> list[tuple[str, str, tuple[Any, ...]]]:
+        """The owner's parameter calls after wiring: (contract, function, args)."""
+        return [
+            ("GPURegistry", "setProbation", (self.probation_epochs, self.probation_pass_bps)),
+            ("VerifierCommittee", "setMembershipParams",
+             (self.activation_delay, self.churn_limit)),
+            ("VerifierCommittee", "setIdlePenalty",
+             (self.idle_strikes_allowed, self.idle_slash_bps)),
+        ]
 
 
 DEVNET_PARAMS = DeployParams()
@@ -100,6 +121,7 @@ def deploy(
         ("TaskRegistry", "setArbitration", "Arbitration"),
         ("VerifierCommittee", "setGPURegistry", "GPURegistry"),
         ("VerifierCommittee", "setEscrow", "PaymentEscrow"),
+        ("VerifierCommittee", "setArbitration", "Arbitration"),
         ("Arbitration", "setTaskRegistry", "TaskRegistry"),
         ("Arbitration", "setGPURegistry", "GPURegistry"),
         ("Arbitration", "setCommittee", "VerifierCommittee"),
@@ -107,6 +129,9 @@ def deploy(
     ]
     for target, setter, wired in wiring:
         fn = contracts[target].functions[setter](a[wired])
+        txs.append(chain.send(fn, deployer, where=f"{target}.{setter}"))
+    for target, setter, args in params.setter_calls():
+        fn = contracts[target].functions[setter](*args)
         txs.append(chain.send(fn, deployer, where=f"{target}.{setter}"))
     deployment = Deployment(
         chain_id=chain.chain_id,
