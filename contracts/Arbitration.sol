@@ -94,10 +94,12 @@ struct AvailabilityChallenge {
 /// - Fault (a committee verdict, an unanswered availability challenge, or a proven billing
 ///   fault): the client gets the whole shard budget back (TaskRegistry), the miner loses
 ///   `collateral * faultSlashBps / 10000` of its stake, of which `verifierRewardBps` is split
-///   equally among the voters (if any) and the rest goes to the client; a bond returns to the
-///   opener.
-/// - No fault: `minerBondShareBps` of the bond goes to the miner and the rest is split equally
-///   among the voters (rounding dust to the miner); the shard can be finalized at once.
+///   among the voters (if any) in proportion to their weight and the rest goes to the client;
+///   a bond returns to the opener.
+/// - No fault: `minerBondShareBps` of the bond goes to the miner and the rest is split among
+///   the voters in proportion to their weight (rounding dust to the miner); the shard can be
+///   finalized at once. Paying by weight, not per head, leaves nothing to gain by splitting a
+///   stake over many identities.
 /// - Expired (no verdict by `deadline`): no fault, the bond returns to the opener; every member
 ///   of the judging committee that cast no vote can then be reported ({reportAbsence}) and loses
 ///   its seat (and stake, past the committee's limit) to the opener.
@@ -137,6 +139,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     mapping(uint256 disputeId => Dispute) private _disputes;
     mapping(uint256 disputeId => mapping(address member => Ballot)) private _ballots;
     mapping(uint256 disputeId => mapping(bool minerAtFault => address[])) private _voters;
+    mapping(uint256 disputeId => mapping(address member => uint256)) private _voteWeights;
     mapping(uint256 challengeId => AvailabilityChallenge) private _challenges;
     /// @notice Availability challenges opened per shard.
     mapping(uint256 taskId => mapping(uint32 shard => uint8)) public availabilityChallengesOf;
@@ -373,6 +376,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
             if (w == 0) revert NotCommitteeMember(member);
             if (_ballots[disputeId][member] != Ballot.None) continue;
             _ballots[disputeId][member] = ballot;
+            _voteWeights[disputeId][member] = w;
             _voters[disputeId][minerAtFault].push(member);
             added += w;
             ++fresh;
@@ -488,7 +492,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         if (c.status != ChallengeStatus.Open) revert ChallengeNotOpen(c.status);
         if (block.timestamp < c.deadline) revert ResponseWindowOpen(c.deadline);
         c.status = ChallengeStatus.Unanswered;
-        uint256 slashed = _settleFault(c.taskId, c.shard, new address[](0));
+        uint256 slashed = _settleFault(c.taskId, c.shard, new address[](0), new uint256[](0), 0);
         emit AvailabilityUnanswered(challengeId, c.taskId, c.shard, slashed);
         escrow.credit{value: c.bond}(c.challenger);
     }
@@ -496,8 +500,8 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     // ------------------------------------------------------------------ billing
 
     /// @notice Proves on-chain that a receipt under a Submitted shard's commitment over-bills:
-    /// it claims more output tokens than a request may have, or its output (the token ids and
-    /// text hash that hash to its `outputHash`) has another number of tokens than it bills.
+    /// it claims more output tokens than a request may have, or more than its output (the
+    /// token ids and text hash that hash to its `outputHash`) holds.
     /// Settled at once as a fault, without the committee. Client or arbiter, inside the window.
     /// Emits {BillingFaultProven}.
     /// @param receipt A receipt of the shard.
@@ -517,10 +521,10 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         if (receipt.outputTokens <= t.maxTokensPerRequest) {
             bytes32 h = keccak256(abi.encode(textHash, keccak256(abi.encodePacked(tokenIds))));
             if (h != receipt.outputHash) revert OutputHashMismatch();
-            if (tokenIds.length == receipt.outputTokens) revert NoBillingFault();
+            if (receipt.outputTokens <= tokenIds.length) revert NoBillingFault();
         }
         taskRegistry.markDisputed(taskId, shard);
-        uint256 slashed = _settleFault(taskId, shard, new address[](0));
+        uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0);
         emit BillingFaultProven(taskId, shard, receipt.index, msg.sender, slashed);
     }
 
@@ -626,37 +630,58 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     function _resolve(uint256 disputeId, Dispute storage d, bool minerAtFault) private {
         d.status = minerAtFault ? DisputeStatus.MinerAtFault : DisputeStatus.MinerNotAtFault;
         address[] memory voters = _voters[disputeId][minerAtFault];
+        uint256[] memory weights = _weights(disputeId, voters);
+        uint256 tally = minerAtFault ? d.faultWeight : d.noFaultWeight;
         uint256 bond = d.bond;
         if (minerAtFault) {
-            uint256 slashed = _settleFault(d.taskId, d.shard, voters);
+            uint256 slashed = _settleFault(d.taskId, d.shard, voters, weights, tally);
             emit DisputeResolved(disputeId, true, voters, slashed);
             escrow.credit{value: bond}(d.opener);
         } else {
             (address miner,,) = taskRegistry.resolveDispute(d.taskId, d.shard, false, uint64(block.timestamp));
-            uint256 n = voters.length;
-            uint256 each = (bond - bond * minerBondShareBps / BPS) / n;
+            uint256 pool = bond - bond * minerBondShareBps / BPS;
+            uint256 paid = 0;
             emit DisputeResolved(disputeId, false, voters, 0);
-            for (uint256 i = 0; i < n; ++i) {
-                escrow.credit{value: each}(voters[i]);
+            for (uint256 i = 0; i < voters.length; ++i) {
+                uint256 share = pool * weights[i] / tally;
+                paid += share;
+                escrow.credit{value: share}(voters[i]);
             }
-            escrow.credit{value: bond - each * n}(miner);
+            escrow.credit{value: bond - paid}(miner);
+        }
+    }
+
+    /// @dev The voters' weights in the dispute's committee, as recorded by {castVotes}.
+    function _weights(uint256 disputeId, address[] memory voters) private view returns (uint256[] memory weights) {
+        weights = new uint256[](voters.length);
+        for (uint256 i = 0; i < voters.length; ++i) {
+            weights[i] = _voteWeights[disputeId][voters[i]];
         }
     }
 
     /// @dev Settles a frozen shard as the miner's fault: the client gets the shard budget back
     /// (TaskRegistry), and `collateral * faultSlashBps` of the miner's stake is slashed, with
-    /// `verifierRewardBps` of it split equally among `voters` and the rest to the client.
+    /// `verifierRewardBps` of it split among `voters` in proportion to `weights` (summing to
+    /// `total`) and the rest to the client.
     /// @return slashed The stake actually taken.
-    function _settleFault(uint256 taskId, uint32 shard, address[] memory voters) private returns (uint256 slashed) {
+    function _settleFault(
+        uint256 taskId,
+        uint32 shard,
+        address[] memory voters,
+        uint256[] memory weights,
+        uint256 total
+    ) private returns (uint256 slashed) {
         (address miner, uint256 collateral, address client) =
             taskRegistry.resolveDispute(taskId, shard, true, uint64(block.timestamp));
         uint256 slashAmount = collateral * faultSlashBps / BPS;
-        uint256 n = voters.length;
-        uint256 each = n == 0 ? 0 : slashAmount * verifierRewardBps / BPS / n;
-        for (uint256 i = 0; i < n; ++i) {
-            slashed += gpuRegistry.slash(miner, each, voters[i]);
+        uint256 reward = voters.length == 0 ? 0 : slashAmount * verifierRewardBps / BPS;
+        uint256 paid = 0;
+        for (uint256 i = 0; i < voters.length; ++i) {
+            uint256 share = reward * weights[i] / total;
+            paid += share;
+            slashed += gpuRegistry.slash(miner, share, voters[i]);
         }
-        slashed += gpuRegistry.slash(miner, slashAmount - each * n, client);
+        slashed += gpuRegistry.slash(miner, slashAmount - paid, client);
     }
 
     function _emitOpened(uint256 disputeId, Dispute storage d) private {

@@ -9,6 +9,7 @@ import {Checkpoints} from "@openzeppelin/contracts/utils/structs/Checkpoints.sol
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Report, SigLib, InvalidSignature, DuplicateSigner, SignersNotSorted} from "./lib/QuarryTypes.sol";
 import {IVerifierCommittee} from "./interfaces/IVerifierCommittee.sol";
+import {IArbitration} from "./interfaces/IArbitration.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
 import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
@@ -46,7 +47,9 @@ struct VerifierInfo {
 /// Epoch rules: `commitChallengeSet` accepts only `epoch == currentEpoch() + 1`, signed by the
 /// current snapshot; `submitReputation` accepts only an epoch newer than the last reported one,
 /// signed by that epoch's snapshot. A verifier leaving keeps its stake bonded (slashable for
-/// equivocation and absence) for `unbondingPeriod` after its last epoch.
+/// equivocation and absence) until every dispute its seat could judge has expired, plus
+/// `unbondingPeriod`. A member's weight never exceeds its remaining stake, so a member slashed
+/// to nothing no longer votes, even in the snapshots it belonged to.
 contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     using Checkpoints for Checkpoints.Trace208;
 
@@ -63,7 +66,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
 
     /// @notice Least stake (wei) to register.
     uint256 public minVerifierStake;
-    /// @notice Seconds a leaving verifier's stake stays bonded after its last epoch.
+    /// @notice Seconds a leaving verifier's stake stays bonded after the last dispute its seat
+    /// could judge has expired (its last epoch's end plus Arbitration's dispute timeout).
     uint64 public unbondingPeriod;
     /// @notice Seconds per epoch.
     uint64 public epochDuration;
@@ -118,6 +122,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     event VerifierDisplaced(address indexed verifier, address indexed by, uint64 activeUntil);
     /// @notice `verifier` votes until epoch `activeUntil` and may withdraw at `withdrawableAt`.
     event VerifierExitRequested(address indexed verifier, uint64 activeUntil, uint64 withdrawableAt);
+    /// @notice `verifier` left before its seat took effect and got its `stake` back at once.
+    event VerifierJoinCancelled(address indexed verifier, uint256 stake);
     event VerifierStakeWithdrawn(address indexed verifier, uint256 amount);
     /// @notice An absence from an expired dispute cost `verifier` its seat and `slashed` wei.
     event AbsencePenalized(address indexed verifier, uint32 strikes, uint256 slashed, address beneficiary);
@@ -163,8 +169,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     error NothingToSlash(address verifier);
 
     /// @param minVerifierStake_ Least stake (wei) to register.
-    /// @param unbondingPeriod_ Seconds a leaving verifier's stake stays bonded after its last
-    /// epoch (keep it above Arbitration's dispute timeout so absences stay punishable).
+    /// @param unbondingPeriod_ Seconds a leaving verifier's stake stays bonded after the last
+    /// dispute its seat could judge has expired (time to report its absences).
     /// @param epochDuration_ Seconds per epoch (> 0).
     /// @param genesisTime_ Start of epoch 0 (0: this block's timestamp; must not be in the future).
     constructor(uint256 minVerifierStake_, uint64 unbondingPeriod_, uint64 epochDuration_, uint64 genesisTime_)
@@ -276,20 +282,38 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     }
 
     /// @notice Leaves the committee at the next possible epoch boundary; the stake can be
-    /// withdrawn `unbondingPeriod` after that boundary. Emits {VerifierExitRequested}.
-    function requestExit() external {
+    /// withdrawn once disputes opened before that boundary have expired, plus
+    /// `unbondingPeriod`. A join that would take effect at that same boundary is cancelled
+    /// instead: the seat, the activation slot and the stake go back at once (it never voted).
+    /// Emits {VerifierExitRequested} or {VerifierJoinCancelled}.
+    function requestExit() external nonReentrant {
         VerifierInfo storage v = _verifiers[msg.sender];
         if (v.activeFrom == 0 || v.activeUntil != type(uint64).max) revert NotMember(msg.sender);
         uint48 at = _changeEpoch();
+        if (v.activeFrom == at) {
+            activations[at] -= 1;
+            _moveWeight(at, v.weight, false);
+            _removeSeat(msg.sender);
+            uint256 amount = v.stake;
+            delete _verifiers[msg.sender];
+            emit VerifierJoinCancelled(msg.sender, amount);
+            if (amount > 0) Address.sendValue(payable(msg.sender), amount);
+            return;
+        }
         _unseat(msg.sender, at);
         emit VerifierExitRequested(msg.sender, at, v.withdrawableAt);
     }
 
     /// @notice Sends the caller its stake after the unbonding period and clears its record.
+    /// @dev The bound is recomputed with the current dispute timeout and unbonding period, and
+    /// the later of it and the recorded one applies: raising either never lets a member leave
+    /// before the disputes its seat judged have expired.
     function withdrawStake() external nonReentrant {
         VerifierInfo storage v = _verifiers[msg.sender];
         if (v.withdrawableAt == 0) revert NotExiting(msg.sender);
-        if (block.timestamp < v.withdrawableAt) revert UnbondingNotOver(v.withdrawableAt);
+        uint64 at = _unbondsAt(v.activeUntil);
+        if (at < v.withdrawableAt) at = v.withdrawableAt;
+        if (block.timestamp < at) revert UnbondingNotOver(at);
         uint256 amount = v.stake;
         delete _verifiers[msg.sender];
         emit VerifierStakeWithdrawn(msg.sender, amount);
@@ -411,7 +435,7 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     function weightAt(address verifier, uint256 epoch) public view returns (uint256) {
         VerifierInfo storage v = _verifiers[verifier];
         if (v.activeFrom == 0 || epoch < v.activeFrom || epoch >= v.activeUntil) return 0;
-        return v.weight;
+        return v.weight < v.stake ? v.weight : v.stake;
     }
 
     /// @notice The total weight of `epoch`'s committee.
@@ -558,23 +582,52 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         _memberCount.push(at, SafeCast.toUint208(add ? count + 1 : count - 1));
     }
 
-    /// @dev Ends `account`'s membership at epoch `at`; its stake unbonds from that boundary.
+    /// @dev Ends `account`'s membership at epoch `at`. Its stake stays bonded until the last
+    /// dispute opened before `at` has expired, plus the unbonding period. A join that never
+    /// took effect gives its activation slot back.
     function _unseat(address account, uint48 at) private {
         VerifierInfo storage v = _verifiers[account];
+        if (v.activeFrom == at) activations[at] -= 1;
         v.activeUntil = at;
-        v.withdrawableAt = SafeCast.toUint64(epochStart(at) + unbondingPeriod);
+        v.withdrawableAt = _unbondsAt(at);
         _moveWeight(at, v.weight, false);
     }
 
-    /// @dev The seated verifier (not leaving) with the least weight; ties go to the later seat.
+    /// @dev When the stake of a seat ending at epoch `at` may leave: the end of the last dispute
+    /// opened while it sat (Arbitration's timeout after the boundary), plus the unbonding period.
+    function _unbondsAt(uint256 at) private view returns (uint64) {
+        uint256 disputeTimeout = arbitration == address(0) ? 0 : IArbitration(arbitration).disputeTimeout();
+        return SafeCast.toUint64(epochStart(at) + disputeTimeout + unbondingPeriod);
+    }
+
+    /// @dev Removes `account` from the seat list (order is not kept).
+    function _removeSeat(address account) private {
+        uint256 n = _seats.length;
+        for (uint256 i = 0; i < n; ++i) {
+            if (_seats[i] == account) {
+                _seats[i] = _seats[n - 1];
+                _seats.pop();
+                return;
+            }
+        }
+    }
+
+    /// @dev The seated verifier (not leaving) with the least weight; among equals the one
+    /// activated last, then the highest address (independent of the seats' order).
     function _lowestSeat() private view returns (address lowest, uint256 lowestWeight) {
         lowestWeight = type(uint256).max;
+        uint64 lowestFrom = 0;
         for (uint256 i = 0; i < _seats.length; ++i) {
-            VerifierInfo storage v = _verifiers[_seats[i]];
+            address a = _seats[i];
+            VerifierInfo storage v = _verifiers[a];
             if (v.activeUntil != type(uint64).max) continue;
-            if (v.weight <= lowestWeight) {
-                lowest = _seats[i];
+            if (
+                v.weight < lowestWeight
+                    || (v.weight == lowestWeight && (v.activeFrom > lowestFrom || (v.activeFrom == lowestFrom && a > lowest)))
+            ) {
+                lowest = a;
                 lowestWeight = v.weight;
+                lowestFrom = v.activeFrom;
             }
         }
     }

@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+/// @notice What VerifierCommittee needs from Arbitration.
+interface IArbitration {
+    function disputeTimeout() external view returns (uint64);
+}
