@@ -25,6 +25,8 @@ struct MinerInfo {
     GpuSpec gpu;
     uint64 exitRequestedAt;
     bool active;
+    /// @dev When the miner (last) registered: probation counts only epochs that started after.
+    uint64 registeredAt;
     /// @dev True from registration until `probationEpochs` consecutive passing reports.
     bool onProbation;
     /// @dev Consecutive committee reports at or above `probationPassBps` while on probation.
@@ -222,6 +224,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         m.pricePerToken = pricePerToken;
         m.exitRequestedAt = 0;
         m.active = true;
+        m.registeredAt = uint64(block.timestamp);
         m.onProbation = probationEpochs > 0;
         m.passedEpochs = 0;
         emit MinerRegistered(msg.sender, modelIds, gpu, endpoint, pricePerToken, msg.value);
@@ -323,17 +326,18 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         escrow.credit{value: slashed}(beneficiary);
     }
 
-    /// @notice Writes `miner`'s reputation from one epoch's committee report, and counts the
-    /// epoch towards the end of its probation (a report below `probationPassBps` restarts the
-    /// count). VerifierCommittee only; reports arrive in epoch order, one per epoch.
-    function setReputation(address miner, uint16 bps) external {
+    /// @notice Writes `miner`'s reputation from the committee's report of the epoch that
+    /// started at `epochStart`, and counts that epoch towards the end of its probation if it
+    /// started after the miner registered (a report below `probationPassBps` restarts the
+    /// count). VerifierCommittee only; reports arrive in epoch order and name a miner once.
+    function setReputation(address miner, uint16 bps, uint256 epochStart) external {
         if (msg.sender != committee || msg.sender == address(0)) revert Unauthorized(msg.sender);
         if (bps > BPS) revert InvalidBps(bps);
         MinerInfo storage m = _miners[miner];
         if (!m.active) revert NotRegistered(miner);
         m.reputationBps = bps;
         emit ReputationSet(miner, bps);
-        if (m.onProbation) {
+        if (m.onProbation && epochStart >= m.registeredAt) {
             if (bps < probationPassBps) {
                 m.passedEpochs = 0;
             } else if (++m.passedEpochs >= probationEpochs) {

@@ -157,6 +157,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     /// @notice Reports are accepted only for epochs from `next` on (epoch order).
     error ReportOutOfOrder(uint256 epoch, uint256 next);
     error LengthMismatch(uint256 miners, uint256 scores);
+    /// @notice A report lists its miners strictly ascending by address (each once).
+    error MinersNotSorted();
     error TooManyMiners(uint256 max, uint256 got);
     error ScoreOutOfRange(uint256 score);
     /// @notice A quorum signer is not a member of the epoch's committee.
@@ -366,7 +368,7 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     /// every epoch reported before (a held-back older report can never overwrite a newer one).
     /// Miners no longer registered are skipped.
     /// @param epoch The epoch scored.
-    /// @param miners Miners scored (<= 256).
+    /// @param miners Miners scored (<= 256), strictly ascending by address.
     /// @param scoresBps Their new reputations (<= 10000 each).
     /// @param evidenceRoot Root of the off-chain evidence.
     /// @param sigs Member signatures over the Report, signers strictly ascending by address.
@@ -385,14 +387,16 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         if (miners.length > MAX_REPORT_MINERS) revert TooManyMiners(MAX_REPORT_MINERS, miners.length);
         for (uint256 i = 0; i < scoresBps.length; ++i) {
             if (scoresBps[i] > BPS) revert ScoreOutOfRange(scoresBps[i]);
+            if (i > 0 && miners[i] <= miners[i - 1]) revert MinersNotSorted();
         }
         address[] memory signers = _checkQuorum(_hashReport(epoch, miners, scoresBps, evidenceRoot), sigs, epoch);
         reported[epoch] = true;
         nextReportEpoch = epoch + 1;
         emit ReputationSubmitted(epoch, evidenceRoot, miners.length, signers);
+        uint256 start = epochStart(epoch);
         for (uint256 i = 0; i < miners.length; ++i) {
             if (gpuRegistry.isRegistered(miners[i])) {
-                gpuRegistry.setReputation(miners[i], scoresBps[i]);
+                gpuRegistry.setReputation(miners[i], scoresBps[i], start);
             } else {
                 emit ReputationSkipped(epoch, miners[i]);
             }

@@ -532,7 +532,13 @@ def test_reputation_report_and_challenge_set(devnet: Devnet) -> None:
     net, q = devnet, devnet.q
     cid, vc = net.chain.chain_id, q.committee.address
     epoch = q.committee.current_epoch()
-    report = Report(epoch, (net.miner.address, net.miner2.address), (9000, 1000), keccak(b"ev"))
+    unsorted = Report(epoch, (net.miner.address, net.miner2.address), (9000, 1000), keccak(b"u"))
+    with reverts("MinersNotSorted"):  # each miner once, ascending: one report, one pass each
+        q.committee.submit_reputation(
+            net.anyone, unsorted, quorum_signatures(unsorted, net.verifier_keys[:3], cid, vc))
+    scores = {net.miner.address: 9000, net.miner2.address: 1000}
+    miners = tuple(sorted(scores, key=lambda a: int(a, 16)))
+    report = Report(epoch, miners, tuple(scores[m] for m in miners), keccak(b"ev"))
     with reverts("DuplicateSigner"):
         sig = report.sign(net.verifier_keys[0], cid, vc)
         q.committee.submit_reputation(net.anyone, report, [sig, sig, sig])

@@ -79,6 +79,7 @@ class MinerInfo:
     gpu: GpuSpec
     exit_requested_at: int
     active: bool
+    registered_at: int
     on_probation: bool
     passed_epochs: int
 
