@@ -25,7 +25,7 @@ struct MinerInfo {
     GpuSpec gpu;
     uint64 exitRequestedAt;
     bool active;
-    /// @dev When the miner (last) registered: probation counts only epochs that started after.
+    /// @dev When the miner (last) registered: probation counts only epochs that started then or later.
     uint64 registeredAt;
     /// @dev True from registration until `probationEpochs` consecutive passing reports.
     bool onProbation;
@@ -328,7 +328,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
 
     /// @notice Writes `miner`'s reputation from the committee's report of the epoch that
     /// started at `epochStart`, and counts that epoch towards the end of its probation if it
-    /// started after the miner registered (a report below `probationPassBps` restarts the
+    /// started at or after the miner's registration (a report below `probationPassBps` restarts the
     /// count). VerifierCommittee only; reports arrive in epoch order and name a miner once.
     function setReputation(address miner, uint16 bps, uint256 epochStart) external {
         if (msg.sender != committee || msg.sender == address(0)) revert Unauthorized(msg.sender);

@@ -1,10 +1,17 @@
 const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
-const { P, MODEL, OTHER_MODEL, GPU, PRICE, gasCost } = require("./helpers");
+const {
+  P, MODEL, OTHER_MODEL, GPU, PRICE, gasCost, deployQuarry, createTask, signReport,
+} = require("./helpers");
+
+// The start of an epoch after every registration in these tests (registeredAt is a uint64):
+// setReputation counts such a report towards probation.
+const LATER = 2n ** 64n;
 
 // GPURegistry with EOAs standing in for TaskRegistry, Arbitration and VerifierCommittee,
-// and a real PaymentEscrow receiving slashed stake.
+// and a real PaymentEscrow receiving slashed stake. `miner` is established (registered with
+// probation off); everyone registering later starts on probation (3 epochs, 6000 bps).
 describe("GPURegistry", function () {
   async function fixture() {
     const [owner, tr, arb, com, miner, alice, bob] = await ethers.getSigners();
@@ -16,7 +23,9 @@ describe("GPURegistry", function () {
     await gpu.setArbitration(arb);
     await gpu.setCommittee(com);
     await gpu.setEscrow(escrow);
+    await gpu.setProbation(0, 6000);
     await gpu.connect(miner).register([MODEL], GPU, "http://m", PRICE, { value: P.minStake * 2n });
+    await gpu.setProbation(3, 6000);
     return { escrow, gpu, owner, tr, arb, com, miner, alice, bob };
   }
 
@@ -27,6 +36,8 @@ describe("GPURegistry", function () {
       expect(await gpu.unbondingPeriod()).to.equal(P.minerUnbonding);
       expect(await gpu.initialReputationBps()).to.equal(P.initialRepBps);
       expect(await gpu.untrustedBelowBps()).to.equal(4000);
+      expect(await gpu.probationEpochs()).to.equal(3);
+      expect(await gpu.probationPassBps()).to.equal(6000);
       await expect(gpu.setMinStake(5)).to.emit(gpu, "MinStakeSet").withArgs(5);
       await expect(gpu.setUnbondingPeriod(7)).to.emit(gpu, "UnbondingPeriodSet").withArgs(7);
       await expect(gpu.setUntrustedBelowBps(3000)).to.emit(gpu, "UntrustedBelowSet").withArgs(3000);
@@ -36,6 +47,19 @@ describe("GPURegistry", function () {
       await expect(gpu.connect(alice).setMinStake(1)).to.be.revertedWithCustomError(gpu, "OwnableUnauthorizedAccount");
       const F = await ethers.getContractFactory("GPURegistry");
       await expect(F.deploy(1, 1, 10001)).to.be.revertedWithCustomError(gpu, "InvalidBps");
+    });
+    it("setProbation validates the pass mark, emits, and is owner only", async function () {
+      const { gpu, alice } = await loadFixture(fixture);
+      await expect(gpu.setProbation(5, 7000)).to.emit(gpu, "ProbationParamsSet").withArgs(5, 7000);
+      expect(await gpu.probationEpochs()).to.equal(5);
+      expect(await gpu.probationPassBps()).to.equal(7000);
+      await expect(gpu.setProbation(1, 10001)).to.be.revertedWithCustomError(gpu, "InvalidBps").withArgs(10001);
+      await expect(gpu.setProbation(0, 10000)).to.emit(gpu, "ProbationParamsSet").withArgs(0, 10000);
+      await expect(gpu.setProbation(65535, 0)).to.emit(gpu, "ProbationParamsSet").withArgs(65535, 0);
+      await expect(gpu.connect(alice).setProbation(1, 1))
+        .to.be.revertedWithCustomError(gpu, "OwnableUnauthorizedAccount").withArgs(alice.address);
+      expect(await gpu.probationEpochs()).to.equal(65535);
+      expect(await gpu.probationPassBps()).to.equal(0);
     });
     it("wiring setters are one-time and non-zero", async function () {
       const { gpu, alice } = await loadFixture(fixture);
@@ -53,7 +77,8 @@ describe("GPURegistry", function () {
     it("registers with stake, models, GPU, endpoint and price", async function () {
       const { gpu, alice } = await loadFixture(fixture);
       await expect(gpu.connect(alice).register([MODEL, OTHER_MODEL], GPU, "http://a", 7, { value: P.minStake }))
-        .to.emit(gpu, "MinerRegistered");
+        .to.emit(gpu, "MinerRegistered")
+        .withArgs(alice.address, [MODEL, OTHER_MODEL], [GPU.name, GPU.memoryMiB, GPU.count], "http://a", 7, P.minStake);
       const info = await gpu.minerInfo(alice);
       expect(info.stake).to.equal(P.minStake);
       expect(info.locked).to.equal(0);
@@ -65,6 +90,11 @@ describe("GPURegistry", function () {
       expect(info.gpu.count).to.equal(GPU.count);
       expect(info.exitRequestedAt).to.equal(0);
       expect(info.active).to.equal(true);
+      expect(info.registeredAt).to.equal(await time.latest()); // the registration's block
+      expect(info.onProbation).to.equal(true); // a fresh key starts on probation
+      expect(info.passedEpochs).to.equal(0);
+      expect(await gpu.onProbation(alice)).to.equal(true);
+      expect(await gpu.onProbation(await gpu.owner())).to.equal(false); // never registered
       expect(await gpu.modelsOf(alice)).to.deep.equal([MODEL, OTHER_MODEL]);
       expect(await gpu.servesModel(alice, OTHER_MODEL)).to.equal(true);
       expect(await gpu.isRegistered(alice)).to.equal(true);
@@ -95,6 +125,24 @@ describe("GPURegistry", function () {
       // 16 models is fine
       await gpu.connect(alice).register(many.slice(0, 16), GPU, "e", 1, v);
     });
+    it("refuses contract accounts, from a call and from a constructor (ContractAccount)", async function () {
+      const { gpu, alice } = await loadFixture(fixture);
+      const proxy = await (await ethers.getContractFactory("RegisterProxy")).deploy();
+      await expect(proxy.connect(alice).joinMiners(gpu, MODEL, { value: P.minStake }))
+        .to.be.revertedWithCustomError(gpu, "ContractAccount").withArgs(await proxy.getAddress());
+      expect(await gpu.isRegistered(proxy)).to.equal(false);
+      // from a constructor the caller has no code yet, so an extcodesize check would pass it
+      const F = await ethers.getContractFactory("RegisterInConstructor");
+      const nonce = await ethers.provider.getTransactionCount(alice.address);
+      const predicted = ethers.getCreateAddress({ from: alice.address, nonce });
+      await expect(F.connect(alice).deploy(ethers.ZeroAddress, gpu, MODEL, { value: P.minStake }))
+        .to.be.revertedWithCustomError(gpu, "ContractAccount").withArgs(predicted);
+      expect(await gpu.isRegistered(predicted)).to.equal(false);
+      expect(await ethers.provider.getBalance(gpu)).to.equal(P.minStake * 2n); // only the fixture's miner
+      // the same EOA registers directly
+      await gpu.connect(alice).register([MODEL], GPU, "e", 1, { value: P.minStake });
+      expect(await gpu.isRegistered(alice)).to.equal(true);
+    });
   });
 
   describe("addStake / update", function () {
@@ -123,11 +171,16 @@ describe("GPURegistry", function () {
   describe("exit", function () {
     it("requestExit then withdrawStake after unbonding, to the wei", async function () {
       const { gpu, miner } = await loadFixture(fixture);
-      await expect(gpu.connect(miner).requestExit()).to.emit(gpu, "ExitRequested");
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(false);
+      const tx0 = await gpu.connect(miner).requestExit();
+      const t0 = BigInt(await time.latest());
+      await expect(tx0).to.emit(gpu, "ExitRequested").withArgs(miner.address, t0 + P.minerUnbonding);
+      expect((await gpu.minerInfo(miner)).exitRequestedAt).to.equal(t0);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false);
       await expect(gpu.connect(miner).requestExit()).to.be.revertedWithCustomError(gpu, "AlreadyExiting");
-      await expect(gpu.connect(miner).withdrawStake()).to.be.revertedWithCustomError(gpu, "UnbondingNotOver");
-      await time.increase(P.minerUnbonding);
+      await expect(gpu.connect(miner).withdrawStake())
+        .to.be.revertedWithCustomError(gpu, "UnbondingNotOver").withArgs(t0 + P.minerUnbonding);
+      await time.setNextBlockTimestamp(t0 + P.minerUnbonding);
       const before = await ethers.provider.getBalance(miner);
       const tx = await gpu.connect(miner).withdrawStake();
       await expect(tx).to.emit(gpu, "StakeWithdrawn").withArgs(miner.address, P.minStake * 2n);
@@ -135,9 +188,20 @@ describe("GPURegistry", function () {
       expect(await gpu.isRegistered(miner)).to.equal(false);
       expect(await gpu.servesModel(miner, MODEL)).to.equal(false);
       expect(await ethers.provider.getBalance(gpu)).to.equal(0);
-      // may register again, reputation back to the initial value
+      const gone = await gpu.minerInfo(miner);
+      expect(gone.stake).to.equal(0);
+      expect(gone.active).to.equal(false);
+      expect(gone.registeredAt).to.equal(0);
+      expect(gone.onProbation).to.equal(false);
+      // may register again, reputation back to the initial value, but on probation
       await gpu.connect(miner).register([MODEL], GPU, "e", 1, { value: P.minStake });
-      expect((await gpu.minerInfo(miner)).reputationBps).to.equal(P.initialRepBps);
+      const again = await gpu.minerInfo(miner);
+      expect(again.registeredAt).to.equal(await time.latest());
+      expect(again.reputationBps).to.equal(P.initialRepBps);
+      expect(again.onProbation).to.equal(true);
+      expect(again.passedEpochs).to.equal(0);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true);
     });
     it("withdrawStake reverts without exit, and while collateral is locked", async function () {
       const { gpu, tr, miner, alice } = await loadFixture(fixture);
@@ -190,13 +254,13 @@ describe("GPURegistry", function () {
       let info = await gpu.minerInfo(miner);
       expect(info.stake).to.equal(stake / 2n);
       expect(info.locked).to.equal(stake / 2n);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(true);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(true);
       await gpu.connect(arb).slash(miner, stake, alice);
       info = await gpu.minerInfo(miner);
       expect(info.stake).to.equal(0);
       expect(info.locked).to.equal(0);
       expect(await escrow.withdrawable(alice)).to.equal(stake);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(false); // below minStake
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false); // below minStake
       await expect(gpu.connect(arb).slash(miner, 1, alice)).not.to.emit(gpu, "Slashed");
     });
     it("reverts for others, to zero, and unwired", async function () {
@@ -212,28 +276,419 @@ describe("GPURegistry", function () {
   describe("reputation and eligibility", function () {
     it("setReputation is committee only and bounded", async function () {
       const { gpu, com, tr, miner, alice } = await loadFixture(fixture);
-      await expect(gpu.connect(com).setReputation(miner, 9000)).to.emit(gpu, "ReputationSet").withArgs(miner.address, 9000);
+      await expect(gpu.connect(com).setReputation(miner, 9000, LATER)).to.emit(gpu, "ReputationSet").withArgs(miner.address, 9000);
       expect((await gpu.minerInfo(miner)).reputationBps).to.equal(9000);
-      await expect(gpu.connect(tr).setReputation(miner, 1)).to.be.revertedWithCustomError(gpu, "Unauthorized");
-      await expect(gpu.connect(com).setReputation(miner, 10001)).to.be.revertedWithCustomError(gpu, "InvalidBps");
-      await expect(gpu.connect(com).setReputation(alice, 1)).to.be.revertedWithCustomError(gpu, "NotRegistered");
+      await expect(gpu.connect(tr).setReputation(miner, 1, LATER))
+        .to.be.revertedWithCustomError(gpu, "Unauthorized").withArgs(tr.address);
+      await expect(gpu.connect(com).setReputation(miner, 10001, LATER)).to.be.revertedWithCustomError(gpu, "InvalidBps").withArgs(10001);
+      await expect(gpu.connect(com).setReputation(alice, 1, LATER))
+        .to.be.revertedWithCustomError(gpu, "NotRegistered").withArgs(alice.address);
     });
-    it("isEligible: registered, not exiting, serves model, reputation >= max(min, untrusted)", async function () {
+    it("isEligible: registered, not exiting, serves model, reputation >= max(min, untrusted), either probation flag", async function () {
       const { gpu, com, miner, alice } = await loadFixture(fixture);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(true);
-      expect(await gpu.isEligible(miner, MODEL, 5000)).to.equal(true);
-      expect(await gpu.isEligible(miner, MODEL, 5001)).to.equal(false);
-      expect(await gpu.isEligible(miner, OTHER_MODEL, 0)).to.equal(false);
-      expect(await gpu.isEligible(alice, MODEL, 0)).to.equal(false);
-      await gpu.connect(com).setReputation(miner, 3999);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(false); // untrusted floor
-      await gpu.connect(com).setReputation(miner, 4000);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(true);
-      await gpu.setUntrustedBelowBps(4500);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(false);
-      await gpu.setUntrustedBelowBps(4000);
-      await gpu.setMinStake(P.minStake * 3n);
-      expect(await gpu.isEligible(miner, MODEL, 0)).to.equal(false); // stake below minStake
+      // an established miner: allowProbation changes nothing
+      for (const ap of [false, true]) {
+        await gpu.connect(com).setReputation(miner, 5000, LATER);
+        expect(await gpu.isEligible(miner, MODEL, 0, ap)).to.equal(true);
+        expect(await gpu.isEligible(miner, MODEL, 5000, ap)).to.equal(true);
+        expect(await gpu.isEligible(miner, MODEL, 5001, ap)).to.equal(false);
+        expect(await gpu.isEligible(miner, OTHER_MODEL, 0, ap)).to.equal(false);
+        expect(await gpu.isEligible(alice, MODEL, 0, ap)).to.equal(false); // not registered
+        await gpu.connect(com).setReputation(miner, 3999, LATER);
+        expect(await gpu.isEligible(miner, MODEL, 0, ap)).to.equal(false); // untrusted floor
+        await gpu.connect(com).setReputation(miner, 4000, LATER);
+        expect(await gpu.isEligible(miner, MODEL, 0, ap)).to.equal(true);
+        await gpu.setUntrustedBelowBps(4500);
+        expect(await gpu.isEligible(miner, MODEL, 0, ap)).to.equal(false);
+        expect(await gpu.isEligible(miner, MODEL, 4500, ap)).to.equal(false);
+        await gpu.setUntrustedBelowBps(4000);
+        await gpu.setMinStake(P.minStake * 2n + 1n);
+        expect(await gpu.isEligible(miner, MODEL, 0, ap)).to.equal(false); // stake below minStake
+        await gpu.setMinStake(P.minStake * 2n);
+        expect(await gpu.isEligible(miner, MODEL, 0, ap)).to.equal(true);
+      }
+      expect(await gpu.onProbation(miner)).to.equal(false);
+    });
+    it("a miner on probation is eligible only with allowProbation, and the other floors still apply", async function () {
+      const { gpu, com, alice } = await loadFixture(fixture);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(false);
+      expect(await gpu.isEligible(alice, MODEL, 5000, false)).to.equal(false);
+      expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(true);
+      expect(await gpu.isEligible(alice, MODEL, 5000, true)).to.equal(true);
+      expect(await gpu.isEligible(alice, MODEL, 5001, true)).to.equal(false);
+      expect(await gpu.isEligible(alice, OTHER_MODEL, 0, true)).to.equal(false);
+      await gpu.connect(com).setReputation(alice, 3999, LATER);
+      expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(false);
+      await gpu.connect(com).setReputation(alice, 4000, LATER);
+      expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(true);
+      await gpu.setMinStake(P.minStake + 1n);
+      expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(false);
+      await gpu.setMinStake(P.minStake);
+      await gpu.connect(alice).requestExit();
+      expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(false);
+    });
+  });
+
+  describe("probation", function () {
+    const info = async (gpu, m) => {
+      const i = await gpu.minerInfo(m);
+      return [i.onProbation, Number(i.passedEpochs), Number(i.reputationBps)];
+    };
+    it("ends after probationEpochs consecutive reports >= probationPassBps; a report below resets the count", async function () {
+      const { gpu, com, alice } = await loadFixture(fixture);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      expect(await info(gpu, alice)).to.deep.equal([true, 0, 5000]);
+      await expect(gpu.connect(com).setReputation(alice, 6000, LATER)).not.to.emit(gpu, "ProbationEnded");
+      expect(await info(gpu, alice)).to.deep.equal([true, 1, 6000]);
+      await gpu.connect(com).setReputation(alice, 10000, LATER);
+      expect(await info(gpu, alice)).to.deep.equal([true, 2, 10000]);
+      // one epoch below the pass mark restarts the count
+      await expect(gpu.connect(com).setReputation(alice, 5999, LATER))
+        .to.emit(gpu, "ReputationSet").withArgs(alice.address, 5999)
+        .and.not.to.emit(gpu, "ProbationEnded");
+      expect(await info(gpu, alice)).to.deep.equal([true, 0, 5999]);
+      await gpu.connect(com).setReputation(alice, 6000, LATER);
+      await gpu.connect(com).setReputation(alice, 6001, LATER);
+      expect(await info(gpu, alice)).to.deep.equal([true, 2, 6001]);
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(false);
+      await expect(gpu.connect(com).setReputation(alice, 7000, LATER))
+        .to.emit(gpu, "ProbationEnded").withArgs(alice.address);
+      expect(await info(gpu, alice)).to.deep.equal([false, 3, 7000]);
+      expect(await gpu.onProbation(alice)).to.equal(false);
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(true);
+      // off probation, later reports only write the reputation
+      await expect(gpu.connect(com).setReputation(alice, 6500, LATER)).not.to.emit(gpu, "ProbationEnded");
+      await gpu.connect(com).setReputation(alice, 100, LATER);
+      expect(await info(gpu, alice)).to.deep.equal([false, 3, 100]);
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(false); // untrusted, not on probation
+    });
+    it("counts only reports of epochs that started at or after the registration; earlier ones only write the score", async function () {
+      const { gpu, com, alice } = await loadFixture(fixture);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      const reg = BigInt(await time.latest());
+      expect((await gpu.minerInfo(alice)).registeredAt).to.equal(reg);
+      // epochs that started before the registration (even by one second): written, not counted
+      for (const start of [0n, reg - 60n, reg - 1n]) {
+        await expect(gpu.connect(com).setReputation(alice, 9000, start))
+          .to.emit(gpu, "ReputationSet").withArgs(alice.address, 9000)
+          .and.not.to.emit(gpu, "ProbationEnded");
+        expect(await info(gpu, alice)).to.deep.equal([true, 0, 9000]);
+      }
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(false);
+      // an epoch that started in the registration's second counts, and every later one
+      await gpu.connect(com).setReputation(alice, 6000, reg);
+      expect(await info(gpu, alice)).to.deep.equal([true, 1, 6000]);
+      await gpu.connect(com).setReputation(alice, 6000, reg + 60n);
+      expect(await info(gpu, alice)).to.deep.equal([true, 2, 6000]);
+      // a failing report of an earlier epoch does not restart the count either; its score is written
+      await expect(gpu.connect(com).setReputation(alice, 100, reg - 1n))
+        .to.emit(gpu, "ReputationSet").withArgs(alice.address, 100);
+      expect(await info(gpu, alice)).to.deep.equal([true, 2, 100]);
+      expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(false); // untrusted
+      await expect(gpu.connect(com).setReputation(alice, 6000, reg + 120n))
+        .to.emit(gpu, "ProbationEnded").withArgs(alice.address);
+      expect(await info(gpu, alice)).to.deep.equal([false, 3, 6000]);
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(true);
+      // off probation the epoch does not matter: the score is written
+      await expect(gpu.connect(com).setReputation(alice, 4000, 0)).not.to.emit(gpu, "ProbationEnded");
+      expect(await info(gpu, alice)).to.deep.equal([false, 3, 4000]);
+    });
+    it("registering again moves registeredAt: epochs of the earlier registration no longer count", async function () {
+      const { gpu, com, alice } = await loadFixture(fixture);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      const first = BigInt(await time.latest());
+      await gpu.connect(com).setReputation(alice, 9000, first);
+      expect(await info(gpu, alice)).to.deep.equal([true, 1, 9000]);
+      await gpu.connect(alice).requestExit();
+      await time.increase(P.minerUnbonding);
+      await gpu.connect(alice).withdrawStake();
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      const second = BigInt(await time.latest());
+      expect(second > first + P.minerUnbonding).to.equal(true);
+      expect((await gpu.minerInfo(alice)).registeredAt).to.equal(second);
+      expect(await info(gpu, alice)).to.deep.equal([true, 0, P.initialRepBps]);
+      for (const start of [first, second - 1n]) {
+        await expect(gpu.connect(com).setReputation(alice, 9000, start)).not.to.emit(gpu, "ProbationEnded");
+        expect(await info(gpu, alice)).to.deep.equal([true, 0, 9000]);
+      }
+      await gpu.connect(com).setReputation(alice, 9000, second);
+      expect(await info(gpu, alice)).to.deep.equal([true, 1, 9000]);
+    });
+    it("the pass mark is inclusive, whatever it is set to", async function () {
+      const { gpu, com, alice } = await loadFixture(fixture);
+      await gpu.setProbation(2, 4000);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(com).setReputation(alice, 3999, LATER);
+      expect(await info(gpu, alice)).to.deep.equal([true, 0, 3999]);
+      await gpu.connect(com).setReputation(alice, 4000, LATER);
+      await expect(gpu.connect(com).setReputation(alice, 4000, LATER)).to.emit(gpu, "ProbationEnded").withArgs(alice.address);
+      expect(await info(gpu, alice)).to.deep.equal([false, 2, 4000]);
+    });
+    it("setProbation applies to miners already on probation", async function () {
+      const { gpu, com, alice, bob } = await loadFixture(fixture);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(bob).register([MODEL], GPU, "http://b", 1, { value: P.minStake });
+      await gpu.connect(com).setReputation(alice, 6000, LATER);
+      await gpu.connect(com).setReputation(bob, 6000, LATER);
+      // a higher pass mark: 7000 no longer passes and resets
+      await gpu.setProbation(3, 8000);
+      await gpu.connect(com).setReputation(alice, 7000, LATER);
+      expect(await info(gpu, alice)).to.deep.equal([true, 0, 7000]);
+      // fewer epochs: bob's next pass ends it (2 >= 2)
+      await gpu.setProbation(2, 6000);
+      await expect(gpu.connect(com).setReputation(bob, 6000, LATER)).to.emit(gpu, "ProbationEnded").withArgs(bob.address);
+      expect(await info(gpu, bob)).to.deep.equal([false, 2, 6000]);
+    });
+    it("probationEpochs 0 disables probation for new miners; those already on it leave at their next pass", async function () {
+      const { gpu, com, alice, bob } = await loadFixture(fixture);
+      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.setProbation(0, 6000);
+      await gpu.connect(bob).register([MODEL], GPU, "http://b", 1, { value: P.minStake });
+      expect(await info(gpu, bob)).to.deep.equal([false, 0, 5000]);
+      expect(await gpu.isEligible(bob, MODEL, 0, false)).to.equal(true);
+      await expect(gpu.connect(com).setReputation(bob, 9000, LATER)).not.to.emit(gpu, "ProbationEnded");
+      expect(await info(gpu, bob)).to.deep.equal([false, 0, 9000]);
+      // alice registered under the old params: still on probation until a passing report
+      expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(false);
+      await gpu.connect(com).setReputation(alice, 5999, LATER);
+      expect(await info(gpu, alice)).to.deep.equal([true, 0, 5999]);
+      await expect(gpu.connect(com).setReputation(alice, 6000, LATER)).to.emit(gpu, "ProbationEnded").withArgs(alice.address);
+      expect(await info(gpu, alice)).to.deep.equal([false, 1, 6000]);
+    });
+    it("an established miner that withdraws and registers again is back on probation", async function () {
+      const { gpu, com, miner } = await loadFixture(fixture);
+      await gpu.connect(com).setReputation(miner, 9500, LATER);
+      await gpu.connect(miner).requestExit();
+      await time.increase(P.minerUnbonding);
+      await gpu.connect(miner).withdrawStake();
+      await gpu.connect(miner).register([MODEL], GPU, "http://m", 1, { value: P.minStake });
+      expect(await info(gpu, miner)).to.deep.equal([true, 0, P.initialRepBps]);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
+    });
+  });
+
+  // The attack of issue gap 6, "a reputation is free to reset", on the deployed system: an
+  // untrusted miner exits and re-registers (or a fresh key registers) to start again at the
+  // initial reputation. It now starts on probation and must earn three consecutive passing
+  // committee epochs (reports signed by a stake-weighted quorum, one per epoch, in order).
+  describe("probation attack: re-registering does not reset an untrusted reputation", function () {
+    async function report(q, epoch, miners, scores, signers = q.verifiers.slice(0, 3)) {
+      const start = await q.committee.epochStart(epoch);
+      if (BigInt(await time.latest()) < start) await time.increaseTo(start);
+      const r = { epoch, miners: miners.map((m) => m.address), scoresBps: scores, evidenceRoot: ethers.id(`ev-${epoch}`) };
+      const sigs = await signReport(q.committee, signers, r);
+      return q.committee.submitReputation(r.epoch, r.miners, r.scoresBps, r.evidenceRoot, sigs);
+    }
+    const info = async (gpu, m) => {
+      const i = await gpu.minerInfo(m);
+      return [i.onProbation, Number(i.passedEpochs), Number(i.reputationBps)];
+    };
+
+    it("exit, unbond, withdraw and register again (and a fresh key): on probation for 3 passing epochs", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { gpu, task, committee, client, miner, outsider, verifiers } = q;
+      expect(await gpu.onProbation(miner)).to.equal(false);
+      const e1 = await committee.currentEpoch();
+      expect(await committee.nextReportEpoch()).to.equal(0);
+      expect(await committee.memberCountAt(e1)).to.equal(4);
+
+      // The committee writes the miner below the untrusted floor; two of four equal stakes are
+      // not a quorum (> 2/3 of the weight), three are.
+      const q1 = await committee.quorumWeight(e1);
+      expect(q1).to.equal((P.minVerifierStake * 4n * 2n) / 3n + 1n);
+      await expect(report(q, e1, [miner], [3000], verifiers.slice(0, 2)))
+        .to.be.revertedWithCustomError(committee, "QuorumNotReached").withArgs(q1, P.minVerifierStake * 2n);
+      await expect(report(q, e1, [miner], [3000])).to.emit(gpu, "ReputationSet").withArgs(miner.address, 3000);
+      const ordinary = await createTask(task, client);
+      const open = await createTask(task, client, { allowProbation: true, deadline: BigInt(await time.latest()) + 7200n });
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false); // untrusted: no task at all
+      await expect(task.connect(miner).claimShard(ordinary.taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(miner.address);
+      await expect(task.connect(miner).claimShard(open.taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(miner.address);
+
+      // The attack: exit, wait out the unbonding period, withdraw every wei, register again.
+      await gpu.connect(miner).requestExit();
+      await time.increase(P.minerUnbonding);
+      const before = await ethers.provider.getBalance(miner);
+      const wtx = await gpu.connect(miner).withdrawStake();
+      await expect(wtx).to.emit(gpu, "StakeWithdrawn").withArgs(miner.address, P.minStake);
+      expect((await ethers.provider.getBalance(miner)) - before + (await gasCost(wtx))).to.equal(P.minStake);
+      await gpu.connect(miner).register([MODEL], GPU, "http://again", PRICE, { value: P.minStake });
+      expect(await info(gpu, miner)).to.deep.equal([true, 0, P.initialRepBps]); // 5000: above the floor ...
+      expect(await gpu.onProbation(miner)).to.equal(true);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false); // ... but on probation
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true);
+      // A fresh key fares no better.
+      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      expect(await info(gpu, outsider)).to.deep.equal([true, 0, P.initialRepBps]);
+      expect(await gpu.isEligible(outsider, MODEL, 0, false)).to.equal(false);
+
+      // Neither may claim an ordinary task; both may claim a task that opted in.
+      for (const m of [miner, outsider]) {
+        await expect(task.connect(m).claimShard(ordinary.taskId, 0))
+          .to.be.revertedWithCustomError(task, "NotEligible").withArgs(m.address);
+      }
+      await expect(task.connect(miner).claimShard(open.taskId, 0)).to.emit(task, "ShardClaimed");
+      await expect(task.connect(outsider).claimShard(open.taskId, 1)).to.emit(task, "ShardClaimed");
+      expect((await task.getShard(open.taskId, 0)).miner).to.equal(miner.address);
+      expect((await task.getShard(open.taskId, 1)).miner).to.equal(outsider.address);
+
+      // Reports go in epoch order, one per epoch: the epoch already reported and a future one are
+      // refused. (The unbonding period took the clock past e1; start at a fresh epoch boundary.)
+      await time.increaseTo(await committee.epochStart((await committee.currentEpoch()) + 1n));
+      const e = await committee.currentEpoch();
+      expect(e > e1).to.equal(true);
+      await expect(report(q, e1, [miner], [9000]))
+        .to.be.revertedWithCustomError(committee, "ReportOutOfOrder").withArgs(e1, e1 + 1n);
+      const r2 = { epoch: e + 1n, miners: [miner.address], scoresBps: [9000], evidenceRoot: ethers.id("x") };
+      await expect(committee.submitReputation(r2.epoch, r2.miners, r2.scoresBps, r2.evidenceRoot,
+        await signReport(committee, verifiers.slice(0, 3), r2)))
+        .to.be.revertedWithCustomError(committee, "WrongEpoch").withArgs(e + 1n, e);
+
+      // e: miner passes (1), outsider just below the pass mark (0)
+      await report(q, e, [miner, outsider], [6000, 5999]);
+      expect(await info(gpu, miner)).to.deep.equal([true, 1, 6000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 0, 5999]);
+      await expect(report(q, e, [miner], [6000])) // a second report for the same epoch
+        .to.be.revertedWithCustomError(committee, "ReportOutOfOrder").withArgs(e, e + 1n);
+      // e+1: miner fails (reset), outsider passes (1)
+      await report(q, e + 1n, [miner, outsider], [5999, 9000]);
+      expect(await info(gpu, miner)).to.deep.equal([true, 0, 5999]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 1, 9000]);
+      // e+2: both pass
+      await report(q, e + 2n, [miner, outsider], [6000, 9000]);
+      expect(await info(gpu, miner)).to.deep.equal([true, 1, 6000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 2, 9000]);
+      await expect(task.connect(outsider).claimShard(ordinary.taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
+      // e+3: the outsider's third consecutive pass ends its probation
+      const rc = await (await report(q, e + 3n, [miner, outsider], [6000, 9000])).wait();
+      const ended = rc.logs.map((l) => { try { return gpu.interface.parseLog(l); } catch { return null; } })
+        .filter((x) => x && x.name === "ProbationEnded").map((x) => x.args.miner);
+      expect(ended).to.deep.equal([outsider.address]);
+      expect(await info(gpu, miner)).to.deep.equal([true, 2, 6000]);
+      expect(await info(gpu, outsider)).to.deep.equal([false, 3, 9000]);
+      await expect(task.connect(outsider).claimShard(ordinary.taskId, 0)).to.emit(task, "ShardClaimed");
+      await expect(task.connect(miner).claimShard(ordinary.taskId, 1))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(miner.address);
+      // e+4: the miner's third consecutive pass
+      await expect(report(q, e + 4n, [miner], [6000])).to.emit(gpu, "ProbationEnded").withArgs(miner.address);
+      expect(await info(gpu, miner)).to.deep.equal([false, 3, 6000]);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(true);
+      await expect(task.connect(miner).claimShard(ordinary.taskId, 1)).to.emit(task, "ShardClaimed");
+      // five epochs of committee reports since re-registering (one failed in between)
+      expect(await committee.nextReportEpoch()).to.equal(e + 5n);
+    });
+
+    it("skipping an epoch is allowed but the count only moves per report", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { gpu, committee, outsider } = q;
+      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      const e = await committee.currentEpoch();
+      // e started before the registration: its report does not count
+      expect((await gpu.minerInfo(outsider)).registeredAt > (await committee.epochStart(e))).to.equal(true);
+      await report(q, e, [outsider], [9000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 0, 9000]);
+      await report(q, e + 1n, [outsider], [9000]);
+      await report(q, e + 4n, [outsider], [9000]); // epochs e+2, e+3 never reported
+      expect(await info(gpu, outsider)).to.deep.equal([true, 2, 9000]);
+      await expect(report(q, e + 3n, [outsider], [9000]))
+        .to.be.revertedWithCustomError(committee, "ReportOutOfOrder").withArgs(e + 3n, e + 5n);
+      await expect(report(q, e + 5n, [outsider], [9000])).to.emit(gpu, "ProbationEnded").withArgs(outsider.address);
+    });
+
+    it("backlog reports for epochs that started before a registration do not count towards its probation", async function () {
+      // The attack: reports are accepted for any unreported epoch up to the current one, so three
+      // late reports for epochs that ended before the miner registered, submitted within the
+      // registration's epoch, would end its probation at once. submitReputation passes each
+      // report's epochStart and setReputation counts only epochs with epochStart >= registeredAt.
+      const q = await loadFixture(deployQuarry);
+      const { gpu, committee, outsider } = q;
+      const e = await committee.currentEpoch();
+      await time.increaseTo(await committee.epochStart(e + 3n));
+      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      const reg = BigInt(await time.latest());
+      expect((await gpu.minerInfo(outsider)).registeredAt).to.equal(reg);
+      expect(await committee.currentEpoch()).to.equal(e + 3n);
+      expect(reg > (await committee.epochStart(e + 3n))).to.equal(true);
+      for (const x of [e, e + 1n, e + 2n]) {
+        await expect(report(q, x, [outsider], [9000]))
+          .to.emit(gpu, "ReputationSet").withArgs(outsider.address, 9000)
+          .and.not.to.emit(gpu, "ProbationEnded");
+        expect(await info(gpu, outsider)).to.deep.equal([true, 0, 9000]);
+      }
+      // the registration's own epoch started before it: it does not count either
+      await expect(report(q, e + 3n, [outsider], [9000])).not.to.emit(gpu, "ProbationEnded");
+      expect(await info(gpu, outsider)).to.deep.equal([true, 0, 9000]);
+      expect(await committee.currentEpoch()).to.equal(e + 3n); // all within the registration's epoch
+      expect(await committee.nextReportEpoch()).to.equal(e + 4n);
+      expect(await gpu.onProbation(outsider)).to.equal(true);
+      expect(await gpu.isEligible(outsider, MODEL, 0, false)).to.equal(false);
+      // reports of the epochs that started after the registration count: three of them end it
+      await report(q, e + 4n, [outsider], [9000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 1, 9000]);
+      await report(q, e + 5n, [outsider], [9000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 2, 9000]);
+      await expect(report(q, e + 6n, [outsider], [9000])).to.emit(gpu, "ProbationEnded").withArgs(outsider.address);
+      expect(await info(gpu, outsider)).to.deep.equal([false, 3, 9000]);
+      expect(await gpu.isEligible(outsider, MODEL, 0, false)).to.equal(true);
+      expect(await committee.currentEpoch()).to.equal(e + 6n);
+    });
+
+    it("a registration in the first second of an epoch: that epoch counts; one second later it does not", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { gpu, committee, outsider, signers } = q;
+      const late = signers[10];
+      const e = (await committee.currentEpoch()) + 1n;
+      const start = await committee.epochStart(e);
+      await time.setNextBlockTimestamp(start);
+      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      await gpu.connect(late).register([MODEL], GPU, "http://late", PRICE, { value: P.minStake });
+      expect((await gpu.minerInfo(outsider)).registeredAt).to.equal(start);
+      expect((await gpu.minerInfo(late)).registeredAt).to.equal(start + 1n);
+      expect(BigInt(outsider.address) < BigInt(late.address)).to.equal(true); // the report's order
+      await report(q, e, [outsider, late], [9000, 9000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 1, 9000]);
+      expect(await info(gpu, late)).to.deep.equal([true, 0, 9000]);
+      await report(q, e + 1n, [outsider, late], [9000, 9000]);
+      await expect(report(q, e + 2n, [outsider, late], [9000, 9000]))
+        .to.emit(gpu, "ProbationEnded").withArgs(outsider.address);
+      expect(await info(gpu, outsider)).to.deep.equal([false, 3, 9000]);
+      expect(await info(gpu, late)).to.deep.equal([true, 2, 9000]);
+      await expect(report(q, e + 3n, [late], [9000])).to.emit(gpu, "ProbationEnded").withArgs(late.address);
+    });
+
+    it("one quorum report that lists a miner several times is refused (MinersNotSorted): an epoch counts once", async function () {
+      // The attack: setReputation counts reports, so a quorum listing a miner three times in one
+      // report would end its probation in one epoch. submitReputation now requires the miners
+      // strictly ascending by address, which rules out any repeat.
+      const q = await loadFixture(deployQuarry);
+      const { gpu, committee, miner, outsider } = q;
+      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      const e = (await committee.currentEpoch()) + 1n; // the first epoch after the registration
+      expect(BigInt(miner.address) < BigInt(outsider.address)).to.equal(true);
+      await expect(report(q, e, [outsider, outsider, outsider], [9000, 9000, 9000]))
+        .to.be.revertedWithCustomError(committee, "MinersNotSorted");
+      await expect(report(q, e, [outsider, outsider], [9000, 9000]))
+        .to.be.revertedWithCustomError(committee, "MinersNotSorted");
+      await expect(report(q, e, [miner, outsider, outsider], [9000, 9000, 9000]))
+        .to.be.revertedWithCustomError(committee, "MinersNotSorted");
+      await expect(report(q, e, [outsider, miner, outsider], [9000, 9000, 9000]))
+        .to.be.revertedWithCustomError(committee, "MinersNotSorted");
+      expect(await info(gpu, outsider)).to.deep.equal([true, 0, P.initialRepBps]);
+      expect(await committee.nextReportEpoch()).to.equal(0);
+      expect(await committee.reported(e)).to.equal(false);
+      // listed once, the epoch counts once: three epochs to end the probation
+      await expect(report(q, e, [miner, outsider], [9000, 9000])).not.to.emit(gpu, "ProbationEnded");
+      expect(await info(gpu, outsider)).to.deep.equal([true, 1, 9000]);
+      await expect(report(q, e, [outsider], [9000]))
+        .to.be.revertedWithCustomError(committee, "ReportOutOfOrder").withArgs(e, e + 1n);
+      await report(q, e + 1n, [outsider], [9000]);
+      expect(await info(gpu, outsider)).to.deep.equal([true, 2, 9000]);
+      await expect(report(q, e + 2n, [outsider], [9000])).to.emit(gpu, "ProbationEnded").withArgs(outsider.address);
+      expect(await info(gpu, outsider)).to.deep.equal([false, 3, 9000]);
     });
   });
 });

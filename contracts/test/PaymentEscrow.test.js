@@ -1,7 +1,8 @@
 const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture } = require("@nomicfoundation/hardhat-network-helpers");
-const { gasCost } = require("./helpers");
+const { time } = require("@nomicfoundation/hardhat-network-helpers");
+const { P, PRICE, gasCost, deployQuarry, createTask, buildResult } = require("./helpers");
 
 // Unit tests with EOAs standing in for the Quarry contracts that PaymentEscrow trusts.
 describe("PaymentEscrow", function () {
@@ -123,6 +124,79 @@ describe("PaymentEscrow", function () {
     it("reverts with nothing to withdraw", async function () {
       const { escrow, bob } = await loadFixture(fixture);
       await expect(escrow.connect(bob).withdraw()).to.be.revertedWithCustomError(escrow, "NothingToWithdraw");
+    });
+  });
+  // The deployed system: Arbitration (bonds), GPURegistry (miner slashes) and VerifierCommittee
+  // (absence slashes) all pay through credit(), TaskRegistry and Arbitration through release().
+  describe("in the deployed system", function () {
+    it("bonds, miner slashes and absence slashes arrive as credits from their contract, to the wei", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { escrow, gpu, task, committee, arb, client, miner, verifiers } = q;
+      const BUDGET4 = 4n * 100n * PRICE;
+      const BUDGET2 = 2n * 100n * PRICE;
+      const COLL4 = (BUDGET4 * BigInt(P.collateralBps)) / 10000n;
+      const { taskId, value } = await createTask(task, client);
+      const res = [];
+      for (let s = 0; s < 3; s++) {
+        await task.connect(miner).claimShard(taskId, s);
+        const [start, end] = await task.shardRange(taskId, s);
+        const r = await buildResult(task, taskId, s, Number(start), Number(end), miner);
+        await task.connect(miner).submitResult(taskId, s, r.root, "store://out", r.total);
+        res.push(r);
+      }
+      await invariant(escrow);
+
+      // shard 0: an answered availability challenge; the bond is credited to the miner by Arbitration
+      await arb.connect(client).challengeAvailability(taskId, 0, 1, { value: P.minAvailabilityBond });
+      expect(await ethers.provider.getBalance(arb)).to.equal(P.minAvailabilityBond);
+      await expect(arb.connect(miner).answerAvailability(1, res[0].receipts[1], res[0].proofOf(1)))
+        .to.emit(escrow, "Credited").withArgs(await arb.getAddress(), miner.address, P.minAvailabilityBond);
+      await invariant(escrow);
+
+      // shard 1: unanswered; the budget is released by TaskRegistry, the slash credited by
+      // GPURegistry, the bond credited back by Arbitration
+      await arb.connect(client).challengeAvailability(taskId, 1, 4, { value: P.minAvailabilityBond });
+      await time.increase(P.responseWindow);
+      const slash = (COLL4 * BigInt(P.faultSlashBps)) / 10000n;
+      const tx1 = arb.settleUnanswered(2);
+      await expect(tx1).to.emit(escrow, "Released").withArgs(taskId, client.address, BUDGET4);
+      await expect(tx1).to.emit(escrow, "Credited").withArgs(await gpu.getAddress(), client.address, slash);
+      await expect(tx1).to.emit(escrow, "Credited").withArgs(await arb.getAddress(), client.address, P.minAvailabilityBond);
+      await invariant(escrow);
+
+      // shard 2: a dispute nobody votes on expires; the four absent members each lose 10% of
+      // their stake, credited to the opener by VerifierCommittee
+      await arb.connect(client).openDispute(taskId, 2, res[2].receipts[0], res[2].proofOf(0), "ev", { value: P.minBond });
+      await time.increase(P.disputeTimeout);
+      await expect(arb.expireDispute(1))
+        .to.emit(escrow, "Credited").withArgs(await arb.getAddress(), client.address, P.minBond);
+      const idle = (P.minVerifierStake * 1000n) / 10000n;
+      const tx2 = arb.reportAbsence(1, verifiers.map((v) => v.address));
+      for (let k = 0; k < verifiers.length; k++) {
+        await expect(tx2).to.emit(escrow, "Credited").withArgs(await committee.getAddress(), client.address, idle);
+      }
+      expect(await ethers.provider.getBalance(committee)).to.equal(P.minVerifierStake * 4n - idle * 4n);
+      await invariant(escrow);
+
+      // shard 2 finalizes (no fault), shard 0 too: its extended window closed during the dispute
+      expect(BigInt(await time.latest()) >= (await task.getShard(taskId, 0)).windowEnd).to.equal(true);
+      await task.finalizeShard(taskId, 0);
+      await task.finalizeShard(taskId, 2);
+      const pay = (40n + 20n) * PRICE;
+      const clientGets = BUDGET4 + slash + P.minAvailabilityBond + P.minBond + idle * 4n + (BUDGET4 - 40n * PRICE) + (BUDGET2 - 20n * PRICE);
+      expect(await escrow.withdrawable(client)).to.equal(clientGets);
+      expect(await escrow.withdrawable(miner)).to.equal(P.minAvailabilityBond + pay);
+      expect(await escrow.escrowed(taskId)).to.equal(0);
+      expect(value).to.equal(BUDGET4 * 2n + BUDGET2);
+      await invariant(escrow);
+      for (const [who, amount] of [[client, clientGets], [miner, P.minAvailabilityBond + pay]]) {
+        const before = await ethers.provider.getBalance(who);
+        const tx = await escrow.connect(who).withdraw();
+        expect((await ethers.provider.getBalance(who)) - before + (await gasCost(tx))).to.equal(amount);
+      }
+      expect(await ethers.provider.getBalance(escrow)).to.equal(0);
+      expect(await escrow.totalWithdrawable()).to.equal(0);
+      expect(await ethers.provider.getBalance(arb)).to.equal(0);
     });
   });
 });

@@ -3,6 +3,7 @@ const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
   P, MODEL, OTHER_MODEL, GPU, PRICE, RECEIPT_TYPES, domainOf, deployQuarry, createTask, receiptStructHash,
+  buildResult, signVotes,
 } = require("./helpers");
 
 const S = { Open: 0n, Claimed: 1n, Submitted: 2n, Disputed: 3n, Finalized: 4n, Refunded: 5n };
@@ -10,6 +11,7 @@ const BUDGET4 = 4n * 100n * PRICE; // shard of 4 requests
 const BUDGET2 = 2n * 100n * PRICE; // last shard of 2 requests
 const COLL4 = (BUDGET4 * BigInt(P.collateralBps)) / 10000n;
 const ROOT = ethers.keccak256(ethers.toUtf8Bytes("result-root"));
+const TOK0 = [100, 50, 60, 40]; // output tokens of shard 0's receipts: 250 in all
 
 describe("TaskRegistry", function () {
   async function withTask() {
@@ -24,8 +26,16 @@ describe("TaskRegistry", function () {
   }
   async function submitted() {
     const q = await claimed();
-    await q.task.connect(q.miner).submitResult(q.taskId, 0, ROOT, "store://out", 250);
-    return q;
+    const res = await buildResult(q.task, q.taskId, 0, 0, 4, q.miner, MODEL, (i) => TOK0[i]);
+    await q.task.connect(q.miner).submitResult(q.taskId, 0, res.root, "store://out", res.total);
+    return { ...q, res };
+  }
+  /** Signs and submits shard `shard` of the task with receipts of `tokens` output tokens. */
+  async function submit(q, taskId, shard, m, tokens) {
+    const [start, end] = await q.task.shardRange(taskId, shard);
+    const res = await buildResult(q.task, taskId, shard, Number(start), Number(end), m, MODEL, tokens);
+    const tx = await q.task.connect(m).submitResult(taskId, shard, res.root, "store://out", res.total);
+    return { ...res, tx };
   }
 
   describe("params and wiring", function () {
@@ -53,7 +63,7 @@ describe("TaskRegistry", function () {
         await expect(fresh[f](ethers.ZeroAddress)).to.be.revertedWithCustomError(fresh, "ZeroAddress");
       }
       const now = BigInt(await time.latest());
-      await expect(fresh.createTask(MODEL, ROOT, "u", 1, 1, 1, 1, now + 100n, 0, ethers.ZeroAddress, { value: 1 }))
+      await expect(fresh.createTask(MODEL, ROOT, "u", 1, 1, 1, 1, now + 100n, 0, ethers.ZeroAddress, false, { value: 1 }))
         .to.be.revertedWithCustomError(fresh, "NotWired");
     });
   });
@@ -66,7 +76,7 @@ describe("TaskRegistry", function () {
       expect(taskId).to.equal(1n);
       expect(value).to.equal(10n * 100n * PRICE);
       await expect(tx).to.emit(task, "TaskCreated")
-        .withArgs(1, client.address, MODEL, args.inputRoot, args.inputURI, 10, 4, 3, value, args.deadline);
+        .withArgs(1, client.address, MODEL, args.inputRoot, args.inputURI, 10, 4, 3, value, args.deadline, false);
       await expect(tx).to.emit(escrow, "Deposited").withArgs(1, value);
       expect(await ethers.provider.getBalance(escrow)).to.equal(before + value);
       expect(await escrow.escrowed(1)).to.equal(value);
@@ -82,6 +92,7 @@ describe("TaskRegistry", function () {
       expect(t.pricePerToken).to.equal(PRICE);
       expect(t.deadline).to.equal(args.deadline);
       expect(t.minReputationBps).to.equal(4500);
+      expect(t.allowProbation).to.equal(false);
       expect(t.cancelled).to.equal(false);
       expect(t.committed).to.equal(0);
       expect(await task.numShards(1)).to.equal(3);
@@ -93,6 +104,16 @@ describe("TaskRegistry", function () {
       const s = await task.getShard(1, 2);
       expect(s.state).to.equal(S.Open);
       expect(s.miner).to.equal(ethers.ZeroAddress);
+    });
+    it("stores allowProbation and emits it as TaskCreated's last field", async function () {
+      const { task, client } = await loadFixture(deployQuarry);
+      const a = await createTask(task, client, { allowProbation: true });
+      await expect(a.tx).to.emit(task, "TaskCreated").withArgs(
+        a.taskId, client.address, MODEL, a.args.inputRoot, a.args.inputURI, 10, 4, 3, a.value, a.args.deadline, true);
+      expect((await task.getTask(a.taskId)).allowProbation).to.equal(true);
+      const b = await createTask(task, client, { allowProbation: false });
+      expect((await task.getTask(b.taskId)).allowProbation).to.equal(false);
+      expect((await task.getTask(a.taskId)).allowProbation).to.equal(true);
     });
     it("reverts with the wrong payment", async function () {
       const { task, client } = await loadFixture(deployQuarry);
@@ -148,6 +169,31 @@ describe("TaskRegistry", function () {
       await gpu.connect(miner).requestExit();
       await expect(task.connect(miner).claimShard(taskId, 0)).to.be.revertedWithCustomError(task, "NotEligible");
     });
+    it("a miner on probation claims only tasks that allow probation, and their other floors still apply", async function () {
+      const { task, gpu, client, miner, outsider, taskId } = await loadFixture(withTask);
+      await gpu.connect(outsider).register([MODEL], GPU, "http://new", PRICE, { value: P.minStake });
+      expect(await gpu.onProbation(outsider)).to.equal(true);
+      await expect(task.connect(outsider).claimShard(taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
+      const open = await createTask(task, client, { allowProbation: true });
+      const tx = await task.connect(outsider).claimShard(open.taskId, 0);
+      const now = BigInt(await time.latest());
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(open.taskId, 0, outsider.address, now + P.claimTimeout, COLL4);
+      await expect(tx).to.emit(gpu, "CollateralLocked").withArgs(outsider.address, COLL4, COLL4);
+      // an established miner may claim such a task too
+      await task.connect(miner).claimShard(open.taskId, 1);
+      // the reputation floor and the model still apply with allowProbation
+      const high = await createTask(task, client, { allowProbation: true, minRep: 5001 });
+      await expect(task.connect(outsider).claimShard(high.taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
+      const other = await createTask(task, client, { allowProbation: true, modelId: OTHER_MODEL });
+      await expect(task.connect(outsider).claimShard(other.taskId, 0))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
+      // at the floor it may
+      const at = await createTask(task, client, { allowProbation: true, minRep: 5000 });
+      await task.connect(outsider).claimShard(at.taskId, 0);
+      expect((await gpu.minerInfo(outsider)).locked).to.equal(COLL4 * 2n);
+    });
     it("reverts on a taken shard, bad ids, after the deadline and without free stake", async function () {
       const { task, gpu, client, miner, miner2, taskId, targs } = await loadFixture(withTask);
       await task.connect(miner).claimShard(taskId, 0);
@@ -165,19 +211,37 @@ describe("TaskRegistry", function () {
   });
 
   describe("submitResult", function () {
-    it("records the result and opens the challenge window", async function () {
-      const { task, miner, taskId } = await loadFixture(claimed);
-      const tx = await task.connect(miner).submitResult(taskId, 0, ROOT, "store://out", 400);
+    it("records the result tree's root and sum and opens the challenge window", async function () {
+      const q = await loadFixture(claimed);
+      const { task, arb, miner, taskId } = q;
+      const res = await submit(q, taskId, 0, miner, (i) => TOK0[i]);
+      expect(res.total).to.equal(250n);
       const now = BigInt(await time.latest());
-      await expect(tx).to.emit(task, "ResultSubmitted")
-        .withArgs(taskId, 0, miner.address, ROOT, "store://out", 400, now + P.challengeWindow);
+      await expect(res.tx).to.emit(task, "ResultSubmitted")
+        .withArgs(taskId, 0, miner.address, res.root, "store://out", 250, now + P.challengeWindow);
       const s = await task.getShard(taskId, 0);
       expect(s.state).to.equal(S.Submitted);
       expect(s.submittedAt).to.equal(now);
       expect(s.windowEnd).to.equal(now + P.challengeWindow);
-      expect(s.resultRoot).to.equal(ROOT);
+      expect(s.resultRoot).to.equal(res.root);
       expect(s.resultURI).to.equal("store://out");
-      expect(s.tokensUsed).to.equal(400);
+      expect(s.tokensUsed).to.equal(250);
+      // every receipt is proven under (resultRoot, tokensUsed); a wrong proof or receipt is not
+      for (let k = 0; k < 4; k++) {
+        expect(await arb.proves(taskId, 0, res.receipts[k], res.proofOf(k))).to.equal(true);
+        expect(await arb.proves(taskId, 0, res.receipts[k], res.proofOf((k + 1) % 4))).to.equal(false);
+        expect(await arb.proves(taskId, 0, { ...res.receipts[k], outputTokens: TOK0[k] + 1 }, res.proofOf(k))).to.equal(false);
+      }
+    });
+    it("a root submitted with another total than its sum proves no receipt", async function () {
+      const q = await loadFixture(claimed);
+      const { task, arb, miner, taskId } = q;
+      const res = await buildResult(task, taskId, 0, 0, 4, miner, MODEL, (i) => TOK0[i]);
+      await task.connect(miner).submitResult(taskId, 0, res.root, "store://out", res.total + 1n); // bills 251
+      expect((await task.getShard(taskId, 0)).tokensUsed).to.equal(251);
+      for (let k = 0; k < 4; k++) {
+        expect(await arb.proves(taskId, 0, res.receipts[k], res.proofOf(k))).to.equal(false);
+      }
     });
     it("reverts for too many tokens, the wrong miner, an expired claim, an unclaimed shard, a zero root", async function () {
       const { task, miner, miner2, taskId } = await loadFixture(claimed);
@@ -199,7 +263,9 @@ describe("TaskRegistry", function () {
       await task.connect(miner).claimShard(taskId, 2);
       await expect(task.connect(miner).submitResult(taskId, 2, ROOT, "u", 201))
         .to.be.revertedWithCustomError(task, "TooManyTokens").withArgs(200, 201);
-      await task.connect(miner).submitResult(taskId, 2, ROOT, "u", 200);
+      const res = await submit({ task }, taskId, 2, miner, 100);
+      expect(res.total).to.equal(200n);
+      expect((await task.getShard(taskId, 2)).tokensUsed).to.equal(200);
     });
   });
 
@@ -229,8 +295,8 @@ describe("TaskRegistry", function () {
       const { task, escrow, client, miner, miner2, taskId } = await loadFixture(withTask);
       await task.connect(miner).claimShard(taskId, 0);
       await task.connect(miner2).claimShard(taskId, 2);
-      await task.connect(miner).submitResult(taskId, 0, ROOT, "u", 0);
-      await task.connect(miner2).submitResult(taskId, 2, ROOT, "u", 200);
+      expect((await submit({ task }, taskId, 0, miner, 0)).total).to.equal(0n);
+      expect((await submit({ task }, taskId, 2, miner2, 100)).total).to.equal(200n);
       await time.increase(P.challengeWindow);
       await task.finalizeShard(taskId, 0);
       await task.finalizeShard(taskId, 2);
@@ -296,7 +362,7 @@ describe("TaskRegistry", function () {
       await expect(task.connect(client).cancelTask(taskId)).to.be.revertedWithCustomError(task, "AlreadyCancelled");
       await expect(task.connect(miner2).claimShard(taskId, 1))
         .to.be.revertedWithCustomError(task, "ShardNotOpen").withArgs(S.Refunded);
-      await task.connect(miner).submitResult(taskId, 0, ROOT, "u", 100);
+      expect((await submit({ task }, taskId, 0, miner, 25)).total).to.equal(100n);
       await time.increase(P.challengeWindow);
       await task.finalizeShard(taskId, 0);
       expect(await escrow.withdrawable(miner)).to.equal(100n * PRICE);
@@ -320,7 +386,7 @@ describe("TaskRegistry", function () {
       const { task, escrow, client, miner, miner2, taskId, targs } = await loadFixture(withTask);
       await task.connect(miner).claimShard(taskId, 0);
       await task.connect(miner2).claimShard(taskId, 1);
-      await task.connect(miner2).submitResult(taskId, 1, ROOT, "u", 5);
+      expect((await submit({ task }, taskId, 1, miner2, (i) => (i === 4 ? 5 : 0))).total).to.equal(5n);
       await expect(task.refundUnfinished(taskId, 2))
         .to.be.revertedWithCustomError(task, "DeadlineNotPassed").withArgs(targs.deadline);
       await time.increaseTo(targs.deadline); // shard 0's claim (600 s) has expired by now
@@ -346,11 +412,168 @@ describe("TaskRegistry", function () {
 
   describe("arbitration hooks", function () {
     it("markDisputed and resolveDispute are Arbitration only", async function () {
-      const { task, outsider, taskId } = await loadFixture(submitted);
-      await expect(task.connect(outsider).markDisputed(taskId, 0))
-        .to.be.revertedWithCustomError(task, "Unauthorized").withArgs(outsider.address);
-      await expect(task.connect(outsider).resolveDispute(taskId, 0, true))
-        .to.be.revertedWithCustomError(task, "Unauthorized");
+      const { task, owner, miner, client, outsider, taskId } = await loadFixture(submitted);
+      for (const who of [outsider, owner, miner, client]) {
+        await expect(task.connect(who).markDisputed(taskId, 0))
+          .to.be.revertedWithCustomError(task, "Unauthorized").withArgs(who.address);
+        for (const fault of [false, true]) {
+          await expect(task.connect(who).resolveDispute(taskId, 0, fault, 0))
+            .to.be.revertedWithCustomError(task, "Unauthorized").withArgs(who.address);
+        }
+      }
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Submitted);
+    });
+
+    // A TaskRegistry whose Arbitration is an EOA (`hook`), to drive the hooks directly.
+    async function hooked() {
+      const signers = await ethers.getSigners();
+      const [, client, , miner, , outsider] = signers;
+      const hook = signers[12];
+      const escrow = await (await ethers.getContractFactory("PaymentEscrow")).deploy();
+      const gpu = await (await ethers.getContractFactory("GPURegistry")).deploy(
+        P.minStake, P.minerUnbonding, P.initialRepBps);
+      const task = await (await ethers.getContractFactory("TaskRegistry")).deploy(
+        P.collateralBps, P.claimTimeout, P.challengeWindow, P.reclaimPenaltyBps);
+      await escrow.setTaskRegistry(task);
+      await escrow.setArbitration(hook);
+      await escrow.setGPURegistry(gpu);
+      await gpu.setTaskRegistry(task);
+      await gpu.setArbitration(hook);
+      await gpu.setEscrow(escrow);
+      await gpu.setProbation(0, 6000);
+      await gpu.connect(miner).register([MODEL], GPU, "http://m", PRICE, { value: P.minStake });
+      await task.setGPURegistry(gpu);
+      await task.setEscrow(escrow);
+      await task.setArbitration(hook);
+      const { taskId, value } = await createTask(task, client);
+      await task.connect(miner).claimShard(taskId, 0);
+      const res = await submit({ task }, taskId, 0, miner, (i) => TOK0[i]);
+      return { escrow, gpu, task, hook, client, miner, outsider, taskId, payment: value, res };
+    }
+
+    it("markDisputed freezes a Submitted shard inside its window only", async function () {
+      const { task, hook, miner, taskId } = await loadFixture(hooked);
+      await expect(task.connect(hook).markDisputed(taskId, 1))
+        .to.be.revertedWithCustomError(task, "ShardNotSubmitted").withArgs(S.Open);
+      await task.connect(miner).claimShard(taskId, 1);
+      await expect(task.connect(hook).markDisputed(taskId, 1))
+        .to.be.revertedWithCustomError(task, "ShardNotSubmitted").withArgs(S.Claimed);
+      await expect(task.connect(hook).markDisputed(taskId, 3)).to.be.revertedWithCustomError(task, "BadShard").withArgs(taskId, 3);
+      await expect(task.connect(hook).markDisputed(9, 0)).to.be.revertedWithCustomError(task, "UnknownTask").withArgs(9);
+      await expect(task.connect(hook).markDisputed(taskId, 0)).to.emit(task, "ShardDisputed").withArgs(taskId, 0);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Disputed);
+      await expect(task.connect(hook).markDisputed(taskId, 0))
+        .to.be.revertedWithCustomError(task, "ShardNotSubmitted").withArgs(S.Disputed);
+      await expect(task.finalizeShard(taskId, 0)).to.be.revertedWithCustomError(task, "DisputeOpen");
+      await expect(task.connect(hook).resolveDispute(taskId, 1, false, 0))
+        .to.be.revertedWithCustomError(task, "ShardNotDisputed").withArgs(S.Claimed);
+      // a shard whose window closed cannot be frozen
+      await task.connect(hook).resolveDispute(taskId, 0, false, 0);
+      const we = (await task.getShard(taskId, 0)).windowEnd;
+      expect(we).to.equal(0);
+      await expect(task.connect(hook).markDisputed(taskId, 0)).to.be.revertedWithCustomError(task, "OutsideWindow").withArgs(0);
+    });
+
+    it("resolveDispute without fault: back to Submitted with exactly the given windowEnd, nothing paid", async function () {
+      const { task, escrow, gpu, hook, client, miner, taskId, payment } = await loadFixture(hooked);
+      const s0 = await task.getShard(taskId, 0);
+      await task.connect(hook).markDisputed(taskId, 0);
+      const W = s0.windowEnd + 1000n;
+      expect(await task.connect(hook).resolveDispute.staticCall(taskId, 0, false, W))
+        .to.deep.equal([miner.address, COLL4, client.address]);
+      const tx = await task.connect(hook).resolveDispute(taskId, 0, false, W);
+      await expect(tx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, false);
+      await expect(tx).not.to.emit(escrow, "Released");
+      await expect(tx).not.to.emit(gpu, "CollateralUnlocked");
+      const s = await task.getShard(taskId, 0);
+      expect(s.state).to.equal(S.Submitted);
+      expect(s.windowEnd).to.equal(W);
+      expect(s.submittedAt).to.equal(s0.submittedAt);
+      expect(s.resultRoot).to.equal(s0.resultRoot);
+      expect(s.tokensUsed).to.equal(250);
+      expect((await gpu.minerInfo(miner)).locked).to.equal(COLL4);
+      expect((await task.getTask(taskId)).committed).to.equal(BUDGET4);
+      expect(await escrow.escrowed(taskId)).to.equal(payment);
+      await expect(task.connect(hook).resolveDispute(taskId, 0, false, W))
+        .to.be.revertedWithCustomError(task, "ShardNotDisputed").withArgs(S.Submitted);
+      // the longer window holds: it can be frozen again until W and finalized only from W
+      await time.increaseTo(s0.windowEnd + 10n);
+      await expect(task.finalizeShard(taskId, 0)).to.be.revertedWithCustomError(task, "WindowNotClosed").withArgs(W);
+      await task.connect(hook).markDisputed(taskId, 0);
+      await task.connect(hook).resolveDispute(taskId, 0, false, W);
+      await time.increaseTo(W);
+      await expect(task.finalizeShard(taskId, 0)).to.emit(task, "ShardFinalized")
+        .withArgs(taskId, 0, miner.address, 250n * PRICE, BUDGET4 - 250n * PRICE);
+      expect(await escrow.withdrawable(miner)).to.equal(250n * PRICE);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4 - 250n * PRICE);
+    });
+
+    it("resolveDispute with fault: the whole budget back to the client, collateral unlocked, to the wei", async function () {
+      const { task, escrow, gpu, hook, client, miner, taskId, payment } = await loadFixture(hooked);
+      await task.connect(hook).markDisputed(taskId, 0);
+      const we = (await task.getShard(taskId, 0)).windowEnd;
+      const stake = (await gpu.minerInfo(miner)).stake;
+      const tx = await task.connect(hook).resolveDispute(taskId, 0, true, 12345);
+      await expect(tx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, true);
+      await expect(tx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
+      await expect(tx).to.emit(escrow, "Released").withArgs(taskId, client.address, BUDGET4);
+      await expect(tx).to.emit(gpu, "CollateralUnlocked").withArgs(miner.address, COLL4, 0);
+      await expect(tx).not.to.emit(gpu, "Slashed"); // Arbitration slashes, not TaskRegistry
+      const s = await task.getShard(taskId, 0);
+      expect(s.state).to.equal(S.Refunded);
+      expect(s.windowEnd).to.equal(we); // the windowEnd argument only matters without fault
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake);
+      expect((await gpu.minerInfo(miner)).locked).to.equal(0);
+      expect((await task.getTask(taskId)).committed).to.equal(0);
+      expect(await escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4);
+      await expect(task.connect(hook).resolveDispute(taskId, 0, true, 0))
+        .to.be.revertedWithCustomError(task, "ShardNotDisputed").withArgs(S.Refunded);
+      await expect(task.finalizeShard(taskId, 0)).to.be.revertedWithCustomError(task, "ShardNotSubmitted").withArgs(S.Refunded);
+    });
+
+    it("through Arbitration: a no-fault verdict closes the window now; an answered challenge extends it", async function () {
+      const q = await loadFixture(submitted);
+      const { task, arb, escrow, client, miner, verifiers, taskId, res } = q;
+      // a committee verdict of no fault: Submitted with windowEnd = the verdict's block, final at once
+      await arb.connect(client).openDispute(taskId, 0, res.receipts[1], res.proofOf(1), "ev", { value: P.minBond });
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Disputed);
+      const vtx = await arb.castVotes(1, false, await signVotes(arb, verifiers.slice(0, 3), 1, false));
+      await expect(vtx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, false);
+      const vAt = BigInt((await ethers.provider.getBlock((await vtx.wait()).blockNumber)).timestamp);
+      const s = await task.getShard(taskId, 0);
+      expect(s.state).to.equal(S.Submitted);
+      expect(s.windowEnd).to.equal(vAt);
+      await expect(task.finalizeShard(taskId, 0)).to.emit(task, "ShardFinalized");
+
+      // availability challenges on shard 1: answered early, the window grows by the challenge's
+      // duration; answered late, at least responseWindow is left
+      await task.connect(miner).claimShard(taskId, 1);
+      const r1 = await submit(q, taskId, 1, miner, 7);
+      const w0 = (await task.getShard(taskId, 1)).windowEnd;
+      await arb.connect(client).challengeAvailability(taskId, 1, 5, { value: P.minAvailabilityBond });
+      const c1 = await arb.getChallenge(1);
+      expect((await task.getShard(taskId, 1)).state).to.equal(S.Disputed);
+      await time.increase(50);
+      const a1 = await arb.connect(miner).answerAvailability(1, r1.receipts[1], r1.proofOf(1));
+      const t1 = BigInt((await ethers.provider.getBlock((await a1.wait()).blockNumber)).timestamp);
+      const w1 = w0 + (t1 - c1.openedAt);
+      expect(w1 > t1 + P.responseWindow).to.equal(true);
+      await expect(a1).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 1, false);
+      expect((await task.getShard(taskId, 1)).windowEnd).to.equal(w1);
+      expect((await task.getShard(taskId, 1)).state).to.equal(S.Submitted);
+      await time.increaseTo(w1 - 20n);
+      await arb.connect(client).challengeAvailability(taskId, 1, 6, { value: P.minAvailabilityBond });
+      const a2 = await arb.connect(miner).answerAvailability(2, r1.receipts[2], r1.proofOf(2));
+      const t2 = BigInt((await ethers.provider.getBlock((await a2.wait()).blockNumber)).timestamp);
+      expect((await task.getShard(taskId, 1)).windowEnd).to.equal(t2 + P.responseWindow);
+      // the challenge bonds went to the miner (besides its share of the dispute bond and shard 0's pay)
+      const each = (P.minBond - (P.minBond * BigInt(P.minerBondShareBps)) / 10000n) / 3n;
+      expect(await escrow.withdrawable(miner))
+        .to.equal(P.minBond - each * 3n + 250n * PRICE + P.minAvailabilityBond * 2n);
+      await time.increaseTo(t2 + P.responseWindow);
+      await expect(task.finalizeShard(taskId, 1)).to.emit(task, "ShardFinalized")
+        .withArgs(taskId, 1, miner.address, 28n * PRICE, BUDGET4 - 28n * PRICE);
     });
   });
 

@@ -1006,7 +1006,9 @@ describe("VerifierCommittee", function () {
     it("writes quorum-signed scores to GPURegistry and skips unregistered miners", async function () {
       const { committee, gpu, task, client, miner, miner2, outsider, verifiers } = await loadFixture(deployQuarry);
       const cur = await toEpochStart(committee);
-      const r = report(cur, [miner.address, miner2.address, outsider.address], [3000, 9000, 7000]);
+      // miners strictly ascending by address
+      expect(BigInt(miner2.address) < BigInt(miner.address) && BigInt(miner.address) < BigInt(outsider.address)).to.equal(true);
+      const r = report(cur, [miner2.address, miner.address, outsider.address], [9000, 3000, 7000]);
       const signers = sortByAddress(verifiers.slice(1));
       const sigs = await signReport(committee, signers, r);
       const tx = await submitReport(committee, r, sigs);
@@ -1068,13 +1070,60 @@ describe("VerifierCommittee", function () {
       await submitReport(committee, r, sigs);
     });
 
+    it("lists miners strictly ascending by address: a quorum-signed report out of order or with a repeat reverts MinersNotSorted", async function () {
+      const { committee, gpu, miner, miner2, outsider, verifiers } = await loadFixture(deployQuarry);
+      const cur = await toEpochStart(committee);
+      const signers = sortByAddress(verifiers);
+      const [a, b, c] = [miner2.address, miner.address, outsider.address]; // ascending
+      expect(BigInt(a) < BigInt(b) && BigInt(b) < BigInt(c)).to.equal(true);
+      const refused = [
+        [[b, a], [7000, 8000]], // descending
+        [[a, c, b], [7000, 8000, 9000]], // the last two swapped
+        [[a, a], [7000, 7000]], // a repeat
+        [[a, b, a], [7000, 8000, 9000]], // a repeat further down
+        [[a, b, b, c], [7000, 8000, 8000, 9000]],
+        [[ethers.ZeroAddress, a, ethers.ZeroAddress], [0, 7000, 0]],
+      ];
+      for (const [miners, scores] of refused) {
+        const r = report(cur, miners, scores);
+        // properly signed by the whole committee, and still refused, before the quorum is checked
+        await expect(submitReport(committee, r, await signReport(committee, signers, r)))
+          .to.be.revertedWithCustomError(committee, "MinersNotSorted");
+        await expect(submitReport(committee, r, [])).to.be.revertedWithCustomError(committee, "MinersNotSorted");
+      }
+      // the array checks come in order: lengths, count, then per entry its score, then its order
+      await expect(submitReport(committee, report(cur, [b, a], [7000]), []))
+        .to.be.revertedWithCustomError(committee, "LengthMismatch").withArgs(2, 1);
+      await expect(submitReport(committee, report(cur, [b, a, c], [7000, 8000, 10001]), []))
+        .to.be.revertedWithCustomError(committee, "MinersNotSorted");
+      await expect(submitReport(committee, report(cur, [b, a], [7000, 10001]), []))
+        .to.be.revertedWithCustomError(committee, "ScoreOutOfRange").withArgs(10001);
+      expect(await committee.nextReportEpoch()).to.equal(0);
+      expect(await committee.reported(cur)).to.equal(false);
+      expect((await gpu.minerInfo(miner)).reputationBps).to.equal(P.initialRepBps);
+      expect((await gpu.minerInfo(miner2)).reputationBps).to.equal(P.initialRepBps);
+      // the same scores in ascending order land (the zero address is not registered: skipped)
+      const ok = report(cur, [ethers.ZeroAddress, a, b], [0, 8000, 7000]);
+      const tx = await submitReport(committee, ok, await signReport(committee, signers, ok));
+      await expect(tx).to.emit(committee, "ReputationSubmitted").withArgs(cur, ok.evidenceRoot, 3, addrs(signers));
+      await expect(tx).to.emit(committee, "ReputationSkipped").withArgs(cur, ethers.ZeroAddress);
+      expect((await gpu.minerInfo(miner2)).reputationBps).to.equal(8000);
+      expect((await gpu.minerInfo(miner)).reputationBps).to.equal(7000);
+      expect(await committee.nextReportEpoch()).to.equal(cur + 1n);
+      // a single miner is trivially sorted
+      const one = report(cur + 1n, [c], [6000], "one");
+      await toEpoch(committee, cur + 1n);
+      await expect(submitReport(committee, one, await signReport(committee, signers, one)))
+        .to.emit(committee, "ReputationSkipped").withArgs(cur + 1n, c);
+    });
+
     it("gap 5: a held-back older report cannot roll reputation back", async function () {
       const { committee, gpu, miner, miner2, verifiers } = await loadFixture(deployQuarry);
       const e = await toEpochStart(committee);
       await toEpoch(committee, e + 1n);
       const signers = sortByAddress(verifiers);
-      const older = report(e, [miner.address, miner2.address], [9500, 9500], "e");
-      const newer = report(e + 1n, [miner.address, miner2.address], [3000, 2000], "e+1");
+      const older = report(e, [miner2.address, miner.address], [9500, 9500], "e");
+      const newer = report(e + 1n, [miner2.address, miner.address], [2000, 3000], "e+1");
       const olderSigs = await signReport(committee, signers, older);
       const newerSigs = await signReport(committee, signers, newer);
       expect(await committee.nextReportEpoch()).to.equal(0);
