@@ -85,6 +85,7 @@ __all__ = [
     "task_disputes",
     "wait_dispute",
     "report_absent",
+    "judging_committee",
     "challenge_availability",
     "challenge_info",
     "answered_receipt",
@@ -539,21 +540,37 @@ def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: i
     return dispute_id
 
 
+def judging_committee(q: Quarry, epoch: int) -> list[str]:
+    """The members of `epoch`'s committee who can still vote or be penalized (weight > 0).
+    `membersAt` drops members whose seats were pruned since; registrations are read too."""
+    c = q.committee
+    candidates = set(c.members_at(epoch)) | {
+        to_checksum_address(ev["verifier"])
+        for ev in c.events("VerifierRegistered", q.deployment.deploy_block)}
+    return sorted((m for m in candidates if c.weight_at(m, epoch) > 0), key=lambda a: int(a, 16))
+
+
 def report_absent(q: Quarry, account: LocalAccount, dispute_id: int) -> tuple[str, ...]:
     """Report every member of an expired dispute's committee that cast no vote (each loses
-    its seat, and stake to the opener past the committee's limit); returns them."""
+    its seat, and stake to the opener past the committee's limit); returns those this call
+    reported. A reporter racing this one makes the batch revert `NotAbsent`: the ballots are
+    read again and the rest reported."""
     d = q.arbitration.get_dispute(dispute_id)
     if d.status != DisputeStatus.EXPIRED:
         return ()
-    absent = tuple(m for m in q.committee.members_at(d.epoch)
-                   if q.arbitration.ballot_of(dispute_id, m) == Ballot.NONE)
-    if absent:
+    committee = judging_committee(q, d.epoch)
+    for _ in range(3):
+        absent = tuple(m for m in committee
+                       if q.arbitration.ballot_of(dispute_id, m) == Ballot.NONE)
+        if not absent:
+            return ()
         try:
             q.arbitration.report_absence(account, dispute_id, absent)
+            return absent
         except ContractRevert as exc:
-            if exc.error != "NotAbsent":  # someone reported (some of) them first: fine
+            if exc.error != "NotAbsent":
                 raise
-    return absent
+    return ()
 
 
 def wait_dispute(

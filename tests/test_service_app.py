@@ -146,11 +146,13 @@ def test_models(market: Market, devnet: Devnet) -> None:
     assert model_id == Manifest.from_dict(manifest).model_id_hex
     assert api.model(model_id) == Manifest.from_dict(manifest).to_dict()
     assert api.models() == [{"modelId": model_id, "name": "tiny", "miners": 0,
-                             "minPricePerToken": None, "hasManifest": True}]
+                             "minPricePerToken": None, "probationMiners": 0,
+                             "hasManifest": True}]
     market.board.index(devnet.q)  # the conftest miners serve MODEL_ID on-chain
     served = {m["modelId"]: m for m in api.models()}[MODEL_HEX]
     assert served == {"modelId": MODEL_HEX, "name": None, "miners": 2,
-                      "minPricePerToken": devnet.PRICE, "hasManifest": False}
+                      "minPricePerToken": devnet.PRICE, "probationMiners": 0,
+                      "hasManifest": False}
 
     with pytest.raises(MarketError, match="no manifest for model") as unknown:
         api.model("0x" + "99" * 32)
@@ -184,6 +186,8 @@ def test_jobs_and_open_shards(market: Market, devnet: Devnet) -> None:
     assert api.jobs(client=net.client2.address) == []
     job = api.job(cheap)
     assert job == board.job(cheap)
+    assert job["allowProbation"] is False
+    assert (job["disputes"], job["challenges"], job["billingFaults"]) == ([], [], [])
     assert [s["state"] for s in job["shards"]] == ["Open", "Open"]
     assert job["shardStates"]["Open"] == 2 and job["numShards"] == 2
     with pytest.raises(MarketError, match="client '0xzz' is not an address"):
@@ -226,6 +230,52 @@ def test_jobs_and_open_shards(market: Market, devnet: Devnet) -> None:
 
 
 @pytest.mark.chain
+def test_a_miner_on_probation_is_shown_and_served_as_such(market: Market,
+                                                          devnet: Devnet) -> None:
+    """A miner registered now is on probation: `/miners` says so, `/models` counts it apart,
+    and `/shards/open` gives it only tasks that allow probation (also from stored
+    recommendations), as `claimShard` would."""
+    from market.chain.contracts import GpuSpec
+
+    api, board, net = market.api, market.board, devnet
+    newcomer = net.outsider
+    net.q.gpu.register(newcomer, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://new",
+                       net.PRICE // 2, net.MINER_STAKE)
+    ordinary = post_task(net, 2, 1)
+    opted_in, _ = net.q.tasks.create_task(
+        net.client, model_id=net.MODEL_ID, input_root=b"\x02" * 32,
+        input_uri=content_uri(b"requests"), num_requests=2, shard_size=1,
+        max_tokens_per_request=4, price_per_token=net.PRICE,
+        deadline=net.chain.timestamp() + 3600, allow_probation=True)
+    board.index(net.q)
+    rows = {m["address"]: m for m in api.miners()}
+    assert {k: rows[newcomer.address][k] for k in (
+        "onProbation", "eligible", "eligibleAllowingProbation")} == {
+        "onProbation": True, "eligible": False, "eligibleAllowingProbation": True}
+    served = {m["modelId"]: m for m in api.models()}[MODEL_HEX]
+    assert (served["miners"], served["minPricePerToken"], served["probationMiners"]) == (
+        2, net.PRICE, 1)
+    assert (api.job(ordinary)["allowProbation"], api.job(opted_in)["allowProbation"]) == (
+        False, True)
+
+    def shards(miner: str) -> list[tuple[int, int]]:
+        return sorted((s["taskId"], s["shard"]) for s in api.open_shards(MODEL_HEX, miner, 50))
+
+    assert shards(newcomer.address) == [(opted_in, 0), (opted_in, 1)]
+    assert shards(net.miner.address) == [(ordinary, 0), (ordinary, 1), (opted_in, 0),
+                                         (opted_in, 1)]
+    anyone = httpx.get(f"{market.url}/shards/open", params={"limit": 100}).json()
+    assert {(s["taskId"], s["allowProbation"]) for s in anyone} == {
+        (ordinary, False), (opted_in, True)}
+    # Stored recommendations that list an ordinary task are filtered when served.
+    board.set_recommendations(newcomer.address, [{"taskId": ordinary, "shard": 0},
+                                                 {"taskId": opted_in, "shard": 1}],
+                              int(time.time()))
+    assert shards(newcomer.address) == [(opted_in, 1)]
+    net.q.tasks.claim_shard(newcomer, opted_in, 1)  # the chain agrees
+
+
+@pytest.mark.chain
 def test_heartbeats_and_miners(market: Market, devnet: Devnet) -> None:
     api, net = market.api, devnet
     market.board.index(net.q)
@@ -237,6 +287,8 @@ def test_heartbeats_and_miners(market: Market, devnet: Devnet) -> None:
     assert rows[net.miner.address]["stake"] == net.MINER_STAKE
     assert rows[net.miner.address]["pricePerToken"] == net.PRICE
     assert rows[net.miner.address]["endpoint"] == "http://127.0.0.1:9100"
+    assert (rows[net.miner.address]["onProbation"], rows[net.miner.address]["eligible"]) == (
+        False, True)
 
     api.heartbeat(net.miner, {"shard": None, "tokensPerSecond": 12.5})
     rows = {m["address"]: m for m in api.miners()}

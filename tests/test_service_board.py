@@ -1,8 +1,10 @@
 """The job board against a real Anvil: every life cycle the contracts allow (finalize,
-reclaim, cancel, refund after the deadline, disputes both ways) indexed into SQLite and
-checked field by field against the contracts' views; rebuilds from scratch and in one-block
-chunks give the same rows; racing indexers never double-apply; a chain reset is detected.
-Plus the board's market-only tables and the matching order."""
+reclaim, cancel, refund after the deadline, disputes both ways with stake-weighted votes,
+availability challenges answered and unanswered, billing faults, expired disputes with
+absences reported, miners on probation) indexed into SQLite and checked field by field against
+the contracts' views; rebuilds from scratch and in one-block chunks give the same rows;
+racing indexers never double-apply; a chain reset is detected; an older board file is
+migrated. Plus the board's market-only tables and the matching order."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from market.chain.contracts import ShardState
+from market.chain.contracts import Ballot, ShardState
 from market.chain.deploy import Quarry
 from market.protocol import (
     Receipt,
@@ -24,7 +26,13 @@ from market.protocol import (
     receipts_tree,
     request_hash,
 )
-from market.service.board import STATE_NAMES, Board, BoardError
+from market.service.board import (
+    CHALLENGE_STATUS,
+    DISPUTE_STATUS,
+    STATE_NAMES,
+    Board,
+    BoardError,
+)
 from market.service.matching import rank_open_shards, rendezvous_score
 
 if TYPE_CHECKING:
@@ -44,7 +52,7 @@ def assert_has(row: dict, expected: dict) -> None:
 
 def post(net: Devnet, n: int, shard_size: int, *, deadline_s: int = 3600,
          client: LocalAccount | None = None, arbiter: str | None = None,
-         tag: str = "t") -> tuple[int, list[bytes]]:
+         tag: str = "t", allow_probation: bool = False) -> tuple[int, list[bytes]]:
     hashes = [request_hash({"custom_id": f"{tag}-{i}", "body": {"prompt": f"p{i}"}})
               for i in range(n)]
     root = input_tree(hashes).root
@@ -53,18 +61,22 @@ def post(net: Devnet, n: int, shard_size: int, *, deadline_s: int = 3600,
         client or net.client, model_id=net.MODEL_ID, input_root=root,
         input_uri="sha256:" + root.hex(), num_requests=n, shard_size=shard_size,
         max_tokens_per_request=MAX_TOKENS, price_per_token=net.PRICE,
-        deadline=net.chain.timestamp() + deadline_s, **kwargs)
+        deadline=net.chain.timestamp() + deadline_s, allow_probation=allow_probation,
+        **kwargs)
     return task_id, hashes
 
 
 def submit(net: Devnet, task_id: int, hashes: list[bytes], shard: int,
-           miner: LocalAccount) -> tuple[list[Receipt], list[bytes], int]:
-    """Claim and submit with real signed receipts; returns them, their sigs and the tokens."""
+           miner: LocalAccount, billed: dict[int, int] | None = None,
+           ) -> tuple[list[Receipt], list[bytes], int]:
+    """Claim and submit with real signed receipts; returns them, their sigs and the tokens.
+    `billed` maps request indices to a token count the receipt claims instead."""
     q = net.q
     q.tasks.claim_shard(miner, task_id, shard)
     start, end = q.tasks.shard_range(task_id, shard)
     receipts = [Receipt(task_id, shard, i, hashes[i], output_hash(f"a{i}", [1] * (1 + i % 5)),
-                        1 + i % 5, net.MODEL_ID) for i in range(start, end)]
+                        (billed or {}).get(i, 1 + i % 5), net.MODEL_ID)
+                for i in range(start, end)]
     sigs = [r.sign(miner.key, net.chain.chain_id, q.tasks.address) for r in receipts]
     tokens = sum(r.output_tokens for r in receipts)
     q.tasks.submit_result(miner, task_id, shard, receipts_tree(receipts).root,
@@ -83,6 +95,7 @@ def assert_matches_chain(board: Board, q: Quarry, task_id: int) -> dict:
         t.num_requests, t.shard_size, t.num_shards, t.deadline)
     assert (job["maxTokensPerRequest"], job["pricePerToken"], job["minReputationBps"]) == (
         t.max_tokens_per_request, t.price_per_token, t.min_reputation_bps)
+    assert job["allowProbation"] == t.allow_probation
     assert (job["cancelled"], job["createdAt"]) == (t.cancelled, t.created_at)
     assert len(job["shards"]) == t.num_shards
     for row in job["shards"]:
@@ -104,6 +117,35 @@ def assert_miners_match_chain(board: Board, q: Quarry) -> None:
             info.stake, info.locked, info.reputation_bps, info.price_per_token)
         assert m["models"] == ["0x" + x.hex() for x in q.gpu.models_of(m["address"])]
         assert m["exiting"] == (info.exit_requested_at != 0)
+        assert m["onProbation"] == info.on_probation == q.gpu.on_probation(m["address"])
+        for model in q.gpu.models_of(m["address"]):
+            assert m["eligible"] == q.gpu.is_eligible(m["address"], model)
+            assert m["eligibleAllowingProbation"] == q.gpu.is_eligible(m["address"], model,
+                                                                       0, True)
+
+
+def assert_disputes_match_chain(board: Board, q: Quarry, task_id: int) -> None:
+    """The board's disputes and challenges of a task equal Arbitration's views."""
+    job = board.job(task_id)
+    assert job is not None
+    for row in job["disputes"]:
+        d = q.arbitration.get_dispute(row["disputeId"])
+        assert (row["status"], row["opener"], row["miner"], row["bond"], row["deadline"]) == (
+            DISPUTE_STATUS[d.status], d.opener, d.miner, d.bond, d.deadline)
+        assert (row["epoch"], row["totalWeight"], row["faultWeight"], row["noFaultWeight"]) == (
+            d.epoch, d.total_weight, d.fault_weight, d.no_fault_weight)
+        assert (row["shard"], row["index"], row["evidenceUri"]) == (
+            d.shard, d.receipt.index, d.evidence_uri)
+        ballots = [q.arbitration.ballot_of(row["disputeId"], m)
+                   for m in q.committee.members_at(d.epoch)]
+        assert row["votes"] == sum(b in (Ballot.FAULT, Ballot.NO_FAULT) for b in ballots)
+        assert row["absent"] == sum(b == Ballot.ABSENT for b in ballots)
+    for row in job["challenges"]:
+        c = q.arbitration.get_challenge(row["challengeId"])
+        assert (row["status"], row["shard"], row["index"], row["challenger"], row["miner"],
+                row["bond"], row["deadline"]) == (
+            CHALLENGE_STATUS[c.status], c.shard, c.index, c.challenger, c.miner, c.bond,
+            c.deadline)
 
 
 # -- chain-indexed life cycles ------------------------------------------------------------
@@ -221,35 +263,53 @@ def test_disputes_and_registry_changes_indexed(devnet: Devnet, tmp_path: Path) -
     bond = q.arbitration.min_bond()
     opened = []
     for shard in (0, 1):
-        receipts, sigs, _ = submit(net, task_id, hashes, shard, net.miner)
+        receipts, _, _ = submit(net, task_id, hashes, shard, net.miner)
         dispute_id, _ = q.arbitration.open_dispute(
-            net.client, task_id, shard, receipts[1], sigs[1], receipts_tree(receipts).proof(1),
+            net.client, task_id, shard, receipts[1], receipts_tree(receipts).proof(1),
             "sha256:" + "ee" * 32, bond)
         opened.append(dispute_id)
     board.index(q)
     job = assert_matches_chain(board, q, task_id)
+    assert_disputes_match_chain(board, q, task_id)
     assert job["arbiter"] == net.client2.address
     assert [s["state"] for s in job["shards"]] == ["Disputed", "Disputed"]
     assert [(d["disputeId"], d["shard"], d["index"], d["status"], d["opener"], d["bond"])
             for d in job["disputes"]] == [(opened[0], 0, 1, "Open", net.client.address, bond),
                                           (opened[1], 1, 5, "Open", net.client.address, bond)]
+    assert_has(job["disputes"][0], {"epoch": q.committee.current_epoch(), "votes": 0,
+                                    "totalWeight": 4 * net.VERIFIER_STAKE, "faultWeight": 0})
     assert board.due_finalize(2**40) == []
+    assert board.due_expire(job["disputes"][0]["deadline"] - 1) == []
+    assert board.due_expire(2**40) == [(opened[0], task_id, 0), (opened[1], task_id, 1)]
 
-    def votes(dispute_id: int, at_fault: bool) -> list[bytes]:
-        return quorum_signatures(Vote(dispute_id, at_fault), net.verifier_keys[:3],
-                                 net.chain.chain_id, q.arbitration.address)
+    def votes(dispute_id: int, at_fault: bool, keys: list[bytes]) -> list[bytes]:
+        return quorum_signatures(Vote(dispute_id, at_fault), keys, net.chain.chain_id,
+                                 q.arbitration.address)
 
-    q.arbitration.resolve(net.anyone, opened[0], True, votes(opened[0], True))
-    tx = q.arbitration.resolve(net.anyone, opened[1], False, votes(opened[1], False))
+    # Votes are recorded by stake until more than two thirds of it agree.
+    q.arbitration.cast_votes(net.anyone, opened[0], True, votes(opened[0], True,
+                                                                net.verifier_keys[:2]))
+    board.index(q)
+    assert_disputes_match_chain(board, q, task_id)
+    assert_has(board.job(task_id)["disputes"][0], {
+        "status": "Open", "votes": 2, "faultWeight": 2 * net.VERIFIER_STAKE})
+    q.arbitration.cast_votes(net.anyone, opened[0], True, votes(opened[0], True,
+                                                                net.verifier_keys[:3]))
+    tx = q.arbitration.cast_votes(net.anyone, opened[1], False,
+                                  votes(opened[1], False, net.verifier_keys[1:]))
     board.index(q)
     job = assert_matches_chain(board, q, task_id)
+    assert_disputes_match_chain(board, q, task_id)
     assert [s["state"] for s in job["shards"]] == ["Refunded", "Submitted"]
     assert [d["status"] for d in job["disputes"]] == ["MinerAtFault", "MinerNotAtFault"]
     assert job["disputes"][0]["slashed"] > 0 and job["disputes"][1]["slashed"] == 0
+    assert [(d["votes"], d["faultWeight"], d["noFaultWeight"]) for d in job["disputes"]] == [
+        (3, 3 * net.VERIFIER_STAKE, 0), (3, 0, 3 * net.VERIFIER_STAKE)]
     # No fault closes the window at the resolving block: finalizable at once.
     resolved_at = net.chain.w3.eth.get_block(tx.block_number)["timestamp"]
     assert job["shards"][1]["windowEnd"] == resolved_at
     assert board.due_finalize(resolved_at) == [(task_id, 1)]
+    assert board.due_expire(2**40) == [] and board.due_report(2**40) == []
     assert_miners_match_chain(board, q)
 
     # Registry changes: update, add stake, exit (no longer eligible anywhere).
@@ -269,6 +329,173 @@ def test_disputes_and_registry_changes_indexed(devnet: Devnet, tmp_path: Path) -
     assert_has(models[MODEL_HEX], {"miners": 1, "minPricePerToken": net.PRICE // 2,
                                    "hasManifest": False})
     assert models["0x" + "22" * 32]["miners"] == 1
+
+
+@pytest.mark.chain
+@pytest.mark.timeout(180)
+def test_challenges_billing_faults_and_absences_indexed(devnet: Devnet,
+                                                       tmp_path: Path) -> None:
+    from market.jobs import report_absent
+
+    net, q = devnet, devnet.q
+    arb = q.arbitration
+    board = Board(tmp_path / "board.sqlite")
+    task_id, hashes = post(net, 12, 4)
+    c_bond = arb.min_availability_bond()
+
+    # Shard 0: a root for results never published; nobody can answer the challenge.
+    q.tasks.claim_shard(net.miner, task_id, 0)
+    q.tasks.submit_result(net.miner, task_id, 0, b"\x09" * 32, "sha256:" + "00" * 32, 4)
+    collateral = q.tasks.get_shard(task_id, 0).collateral
+    lost, _ = arb.challenge_availability(net.client, task_id, 0, 2, c_bond)
+    # Shard 1: the miner answers; the answered receipt is then disputed and nobody votes.
+    receipts, _, _ = submit(net, task_id, hashes, 1, net.miner2)
+    answered, _ = arb.challenge_availability(net.client, task_id, 1, 5, c_bond)
+    board.index(q)
+    job = assert_matches_chain(board, q, task_id)
+    assert_disputes_match_chain(board, q, task_id)
+    assert [s["state"] for s in job["shards"][:2]] == ["Disputed", "Disputed"]
+    assert [(c["challengeId"], c["shard"], c["index"], c["status"], c["bond"])
+            for c in job["challenges"]] == [(lost, 0, 2, "Open", c_bond),
+                                            (answered, 1, 5, "Open", c_bond)]
+    deadline = job["challenges"][0]["deadline"]
+    assert deadline == arb.get_challenge(lost).deadline
+    assert board.due_settle(deadline - 1) == []
+
+    # The miner answers late, yet in time; the other challenge's deadline passes unanswered.
+    tree = receipts_tree(receipts)
+    net.chain.advance_time(deadline - 10 - net.chain.timestamp())
+    arb.answer_availability(net.miner2, answered, receipts[1], tree.proof(1))
+    net.chain.advance_time(deadline - net.chain.timestamp())
+    assert board.due_settle(net.chain.timestamp()) == [(lost, task_id, 0), (answered, task_id, 1)]
+    arb.settle_unanswered(net.anyone, lost)
+    board.index(q)
+    job = assert_matches_chain(board, q, task_id)  # the answer's window is the chain's
+    assert_disputes_match_chain(board, q, task_id)
+    assert [s["state"] for s in job["shards"][:2]] == ["Refunded", "Submitted"]
+    assert_has(job["challenges"][0], {"status": "Unanswered", "slashed": collateral})
+    assert_has(job["challenges"][1], {"status": "Answered", "slashed": 0,
+                                      "windowEnd": q.tasks.get_shard(task_id, 1).window_end})
+    assert board.due_settle(2**40) == []
+
+    dispute_id, _ = arb.open_dispute(net.client, task_id, 1, receipts[1], tree.proof(1), "e",
+                                     arb.min_bond())
+    # Shard 2: a receipt billing more tokens than a request may have, proven on-chain.
+    over, _, _ = submit(net, task_id, hashes, 2, net.miner, billed={9: MAX_TOKENS + 5})
+    over_collateral = q.tasks.get_shard(task_id, 2).collateral
+    arb.prove_billing_fault(net.client, task_id, 2, over[1], receipts_tree(over).proof(1),
+                            bytes(32), [])
+    board.index(q)
+    job = assert_matches_chain(board, q, task_id)
+    assert [s["state"] for s in job["shards"]] == ["Refunded", "Disputed", "Refunded"]
+    assert job["billingFaults"] == [{"shard": 2, "index": 9, "prover": net.client.address,
+                                     "slashed": over_collateral, "provenBlock": board.cursor()}]
+
+    # Nobody votes: past the deadline the dispute expires and the whole committee is absent.
+    net.chain.advance_time(arb.get_dispute(dispute_id).deadline - net.chain.timestamp())
+    board.index(q)
+    assert board.due_expire(net.chain.timestamp()) == [(dispute_id, task_id, 1)]
+    assert board.due_report(net.chain.timestamp()) == []
+    tx = arb.expire_dispute(net.anyone, dispute_id)
+    board.index(q)
+    now = net.chain.timestamp()
+    assert board.due_expire(now) == [] and board.due_report(now) == [(dispute_id, task_id, 1)]
+    # Only while the members can still be reported: the committee's unbonding period.
+    horizon = board.report_horizon()
+    assert horizon == net.deployment.params["verifier_unbonding_period"]
+    deadline = arb.get_dispute(dispute_id).deadline
+    assert board.due_report(deadline + horizon) == []
+    absent = report_absent(q, net.anyone, dispute_id)
+    assert sorted(absent) == sorted(v.address for v in net.verifiers)
+    board.index(q)
+    job = assert_matches_chain(board, q, task_id)  # window closed at the expiring block
+    assert job["shards"][1]["windowEnd"] == net.chain.w3.eth.get_block(
+        tx.block_number)["timestamp"]
+    assert_disputes_match_chain(board, q, task_id)
+    assert_has(job["disputes"][0], {"status": "Expired", "votes": 0, "absent": 4,
+                                    "absentSlashed": 4 * (net.VERIFIER_STAKE // 10)})
+    assert board.due_report(now) == []
+    assert_miners_match_chain(board, q)
+
+    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt.index(q, max_blocks=3)
+    assert rebuilt.dump() == board.dump()
+
+
+@pytest.mark.chain
+@pytest.mark.timeout(180)
+def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> None:
+    """A miner registered here starts on probation: the board says so, counts it apart in the
+    model listing and recommends it only tasks that allow probation; passing the committee's
+    reports ends it (ProbationEnded), a re-registration starts it again."""
+    from market.chain.contracts import GpuSpec
+    from market.protocol import Report, keccak
+
+    net, q = devnet, devnet.q
+    board = Board(tmp_path / "board.sqlite")
+    newcomer = net.outsider
+    q.gpu.register(newcomer, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://new",
+                   net.PRICE // 2, net.MINER_STAKE)
+    ordinary, _ = post(net, 2, 1)
+    opted_in, _ = post(net, 2, 1, tag="p", allow_probation=True)
+    board.index(q)
+    assert_miners_match_chain(board, q)
+    assert_matches_chain(board, q, opted_in)
+    assert [board.job(t)["allowProbation"] for t in (ordinary, opted_in)] == [False, True]
+    rows = {m["address"]: m for m in board.miners()}
+    assert_has(rows[newcomer.address], {"onProbation": True, "eligible": False,
+                                        "eligibleAllowingProbation": True})
+    assert_has(rows[net.miner.address], {"onProbation": False, "eligible": True})
+    # The newcomer's lower ask is not a price an ordinary task can get.
+    assert_has({m["modelId"]: m for m in board.models()}[MODEL_HEX], {
+        "miners": 2, "minPricePerToken": net.PRICE, "probationMiners": 1})
+
+    now = net.chain.timestamp()
+    opened = board.open_shards(net.MODEL_ID, now)
+    assert {(o["taskId"], o["allowProbation"]) for o in opened} == {
+        (ordinary, False), (opted_in, True)}
+    ranked = rank_open_shards(opened, rows[newcomer.address], now, 10)
+    assert sorted((s["taskId"], s["shard"]) for s in ranked) == [(opted_in, 0), (opted_in, 1)]
+    assert {s["taskId"] for s in rank_open_shards(opened, rows[net.miner.address], now, 10)} \
+        == {ordinary, opted_in}
+    q.tasks.claim_shard(newcomer, opted_in, 0)  # what the chain allows, too
+
+    # Two consecutive passing reports of epochs after its registration end probation.
+    c = q.committee
+    for _ in range(q.gpu.probation_params()[0]):
+        net.chain.advance_time(c.epoch_start(c.current_epoch() + 1) - net.chain.timestamp())
+        epoch = c.current_epoch()
+        report = Report(epoch, (newcomer.address,), (9000,), keccak(b"ev%d" % epoch))
+        c.submit_reputation(net.anyone, report, quorum_signatures(
+            report, net.verifier_keys[:3], net.chain.chain_id, c.address))
+    assert not q.gpu.on_probation(newcomer.address)
+    board.index(q)
+    assert_miners_match_chain(board, q)
+    row = board.miner(newcomer.address)
+    assert row is not None and (row["onProbation"], row["eligible"]) == (False, True)
+    assert {s["taskId"] for s in rank_open_shards(board.open_shards(None, 0), row, 0, 10)} \
+        == {ordinary, opted_in}
+    assert_has({m["modelId"]: m for m in board.models()}[MODEL_HEX], {
+        "miners": 3, "minPricePerToken": net.PRICE // 2, "probationMiners": 0})
+
+    # A new identity for the same key: leave, withdraw, register again, on probation again.
+    q.gpu.request_exit(newcomer)
+    # (its claim must go first: a claimed shard locks collateral)
+    net.chain.advance_time(q.tasks.params()["claim_timeout"])
+    q.tasks.reclaim_expired(net.anyone, opted_in, 0)
+    net.chain.advance_time(int(net.deployment.params["miner_unbonding_period"]))
+    q.gpu.withdraw_stake(newcomer)
+    board.index(q)
+    assert board.miner(newcomer.address) is None
+    q.gpu.register(newcomer, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://new",
+                   net.PRICE, net.MINER_STAKE)
+    board.index(q)
+    assert_miners_match_chain(board, q)
+    assert board.miner(newcomer.address)["onProbation"] is True  # type: ignore[index]
+
+    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt.index(q)
+    assert rebuilt.dump() == board.dump()
 
 
 @pytest.mark.chain
@@ -380,7 +607,8 @@ def test_models_heartbeats_recommendations(tmp_path: Path) -> None:
     assert board.model(model_id) == Manifest.from_dict(manifest).to_dict()
     assert board.model("0x" + "00" * 32) is None
     assert board.models() == [{"modelId": model_id, "name": "tiny", "miners": 0,
-                               "minPricePerToken": None, "hasManifest": True}]
+                               "minPricePerToken": None, "probationMiners": 0,
+                               "hasManifest": True}]
     with pytest.raises(BoardError, match="hashes to"):
         board.put_model({**manifest, "modelId": "0x" + "00" * 32})
     with pytest.raises(BoardError, match="'name' must be a non-empty string"):
@@ -417,12 +645,45 @@ def test_schema_mismatch_and_bad_file(tmp_path: Path) -> None:
     Board(path)
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE meta SET value='0' WHERE key='schema'")
-    with pytest.raises(BoardError, match="has schema 0.*delete it"):
+    with pytest.raises(BoardError, match="has schema 2?0.*delete it"):
         Board(path)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database" * 100)
     with pytest.raises(BoardError, match="unusable"):
         Board(junk)
+
+
+def test_an_older_board_is_rebuilt_keeping_what_only_the_market_knows(
+        tmp_path: Path) -> None:
+    """A schema-1 file (before probation, challenges and vote tallies): its chain tables are
+    dropped and rebuilt on the next index; manifests, relayed messages and offers stay."""
+    import sqlite3
+
+    path = tmp_path / "b.sqlite"
+    board = Board(path)
+    model_id = board.put_model(tiny_manifest())
+    author = "0x" + "aB" * 20
+    board.put_message("dep", {"author": author, "kind": "vote", "epoch": 1, "topic": "7",
+                              "body": {"x": 1}, "signature": "0x00"})
+    board.put_offer("dep", 3, author, author, 99, 1, "0x00")
+    with sqlite3.connect(path) as conn:  # the version 1 layout of two chain tables
+        conn.execute("DROP TABLE tasks")
+        conn.execute("CREATE TABLE tasks (task_id INTEGER PRIMARY KEY, client TEXT)")
+        conn.execute("DROP TABLE challenges")
+        conn.execute("INSERT INTO events VALUES (1, 0, '0x', 'TaskRegistry', 'X', '{}')")
+        conn.execute("INSERT INTO meta VALUES ('cursor', '5')")
+        conn.execute("UPDATE meta SET value='1' WHERE key='schema'")
+    migrated = Board(path)
+    assert migrated.cursor() == -1 and migrated.dump()["events"] == []
+    assert migrated.jobs() == [] and migrated.job(1) is None  # the new layout answers
+    assert migrated.due_settle(2**40) == []
+    assert [m["modelId"] for m in migrated.models()] == [model_id]
+    assert [m["body"] for m in migrated.messages("dep")] == [{"x": 1}]
+    assert migrated.offer("dep", 3) is not None
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
+    Board(path)  # opening it again changes nothing
+    assert Board(path).messages("dep")[0]["body"] == {"x": 1}
 
 
 def test_state_names_follow_the_contract() -> None:
@@ -433,15 +694,18 @@ def test_state_names_follow_the_contract() -> None:
 
 
 def shard_row(task_id: int, shard: int, *, price: int = 10, deadline: int = 1000,
-              model: str = MODEL_HEX, min_rep: int = 0) -> dict:
+              model: str = MODEL_HEX, min_rep: int = 0, allow_probation: bool = False) -> dict:
     return {"taskId": task_id, "shard": shard, "modelId": model, "pricePerToken": price,
-            "deadline": deadline, "minReputationBps": min_rep}
+            "deadline": deadline, "minReputationBps": min_rep,
+            "allowProbation": allow_probation}
 
 
 def miner_row(address: str, *, price: int = 5, rep: int = 5000, eligible: bool = True,
-              models: tuple[str, ...] = (MODEL_HEX,)) -> dict:
+              models: tuple[str, ...] = (MODEL_HEX,), on_probation: bool = False) -> dict:
     return {"address": address, "models": list(models), "pricePerToken": price,
-            "reputationBps": rep, "eligible": eligible, "exiting": False}
+            "reputationBps": rep, "eligible": eligible and not on_probation,
+            "eligibleAllowingProbation": eligible, "onProbation": on_probation,
+            "exiting": False}
 
 
 def test_ranking_filters_like_the_contract_and_orders_best_first() -> None:
@@ -466,6 +730,22 @@ def test_ranking_filters_like_the_contract_and_orders_best_first() -> None:
                                                   100, 10)] == [3, 2, 1, 6, 8]
     upper = {**m, "models": [MODEL_HEX.upper().replace("0X", "0x")]}
     assert rank_open_shards(shards, upper, 100, 10) == ranked
+
+
+def test_a_miner_on_probation_is_matched_only_with_tasks_allowing_it() -> None:
+    shards = [shard_row(1, 0, price=20), shard_row(2, 0, allow_probation=True),
+              shard_row(3, 0, allow_probation=True, min_rep=6000)]
+    new = miner_row("0x" + "0c" * 20, on_probation=True)
+    assert [s["taskId"] for s in rank_open_shards(shards, new, 100, 10)] == [2]
+    assert [s["taskId"] for s in rank_open_shards(shards, miner_row("0x" + "0d" * 20),
+                                                  100, 10)] == [1, 2]
+    # Not eligible at all (exiting, low stake): neither kind of task.
+    assert rank_open_shards(shards, miner_row("0x" + "0e" * 20, eligible=False,
+                                              on_probation=True), 100, 10) == []
+    # A row without the probation fields (an older caller) reads as established.
+    plain = {k: v for k, v in miner_row("0x" + "0f" * 20).items()
+             if k not in ("onProbation", "eligibleAllowingProbation")}
+    assert [s["taskId"] for s in rank_open_shards(shards, plain, 100, 10)] == [1, 2]
 
 
 def test_rendezvous_spreads_two_miners_over_tied_shards() -> None:

@@ -1,9 +1,11 @@
 """The verifier committee's message relay (`/committee/messages`) on a real uvicorn app over
 the session Anvil, whose VerifierCommittee has the four conftest verifiers as members: members
-post and read; non-members are refused both (membership read live from the chain, so joining
-or leaving takes effect at once); forged, tampered or stale signatures are 401; a conflicting
-repost is 409 and an identical one 200 with the first id; filters and paging; over 1 MiB is
-413; messages survive a board reset and stay with the deployment they were posted on."""
+post and read; so do a verifier joining at the next epoch boundary and a member whose seat
+ended while the disputes it judges are open (it still posts its votes, which the chain still
+takes); strangers, and a verifier that withdrew its stake, are refused both (read live from
+the chain); forged, tampered or stale signatures are 401; a conflicting repost is 409 and an
+identical one 200 with the first id; filters and paging; over 1 MiB is 413; messages survive a
+board reset and stay with the deployment they were posted on."""
 
 from __future__ import annotations
 
@@ -124,26 +126,91 @@ def test_identical_repost_is_200_and_a_changed_one_409(relay: Relay, devnet: Dev
         {"scores": {"0xabc": 100}}]
 
 
-def test_non_members_may_neither_post_nor_read(relay: Relay, devnet: Devnet) -> None:
+def test_strangers_may_neither_post_nor_read(relay: Relay, devnet: Devnet) -> None:
     v0 = devnet.verifiers[0]
-    outsider = devnet.outsider
+    q, outsider = devnet.q, devnet.outsider
     relay.api.post_message(committee_message(v0, "observation", 1, "", {"seen": 1}))
     detail = refused(lambda: relay.api.post_message(
         committee_message(outsider, "observation", 1, "", {"seen": 2})), 403,
-        "is not a member of VerifierCommittee")
-    assert outsider.address in detail and devnet.q.committee.address in detail
+        "is not a verifier of VerifierCommittee")
+    assert outsider.address in detail and q.committee.address in detail
     refused(lambda: relay.api.messages(outsider), 403, "may not read committee messages")
     refused(lambda: relay.api.messages(devnet.miner), 403)
 
-    # Membership is read from the chain at each request: joining and leaving act at once.
-    devnet.q.committee.register(outsider, devnet.VERIFIER_STAKE)
+    # A verifier joining at the next boundary reads (and posts) ahead of its first epoch.
+    q.committee.register(outsider, devnet.VERIFIER_STAKE)
+    assert not q.committee.is_member(outsider.address)
     relay.api.post_message(committee_message(outsider, "observation", 1, "", {"seen": 2}))
     assert [m["author"] for m in relay.api.messages(outsider)] == [v0.address,
                                                                    outsider.address]
-    devnet.q.committee.request_exit(v0)
-    refused(lambda: relay.api.messages(v0), 403)
+    # A join cancelled before it took effect leaves no record: a stranger again.
+    q.committee.request_exit(outsider)
+    assert not q.committee.verifier_info(outsider.address).registered
+    refused(lambda: relay.api.messages(outsider), 403)
     refused(lambda: relay.api.post_message(
-        committee_message(v0, "observation", 2, "", {})), 403)
+        committee_message(outsider, "observation", 1, "x", {})), 403)
+
+
+def _open_dispute(devnet: Devnet) -> int:
+    """A dispute on a one-shard task the conftest miner submitted; returns its id."""
+    from market.protocol import Receipt, keccak, output_hash, receipts_tree
+
+    net, q = devnet, devnet.q
+    task_id, _ = q.tasks.create_task(
+        net.client, model_id=net.MODEL_ID, input_root=b"\x01" * 32,
+        input_uri="sha256:" + "01" * 32, num_requests=2, shard_size=2,
+        max_tokens_per_request=4, price_per_token=net.PRICE,
+        deadline=net.chain.timestamp() + 3600)
+    q.tasks.claim_shard(net.miner, task_id, 0)
+    receipts = [Receipt(task_id, 0, i, keccak(b"%d" % i), output_hash("a", [1]), 1,
+                        net.MODEL_ID) for i in range(2)]
+    tree = receipts_tree(receipts)
+    q.tasks.submit_result(net.miner, task_id, 0, tree.root, "sha256:" + "02" * 32, tree.total)
+    dispute_id, _ = q.arbitration.open_dispute(net.client, task_id, 0, receipts[1],
+                                               tree.proof(1), "e", q.arbitration.min_bond())
+    return dispute_id
+
+
+def test_a_member_whose_seat_ended_still_posts_its_votes(relay: Relay,
+                                                         devnet: Devnet) -> None:
+    """A dispute is judged by the committee of the epoch it was opened in. A member of that
+    committee that left at the next boundary must still get its vote out (or be reported
+    absent): the relay takes and serves its messages until it withdraws its stake."""
+    from conftest import until_seated
+
+    from market.chain.contracts import Ballot, DisputeStatus
+    from market.protocol import Vote
+
+    net, q = devnet, devnet.q
+    leaver, other = net.verifiers[0], net.verifiers[1]
+    dispute_id = _open_dispute(net)
+    epoch = q.arbitration.get_dispute(dispute_id).epoch
+    q.committee.request_exit(leaver)
+    until_seated(q)
+    assert not q.committee.is_member(leaver.address)
+    assert q.committee.current_epoch() > epoch
+    assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.OPEN
+
+    signature = Vote(dispute_id, True).sign(leaver.key, net.chain.chain_id,
+                                             q.arbitration.address)
+    vote = committee_message(leaver, "vote", epoch, str(dispute_id),
+                             {"minerAtFault": True, "signature": "0x" + signature.hex()})
+    vote_id = relay.api.post_message(vote)
+    got = relay.api.messages(other, kind="vote", topic=str(dispute_id))
+    assert [m["id"] for m in got] == [vote_id]
+    assert [m["id"] for m in relay.api.messages(leaver, topic=str(dispute_id))] == [vote_id]
+    # What it relayed is a vote the chain still counts: it sat in the dispute's epoch.
+    relayed = bytes.fromhex(got[0]["body"]["signature"].removeprefix("0x"))
+    q.arbitration.cast_votes(net.anyone, dispute_id, True, [relayed])
+    assert q.arbitration.ballot_of(dispute_id, leaver.address) == Ballot.FAULT
+
+    # Once its stake is withdrawn (after every dispute its seat judged) it is a stranger.
+    info = q.committee.verifier_info(leaver.address)
+    net.chain.advance_time(info.withdrawable_at - net.chain.timestamp())
+    q.committee.withdraw_stake(leaver)
+    refused(lambda: relay.api.messages(leaver), 403, "is not a verifier")
+    refused(lambda: relay.api.post_message(
+        committee_message(leaver, "observation", epoch, "late", {})), 403)
 
 
 def test_bad_signatures_are_401(relay: Relay, devnet: Devnet) -> None:

@@ -2,8 +2,9 @@
 a task its client offered to one miner shows in that miner's open shards and stored
 recommendations (the Celery recommend task run in-process on a private Redis) and in no other
 miner's, nor in the anonymous list; a newer offer moves it; refusals (not the client, an offer
-replayed onto another task, unknown task or miner, stale timestamp, malformed body) change
-nothing; offers stay with the deployment they were made on."""
+replayed onto another task, unknown task or miner, a miner that could not claim the task such
+as one on probation, stale timestamp, malformed body) change nothing; offers stay with the
+deployment they were made on."""
 
 from __future__ import annotations
 
@@ -54,12 +55,13 @@ def market(devnet: Devnet, deployment_file: Path, tmp_path: Path) -> Iterator[Ma
         yield Market(api, url, settings, Board(settings.db_path), http)
 
 
-def post_task(net: Devnet, n: int, shard_size: int, client: LocalAccount | None = None) -> int:
+def post_task(net: Devnet, n: int, shard_size: int, client: LocalAccount | None = None,
+              allow_probation: bool = False) -> int:
     task_id, _ = net.q.tasks.create_task(
         client or net.client, model_id=net.MODEL_ID, input_root=b"\x01" * 32,
         input_uri=content_uri(b"requests"), num_requests=n, shard_size=shard_size,
         max_tokens_per_request=4, price_per_token=net.PRICE,
-        deadline=net.chain.timestamp() + 3600)
+        deadline=net.chain.timestamp() + 3600, allow_probation=allow_probation)
     return task_id
 
 
@@ -197,3 +199,32 @@ def test_refused_offers_change_nothing(market: Market, devnet: Devnet) -> None:
     board.put_offer(deployment_identity(net.q), other, net.client.address,
                     net.miner.address, 0, int(time.time()), "0x")
     assert shards_for(market, net.miner2) == everyone
+
+
+def test_an_offer_to_a_miner_on_probation_needs_a_task_that_allows_it(
+        market: Market, devnet: Devnet) -> None:
+    """Offering an ordinary task to a miner on probation would hide it from every miner that
+    can claim it, while the offered one cannot: refused. A task that allows probation may be
+    offered to it, and then shows to it alone."""
+    from market.chain.contracts import GpuSpec
+
+    net, api, board = devnet, market.api, market.board
+    newcomer = net.outsider
+    net.q.gpu.register(newcomer, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://new",
+                       net.PRICE, net.MINER_STAKE)
+    ordinary = post_task(net, 2, 1)
+    opted_in = post_task(net, 2, 1, allow_probation=True)
+    board.index(net.q)
+    with pytest.raises(MarketError) as info:
+        api.offer(net.client, ordinary, newcomer.address)
+    assert info.value.status == 400 and "on probation" in str(info.value), str(info.value)
+    assert board.offer(deployment_identity(net.q), ordinary) is None
+    assert shards_for(market, net.miner) == [(ordinary, 0), (ordinary, 1), (opted_in, 0),
+                                             (opted_in, 1)]
+    assert shards_for(market, newcomer) == [(opted_in, 0), (opted_in, 1)]
+
+    api.offer(net.client, opted_in, newcomer.address)
+    assert shards_for(market, newcomer) == [(opted_in, 0), (opted_in, 1)]
+    assert shards_for(market, net.miner) == [(ordinary, 0), (ordinary, 1)]
+    assert shards_for(market, None) == [(ordinary, 0), (ordinary, 1)]
+    net.q.tasks.claim_shard(newcomer, opted_in, 0)  # the chain lets it

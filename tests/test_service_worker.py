@@ -2,11 +2,14 @@
 `market serve` (whose ticker enqueues the work) and Celery worker processes, all from
 `LocalStack`.
 
-Covers: indexing through the worker; settlement sweeps finalizing a shard whose window
-closed, reclaiming an expired claim and refunding shards past the deadline, all sent from
-the settler account; two workers never sending the same settlement twice; a Redis restart
-losing no indexing (the ticker and the worker reconnect); and no process left behind, on a
-normal exit, on an error, on a failed start, or when the parent is killed.
+Covers: indexing through the worker; recommendations for alive miners (one on probation
+gets only tasks that allow probation); settlement sweeps finalizing a shard whose window
+closed, reclaiming an expired claim, refunding shards past the deadline, settling an
+availability challenge the miner never answered and expiring a dispute the committee left
+undecided (reporting its silent members), all sent from the settler account while the clients
+stay offline; two workers never sending the same settlement twice; a Redis restart losing no
+indexing (the ticker and the worker reconnect); and no process left behind, on a normal exit,
+on an error, on a failed start, or when the parent is killed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import pytest
 
 from market.chain.client import anvil_account
-from market.chain.contracts import GpuSpec, ShardState
+from market.chain.contracts import Ballot, ChallengeStatus, DisputeStatus, GpuSpec, ShardState
 from market.chain.devnet import pid_alive
 from market.service import processes
 from market.service.stack import SETTLER_ACCOUNT, LocalStack
@@ -35,9 +38,12 @@ MODEL_ID = bytes.fromhex("11" * 32)
 PRICE = 10**9
 MAX_TOKENS = 8
 CLIENT = anvil_account(1)
+OFFLINE_CLIENT = anvil_account(2)  # posts, challenges or disputes, then sends nothing more
 MINERS = (anvil_account(3), anvil_account(4))
+NEWCOMER = anvil_account(5)  # registered during a test: on probation
+VERIFIERS = [anvil_account(i) for i in range(6, 10)]
+VERIFIER_STAKE = 10**18
 SETTLER = anvil_account(SETTLER_ACCOUNT)
-
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +52,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
                     sweep_interval_s=0.5) as s:
         print(f"LocalStack startup timings (s): {s.timings}")
         q = s.quarry
+        # The test miners are established (off probation), as in conftest.
+        deployer, probation = anvil_account(0), q.gpu.probation_params()
+        q.gpu.set_probation(deployer, 0, probation[1])
         for i, miner in enumerate(MINERS):
             q.gpu.register(miner, [MODEL_ID], GpuSpec("test GPU", 1024, 1),
                            f"http://127.0.0.1:{9200 + i}", PRICE, 10**18)
+        q.gpu.set_probation(deployer, *probation)
         yield s
         pids = s.pids()
     assert pids and not [p for p in pids if pid_alive(p)], "the stack left processes behind"
@@ -60,14 +70,26 @@ def board(stack: LocalStack) -> Any:
     return Board(stack.settings.db_path)
 
 
+@pytest.fixture(scope="module")
+def committee(stack: LocalStack) -> list[Any]:
+    """Four verifiers registered on the stack's chain and seated (disputes need them)."""
+    from conftest import until_seated
+
+    for v in VERIFIERS:
+        stack.quarry.committee.register(v, VERIFIER_STAKE)
+    until_seated(stack.quarry)
+    return VERIFIERS
+
+
 def post_task(stack: LocalStack, *, shards: int = 1, shard_size: int = 2,
-              deadline_in: int = 100_000) -> int:
+              deadline_in: int = 100_000, client: Any = CLIENT,
+              allow_probation: bool = False) -> int:
     q = stack.quarry
     task_id, _ = q.tasks.create_task(
-        CLIENT, model_id=MODEL_ID, input_root=b"\x01" * 32, input_uri="sha256:" + "ab" * 32,
+        client, model_id=MODEL_ID, input_root=b"\x01" * 32, input_uri="sha256:" + "ab" * 32,
         num_requests=shards * shard_size, shard_size=shard_size,
         max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
-        deadline=q.chain.timestamp() + deadline_in)
+        deadline=q.chain.timestamp() + deadline_in, allow_probation=allow_probation)
     return task_id
 
 
@@ -110,18 +132,27 @@ def test_recommendations_for_alive_miners(stack: LocalStack) -> None:
     from market.service.api import MarketAPI
 
     alive, silent = MINERS
+    stack.quarry.gpu.register(NEWCOMER, [MODEL_ID], GpuSpec("test GPU", 1024, 1),
+                              "http://127.0.0.1:9299", PRICE, 10**18)
     with MarketAPI(stack.market_url) as api:
         api.heartbeat(alive, {"state": "idle"})
+        api.heartbeat(NEWCOMER, {"state": "idle"})
     task_id = post_task(stack, shards=3, shard_size=1)
+    opted_in = post_task(stack, shards=1, shard_size=1, allow_probation=True)
+    ours = (task_id, opted_in)
 
-    def recommended() -> list[tuple[int, int]]:
-        stored = board(stack).recommendations(alive.address)
+    def recommended(miner: Any) -> list[tuple[int, int]]:
+        stored = board(stack).recommendations(miner.address)
         rows = stored[0] if stored else []
-        return sorted((r["taskId"], r["shard"]) for r in rows if r["taskId"] == task_id)
+        return sorted((r["taskId"], r["shard"]) for r in rows if r["taskId"] in ours)
 
-    assert stack.wait_until(lambda: len(recommended()) == 3 and recommended(),
+    assert stack.wait_until(lambda: len(recommended(alive)) == 4 and recommended(alive),
                       "recommendations for the alive miner") == [
-        (task_id, 0), (task_id, 1), (task_id, 2)]
+        (task_id, 0), (task_id, 1), (task_id, 2), (opted_in, 0)]
+    # The one on probation is recommended only the task that allows probation.
+    assert stack.wait_until(lambda: recommended(NEWCOMER),
+                            "recommendations for the miner on probation") == [(opted_in, 0)]
+    assert board(stack).miner(NEWCOMER.address)["onProbation"] is True
     assert board(stack).recommendations(silent.address) is None  # no heartbeat: not alive
 
 
@@ -235,6 +266,89 @@ def test_two_workers_never_send_the_same_settlement_twice(stack: LocalStack) -> 
         assert len(q.tasks.events("ShardFinalized", taskId=task_id)) == shards
     finally:
         stack.stop_worker(extra)
+
+
+def settler_calls(stack: LocalStack, from_block: int) -> list[tuple[str, int]]:
+    """(contract address, status) of the settler's transactions from `from_block` on."""
+    return [(t["to"], t["status"]) for t in settler_txs(stack, from_block)]
+
+
+@pytest.mark.timeout(90)
+def test_sweep_settles_an_unanswered_challenge_for_an_offline_client(
+        stack: LocalStack) -> None:
+    """The miner bills a shard whose results it never publishes; the client challenges one
+    request and goes offline. Past the response window the workers settle it: the client's
+    escrow gets the shard's budget, the miner's slashed collateral and the bond, to the wei."""
+    q = stack.quarry
+    client, miner = OFFLINE_CLIENT, MINERS[0]
+    task_id = post_task(stack, client=client)
+    q.tasks.claim_shard(miner, task_id, 0)
+    q.tasks.submit_result(miner, task_id, 0, b"\x04" * 32, "sha256:" + "0f" * 32,
+                          2 * MAX_TOKENS)
+    budget = q.tasks.shard_budget(task_id, 0)
+    collateral = q.tasks.get_shard(task_id, 0).collateral
+    stake = q.gpu.miner_info(miner.address).stake
+    bond = q.arbitration.min_availability_bond()
+    challenge_id, _ = q.arbitration.challenge_availability(client, task_id, 0, 1, bond)
+    before = q.escrow.withdrawable(client.address)
+    stack.wait_until(lambda: board(stack).due_settle(2**62) == [(challenge_id, task_id, 0)],
+                     "the challenge on the board")
+    start = q.chain.block_number()
+    assert q.arbitration.get_challenge(challenge_id).status == ChallengeStatus.OPEN
+    q.chain.advance_time(q.arbitration.response_window() + 1)
+    stack.wait_until(lambda: q.arbitration.get_challenge(challenge_id).status
+                     == ChallengeStatus.UNANSWERED, "the settlement")
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.REFUNDED
+    assert q.escrow.withdrawable(client.address) - before == budget + collateral + bond
+    assert q.gpu.miner_info(miner.address).stake == stake - collateral
+    stack.wait_until(lambda: board(stack).job(task_id)["challenges"][0]["status"]
+                     == "Unanswered", "the settlement on the board")
+    assert settler_calls(stack, start) == [(q.arbitration.address, 1)]
+
+
+@pytest.mark.timeout(120)
+def test_sweep_expires_an_undecided_dispute_and_reports_the_silent_members(
+        stack: LocalStack, committee: list[Any]) -> None:
+    """One member of four votes, the others stay silent, the client is offline. Past the
+    deadline the workers expire the dispute (the bond goes back to the client), report the
+    three silent members (a tenth of each one's stake to the client) and finalize the shard."""
+    from market.protocol import Receipt, Vote, keccak, output_hash, receipts_tree
+
+    q = stack.quarry
+    client, miner = OFFLINE_CLIENT, MINERS[1]
+    task_id = post_task(stack, client=client)
+    q.tasks.claim_shard(miner, task_id, 0)
+    receipts = [Receipt(task_id, 0, i, keccak(b"%d" % i), output_hash("x", [1, 2]), 2,
+                        MODEL_ID) for i in range(2)]
+    tree = receipts_tree(receipts)
+    q.tasks.submit_result(miner, task_id, 0, tree.root, "sha256:" + "1f" * 32, tree.total)
+    refund = q.tasks.shard_budget(task_id, 0) - tree.total * PRICE
+    arb = q.arbitration
+    bond = arb.min_bond()
+    dispute_id, _ = arb.open_dispute(client, task_id, 0, receipts[0], tree.proof(0), "e", bond)
+    voter, silent = committee[0], [v.address for v in committee[1:]]
+    arb.cast_votes(miner, dispute_id, False,
+                   [Vote(dispute_id, False).sign(voter.key, q.chain.chain_id, arb.address)])
+    stakes = {m: q.committee.verifier_info(m).stake for m in silent}
+    before = q.escrow.withdrawable(client.address)
+    stack.wait_until(lambda: board(stack).due_expire(2**62) == [(dispute_id, task_id, 0)],
+                     "the dispute on the board")
+    start = q.chain.block_number()
+    q.chain.advance_time(arb.get_dispute(dispute_id).deadline - q.chain.timestamp() + 1)
+    stack.wait_until(lambda: {arb.ballot_of(dispute_id, m) for m in silent} == {Ballot.ABSENT},
+                     "the silent members reported")
+    assert arb.get_dispute(dispute_id).status == DisputeStatus.EXPIRED
+    assert arb.ballot_of(dispute_id, voter.address) == Ballot.NO_FAULT
+    stack.wait_until(lambda: q.tasks.get_shard(task_id, 0).state == ShardState.FINALIZED,
+                     "the unfrozen shard finalized")
+    assert q.escrow.withdrawable(client.address) - before == bond + refund + sum(
+        s * 1000 // 10_000 for s in stakes.values())
+    # expire, report, finalize: each once
+    assert settler_calls(stack, start) == [(arb.address, 1), (arb.address, 1),
+                                           (q.tasks.address, 1)]
+    stack.wait_until(lambda: board(stack).job(task_id)["disputes"][0]["absent"] == 3,
+                     "the absences on the board")
+    assert board(stack).due_report(q.chain.timestamp()) == []
 
 
 @pytest.mark.timeout(90)

@@ -8,26 +8,39 @@ The endpoints (JSON unless noted; errors are `{"detail": "..."}` with a 4xx stat
     POST /store                  raw bytes -> 201 {"uri", "size"}; 413 over the limit
     GET  /store/{uri}            raw bytes; 404 unknown
     POST /models                 a model manifest -> {"modelId", "name"}
-    GET  /models                 [{"modelId", "name", "miners", "minPricePerToken"}]
+    GET  /models                 [{"modelId", "name", "miners", "minPricePerToken",
+                                   "probationMiners", "hasManifest"}]: `miners` may claim an
+                                 ordinary task (lowest ask among them); `probationMiners` more
+                                 only tasks that allow probation
     GET  /models/{modelId}       the manifest; 404 unknown
     GET  /jobs?client=0x..       [job summary]: the board, indexed from chain events
-    GET  /jobs/{taskId}          the job with every shard (see `Board.job`)
-    GET  /shards/open?modelId=&miner=&limit=   open shards, best first for that miner
+    GET  /jobs/{taskId}          the job (with "allowProbation") and every shard, dispute,
+                                 availability challenge and billing fault (see `Board.job`)
+    GET  /shards/open?modelId=&miner=&limit=   open shards, best first for that miner (one on
+                                 probation: only tasks with "allowProbation")
     POST /miners/heartbeat       {"miner", "timestamp", "status", "signature"}
     GET  /miners                 [{"address", "endpoint", "models", "pricePerToken", "stake",
-                                   "reputationBps", "lastSeen", "alive", "status"}]
+                                   "reputationBps", "onProbation", "eligible",
+                                   "eligibleAllowingProbation", "lastSeen", "alive",
+                                   "status"}]
     POST /tasks/{taskId}/offer   {"miner", "timestamp", "signature"} signed by the task's client
                                  -> {"taskId", "miner", "until"}: until the task's deadline its
                                  shards are shown and recommended to that miner only; 401 not
-                                 the client, 404 unknown task or miner, 400 stale timestamp
+                                 the client, 404 unknown task or miner, 400 stale timestamp or
+                                 a miner that could not claim the task (e.g. on probation)
     POST /committee/messages     {"author", "kind", "epoch", "topic", "body", "signature"} ->
                                  201 {"id"} (200 for an identical repost); 401 bad signature,
-                                 403 not a VerifierCommittee member, 409 another message under
+                                 403 no VerifierCommittee record, 409 another message under
                                  the same (author, kind, epoch, topic), 413 over 1 MiB
-    GET  /committee/messages?epoch=&kind=&topic=&afterId=&limit=   members only (headers
+    GET  /committee/messages?epoch=&kind=&topic=&afterId=&limit=   verifiers only (headers
                                  X-Quarry-Reader, X-Quarry-Timestamp, X-Quarry-Signature) ->
                                  [{"id", "author", "kind", "epoch", "topic", "body",
                                    "signature", "receivedAt"}] ascending by id
+
+The committee relay serves every verifier with a VerifierCommittee record: seated, joining
+(seated at a later epoch boundary) or leaving with its stake still bonded, since a dispute is
+judged by the committee of the epoch it was opened in and a member whose seat has ended must
+still post its votes on it. A verifier that withdrew its stake, like anyone else, is refused.
 
 Signatures are EIP-191 (`personal_sign`) over canonical JSON: a heartbeat over {"miner",
 "timestamp", "status"}, an offer over {"taskId", "miner", "timestamp"}, a committee message
@@ -274,7 +287,8 @@ class MarketAPI:
                  ) -> list[dict[str, Any]]:
         """The committee's messages with an id above `after_id` (filtered by epoch, kind and
         topic when given), ascending by id, each with `id` and `receivedAt`. `reader` must be
-        a VerifierCommittee member. Fetched page by page, so this returns all of them."""
+        a verifier with a VerifierCommittee record (seated, joining or leaving). Fetched page
+        by page, so this returns all of them."""
         out: list[dict[str, Any]] = []
         params: dict[str, Any] = {"limit": MESSAGE_PAGE}
         for key, value in (("epoch", epoch), ("kind", kind), ("topic", topic)):

@@ -70,8 +70,16 @@ indexes events and recommends; clients and miners check everything against the c
 Errors are `{"detail": "..."}` with a 4xx status (503 while no deployment is configured).
 
 A task's client may offer the task to one miner (`POST /tasks/{taskId}/offer`): until its
-deadline only that miner is shown and recommended its shards. The verifier committee's members
-exchange signed messages through `/committee/messages`, which only members may post and read.
+deadline only that miner is shown and recommended its shards. A miner on probation (new or
+re-registered, until it passes the committee's challenges) is recommended only tasks that
+allow probation.
+
+The verifier committee exchanges signed messages through `/committee/messages`. Membership is
+per epoch (a join or exit takes effect at a later boundary) while a dispute is judged by the
+committee of the epoch it was opened in, so the relay serves every verifier with a record in
+VerifierCommittee: seated, joining (it reads ahead of its first epoch) or leaving with its
+stake still bonded (it must still post its votes on the disputes its seat judges, or be
+reported absent). Anyone else is refused; a verifier that withdrew its stake is a stranger.
 """
 
 
@@ -263,8 +271,10 @@ def create_app(settings: MarketSettings) -> FastAPI:
 
     @app.get("/models", tags=["models"])
     def models() -> list[dict[str, Any]]:
-        """Known models with how many eligible registered miners serve each and their lowest
-        price (manifests uploaded here, and modelIds miners registered on-chain)."""
+        """Known models with how many registered miners may claim an ordinary task for each
+        and their lowest price, and how many more are on probation (`probationMiners`: they
+        claim only tasks that allow probation); manifests uploaded here, and modelIds miners
+        registered on-chain."""
         return board.models()
 
     @app.get("/models/{model_id}", tags=["models"])
@@ -284,7 +294,9 @@ def create_app(settings: MarketSettings) -> FastAPI:
     @app.get("/jobs/{task_id}", tags=["jobs"])
     def job(task_id: int) -> dict[str, Any]:
         """The task with every shard (state, miner, claimExpiry, windowEnd, tokensUsed,
-        resultUri, payment, refund...) and its disputes."""
+        resultUri, payment, refund...), its disputes (status, deadline, committee epoch and
+        votes by weight, absences reported), availability challenges (status, deadline) and
+        proven billing faults."""
         found = board.job(task_id)
         if found is None:
             raise HTTPException(404, f"task {task_id} is not on the board: unknown, or not "
@@ -295,8 +307,9 @@ def create_app(settings: MarketSettings) -> FastAPI:
     def open_shards(modelId: str | None = None, miner: str | None = None,
                     limit: int = Query(20, ge=1, le=1000)) -> list[dict[str, Any]]:
         """Open shards, best first. With `miner`: only those it may claim, in its own order
-        (the workers' fresh recommendations when there are, else ranked now). A task offered
-        to one miner shows only with that `miner`."""
+        (the workers' fresh recommendations when there are, else ranked now); a miner on
+        probation sees only tasks that allow probation. A task offered to one miner shows only
+        with that `miner`."""
         model_bytes = model_id_bytes(modelId) if modelId else None
         at = now()
         candidates = board.open_shards(model_bytes, at)
@@ -321,8 +334,10 @@ def create_app(settings: MarketSettings) -> FastAPI:
         """The task's client offers it to one registered miner: until the task's deadline its
         shards are shown and recommended to that miner alone (the contract still lets any
         eligible miner claim). 401 when not signed by the task's client (TaskRegistry), 404
-        for an unknown task or miner, 400 when the timestamp is over 120 s off. A newer offer
-        replaces an older one."""
+        for an unknown task or miner, 400 when the timestamp is over 120 s off or the miner
+        could not claim the task (`isEligible` with the task's model, reputation floor and
+        allowProbation: an offer to it would hide the task from every miner that could). A
+        newer offer replaces an older one."""
         try:
             signer = recover_offer(task_id, body)
         except MarketError as exc:
@@ -342,6 +357,12 @@ def create_app(settings: MarketSettings) -> FastAPI:
         if not q.gpu.is_registered(miner):
             raise HTTPException(404, f"miner {miner} is not registered in GPURegistry "
                                 f"{q.gpu.address}")
+        if not q.gpu.is_eligible(miner, task.model_id, task.min_reputation_bps,
+                                 task.allow_probation):
+            why = ("it is on probation and the task does not allow probation"
+                   if not task.allow_probation and q.gpu.on_probation(miner) else
+                   "GPURegistry.isEligible says no (model, reputation floor, stake or exit)")
+            raise HTTPException(400, f"miner {miner} could not claim task {task_id}: {why}")
         identity = deployment_identity(q)
         board.put_offer(identity, task_id, task.client, miner, task.deadline, timestamp,
                         str(body["signature"]))
@@ -350,17 +371,22 @@ def create_app(settings: MarketSettings) -> FastAPI:
         return {"taskId": task_id, "miner": stored["miner"], "until": stored["until"]}
 
     # -- committee -----------------------------------------------------------------------
-    def require_member(q: Any, address: str, action: str) -> None:
-        if not q.committee.is_member(address):
-            raise HTTPException(403, f"{address} is not a member of VerifierCommittee "
-                                f"{q.committee.address}, so it may not {action}")
+    def require_verifier(q: Any, address: str, action: str) -> None:
+        """403 unless `address` has a verifier record (read live from the chain): seated,
+        joining, or leaving with its stake still bonded. Not "a member of the current epoch":
+        a member whose seat ended must still post its votes on the disputes opened while it
+        sat (or be reported absent), and one seated at the next boundary must read ahead."""
+        if not q.committee.verifier_info(address).registered:
+            raise HTTPException(403, f"{address} is not a verifier of VerifierCommittee "
+                                f"{q.committee.address} (seated, joining, or leaving with its "
+                                f"stake still bonded), so it may not {action}")
 
     @app.post("/committee/messages", status_code=201, tags=["committee"])
     async def post_message(request: Request, response: Response) -> dict[str, int]:
-        """Relay a member's signed message (EIP-191 over the canonical JSON of author, kind,
+        """Relay a verifier's signed message (EIP-191 over the canonical JSON of author, kind,
         epoch, topic, body). 201 `{"id"}`, 200 with the first id for an identical repost;
-        401 bad signature, 403 author not a member, 409 another message under the same
-        (author, kind, epoch, topic), 413 over 1 MiB."""
+        401 bad signature, 403 author without a verifier record (see the API description),
+        409 another message under the same (author, kind, epoch, topic), 413 over 1 MiB."""
         raw = await _read_body(request, MAX_MESSAGE_BYTES, lambda size, so_far: MessageTooLarge(
             f"committee message is {size} bytes{' (so far)' if so_far else ''}, over the "
             f"relay's limit of {MAX_MESSAGE_BYTES} bytes"))
@@ -377,7 +403,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         if signer != author:
             raise HTTPException(401, f"committee message from {author} is signed by {signer}")
         q = await run_in_threadpool(deployment.quarry)
-        await run_in_threadpool(require_member, q, author, "post committee messages")
+        await run_in_threadpool(require_verifier, q, author, "post committee messages")
         message_id, created = await run_in_threadpool(
             board.put_message, deployment_identity(q), msg)
         if not created:
@@ -390,9 +416,10 @@ def create_app(settings: MarketSettings) -> FastAPI:
                  afterId: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10000),
                  ) -> list[dict[str, Any]]:
         """Messages with an id above `afterId`, ascending, filtered by epoch, kind and topic
-        when given; members only: headers X-Quarry-Reader, X-Quarry-Timestamp and
-        X-Quarry-Signature (EIP-191 over the canonical JSON of {"reader", "timestamp"}, the
-        timestamp within 120 s). 401 without a valid reader signature, 403 not a member."""
+        when given; verifiers only (seated, joining or leaving, as for posting): headers
+        X-Quarry-Reader, X-Quarry-Timestamp and X-Quarry-Signature (EIP-191 over the canonical
+        JSON of {"reader", "timestamp"}, the timestamp within 120 s). 401 without a valid
+        reader signature, 403 without a verifier record."""
         values = [request.headers.get(h)
                   for h in (READER_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER)]
         if any(v is None for v in values):
@@ -414,7 +441,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
             raise HTTPException(401, f"reader headers for {reader} are signed by {signer}")
         _check_skew("reader", timestamp, 401)
         q = deployment.quarry()
-        require_member(q, reader, "read committee messages")
+        require_verifier(q, reader, "read committee messages")
         return board.messages(deployment_identity(q), epoch=epoch, kind=kind, topic=topic,
                               after_id=afterId, limit=limit)
 

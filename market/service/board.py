@@ -1,11 +1,16 @@
 """The job board: Quarry's chain events indexed into SQLite, shared by the app and the workers.
 
 The chain stays the source of truth. The board replays TaskRegistry, GPURegistry and
-Arbitration events in (block, logIndex) order into tables the market can query cheaply
-(open shards for a model, shards due for settlement, the miner directory), so deleting the
-file and indexing again rebuilds the same board. Each event is applied once: its
-(block, logIndex) is recorded in the same transaction that applies it and moves the cursor,
-so a crash or two indexers racing never double-apply one.
+Arbitration events (and VerifierCommittee's unbonding period, which bounds how long absences
+stay reportable) in (block, logIndex) order into tables the market can query cheaply
+(open shards for a model, shards due for settlement, the miner directory, the disputes and
+availability challenges on each task), so deleting the file and indexing again rebuilds the
+same board. Each event is applied once: its (block, logIndex) is recorded in the same
+transaction that applies it and moves the cursor, so a crash or two indexers racing never
+double-apply one. The few fields no event carries are read from the chain as the event is
+indexed (a task's parameters, a dispute's committee epoch and weight, which never change, and
+a registered miner's probation, which ProbationEnded later clears), so a board rebuilt later
+ends in the same state.
 
 SQLite runs in WAL mode with a busy timeout and one connection per call, so any number of
 processes (the FastAPI app, every Celery worker) and threads share the file safely. Wei
@@ -16,10 +21,11 @@ clock).
 Besides the chain-derived tables the board keeps what only the market knows: uploaded model
 manifests, miner heartbeats, matching recommendations, the verifier committee's relayed
 messages and clients' task offers. `reset()` drops the former (and the recommendations) and
-keeps the rest, for a chain that was reset under the market. Messages and offers cannot be
-rebuilt from the chain, yet only mean something on the deployment they were made for (epochs
-and task ids restart on a new one), so each row carries its deployment's identity and is only
-read back on that deployment: a redeploy neither loses nor revives them.
+keeps the rest, for a chain that was reset under the market; a board file of an older schema
+is migrated the same way (its chain-derived tables are rebuilt, the rest kept). Messages and
+offers cannot be rebuilt from the chain, yet only mean something on the deployment they were
+made for (epochs and task ids restart on a new one), so each row carries its deployment's
+identity and is only read back on that deployment: a redeploy neither loses nor revives them.
 """
 
 from __future__ import annotations
@@ -37,11 +43,17 @@ from market.errors import QuarryError
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+REBUILDABLE_SCHEMAS = ("1",)
+"""Older schemas whose market-only tables this one keeps: their chain tables are rebuilt."""
 STATE_NAMES = ("Open", "Claimed", "Submitted", "Disputed", "Finalized", "Refunded")
 """TaskRegistry's ShardState names, by value (market.chain.contracts.ShardState)."""
 OPEN, CLAIMED, SUBMITTED, DISPUTED, FINALIZED, REFUNDED = range(6)
 DISPUTE_STATUS = ("None", "Open", "MinerAtFault", "MinerNotAtFault", "Expired")
+CHALLENGE_STATUS = ("None", "Open", "Answered", "Unanswered")
+"""Arbitration's ChallengeStatus names, by value (market.chain.contracts.ChallengeStatus)."""
+D_OPEN, D_EXPIRED = 1, 4
+C_OPEN, C_ANSWERED, C_UNANSWERED = 1, 2, 3
 ZERO_ADDRESS = "0x" + "00" * 20
 I64_MAX = 2**63 - 1
 
@@ -54,9 +66,14 @@ INDEXED_EVENTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("gpu", "GPURegistry"): (
         "MinerRegistered", "MinerUpdated", "StakeAdded", "ExitRequested", "StakeWithdrawn",
         "CollateralLocked", "CollateralUnlocked", "Slashed", "ReputationSet", "MinStakeSet",
-        "UntrustedBelowSet", "InitialReputationSet",
+        "UntrustedBelowSet", "InitialReputationSet", "ProbationEnded",
     ),
-    ("arbitration", "Arbitration"): ("DisputeOpened", "DisputeResolved", "DisputeExpired"),
+    ("committee", "VerifierCommittee"): ("UnbondingPeriodSet",),
+    ("arbitration", "Arbitration"): (
+        "DisputeOpened", "VoteCast", "DisputeResolved", "DisputeExpired", "AbsenceReported",
+        "AvailabilityChallenged", "AvailabilityAnswered", "AvailabilityUnanswered",
+        "BillingFaultProven",
+    ),
 }
 
 _SCHEMA = """
@@ -71,8 +88,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     num_requests INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_shards INTEGER NOT NULL,
     max_tokens INTEGER NOT NULL, price TEXT NOT NULL, payment TEXT NOT NULL,
     deadline INTEGER NOT NULL, created_at INTEGER NOT NULL, min_rep INTEGER NOT NULL,
-    cancelled INTEGER NOT NULL DEFAULT 0, cancel_refund TEXT NOT NULL DEFAULT '0',
-    created_block INTEGER NOT NULL);
+    allow_probation INTEGER NOT NULL DEFAULT 0, cancelled INTEGER NOT NULL DEFAULT 0,
+    cancel_refund TEXT NOT NULL DEFAULT '0', created_block INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS tasks_client ON tasks (client);
 CREATE INDEX IF NOT EXISTS tasks_model ON tasks (model_id);
 CREATE TABLE IF NOT EXISTS shards (
@@ -89,13 +106,31 @@ CREATE TABLE IF NOT EXISTS miners (
     price TEXT NOT NULL, stake TEXT NOT NULL, locked TEXT NOT NULL DEFAULT '0',
     slashed TEXT NOT NULL DEFAULT '0', reputation_bps INTEGER NOT NULL,
     exit_requested INTEGER NOT NULL DEFAULT 0, withdrawable_at INTEGER NOT NULL DEFAULT 0,
-    active INTEGER NOT NULL DEFAULT 1, registered_block INTEGER NOT NULL);
+    active INTEGER NOT NULL DEFAULT 1, on_probation INTEGER NOT NULL DEFAULT 0,
+    registered_block INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS disputes (
     dispute_id INTEGER PRIMARY KEY, task_id INTEGER NOT NULL, shard INTEGER NOT NULL,
     request_index INTEGER NOT NULL, opener TEXT NOT NULL, miner TEXT NOT NULL,
     bond TEXT NOT NULL, deadline INTEGER NOT NULL, evidence_uri TEXT NOT NULL,
-    status INTEGER NOT NULL, slashed TEXT NOT NULL DEFAULT '0', opened_block INTEGER NOT NULL);
+    status INTEGER NOT NULL, slashed TEXT NOT NULL DEFAULT '0', opened_block INTEGER NOT NULL,
+    epoch INTEGER NOT NULL, total_weight TEXT NOT NULL,
+    fault_weight TEXT NOT NULL DEFAULT '0', no_fault_weight TEXT NOT NULL DEFAULT '0',
+    votes INTEGER NOT NULL DEFAULT 0, absent INTEGER NOT NULL DEFAULT 0,
+    absent_slashed TEXT NOT NULL DEFAULT '0');
 CREATE INDEX IF NOT EXISTS disputes_task ON disputes (task_id);
+CREATE INDEX IF NOT EXISTS disputes_status ON disputes (status);
+CREATE TABLE IF NOT EXISTS challenges (
+    challenge_id INTEGER PRIMARY KEY, task_id INTEGER NOT NULL, shard INTEGER NOT NULL,
+    request_index INTEGER NOT NULL, challenger TEXT NOT NULL, miner TEXT NOT NULL,
+    bond TEXT NOT NULL, deadline INTEGER NOT NULL, status INTEGER NOT NULL,
+    window_end INTEGER NOT NULL DEFAULT 0, slashed TEXT NOT NULL DEFAULT '0',
+    opened_block INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS challenges_task ON challenges (task_id);
+CREATE INDEX IF NOT EXISTS challenges_status ON challenges (status);
+CREATE TABLE IF NOT EXISTS billing_faults (
+    task_id INTEGER NOT NULL, shard INTEGER NOT NULL, request_index INTEGER NOT NULL,
+    prover TEXT NOT NULL, slashed TEXT NOT NULL, proven_block INTEGER NOT NULL,
+    PRIMARY KEY (task_id, shard));
 CREATE TABLE IF NOT EXISTS models (
     model_id TEXT PRIMARY KEY, name TEXT NOT NULL, manifest TEXT NOT NULL,
     added_at REAL NOT NULL);
@@ -119,7 +154,8 @@ CREATE TABLE IF NOT EXISTS offers (
     PRIMARY KEY (deployment, task_id));
 """
 # What `reset()` clears: everything derived from the chain.
-_CHAIN_TABLES = ("events", "tasks", "shards", "miners", "disputes", "recommendations")
+_CHAIN_TABLES = ("events", "tasks", "shards", "miners", "disputes", "challenges",
+                 "billing_faults", "recommendations")
 
 
 class BoardError(QuarryError):
@@ -199,11 +235,19 @@ class Board:
             conn = self._connect()
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, "
+                         "value TEXT NOT NULL)")
             row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is not None and row[0] in REBUILDABLE_SCHEMAS:
+                self._migrate(conn)
+                row = (SCHEMA_VERSION,)
+            if row is None or row[0] == SCHEMA_VERSION:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)",
+                             (SCHEMA_VERSION,))
+                row = (SCHEMA_VERSION,)
             conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             raise BoardError(f"board database {self.db_path} is unusable: {exc}") from exc
@@ -214,6 +258,15 @@ class Board:
             raise BoardError(
                 f"board database {self.db_path} has schema {row[0]}, this market expects "
                 f"{SCHEMA_VERSION}: delete it; the board is rebuilt from the chain")
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """From an older schema: drop what the chain rebuilds (the next `index` starts over
+        from the deploy block), keep the market-only tables, whose layout is unchanged."""
+        for table in _CHAIN_TABLES:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute("DELETE FROM meta WHERE key != 'schema'")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema'", (SCHEMA_VERSION,))
 
     # ------------------------------------------------------------------ connections
     def _connect(self) -> sqlite3.Connection:
@@ -348,16 +401,21 @@ class Board:
         return cursor
 
     def _init_params(self, q: Quarry, identity: str) -> None:
-        """The GPURegistry parameters that shape eligibility, before their Set events: the
-        deployment's constructor arguments when recorded, else the contract's values now."""
+        """The parameters the board's answers depend on, before their Set events: the
+        deployment's constructor arguments when recorded, else the contract's values now.
+        GPURegistry's shape eligibility; VerifierCommittee's unbonding period bounds how long
+        an expired dispute's absent members can still be reported (`due_report`)."""
         params = q.deployment.params
         min_stake = params.get("min_stake")
         initial_rep = params.get("initial_reputation_bps")
+        unbonding = params.get("verifier_unbonding_period")
         values = {
             "min_stake": min_stake if min_stake is not None else q.gpu.min_stake(),
             "initial_reputation_bps": initial_rep if initial_rep is not None
             else int(q.gpu._call("initialReputationBps")),
             "untrusted_below_bps": int(q.gpu._call("untrustedBelowBps")),
+            "verifier_unbonding_period": unbonding if unbonding is not None
+            else int(q.committee._call("unbondingPeriod")),
         }
         with self._write() as conn:
             if self._meta(conn, "deployment") is None:
@@ -404,26 +462,50 @@ class Board:
     @staticmethod
     def _prefetch(q: Quarry, events: list[dict[str, Any]]) -> dict[str, Any]:
         """Chain reads some events need, done before the write transaction: the task fields
-        TaskCreated does not carry, and block times for disputes resolved without fault."""
+        TaskCreated does not carry, a dispute's committee epoch and weight (fixed when it
+        opens), whether a registered miner is on probation (the registry's probation length
+        decides, and ProbationEnded later clears it), and the window a shard reopens with
+        after a no-fault resolution: an answered availability challenge's (its event, in the
+        same transaction), else the resolving block's time."""
         from market.chain.errors import ContractRevert
 
         tasks: dict[int, Any] = {}
-        times: dict[int, int] = {}
+        disputes: dict[int, Any] = {}
+        probation: dict[str, bool] = {}
+        windows: dict[tuple[str, int, int], int] = {}
         for event in events:
-            if event["name"] == "TaskCreated":
-                task_id = int(event["args"]["taskId"])
+            a = event["args"]
+            if event["name"] == "AvailabilityAnswered":
+                windows[(event["tx"], int(a["taskId"]), int(a["shard"]))] = int(a["windowEnd"])
+        for event in events:
+            name, a = event["name"], event["args"]
+            if name == "TaskCreated":
+                task_id = int(a["taskId"])
                 try:
                     tasks[task_id] = q.tasks.get_task(task_id)
                 except ContractRevert as exc:
                     raise BoardError(
                         f"chain reset: task {task_id} created in block {event['block']} is "
                         f"unknown to TaskRegistry now ({exc})") from exc
-            elif event["name"] == "ShardDisputeResolved" and not event["args"]["minerAtFault"]:
-                number = event["block"]
-                if number not in times:
-                    times[number] = int(q.chain._rpc(
+            elif name == "DisputeOpened":
+                dispute_id = int(a["disputeId"])
+                try:
+                    disputes[dispute_id] = q.arbitration.get_dispute(dispute_id)
+                except ContractRevert as exc:
+                    raise BoardError(
+                        f"chain reset: dispute {dispute_id} opened in block {event['block']} "
+                        f"is unknown to Arbitration now ({exc})") from exc
+            elif name == "MinerRegistered":
+                miner = str(_addr(a["miner"]))
+                probation[miner] = q.gpu.on_probation(miner)
+            elif name == "ShardDisputeResolved" and not a["minerAtFault"]:
+                key = (event["tx"], int(a["taskId"]), int(a["shard"]))
+                if key not in windows:
+                    number = event["block"]
+                    windows[key] = int(q.chain._rpc(
                         lambda n=number: q.chain.w3.eth.get_block(n))["timestamp"])
-        return {"tasks": tasks, "times": times}
+        return {"tasks": tasks, "disputes": disputes, "probation": probation,
+                "windows": windows}
 
     # -- TaskRegistry -------------------------------------------------------------------
     def _on_TaskCreated(self, conn: sqlite3.Connection, e: dict[str, Any],
@@ -434,13 +516,14 @@ class Board:
         conn.execute(
             "INSERT OR REPLACE INTO tasks (task_id, client, arbiter, model_id, input_root, "
             "input_uri, num_requests, shard_size, num_shards, max_tokens, price, payment, "
-            "deadline, created_at, min_rep, created_block) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "deadline, created_at, min_rep, allow_probation, created_block) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (task_id, _addr(a["client"]), _addr(t.arbiter) or ZERO_ADDRESS,
              _hex(a["modelId"]), _hex(a["inputRoot"]), a["inputURI"], int(a["numRequests"]),
              int(a["shardSize"]), int(a["numShards"]), int(t.max_tokens_per_request),
              str(t.price_per_token), str(a["payment"]), _i64(a["deadline"]),
-             _i64(t.created_at), int(t.min_reputation_bps), e["block"]))
+             _i64(t.created_at), int(t.min_reputation_bps), int(bool(a["allowProbation"])),
+             e["block"]))
         conn.executemany("INSERT OR REPLACE INTO shards (task_id, shard, state) VALUES (?, ?, ?)",
                          [(task_id, k, OPEN) for k in range(int(a["numShards"]))])
 
@@ -517,23 +600,26 @@ class Board:
         a = e["args"]
         if a["minerAtFault"]:
             return  # ShardRefunded follows in the same transaction
-        # No fault: back to Submitted with the window closed at the resolving block.
+        # No fault: back to Submitted, the window closed at the resolving block (a verdict, an
+        # expiry) or extended (an answered availability challenge).
+        window = extra["windows"][(e["tx"], int(a["taskId"]), int(a["shard"]))]
         conn.execute("UPDATE shards SET state=?, window_end=? WHERE task_id=? AND shard=?",
-                     (SUBMITTED, _i64(extra["times"][e["block"]]), int(a["taskId"]),
-                      int(a["shard"])))
+                     (SUBMITTED, _i64(window), int(a["taskId"]), int(a["shard"])))
 
     # -- GPURegistry --------------------------------------------------------------------
     def _on_MinerRegistered(self, conn: sqlite3.Connection, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
         a = e["args"]
         rep = int(self._meta(conn, "initial_reputation_bps") or 0)
+        miner = _addr(a["miner"])
         conn.execute(
             "INSERT OR REPLACE INTO miners (address, models, gpu, endpoint, price, stake, "
             "locked, slashed, reputation_bps, exit_requested, withdrawable_at, active, "
-            "registered_block) VALUES (?, ?, ?, ?, ?, ?, '0', '0', ?, 0, 0, 1, ?)",
-            (_addr(a["miner"]), json.dumps([_hex(m) for m in a["modelIds"]]),
+            "on_probation, registered_block) VALUES (?, ?, ?, ?, ?, ?, '0', '0', ?, 0, 0, 1, "
+            "?, ?)",
+            (miner, json.dumps([_hex(m) for m in a["modelIds"]]),
              json.dumps(_gpu(a["gpu"])), a["endpoint"], str(a["pricePerToken"]),
-             str(a["stake"]), rep, e["block"]))
+             str(a["stake"]), rep, int(extra["probation"][miner]), e["block"]))
 
     def _on_MinerUpdated(self, conn: sqlite3.Connection, e: dict[str, Any],
                          extra: dict[str, Any]) -> None:
@@ -586,6 +672,11 @@ class Board:
         conn.execute("UPDATE miners SET reputation_bps=? WHERE address=?",
                      (int(a["bps"]), _addr(a["miner"])))
 
+    def _on_ProbationEnded(self, conn: sqlite3.Connection, e: dict[str, Any],
+                           extra: dict[str, Any]) -> None:
+        conn.execute("UPDATE miners SET on_probation=0 WHERE address=?",
+                     (_addr(e["args"]["miner"]),))
+
     def _on_MinStakeSet(self, conn: sqlite3.Connection, e: dict[str, Any],
                         extra: dict[str, Any]) -> None:
         self._set_meta(conn, "min_stake", int(e["args"]["minStake"]))
@@ -598,17 +689,79 @@ class Board:
                                  extra: dict[str, Any]) -> None:
         self._set_meta(conn, "initial_reputation_bps", int(e["args"]["bps"]))
 
+    # -- VerifierCommittee --------------------------------------------------------------
+    def _on_UnbondingPeriodSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+                               extra: dict[str, Any]) -> None:
+        # The longest period seen: a leaving member stays bonded for the later of the period
+        # when it left and the current one, so absences stay reportable at least this long.
+        seen = int(self._meta(conn, "verifier_unbonding_period") or 0)
+        self._set_meta(conn, "verifier_unbonding_period", max(seen, int(e["args"]["v"])))
+
     # -- Arbitration --------------------------------------------------------------------
     def _on_DisputeOpened(self, conn: sqlite3.Connection, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         a = e["args"]
+        dispute_id = int(a["disputeId"])
+        d = extra["disputes"][dispute_id]
         conn.execute(
             "INSERT OR REPLACE INTO disputes (dispute_id, task_id, shard, request_index, "
-            "opener, miner, bond, deadline, evidence_uri, status, opened_block) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
-            (int(a["disputeId"]), int(a["taskId"]), int(a["shard"]),
+            "opener, miner, bond, deadline, evidence_uri, status, opened_block, epoch, "
+            "total_weight) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (dispute_id, int(a["taskId"]), int(a["shard"]),
              int(a["receipt"]["index"]), _addr(a["opener"]), _addr(a["miner"]),
-             str(a["bond"]), _i64(a["deadline"]), a["evidenceURI"], e["block"]))
+             str(a["bond"]), _i64(a["deadline"]), a["evidenceURI"], D_OPEN, e["block"],
+             int(d.epoch), str(d.total_weight)))
+
+    def _on_VoteCast(self, conn: sqlite3.Connection, e: dict[str, Any],
+                     extra: dict[str, Any]) -> None:
+        a = e["args"]
+        column = "fault_weight" if a["minerAtFault"] else "no_fault_weight"
+        row = conn.execute(f"SELECT {column} FROM disputes WHERE dispute_id=?",
+                           (int(a["disputeId"]),)).fetchone()
+        if row is None:
+            return
+        conn.execute(f"UPDATE disputes SET {column}=?, votes=votes+1 WHERE dispute_id=?",
+                     (str(int(row[0]) + int(a["weight"])), int(a["disputeId"])))
+
+    def _on_AbsenceReported(self, conn: sqlite3.Connection, e: dict[str, Any],
+                            extra: dict[str, Any]) -> None:
+        a = e["args"]
+        row = conn.execute("SELECT absent_slashed FROM disputes WHERE dispute_id=?",
+                           (int(a["disputeId"]),)).fetchone()
+        if row is None:
+            return
+        conn.execute("UPDATE disputes SET absent=absent+1, absent_slashed=? WHERE dispute_id=?",
+                     (str(int(row[0]) + int(a["slashed"])), int(a["disputeId"])))
+
+    def _on_AvailabilityChallenged(self, conn: sqlite3.Connection, e: dict[str, Any],
+                                   extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute(
+            "INSERT OR REPLACE INTO challenges (challenge_id, task_id, shard, request_index, "
+            "challenger, miner, bond, deadline, status, opened_block) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (int(a["challengeId"]), int(a["taskId"]), int(a["shard"]), int(a["index"]),
+             _addr(a["challenger"]), _addr(a["miner"]), str(a["bond"]), _i64(a["deadline"]),
+             C_OPEN, e["block"]))
+
+    def _on_AvailabilityAnswered(self, conn: sqlite3.Connection, e: dict[str, Any],
+                                 extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE challenges SET status=?, window_end=? WHERE challenge_id=?",
+                     (C_ANSWERED, _i64(a["windowEnd"]), int(a["challengeId"])))
+
+    def _on_AvailabilityUnanswered(self, conn: sqlite3.Connection, e: dict[str, Any],
+                                   extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE challenges SET status=?, slashed=? WHERE challenge_id=?",
+                     (C_UNANSWERED, str(a["slashed"]), int(a["challengeId"])))
+
+    def _on_BillingFaultProven(self, conn: sqlite3.Connection, e: dict[str, Any],
+                               extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("INSERT OR REPLACE INTO billing_faults VALUES (?, ?, ?, ?, ?, ?)",
+                     (int(a["taskId"]), int(a["shard"]), int(a["index"]), _addr(a["prover"]),
+                      str(a["slashed"]), e["block"]))
 
     def _on_DisputeResolved(self, conn: sqlite3.Connection, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
@@ -618,13 +771,14 @@ class Board:
 
     def _on_DisputeExpired(self, conn: sqlite3.Connection, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
-        conn.execute("UPDATE disputes SET status=4 WHERE dispute_id=?",
-                     (int(e["args"]["disputeId"]),))
+        conn.execute("UPDATE disputes SET status=? WHERE dispute_id=?",
+                     (D_EXPIRED, int(e["args"]["disputeId"])))
 
     # ------------------------------------------------------------------ jobs
     def job(self, task_id: int) -> dict[str, Any] | None:
-        """The task with every shard and dispute, or None when the board has no such task.
-        Shard k covers requests [k*shardSize, min((k+1)*shardSize, numRequests))."""
+        """The task with every shard, dispute, availability challenge and proven billing
+        fault, or None when the board has no such task. Shard k covers requests
+        [k*shardSize, min((k+1)*shardSize, numRequests))."""
         with self._read() as conn:
             task = conn.execute("SELECT * FROM tasks WHERE task_id=?", (task_id,)).fetchone()
             if task is None:
@@ -633,9 +787,15 @@ class Board:
                                   (task_id,)).fetchall()
             disputes = conn.execute("SELECT * FROM disputes WHERE task_id=? ORDER BY "
                                     "dispute_id", (task_id,)).fetchall()
+            challenges = conn.execute("SELECT * FROM challenges WHERE task_id=? ORDER BY "
+                                      "challenge_id", (task_id,)).fetchall()
+            faults = conn.execute("SELECT * FROM billing_faults WHERE task_id=? ORDER BY "
+                                  "shard", (task_id,)).fetchall()
         out = _task_json(task, shards)
         out["shards"] = [_shard_json(task, s) for s in shards]
         out["disputes"] = [_dispute_json(d) for d in disputes]
+        out["challenges"] = [_challenge_json(c) for c in challenges]
+        out["billingFaults"] = [_billing_json(f) for f in faults]
         return out
 
     def jobs(self, client: str | None = None) -> list[dict[str, Any]]:
@@ -680,6 +840,7 @@ class Board:
                 "inputUri": r["input_uri"], "inputRoot": r["input_root"], "start": start,
                 "end": end, "maxTokensPerRequest": r["max_tokens"],
                 "minReputationBps": r["min_rep"],
+                "allowProbation": bool(r["allow_probation"]),
                 "budget": (end - start) * r["max_tokens"] * int(r["price"]),
                 "offeredTo": r["offered_to"],
             })
@@ -706,11 +867,54 @@ class Board:
             "WHERE s.state=? AND t.cancelled=0 AND t.deadline<=? ORDER BY s.task_id, s.shard",
             (OPEN, int(now)))
 
+    def _triples(self, sql: str, params: tuple[Any, ...]) -> list[tuple[int, int, int]]:
+        with self._read() as conn:
+            return [(r[0], r[1], r[2]) for r in conn.execute(sql, params).fetchall()]
+
+    def due_settle(self, now: int) -> list[tuple[int, int, int]]:
+        """(challengeId, taskId, shard) of availability challenges still Open at their
+        deadline by `now`: unanswered, so the miner is at fault (settleUnanswered)."""
+        return self._triples("SELECT challenge_id, task_id, shard FROM challenges WHERE "
+                             "status=? AND deadline<=? ORDER BY challenge_id",
+                             (C_OPEN, int(now)))
+
+    def due_expire(self, now: int) -> list[tuple[int, int, int]]:
+        """(disputeId, taskId, shard) of disputes still Open at their deadline by `now`: no
+        verdict can come any more (expireDispute)."""
+        return self._triples("SELECT dispute_id, task_id, shard FROM disputes WHERE "
+                             "status=? AND deadline<=? ORDER BY dispute_id",
+                             (D_OPEN, int(now)))
+
+    def report_horizon(self) -> int:
+        """Seconds after an expired dispute's deadline its absent members can surely still
+        be reported: VerifierCommittee's unbonding period (the longest seen), since a member's
+        stake stays bonded that long past the deadline of any dispute its seat judged."""
+        with self._read() as conn:
+            return int(self._meta(conn, "verifier_unbonding_period") or 0)
+
+    def due_report(self, now: int) -> list[tuple[int, int, int]]:
+        """(disputeId, taskId, shard) of expired disputes whose committee may have absent
+        members nobody reported yet (reportAbsence): some weight cast no vote and no absence
+        is indexed, within `report_horizon()` of the deadline (after that the members can
+        have left)."""
+        horizon = self.report_horizon()
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT dispute_id, task_id, shard, fault_weight, no_fault_weight, "
+                "total_weight FROM disputes WHERE status=? AND absent=0 AND deadline>? "
+                "ORDER BY dispute_id", (D_EXPIRED, int(now) - horizon)).fetchall()
+        # Weights are wei (text): compared in Python, past SQLite's 64-bit integers.
+        return [(r[0], r[1], r[2]) for r in rows
+                if int(r[3]) + int(r[4]) < int(r[5])]
+
     # ------------------------------------------------------------------ miners
     def miners(self) -> list[dict[str, Any]]:
-        """Registered miners (GPURegistry events) with their last heartbeat. `eligible` is
-        the model-independent part of `isEligible`: active, not exiting, stake >= minStake and
-        reputation >= the untrusted floor."""
+        """Registered miners (GPURegistry events) with their last heartbeat.
+        `eligibleAllowingProbation` is the model-independent part of `isEligible` for a task
+        that allows probation: active, not exiting, stake >= minStake and reputation >= the
+        untrusted floor; `eligible` is the same for an ordinary task, so also not
+        `onProbation` (a new or re-registered miner that has not yet passed the committee's
+        challenges may claim only tasks that allow it)."""
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT m.*, h.timestamp AS hb_time, h.status AS hb_status FROM miners m "
@@ -721,14 +925,16 @@ class Board:
         out = []
         for r in rows:
             stake, rep = int(r["stake"]), r["reputation_bps"]
+            base = bool(not r["exit_requested"] and stake >= min_stake and rep >= floor)
             out.append({
                 "address": r["address"], "endpoint": r["endpoint"],
                 "models": json.loads(r["models"]), "gpu": json.loads(r["gpu"]),
                 "pricePerToken": int(r["price"]), "stake": stake, "locked": int(r["locked"]),
                 "slashed": int(r["slashed"]), "reputationBps": rep,
                 "exiting": bool(r["exit_requested"]), "withdrawableAt": r["withdrawable_at"],
-                "eligible": bool(not r["exit_requested"] and stake >= min_stake
-                                 and rep >= floor),
+                "onProbation": bool(r["on_probation"]),
+                "eligible": base and not r["on_probation"],
+                "eligibleAllowingProbation": base,
                 "registeredBlock": r["registered_block"],
                 "lastSeen": r["hb_time"],
                 "status": None if r["hb_status"] is None else json.loads(r["hb_status"]),
@@ -772,19 +978,24 @@ class Board:
 
     def models(self) -> list[dict[str, Any]]:
         """Known models: every uploaded manifest and every modelId an active miner serves,
-        with how many eligible miners serve it and their lowest price (None: no miner)."""
+        with how many miners may claim an ordinary task for it and their lowest price (None:
+        no miner), as `isEligible` says for a task that does not allow probation.
+        `probationMiners` counts those that could claim it only from a task that allows
+        probation (their asks are not a price an ordinary task can get)."""
         with self._read() as conn:
             manifests = conn.execute("SELECT model_id, name FROM models ORDER BY added_at, "
                                      "model_id").fetchall()
-        rows: dict[str, dict[str, Any]] = {
-            r["model_id"]: {"modelId": r["model_id"], "name": r["name"], "miners": 0,
-                            "minPricePerToken": None, "hasManifest": True}
-            for r in manifests}
+
+        def empty(model_id: str, name: str | None, manifest: bool) -> dict[str, Any]:
+            return {"modelId": model_id, "name": name, "miners": 0, "minPricePerToken": None,
+                    "probationMiners": 0, "hasManifest": manifest}
+
+        rows = {r["model_id"]: empty(r["model_id"], r["name"], True) for r in manifests}
         for miner in self.miners():
             for model_id in miner["models"]:
-                row = rows.setdefault(model_id, {
-                    "modelId": model_id, "name": None, "miners": 0, "minPricePerToken": None,
-                    "hasManifest": False})
+                row = rows.setdefault(model_id, empty(model_id, None, False))
+                if miner["eligibleAllowingProbation"] and not miner["eligible"]:
+                    row["probationMiners"] += 1
                 if not miner["eligible"]:
                     continue
                 row["miners"] += 1
@@ -907,7 +1118,8 @@ class Board:
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:
         """Every chain-derived row, table by table (what a rebuild must reproduce)."""
         keys = {"events": "block, log_index", "tasks": "task_id", "shards": "task_id, shard",
-                "miners": "address", "disputes": "dispute_id"}
+                "miners": "address", "disputes": "dispute_id", "challenges": "challenge_id",
+                "billing_faults": "task_id, shard"}
         with self._read() as conn:
             return {t: [tuple(r) for r in conn.execute(f"SELECT * FROM {t} ORDER BY {k}")]
                     for t, k in keys.items()}
@@ -937,7 +1149,8 @@ def _task_json(t: sqlite3.Row, shards: list[sqlite3.Row]) -> dict[str, Any]:
         "numRequests": t["num_requests"], "shardSize": t["shard_size"],
         "numShards": t["num_shards"], "maxTokensPerRequest": t["max_tokens"],
         "pricePerToken": int(t["price"]), "minReputationBps": t["min_rep"],
-        "payment": int(t["payment"]), "deadline": t["deadline"], "createdAt": t["created_at"],
+        "allowProbation": bool(t["allow_probation"]), "payment": int(t["payment"]),
+        "deadline": t["deadline"], "createdAt": t["created_at"],
         "cancelled": bool(t["cancelled"]), "createdBlock": t["created_block"],
         "shardStates": counts,
         "tokensUsed": sum(int(s["tokens_used"]) for s in shards
@@ -962,10 +1175,34 @@ def _shard_json(t: sqlite3.Row, s: sqlite3.Row) -> dict[str, Any]:
 
 
 def _dispute_json(d: sqlite3.Row) -> dict[str, Any]:
+    """A dispute: judged by epoch `epoch`'s committee, whose weight is `totalWeight`; a
+    verdict needs more than 2/3 of it. `votes` recorded so far (by weight per side), and after
+    an expiry the members reported `absent` and what their stakes paid the opener."""
     return {
         "disputeId": d["dispute_id"], "shard": d["shard"], "index": d["request_index"],
         "opener": d["opener"], "miner": d["miner"], "bond": int(d["bond"]),
         "deadline": d["deadline"], "evidenceUri": d["evidence_uri"],
         "status": DISPUTE_STATUS[d["status"]], "slashed": int(d["slashed"]),
-        "openedBlock": d["opened_block"],
+        "openedBlock": d["opened_block"], "epoch": d["epoch"],
+        "totalWeight": int(d["total_weight"]), "faultWeight": int(d["fault_weight"]),
+        "noFaultWeight": int(d["no_fault_weight"]), "votes": d["votes"],
+        "absent": d["absent"], "absentSlashed": int(d["absent_slashed"]),
     }
+
+
+def _challenge_json(c: sqlite3.Row) -> dict[str, Any]:
+    """An availability challenge: Open until the miner answers (then the shard's window ends
+    at `windowEnd`) or `deadline` passes (Unanswered once settled: the miner lost
+    `slashed`)."""
+    return {
+        "challengeId": c["challenge_id"], "shard": c["shard"], "index": c["request_index"],
+        "challenger": c["challenger"], "miner": c["miner"], "bond": int(c["bond"]),
+        "deadline": c["deadline"], "status": CHALLENGE_STATUS[c["status"]],
+        "windowEnd": c["window_end"], "slashed": int(c["slashed"]),
+        "openedBlock": c["opened_block"],
+    }
+
+
+def _billing_json(f: sqlite3.Row) -> dict[str, Any]:
+    return {"shard": f["shard"], "index": f["request_index"], "prover": f["prover"],
+            "slashed": int(f["slashed"]), "provenBlock": f["proven_block"]}

@@ -2,7 +2,8 @@
 
 A recommendation only saves the miner a search; the contract's `claimShard` decides (it
 checks `isEligible` again). The ranking mirrors the contract's eligibility (the model is
-served, the task pays at least the miner's price, the reputation floor is met), leaves out a
+served, the task pays at least the miner's price, the reputation floor is met, and a miner on
+probation gets only tasks that allow probation), leaves out a
 task its client offered to another miner (`offeredTo`, see `POST /tasks/{id}/offer`), and then
 prefers the best paid work, sooner deadlines first. Shards that tie (typically the shards of
 one task) are ordered by rendezvous hashing on (miner, taskId, shard): every miner gets its
@@ -25,8 +26,15 @@ def rendezvous_score(miner: str, task_id: int, shard: int) -> int:
 def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
     """Whether `miner` (a `Board.miners()` row) may claim `shard` (a `Board.open_shards()`
     row) at chain time `now`, as far as the board knows, and is the one it is offered to when
-    its client offered it to one."""
-    if not miner.get("eligible", True) or miner.get("exiting", False):
+    its client offered it to one. A miner on probation may claim only a task that allows
+    probation (`isEligible(..., task.allowProbation)`)."""
+    if miner.get("exiting", False):
+        return False
+    if miner.get("onProbation", False):
+        if not (shard.get("allowProbation", False)
+                and miner.get("eligibleAllowingProbation", False)):
+            return False
+    elif not miner.get("eligible", True):
         return False
     offered_to = shard.get("offeredTo")
     if offered_to is not None and str(offered_to).lower() != str(miner["address"]).lower():

@@ -29,8 +29,9 @@ class MarketSettings:
     port: int = 8600
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    # The account that sends settlement transactions (finalize, reclaim); anyone may. Empty:
-    # the sweeps only report what is due.
+    # The account that sends settlement transactions (finalize, reclaim, refund, settle
+    # unanswered challenges, expire disputes, report absences); anyone may. Empty: the sweeps
+    # only report what is due.
     settler_key: str = ""
     index_interval_s: float = 1.0
     sweep_interval_s: float = 2.0

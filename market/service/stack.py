@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from market.chain.deployment import Deployment
     from market.chain.devnet import AnvilProcess
 
-# Anvil's last default account settles (finalize, reclaim, refund): the demo's roles
+# Anvil's last default account settles (finalize, reclaim, refund, expire...): the demo's roles
 # (deployer 0, clients and miners from 1 up) never send from it, so nonces never clash.
 SETTLER_ACCOUNT = 19
 

@@ -3,7 +3,9 @@
 Tasks (enqueued by `market serve`'s ticker; any number of workers may run them):
 
 - `quarry.index_events`: apply new chain events to the SQLite board.
-- `quarry.sweep`: settlement (finalize, reclaim expired claims, refund past the deadline).
+- `quarry.sweep`: settlement (finalize, reclaim expired claims, refund past the deadline,
+  settle unanswered availability challenges, expire overdue disputes and report the committee
+  members that did not vote).
 - `quarry.recommend`: per alive miner, the open shards it should claim, best first.
 
 Each takes a Redis lock without blocking (`quarry:lock:index`, `quarry:lock:sweep`,
