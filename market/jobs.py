@@ -31,7 +31,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import encode_hex, to_checksum_address
 from web3.exceptions import ContractLogicError
 
-from market.chain.client import TxResult
+from market.chain.client import TxResult, gas_limit
 from market.chain.contracts import (
     ZERO_ADDRESS,
     Ballot,
@@ -194,7 +194,7 @@ def check_funds(q: Quarry, account: LocalAccount, value: int, fn: Any, where: st
         raise InsufficientFunds(
             f"not enough funds: the {what} is {value} wei but {address} holds {balance} wei")
     try:
-        gas = int(fn.estimate_gas({"from": address, "value": value}))
+        gas = gas_limit(int(fn.estimate_gas({"from": address, "value": value})))
     except ContractLogicError as exc:
         raise q.chain._revert(exc, where) from None  # the named custom error
     w3 = q.chain.w3

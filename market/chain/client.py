@@ -65,6 +65,14 @@ class TxResult:
         return [args for event_name, args in self.events if event_name == name]
 
 
+def gas_limit(estimate: int) -> int:
+    """The gas limit sent for an estimate: 20% plus 20,000 more. A call's gas can depend on
+    the block it lands in (a storage slot rewritten only when time has passed, as an answered
+    availability challenge rewrites the shard's window end), and a node estimates on the
+    latest block; unused gas is refunded, so the margin costs nothing."""
+    return estimate * 6 // 5 + 20_000
+
+
 class Chain:
     """One JSON-RPC endpoint. Transactions are signed locally, so any EVM node works."""
 
@@ -183,6 +191,8 @@ class Chain:
                     lambda: self.w3.eth.get_transaction_count(sender.address, "pending")
                 )
                 built = self._rpc(lambda: fn.build_transaction(tx))  # estimates gas: may revert
+                if gas is None:
+                    built["gas"] = gas_limit(int(built["gas"]))
             except ContractLogicError as exc:
                 raise self._revert(exc, where) from None
             signed = sender.sign_transaction(built)
