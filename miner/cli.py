@@ -49,7 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _logging(args.verbose)
     cfg = _load(args, model_dirs=args.model_dir or None, engine=args.engine,
                 max_batch=args.max_batch, poll_interval_s=args.poll_interval_s,
-                auto_withdraw=True if args.auto_withdraw else None, test_mode=args.test_mode)
+                auto_withdraw=True if args.auto_withdraw else None, test_mode=args.test_mode,
+                state_dir=args.state_dir)
     if cfg.test_mode:
         print(f"miner: WARNING: TEST MODE {cfg.test_mode!r}: this miner CHEATS ON PURPOSE "
               "(for tests and detection benchmarks only); its results are wrong and it will "
@@ -57,14 +58,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker = Worker.from_config(cfg, progress=not args.no_progress)
     try:
         print(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
-              f"{cfg.engine} engine; Ctrl-C finishes the current shard and exits",
-              file=sys.stderr)
+              f"{cfg.engine} engine; Ctrl-C finishes the current shard and exits; copies "
+              f"of submitted results in {worker.archive.root}", file=sys.stderr)
         summary = worker.run(stop_when_idle=args.once)
     finally:
         worker.close()
     print(f"submitted {len(summary.submitted)} shard(s) ({summary.tokens} tokens), "
           f"{summary.failed} failed, {summary.finalized} finalized for {summary.paid_wei} wei, "
           f"{summary.withdrawn_wei} wei withdrawn")
+    if summary.challenges_answered or summary.challenges_missed:
+        print(f"availability challenges: {summary.challenges_answered} answered "
+              f"({summary.challenge_bonds_wei} wei of bonds), {summary.challenges_missed} "
+              "missed")
     return 0
 
 
@@ -148,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true",
                    help="exit when a poll finds no shard to take")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="where copies of submitted results are kept to answer availability "
+                   "challenges (default $QUARRY_HOME/miner)")
     p.add_argument("--test-mode", metavar="MODE",
                    help="CHEAT ON PURPOSE, for tests and benchmarks only: substitute, perturb, "
                    "random or wrong-prompt (see miner/cheats.py)")

@@ -14,6 +14,8 @@ then command-line flags (each later source overrides the earlier).
     poll_interval_s = 2.0
     max_batch = 8
     auto_withdraw = false
+    # state_dir = "~/.quarry/miner"       # default $QUARRY_HOME/miner: copies of submitted
+                                          # results, to answer availability challenges
     # test_mode = "random"                # CHEATS ON PURPOSE (tests/benchmarks only):
                                           # substitute | perturb | random | wrong-prompt
 
@@ -84,6 +86,7 @@ class MinerConfig:
     heartbeat_interval_s: float = 5.0
     max_batch: int = 8
     auto_withdraw: bool = False
+    state_dir: Path | None = None  # None: $QUARRY_HOME/miner (miner.archive)
     test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose
 
     # ------------------------------------------------------------------ loading
@@ -134,7 +137,7 @@ def _convert(name: str, value: Any, base: Path | None) -> Any:
         if not isinstance(value, str):
             raise ConfigError("miner setting key: must be a hex string")
         return check_key(value, "key", ROLE) if value else ""
-    if name in ("key_file", "deployment"):
+    if name in ("key_file", "deployment", "state_dir"):
         return as_path(value, name, base)
     if name == "market_url":
         return as_url(value, name)

@@ -5,6 +5,10 @@ serving modified weights would be serving another modelId). The manifests are po
 market so clients can name the models; the registration itself goes to GPURegistry. Run
 again, it updates the profile (models, GPU, endpoint, price) and tops the stake up to the
 configured `stake`: the command is idempotent, never staking twice.
+
+A new (or re-registered) miner starts on probation: it may claim only tasks that allow it
+(the committee's challenge tasks, clients that opt in) until enough consecutive committee
+reports pass it (`GPURegistry.probation_params()`); the report says so.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ class RegisterReport:
     market_posted: bool
     market_note: str = ""
     tx_hashes: list[str] = field(default_factory=list)
+    on_probation: bool = False
+    passed_epochs: int = 0
+    probation: tuple[int, int] = (0, 0)  # (epochs, pass bps): what ends probation
 
     def format(self) -> str:
         lines = [f"miner {self.address} {self.action} on GPURegistry"]
@@ -89,9 +96,20 @@ class RegisterReport:
             f"  endpoint {self.endpoint}",
             "  market " + ("manifests posted" if self.market_posted
                            else f"manifests NOT posted: {self.market_note}"),
+            "  probation " + self._probation(),
         ]
         lines += [f"  tx     {h}" for h in self.tx_hashes]
         return "\n".join(lines)
+
+    def _probation(self) -> str:
+        if not self.on_probation:
+            return "none: the miner may claim every task its reputation allows"
+        from miner.status import probation_note
+
+        start = "the miner starts on probation" if self.action == "registered" else \
+            "the miner is on probation"
+        note = probation_note(self.passed_epochs, *self.probation)
+        return f"{start} {note.removeprefix('this miner is on probation ')}"
 
 
 def hardware_for(cfg: MinerConfig) -> HardwareSpec:
@@ -168,9 +186,11 @@ def register_miner(
                                   f"minimum stake of {minimum} wei")
             txs.append(q.gpu.register(account, ids, gpu, cfg.endpoint, price, stake))
             added, action = stake, "registered"
-        final = q.gpu.miner_info(account.address).stake
+        info = q.gpu.miner_info(account.address)
+        probation = q.gpu.probation_params()
     finally:
         if opened is not None:
             opened.close()
-    return RegisterReport(account.address, action, models, hw, price, cfg.endpoint, final,
-                          added, posted, note, [t.tx_hash for t in txs])
+    return RegisterReport(account.address, action, models, hw, price, cfg.endpoint,
+                          info.stake, added, posted, note, [t.tx_hash for t in txs],
+                          info.on_probation, info.passed_epochs, probation)

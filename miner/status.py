@@ -1,8 +1,9 @@
 """`miner status`, `miner withdraw` and `miner exit`: the miner's on-chain account.
 
-Everything is read from the chain (GPURegistry for stake, collateral, reputation and exit;
-TaskRegistry events for shards and earnings; PaymentEscrow for what can be withdrawn), so the
-figures hold whether or not a market is running.
+Everything is read from the chain (GPURegistry for stake, collateral, reputation, probation
+and exit; TaskRegistry events for shards and earnings; Arbitration for availability
+challenges; PaymentEscrow for what can be withdrawn), so the figures hold whether or not a
+market is running.
 """
 
 from __future__ import annotations
@@ -31,6 +32,29 @@ def unbonding_period(q: Quarry) -> int:
     return int(q.chain.call(q.gpu.contract.functions.unbondingPeriod()))
 
 
+def probation_note(passed_epochs: int, epochs: int, pass_bps: int) -> str:
+    """What probation means for a miner on it, and what ends it (`probation_params()`)."""
+    return (f"this miner is on probation ({passed_epochs} of {epochs} passing epochs): it may "
+            "claim only tasks that allow miners on probation (the committee's challenge tasks, "
+            f"clients that opt in) until {epochs} consecutive committee reports score it at or "
+            f"above {pass_bps} bps")
+
+
+def challenges_of(q: Quarry, address: str) -> list[dict[str, Any]]:
+    """Every availability challenge naming `address`, with its current status."""
+    from eth_utils import to_checksum_address
+
+    out = []
+    for ev in q.arbitration.events("AvailabilityChallenged", q.deployment.deploy_block):
+        if to_checksum_address(ev["miner"]) != address:
+            continue
+        c = q.arbitration.get_challenge(int(ev["challengeId"]))
+        out.append({"challengeId": int(ev["challengeId"]), "taskId": c.task_id,
+                    "shard": c.shard, "index": c.index, "status": c.status.name,
+                    "challenger": c.challenger, "bond": c.bond, "deadline": c.deadline})
+    return out
+
+
 @dataclass
 class MinerStatus:
     address: str
@@ -54,6 +78,13 @@ class MinerStatus:
     withdrawable_wei: int  # escrowed for this miner now
     open_claims: list[dict[str, int]] = field(default_factory=list)
     chain_time: int = 0
+    on_probation: bool = False
+    passed_epochs: int = 0
+    probation_epochs: int = 0  # GPURegistry.probation_params()
+    probation_pass_bps: int = 0
+    challenges_answered: int = 0
+    challenges_unanswered: int = 0  # each one slashed the shard's collateral
+    open_challenges: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +96,7 @@ class MinerStatus:
                 f"stake      {self.stake} wei ({self.locked} wei locked as collateral, "
                 f"{self.stake - self.locked} wei free)",
                 f"reputation {self.reputation_bps} bps",
+                "probation  " + self._probation(),
                 f"price      {self.price_per_token} wei/token",
                 f"endpoint   {self.endpoint}",
                 f"gpu        {self.gpu['count']} x {self.gpu['name']} "
@@ -88,7 +120,26 @@ class MinerStatus:
             lines.append(f"claimed    task {c['taskId']} shard {c['shard']}, expires "
                          f"{format_time(c['claimExpiry'])}, {c['collateral']} wei "
                          "collateral")
+        if self.challenges_answered or self.challenges_unanswered:
+            lines.append(f"challenges {self.challenges_answered} answered, "
+                         f"{self.challenges_unanswered} unanswered (slashed)")
+        lines += [self._challenge_line(c) for c in self.open_challenges]
         return "\n".join(lines)
+
+    def _probation(self) -> str:
+        if not self.on_probation:
+            return "none (may claim every task its reputation allows)"
+        return (f"ON: {self.passed_epochs} of {self.probation_epochs} passing epochs; may claim "
+                "only tasks that allow miners on probation until "
+                f"{self.probation_epochs} consecutive committee reports score it at or above "
+                f"{self.probation_pass_bps} bps")
+
+    def _challenge_line(self, c: dict[str, Any]) -> str:
+        left = c["deadline"] - self.chain_time
+        when = f"in {left} s" if left > 0 else "deadline passed: the miner is at fault"
+        return (f"CHALLENGE  #{c['challengeId']} task {c['taskId']} shard {c['shard']} request "
+                f"{c['index']} (bond {c['bond']} wei): answer by {format_time(c['deadline'])} "
+                f"({when}; `miner run` answers it)")
 
 
 def miner_status(q: Quarry, address: str) -> MinerStatus:
@@ -105,9 +156,11 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
     submitted = tasks.events("ResultSubmitted", since, miner=address)
     finalized = tasks.events("ShardFinalized", since, miner=address)
     reclaimed = tasks.events("ClaimReclaimed", since, miner=address)
+    probation = gpu.probation_params()
     withdrawable_at = None
     if registered and info.exit_requested_at:
         withdrawable_at = info.exit_requested_at + unbonding_period(q)
+    challenges = challenges_of(q, address)
     open_claims = []
     for ev in claimed:
         t, s = int(ev["taskId"]), int(ev["shard"])
@@ -133,6 +186,11 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
         withdrawable_wei=q.escrow.withdrawable(address),
         open_claims=open_claims,
         chain_time=q.chain.timestamp(),
+        on_probation=info.on_probation, passed_epochs=info.passed_epochs,
+        probation_epochs=probation[0], probation_pass_bps=probation[1],
+        challenges_answered=sum(c["status"] == "ANSWERED" for c in challenges),
+        challenges_unanswered=sum(c["status"] == "UNANSWERED" for c in challenges),
+        open_challenges=[c for c in challenges if c["status"] == "OPEN"],
     )
 
 

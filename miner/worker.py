@@ -13,10 +13,19 @@ content store (the market's, or any object with `get(uri)` and `put(bytes)`, suc
 3. claim; a revert (`NotEligible`, `ShardNotOpen`, `DeadlinePassed`...) skips the shard:
    a reverted claim fails at gas estimation, so it costs nothing;
 4. generate in batches of `max_batch` (progress bar on stderr), sign one EIP-712 Receipt per
-   output (`build_shard_result`), upload the document, `submitResult` before the claim expires;
-5. `collect()`: finalize its own submitted shards once their challenge window has closed
-   (anyone may; someone else having done it is fine), and with `auto_withdraw` pull the
-   escrowed earnings.
+   output (`build_shard_result`), keep the document on local disk (`miner.archive`), upload
+   it, `submitResult` before the claim expires;
+5. `answer_challenges()`: a task's client may challenge a submitted shard's availability;
+   the miner shows the named request's receipt and proof on-chain within Arbitration's
+   response window (devnet 60 s) from its local copy (or the store), or it is slashed. It
+   runs every poll and between generation batches, in the loop's own thread (one account,
+   one sender);
+6. `collect()`: finalize its own submitted shards once their challenge window has closed
+   (anyone may; someone else having done it is fine), drop their local copies, and with
+   `auto_withdraw` pull the escrowed earnings.
+
+A miner on probation (new or re-registered) may claim only tasks that allow it: other tasks
+are skipped before any transaction, until a committee report ends the probation.
 
 A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
 task's limit: the contract never pays beyond it (`TooManyTokens`).
@@ -41,8 +50,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
 
-from market.chain.contracts import ShardState
+from market.chain.contracts import AvailabilityChallenge, ChallengeStatus, MinerInfo, ShardState
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert
 from market.engine.base import GenerationOutput, GenerationRequest
@@ -50,17 +60,23 @@ from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
-from market.protocol.results import Completion, build_shard_result
+from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
 from market.service.api import MarketAPI, MarketError, MarketUnavailable
 from market.store import StoreError
+from miner.archive import ResultArchive, default_state_dir
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from miner.config import MinerConfig
 
 log = logging.getLogger("miner")
 
 CLAIM_MARGIN_S = 5
 """Stop generating when the claim has less than this left: a late submit only reverts."""
+CHALLENGE_CHECK_S = 2.0
+"""Between batches and candidates, look for availability challenges at most this often
+(every poll of `run` looks regardless): far inside any response window."""
 INPUT_CACHE_SIZE = 8
 # Claim reverts that mean "not this task for this miner" (remembered), not "try later".
 _TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask"}
@@ -118,6 +134,9 @@ class RunSummary:
     finalized: int = 0
     paid_wei: int = 0  # ShardFinalized payments of the shards this worker finalized
     withdrawn_wei: int = 0
+    challenges_answered: int = 0
+    challenge_bonds_wei: int = 0  # the bonds of the challenges this worker answered
+    challenges_missed: int = 0  # not answered in time: collateral slashed
 
     @property
     def tokens(self) -> int:
@@ -146,6 +165,8 @@ class Worker:
         progress: bool = True,
         listener: Callable[[str, dict[str, Any]], None] | None = None,
         engine_kind: str = "torch",
+        state_dir: Path | None = None,
+        challenge_check_s: float = CHALLENGE_CHECK_S,
     ) -> None:
         if max_batch < 1:
             raise QuarryError("max_batch must be at least 1")
@@ -179,6 +200,19 @@ class Worker:
         self._stop = threading.Event()
         self._interrupts = 0
         self._params: dict[str, int] | None = None
+        self._probation_skips: set[int] = set()  # skipped only while this miner is on probation
+        # Availability challenges: local copies of submitted results, open challenges
+        # naming this miner (id -> challenge), those this worker answered, those closed
+        # (answered, missed or settled: never looked at again), those logged unanswerable.
+        self.archive = ResultArchive.for_miner(state_dir or default_state_dir(), self.address,
+                                               quarry.chain_id, quarry.tasks.address)
+        self.challenge_check_s = challenge_check_s
+        self.open_challenges: dict[int, AvailabilityChallenge] = {}
+        self.answered: set[int] = set()
+        self._closed: set[int] = set()
+        self._unanswerable: set[int] = set()
+        self._challenge_scan_from = quarry.deployment.deploy_block
+        self._last_challenge_check = float("-inf")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -218,6 +252,7 @@ class Worker:
                 e.close()
             market.close()
             raise
+        kwargs.setdefault("state_dir", cfg.state_dir)
         return cls(account=account, quarry=q, engines=engines, store=market, market=market,
                    max_batch=cfg.max_batch, poll_interval_s=cfg.poll_interval_s,
                    heartbeat_interval_s=cfg.heartbeat_interval_s,
@@ -252,6 +287,8 @@ class Worker:
             "current": None if cur is None else {"taskId": cur.task_id, "shard": cur.shard},
             "shardsSubmitted": len(self.summary.submitted),
             "shardsFailed": len(self.failed),
+            "openChallenges": sorted(self.open_challenges),
+            "challengesAnswered": self.summary.challenges_answered,
         }
 
     # ------------------------------------------------------------------ discovery
@@ -426,10 +463,14 @@ class Worker:
             raise _Skip(f"shard is {sh.state.name}")
         if not resume and now >= task.deadline:
             raise _Skip(f"task deadline passed at {_utc(task.deadline)}", task_wide=True)
-        asking = q.gpu.miner_info(me).price_per_token
-        if not resume and task.price_per_token < asking:
+        info = q.gpu.miner_info(me)
+        if not resume and task.price_per_token < info.price_per_token:
             raise _Skip(f"task pays {task.price_per_token} wei/token, below this miner's price "
-                        f"of {asking} wei/token", task_wide=True)
+                        f"of {info.price_per_token} wei/token", task_wide=True)
+        if not resume and info.on_probation and not task.allow_probation:
+            self._probation_skips.add(task_id)
+            raise _Skip("the task does not allow miners on probation, and "
+                        + self._probation_note(info), task_wide=True)
 
         requests = self.task_requests(task_id, task)
         start, end = q.tasks.shard_range(task_id, shard)
@@ -448,7 +489,10 @@ class Worker:
             log.info("task %d shard %d: resuming this miner's own claim", task_id, shard)
         else:
             claim = self._claim(task, task_id, shard)
-        self.current = claim
+        self.current = claim  # before it is announced: a Ctrl-C from now on finishes it
+        if not resume:
+            log.info("task %d shard %d claimed: %d wei collateral locked until %s", task_id,
+                     shard, claim.collateral, _utc(claim.claim_expiry))
         self._emit("claimed", task_id=task_id, shard=shard, claim_expiry=claim.claim_expiry,
                    collateral=claim.collateral)
 
@@ -463,10 +507,7 @@ class Worker:
             task_id=task_id, shard=shard, model_id=task.model_id, completions=completions,
             private_key=self.account.key, miner=me, chain_id=q.chain_id,
             task_registry=q.tasks.address)
-        uri = self.store.put(result.to_bytes())
-        q.tasks.submit_result(self.account, task_id, shard, result.result_root, uri,
-                              result.tokens_used)
-        self.pending.add((task_id, shard))
+        uri = self._submit(result)
         outcome = ShardOutcome(task_id, shard, "submitted", "", len(completions),
                                result.tokens_used, uri, result.result_root)
         self.summary.submitted.append(outcome)
@@ -476,23 +517,38 @@ class Worker:
                    result_uri=uri)
         return outcome
 
+    def _submit(self, result: ShardResult) -> str:
+        """Keep the document locally (so challenges can be answered whatever the store
+        does), upload it, and submit its root; returns its URI."""
+        key = (result.task_id, result.shard)
+        self.archive.save(result)
+        try:
+            uri = self.store.put(result.to_bytes())
+            self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
+                                       result.tokens_used)
+        except (ContractRevert, StoreError, MarketError):  # surely not submitted
+            self.archive.remove(*key)
+            raise
+        self.pending.add(key)
+        return uri
+
     def _claim(self, task: Any, task_id: int, shard: int) -> ActiveClaim:
         try:
             tx = self.q.tasks.claim_shard(self.account, task_id, shard)
         except ContractRevert as exc:
             reason = str(exc)
             if exc.error == "NotEligible":
-                reason += ": " + self.ineligibility(task.model_id, task.min_reputation_bps)
+                reason += ": " + self.ineligibility(task.model_id, task.min_reputation_bps,
+                                                    task.allow_probation)
             elif exc.error == "InsufficientFreeStake":
                 reason += ": add stake (miner register with a higher stake) or wait for " \
                           "submitted shards to finalize"
             raise _Skip(reason, task_wide=exc.error in _TASK_REVERTS) from exc
         ev = tx.event("ShardClaimed")
-        log.info("task %d shard %d claimed: %d wei collateral locked until %s", task_id, shard,
-                 int(ev["collateral"]), _utc(int(ev["claimExpiry"])))
         return ActiveClaim(task_id, shard, int(ev["claimExpiry"]), int(ev["collateral"]))
 
-    def ineligibility(self, model_id: bytes, min_reputation_bps: int) -> str:
+    def ineligibility(self, model_id: bytes, min_reputation_bps: int,
+                      allow_probation: bool = False) -> str:
         """Why GPURegistry.isEligible is false for this miner and model, in words."""
         gpu = self.q.gpu
         if not gpu.is_registered(self.address):
@@ -505,8 +561,26 @@ class Worker:
                     "to model_dirs and rerun `miner register`)")
         if info.stake < gpu.min_stake():
             return f"stake {info.stake} wei is below the minimum {gpu.min_stake()} wei"
+        if info.on_probation and not allow_probation:
+            return "the task does not allow miners on probation, and " + \
+                self._probation_note(info)
         return (f"reputation {info.reputation_bps} bps is below the task's floor "
                 f"({min_reputation_bps} bps) or the registry's untrusted threshold")
+
+    def _probation_note(self, info: MinerInfo) -> str:
+        from miner.status import probation_note
+
+        return probation_note(info.passed_epochs, *self.q.gpu.probation_params())
+
+    def _check_probation(self) -> None:
+        """Tasks skipped only for probation become candidates again once it has ended."""
+        if not self._probation_skips or self.q.gpu.on_probation(self.address):
+            return
+        log.info("this miner is off probation: %d task(s) skipped for it are candidates again",
+                 len(self._probation_skips))
+        for task_id in self._probation_skips:
+            self.skipped_tasks.pop(task_id, None)
+        self._probation_skips.clear()
 
     def _generate(self, engine: TextEngine, gen: list[GenerationRequest],
                   claim: ActiveClaim) -> list[GenerationOutput]:
@@ -519,6 +593,7 @@ class Worker:
                 if self.chain_now() >= claim.claim_expiry - CLAIM_MARGIN_S:
                     raise QuarryError(f"claim expires at {_utc(claim.claim_expiry)} before the "
                                       "shard is done; giving it up")
+                self._maybe_answer_challenges()  # a long shard must not miss a response window
                 batch = gen[i:i + self.max_batch]
                 outputs += engine.generate(batch)
                 bar.update(len(batch))
@@ -535,11 +610,30 @@ class Worker:
             self.pending.add((int(ev["taskId"]), int(ev["shard"])))
         self._submitted_scan_from = head + 1
 
+    def _done(self, task_id: int, shard: int) -> None:
+        """The shard is settled (or no longer this miner's): nothing left to answer for."""
+        self.pending.discard((task_id, shard))
+        self.archive.remove(task_id, shard)
+
+    def _prune_archive(self) -> None:
+        """Local copies of shards not pending (e.g. from an earlier run): kept while the
+        shard is this miner's and unsettled, else removed."""
+        for key in self.archive.keys():
+            if key in self.pending:
+                continue
+            sh = self.q.tasks.get_shard(*key)
+            if sh.miner == self.address and sh.state in (ShardState.SUBMITTED,
+                                                         ShardState.DISPUTED):
+                self.pending.add(key)
+            elif sh.miner != self.address or sh.state != ShardState.CLAIMED:
+                self.archive.remove(*key)
+
     def collect(self) -> int:
         """Finalize this miner's submitted shards whose window closed; with `auto_withdraw`
         withdraw the escrowed earnings. Returns the wei the finalizations paid it."""
         tasks = self.q.tasks
         self._discover_submitted()
+        self._prune_archive()
         now = max(self.chain_now(), int(time.time()))
         paid = 0
         for task_id, shard in sorted(self.pending):
@@ -547,7 +641,7 @@ class Worker:
                 continue  # known to be still inside its window
             sh = tasks.get_shard(task_id, shard)
             if sh.state in (ShardState.FINALIZED, ShardState.REFUNDED) or sh.miner != self.address:
-                self.pending.discard((task_id, shard))
+                self._done(task_id, shard)
                 continue
             if sh.state == ShardState.SUBMITTED:
                 self._window_ends[(task_id, shard)] = sh.window_end
@@ -557,7 +651,7 @@ class Worker:
                 tx = tasks.finalize_shard(self.account, task_id, shard)
             except ContractRevert as exc:
                 if exc.error == "AlreadyFinalized":
-                    self.pending.discard((task_id, shard))
+                    self._done(task_id, shard)
                 elif exc.error not in ("WindowNotClosed", "DisputeOpen"):
                     log.warning("finalizing task %d shard %d: %s", task_id, shard, exc)
                 continue
@@ -565,7 +659,7 @@ class Worker:
             paid += payment
             self.summary.finalized += 1
             self.summary.paid_wei += payment
-            self.pending.discard((task_id, shard))
+            self._done(task_id, shard)
             log.info("task %d shard %d finalized: %d wei to escrow", task_id, shard, payment)
             self._emit("finalized", task_id=task_id, shard=shard, payment=payment)
         self._window_ends = {k: v for k, v in self._window_ends.items() if k in self.pending}
@@ -583,6 +677,144 @@ class Worker:
         log.info("withdrew %d wei of earnings", amount)
         self._emit("withdrawn", amount=amount)
         return amount
+
+    # ------------------------------------------------------------------ availability
+    def answer_challenges(self) -> int:
+        """Answer every open availability challenge naming this miner before its deadline,
+        with the receipt and proof from the local copy of the result (else the store);
+        returns how many were answered now. One that cannot be answered is logged as an
+        error: unanswered at its deadline, it costs the shard's collateral."""
+        self._last_challenge_check = time.monotonic()
+        self._scan_challenges()
+        answered = 0
+        for challenge_id in sorted(self.open_challenges):
+            try:
+                answered += self._answer(challenge_id)
+            except QuarryError as exc:  # e.g. the chain did not answer: retried next poll
+                log.error("answering availability challenge %d failed (retrying): %s",
+                          challenge_id, exc)
+        return answered
+
+    def _maybe_answer_challenges(self) -> None:
+        """`answer_challenges` when `challenge_check_s` has passed since the last look; a
+        failure is logged, never raised (the shard being generated goes on)."""
+        if time.monotonic() - self._last_challenge_check >= self.challenge_check_s:
+            self._safely("answering availability challenges", self.answer_challenges, 0)
+
+    def _scan_challenges(self) -> None:
+        """Add `AvailabilityChallenged` events naming this miner since the last scan."""
+        head = self.q.chain.block_number()
+        if head < self._challenge_scan_from:
+            return
+        for ev in self.q.arbitration.events("AvailabilityChallenged", self._challenge_scan_from):
+            challenge_id = int(ev["challengeId"])
+            if (to_checksum_address(ev["miner"]) != self.address or challenge_id in self._closed
+                    or challenge_id in self.open_challenges):
+                continue
+            c = self.q.arbitration.get_challenge(challenge_id)
+            if c.status != ChallengeStatus.OPEN:
+                self._forget(challenge_id, c)  # settled before this miner looked (restart)
+                continue
+            self.open_challenges[challenge_id] = c
+            log.warning("task %d shard %d: availability challenge %d on request %d by %s "
+                        "(bond %d wei): answering, deadline %s", c.task_id, c.shard,
+                        challenge_id, c.index, c.challenger, c.bond, _utc(c.deadline))
+            self._emit("challenged", challenge_id=challenge_id, task_id=c.task_id,
+                       shard=c.shard, index=c.index, bond=c.bond, deadline=c.deadline)
+        self._challenge_scan_from = head + 1
+
+    def _forget(self, challenge_id: int, c: AvailabilityChallenge) -> None:
+        """A challenge no longer open: remembered, and said how it ended if it cost."""
+        self.open_challenges.pop(challenge_id, None)
+        self._closed.add(challenge_id)
+        if c.status == ChallengeStatus.UNANSWERED:
+            self._window_ends.pop((c.task_id, c.shard), None)  # refunded: `collect` rereads
+            log.error("task %d shard %d: availability challenge %d was settled UNANSWERED: "
+                      "the shard's collateral was slashed", c.task_id, c.shard, challenge_id)
+
+    def _answer(self, challenge_id: int) -> bool:
+        """Answer one open challenge; True when this call answered it."""
+        arb = self.q.arbitration
+        c = arb.get_challenge(challenge_id)
+        if c.status != ChallengeStatus.OPEN:
+            self._forget(challenge_id, c)
+            return False
+        if self.chain_now() >= c.deadline:
+            return self._missed(challenge_id, c, "its response window closed")
+        item, source = self._challenged_item(c)
+        if item is None:
+            if challenge_id not in self._unanswerable:  # loud once; retried every poll
+                self._unanswerable.add(challenge_id)
+                log.error("CANNOT ANSWER availability challenge %d (task %d shard %d request "
+                          "%d): %s. Unless the document is found before %s, the miner is at "
+                          "fault and loses the shard's collateral", challenge_id, c.task_id,
+                          c.shard, c.index, source, _utc(c.deadline))
+                self._emit("challenge_unanswerable", challenge_id=challenge_id,
+                           task_id=c.task_id, shard=c.shard, index=c.index, reason=source)
+            return False
+        try:
+            tx = self.q.arbitration.answer_availability(self.account, challenge_id,
+                                                        item.receipt, item.proof)
+        except ContractRevert as exc:
+            if exc.error == "ChallengeNotOpen":  # answered by someone else, or settled
+                self._forget(challenge_id, arb.get_challenge(challenge_id))
+                return False
+            if exc.error == "ResponseWindowClosed":
+                return self._missed(challenge_id, c, str(exc))
+            raise
+        window_end = int(tx.event("AvailabilityAnswered")["windowEnd"])
+        self.open_challenges.pop(challenge_id, None)
+        self._closed.add(challenge_id)
+        self.answered.add(challenge_id)
+        self._window_ends[(c.task_id, c.shard)] = window_end
+        self.summary.challenges_answered += 1
+        self.summary.challenge_bonds_wei += c.bond
+        log.info("task %d shard %d: answered availability challenge %d (request %d) from the "
+                 "%s; bond of %d wei credited, window now ends %s", c.task_id, c.shard,
+                 challenge_id, c.index, source, c.bond, _utc(window_end))
+        self._emit("answered", challenge_id=challenge_id, task_id=c.task_id, shard=c.shard,
+                   index=c.index, bond=c.bond, window_end=window_end, source=source)
+        return True
+
+    def _missed(self, challenge_id: int, c: AvailabilityChallenge, why: str) -> bool:
+        self.open_challenges.pop(challenge_id, None)
+        self._closed.add(challenge_id)
+        self._window_ends.pop((c.task_id, c.shard), None)  # to be refunded: `collect` rereads
+        self.summary.challenges_missed += 1
+        log.error("MISSED availability challenge %d (task %d shard %d request %d): %s; the "
+                  "miner is at fault and the shard's collateral will be slashed", challenge_id,
+                  c.task_id, c.shard, c.index, why)
+        self._emit("challenge_missed", challenge_id=challenge_id, task_id=c.task_id,
+                   shard=c.shard, index=c.index)
+        return False
+
+    def _challenged_item(self, c: AvailabilityChallenge) -> tuple[ResultItem | None, str]:
+        """(the challenged request's item, where it came from), proven on-chain
+        (`Arbitration.proves`), from the local copy or else the store; (None, why not) when
+        neither has it."""
+        sh = self.q.tasks.get_shard(c.task_id, c.shard)
+        loaders: list[tuple[str, Callable[[], ShardResult | None]]] = [
+            ("local copy", lambda: self.archive.load(c.task_id, c.shard)),
+            ("store", lambda: ShardResult.from_bytes(self.store.get(sh.result_uri))),
+        ]
+        reasons = []
+        for source, load in loaders:
+            try:
+                doc = load()
+            except (QuarryError, OSError) as exc:
+                reasons.append(f"{source}: {exc}")
+                continue
+            item = None if doc is None else next(
+                (it for it in doc.items if it.index == c.index), None)
+            if doc is None:
+                reasons.append(f"{source}: missing")
+            elif item is None or doc.result_root != sh.result_root:
+                reasons.append(f"{source}: not the submitted document")
+            elif not self.q.arbitration.proves(c.task_id, c.shard, item.receipt, item.proof):
+                reasons.append(f"{source}: its proof does not hold on-chain")
+            else:
+                return item, source
+        return None, "; ".join(reasons)
 
     # ------------------------------------------------------------------ the loop
     def request_stop(self) -> None:
@@ -658,6 +890,8 @@ class Worker:
         try:
             resume = self._safely("finding this miner's open claims", self.own_open_claims, [])
             while not self._stop.is_set():
+                self._safely("answering availability challenges", self.answer_challenges, 0)
+                self._safely("checking probation", self._check_probation, None)
                 self._safely("collecting payments", self.collect, 0)
                 candidates = resume or self._safely("finding open shards",
                                                     self.find_open_shards, [])
@@ -666,6 +900,7 @@ class Worker:
                 for task_id, shard in candidates:
                     if self._stop.is_set():
                         break
+                    self._maybe_answer_challenges()
                     # Each candidate is re-checked on-chain before it is claimed, so a
                     # ranking a shard old is still safe to walk to its end.
                     if self.process_shard(task_id, shard).submitted:
@@ -685,4 +920,12 @@ class Worker:
             hb_stop.set()
             if hb is not None:
                 hb.join(timeout=15)
+            self._warn_unwatched()
         return self.summary
+
+    def _warn_unwatched(self) -> None:
+        """Leaving with shards in their window: nobody answers their challenges now."""
+        if self.pending:
+            log.warning("%d submitted shard(s) are still inside their challenge window; run "
+                        "the miner again soon: an availability challenge must be answered "
+                        "within minutes or the collateral is slashed", len(self.pending))

@@ -5,6 +5,12 @@ market URL on a port where nothing listens, so the worker also exercises its fal
 shards from chain events, the deployment from the deployment file. One test runs the whole
 path through a real market app (uvicorn in a thread): `miner register` posting manifests,
 `Worker.from_config`, recommendations from `/shards/open`, uploads and heartbeats.
+
+Miners registered here are established (probation disabled around their registration, as
+the session fixture does for its own miners) unless a test is about probation; those
+registered through the CLI start on probation and are given tasks that allow it.
+Availability challenges are answered by the worker's own loop, run in a thread with its own
+chain connection while the test acts as the client; tests wait on chain conditions.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +39,7 @@ from market.protocol.results import ShardResult, verify_shard_result
 from market.service.api import MarketAPI
 from market.store import LocalStore
 from miner import cli
+from miner.archive import ResultArchive
 from miner.config import MinerConfig
 from miner.register import register_miner
 from miner.worker import Worker
@@ -85,12 +95,30 @@ def config_file(tmp_path: Path, account: Any, model_dir: Path, market_url: str,
     return path
 
 
-def register(devnet: Any, account: Any, model_dir: Path, market_url: str) -> None:
+@pytest.fixture(autouse=True)
+def quarry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private QUARRY_HOME: the workers' local result copies go under it."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("QUARRY_HOME", str(home))
+    return home
+
+
+def register(devnet: Any, account: Any, model_dir: Path, market_url: str, *,
+             probation: bool = False) -> None:
+    """`register_miner`; without `probation` the miner is established (off probation)."""
     cfg = MinerConfig.load(key="0x" + bytes(account.key).hex(), model_dirs=[str(model_dir)],
                            price_per_token=PRICE, stake=STAKE, endpoint="http://127.0.0.1:9201",
                            gpu={"name": "Test GPU", "memory_mib": 1024, "count": 1})
-    with MarketAPI(market_url) as market:
-        register_miner(cfg, q=devnet.q, market=market)
+    gpu, owner = devnet.q.gpu, devnet.deployer
+    params = gpu.probation_params()
+    if not probation:
+        gpu.set_probation(owner, 0, params[1])
+    try:
+        with MarketAPI(market_url) as market:
+            register_miner(cfg, q=devnet.q, market=market)
+    finally:
+        gpu.set_probation(owner, *params)
+    assert gpu.on_probation(account.address) == probation
 
 
 def batch(n: int, max_tokens: int = MAX_TOKENS, tag: str = "") -> bytes:
@@ -101,7 +129,8 @@ def batch(n: int, max_tokens: int = MAX_TOKENS, tag: str = "") -> bytes:
 
 
 def post_task(devnet: Any, store: LocalStore, model_id: bytes, data: bytes, *,
-              shard_size: int = 3, root_of: bytes | None = None) -> int:
+              shard_size: int = 3, root_of: bytes | None = None,
+              allow_probation: bool = False) -> int:
     """Upload `data` and create a task for it; `root_of` commits to other bytes instead."""
     uri = store.put(data)
     parsed = parse_jsonl(root_of if root_of is not None else data)
@@ -109,7 +138,8 @@ def post_task(devnet: Any, store: LocalStore, model_id: bytes, data: bytes, *,
         devnet.client, model_id=model_id,
         input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=uri,
         num_requests=len(parsed), shard_size=shard_size, max_tokens_per_request=MAX_TOKENS,
-        price_per_token=PRICE, deadline=devnet.chain.timestamp() + 3600)
+        price_per_token=PRICE, deadline=devnet.chain.timestamp() + 3600,
+        allow_probation=allow_probation)
     return task_id
 
 
@@ -145,11 +175,21 @@ def test_register_update_and_tampered_model(devnet: Any, model_dir: Path, tmp_pa
                                                                  "http://127.0.0.1:9200")
     assert (info.gpu.name, info.gpu.memory_mi_b, info.gpu.count) == ("Test GPU", 1024, 1)
     assert devnet.q.gpu.models_of(miner.address) == [model_id]
-    assert devnet.q.gpu.is_eligible(miner.address, model_id)
+    # A new miner starts on probation: only tasks that allow it, until the committee's
+    # reports pass it; the command says so, with the deployment's terms.
+    epochs, pass_bps = devnet.q.gpu.probation_params()
+    assert info.on_probation and info.passed_epochs == 0
+    assert not devnet.q.gpu.is_eligible(miner.address, model_id)
+    assert devnet.q.gpu.is_eligible(miner.address, model_id, allow_probation=True)
+    assert (f"probation the miner starts on probation (0 of {epochs} passing epochs): it may "
+            "claim only tasks that allow miners on probation") in out
+    assert f"until {epochs} consecutive committee reports score it at or above {pass_bps} bps" \
+        in out
 
     # Again: an update, no second stake; then a higher stake is topped up, not doubled.
     code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--price-per-token", "5")
     assert code == 0 and "updated" in out and "(nothing added)" in out
+    assert "probation the miner is on probation (0 of" in out
     assert devnet.q.gpu.miner_info(miner.address).stake == STAKE
     assert devnet.q.gpu.miner_info(miner.address).price_per_token == 5
     code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--stake", "1.5ether")
@@ -209,6 +249,11 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
     direct = engine.generate([engine.request_from_line(r.request) for r in parsed[:3]])
     assert [i.token_ids for i in items] == [d.token_ids for d in direct]
     assert all(0 < len(i.token_ids) <= MAX_TOKENS and i.prompt_tokens > 0 for i in items)
+    # The miner's own copy, kept to answer availability challenges, under $QUARRY_HOME.
+    assert worker.archive.path(task_id, 0) == (
+        Path(os.environ["QUARRY_HOME"]) / "miner" / miner.address / "results"
+        / f"{q.chain_id}-{q.tasks.address}" / f"{task_id}-0.json")
+    assert worker.archive.load(task_id, 0) == result
 
     # The loop finds shard 1 from chain events (the market does not answer), then is idle.
     summary = worker.run(stop_when_idle=True)
@@ -227,6 +272,7 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
     assert not restarted.pending
     assert worker.collect() == 0  # already finalized by the other: done, nothing paid twice
     assert not worker.pending
+    assert worker.archive.keys() == []  # finalized: the local copies are gone
     assert q.escrow.withdrawable(miner.address) == tokens * PRICE
     paid = q.tasks.events("ShardFinalized", devnet.deployment.deploy_block,
                           miner=miner.address)
@@ -240,6 +286,7 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
             status["shards_finalized"]) == (2, 2, 2)
     assert status["earnings_wei"] == status["withdrawable_wei"] == tokens * PRICE
     assert (status["stake"], status["locked"], status["eligible_state"]) == (STAKE, 0, "active")
+    assert (status["on_probation"], status["open_challenges"]) == (False, [])
 
     before = devnet.chain.balance(miner.address)
     code, out, _ = run_cli(capsys, "withdraw", "--config", str(cfg))
@@ -426,7 +473,7 @@ def live_market(devnet: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 def test_register_and_run_through_the_market(
         devnet: Any, model_dir: Path, tmp_path: Path, live_market: tuple[str, Path],
         one_torch_thread: None, capsys: pytest.CaptureFixture[str],
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, quarry_home: Path) -> None:
     from market.service.board import Board
 
     url, db_path = live_market
@@ -446,7 +493,7 @@ def test_register_and_run_through_the_market(
         devnet.client, model_id=model_id,
         input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=uri,
         num_requests=5, shard_size=3, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
-        deadline=devnet.chain.timestamp() + 3600)
+        deadline=devnet.chain.timestamp() + 3600, allow_probation=True)  # a new miner
     Board(db_path).index(q)  # as the market's Celery indexer would
     assert {(s["taskId"], s["shard"]) for s in api.open_shards(
         "0x" + model_id.hex(), miner.address)} == {(task_id, 0), (task_id, 1)}
@@ -456,6 +503,9 @@ def test_register_and_run_through_the_market(
                                "--no-progress")
     assert code == 0 and out.startswith("submitted 2 shard(s)")
     assert "reading them from chain events" not in caplog.text  # the market recommended them
+    kept = ResultArchive.for_miner(quarry_home / "miner", miner.address, q.chain_id,
+                                   q.tasks.address)  # the default state_dir
+    assert kept.keys() == [(task_id, 0), (task_id, 1)]
     for shard in (0, 1):
         sh = q.tasks.get_shard(task_id, shard)
         assert (sh.state, sh.miner) == (ShardState.SUBMITTED, miner.address)
@@ -492,7 +542,7 @@ def test_cli_run_first_ctrl_c_submits_the_shard_and_exits_0(
         devnet.client, model_id=q.gpu.models_of(miner.address)[0],
         input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=api.put(data),
         num_requests=20, shard_size=4, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
-        deadline=devnet.chain.timestamp() + 3600)
+        deadline=devnet.chain.timestamp() + 3600, allow_probation=True)  # a new miner
     api.close()
     Board(db_path).index(q)
     cfg = config_file(tmp_path, miner, model_dir, url, max_batch=1)
@@ -515,7 +565,277 @@ def test_cli_run_first_ctrl_c_submits_the_shard_and_exits_0(
             proc.wait()
     err = "".join(lines) + rest
     assert proc.returncode == 0, err
-    assert "Ctrl-C: finishing task" in err
+    assert "Ctrl-C: finishing task" in err, err
     states = [q.tasks.get_shard(task_id, k).state for k in range(5)]
     assert ShardState.CLAIMED not in states
     assert states.count(ShardState.SUBMITTED) >= 1 and ShardState.OPEN in states
+
+
+# ----------------------------------------------------------------------------- availability
+
+@pytest.fixture
+def long_windows(devnet: Any) -> int:
+    """A one-hour challenge window and a ten-minute response window (devnet: 30 s and 60 s),
+    so the pace of a loaded machine never decides an outcome; the miner is not slower for it
+    (it answers at its next poll). Rolled back with the test's snapshot. Returns the
+    response window."""
+    q, owner = devnet.q, devnet.deployer
+    p = q.tasks.params()
+    devnet.chain.send(q.tasks.contract.functions.setParams(
+        p["collateral_bps"], p["claim_timeout"], 3600, p["reclaim_penalty_bps"]), owner)
+    devnet.chain.send(q.arbitration.contract.functions.setAvailabilityParams(
+        q.arbitration.min_availability_bond(), 600), owner)
+    return 600
+
+
+def wait_for(what: str, condition: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """Poll `condition` until it is truthy and return it; fail naming `what` after a
+    generous `timeout` (a safety net, not a measurement)."""
+    give_up = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > give_up:
+            raise AssertionError(f"gave up waiting for {what} after {timeout:g} s")
+        time.sleep(0.1)
+    return value
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[None]:
+    """`worker.run()` in a thread, as `miner run` runs it; stopped and joined on exit."""
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=loop, name="miner-loop", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        worker.request_stop()
+        thread.join(timeout=120)
+    assert not thread.is_alive(), "the miner loop did not stop"
+    assert not errors, errors
+
+
+def answer_of(devnet: Any, challenge_id: int) -> dict[str, Any]:
+    """The AvailabilityAnswered event of a challenge, with the block it is in."""
+    ev = devnet.q.arbitration.events("AvailabilityAnswered", devnet.deployment.deploy_block,
+                                     challengeId=challenge_id)[-1]
+    return ev | {"block": devnet.chain.w3.eth.get_block(ev["blockNumber"],
+                                                         full_transactions=True)}
+
+
+def withdrawable_at(devnet: Any, address: str, block: int) -> int:
+    q = devnet.q
+    return int(devnet.chain.call(q.escrow.contract.functions.withdrawable(address),
+                                 block=block))
+
+
+@pytest.mark.timeout(300)
+def test_running_miner_answers_availability_challenges_on_its_own(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
+        long_windows: int, caplog: pytest.LogCaptureFixture) -> None:
+    """The client challenges requests of the miner's two submitted shards: with everything
+    in place; with the market's store missing the document (the local copy answers); with
+    the local copy gone (the store answers). The loop answers each by itself: ANSWERED, the
+    bond credited to the miner to the wei, the shard's window extended. Then a request no
+    one can prove: the miner says so loudly, lists it in `miner status`, and is slashed."""
+    from market import jobs
+    from market.chain.contracts import ChallengeStatus
+    from market.chain.deploy import Quarry
+    from miner.status import miner_status
+
+    q, miner, window = devnet.q, anvil_account(12), long_windows
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(5))  # shards [0,3) and [3,5)
+    events: list[tuple[str, dict[str, Any]]] = []
+    worker = Worker(account=miner, quarry=Quarry(devnet.deployment),  # its own connection
+                    engines={engine.model_id: engine}, store=store, max_batch=2,
+                    poll_interval_s=0.1, progress=False,
+                    listener=lambda e, info: events.append((e, info)))
+    bond = q.arbitration.min_availability_bond()
+
+    def challenge_answered(index: int, source: str) -> None:
+        shard = index // 3
+        before = q.tasks.get_shard(task_id, shard).window_end
+        cid = jobs.challenge_availability(q, devnet.client, task_id, index)
+        c = q.arbitration.get_challenge(cid)
+        assert (c.miner, c.bond, c.deadline) == (miner.address, bond, c.opened_at + window)
+        info = wait_for(f"challenge {cid} to be settled",
+                        lambda: (i := jobs.challenge_info(q, cid)).settled and i)
+        assert info.status == ChallengeStatus.ANSWERED, info.outcome()
+        assert info.receipt is not None and info.receipt.index == index
+        assert q.arbitration.proves(task_id, shard, info.receipt, info.proof)
+        answer = answer_of(devnet, cid)
+        (tx,) = answer["block"]["transactions"]
+        assert tx["from"] == miner.address  # sent by the miner's own loop
+        n = answer["blockNumber"]
+        assert withdrawable_at(devnet, miner.address, n) - \
+            withdrawable_at(devnet, miner.address, n - 1) == bond
+        at = answer["block"]["timestamp"]
+        extended = max(before + (at - c.opened_at), at + window)
+        sh = q.tasks.get_shard(task_id, shard)
+        assert (sh.state, sh.window_end, info.window_end) == (
+            ShardState.SUBMITTED, extended, extended)
+        assert ("answered", {"challenge_id": cid, "task_id": task_id, "shard": shard,
+                             "index": index, "bond": bond, "window_end": extended,
+                             "source": source}) in events
+
+    with caplog.at_level(logging.INFO, logger="miner"), running(worker):
+        wait_for("both shards submitted", lambda: all(
+            q.tasks.get_shard(task_id, k).state == ShardState.SUBMITTED for k in (0, 1)))
+        challenge_answered(1, "local copy")
+        uri = q.tasks.get_shard(task_id, 1).result_uri
+        store._path(uri).unlink()  # the market's store lost shard 1's document
+        assert not store.has(uri)
+        challenge_answered(4, "local copy")
+        worker.archive.remove(task_id, 0)  # the miner's disk lost shard 0's copy
+        challenge_answered(0, "store")
+        assert q.escrow.withdrawable(miner.address) == 3 * bond
+        assert (worker.summary.challenges_answered, worker.summary.challenge_bonds_wei) == (
+            3, 3 * bond)
+
+        # Shard 1's document is nowhere now: the miner cannot answer, and says so.
+        worker.archive.remove(task_id, 1)
+        collateral = q.tasks.get_shard(task_id, 1).collateral
+        cid = jobs.challenge_availability(q, devnet.client, task_id, 3)
+        wait_for("the miner to report it cannot answer", lambda: any(
+            e == "challenge_unanswerable" and i["challenge_id"] == cid for e, i in events))
+        status = miner_status(q, miner.address)
+        assert [(c["challengeId"], c["deadline"]) for c in status.open_challenges] == [
+            (cid, q.arbitration.get_challenge(cid).deadline)]
+        assert f"CHALLENGE  #{cid} task {task_id} shard 1 request 3" in status.format()
+        assert status.challenges_answered == 3
+        devnet.chain.advance_time(window)
+        info = jobs.wait_challenge(q, cid, timeout=120, settle_as=devnet.client)
+        assert info.status == ChallengeStatus.UNANSWERED
+        slash_bps = q.arbitration.params()["fault_slash_bps"]
+        assert info.slashed == collateral * slash_bps // 10_000
+        wait_for("the loop to drop the settled challenge and shard", lambda: (
+            cid not in worker.open_challenges and (task_id, 1) not in worker.pending))
+    cannot = [r for r in caplog.records if r.name == "miner" and r.levelno == logging.ERROR
+              and f"CANNOT ANSWER availability challenge {cid}" in r.getMessage()]
+    assert len(cannot) == 1  # loud, once (retried quietly every poll)
+    assert "local copy: missing" in cannot[0].getMessage()
+    assert miner_status(q, miner.address).open_challenges == []
+
+
+class Hooked:
+    """The real engine, calling `before()` ahead of every `generate` (the client acting
+    while the miner generates)."""
+
+    def __init__(self, engine: Any, before: Callable[[], None]) -> None:
+        self._engine = engine
+        self._before = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self._before()
+        return self._engine.generate(requests)
+
+
+def test_challenge_during_a_long_shard_is_answered_between_batches(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
+        long_windows: int) -> None:
+    """A shard in generation must not make the miner miss a response window: a challenge
+    on its earlier shard, opened during the next shard's first batch, is answered before
+    the second batch runs (and so long before that shard is submitted).
+
+    The answer is mined a second after the challenge's block, while gas is estimated on that
+    block: answerAvailability's gas depends on the time (the window end it rewrites), so a
+    plain estimate runs out of gas there; the miner adds a margin."""
+    from market import jobs
+    from market.chain.contracts import ChallengeStatus
+
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(4), shard_size=2)
+    opened: list[int] = []
+    seen: list[ChallengeStatus] = []
+
+    def client_acts() -> None:
+        if worker.current is None or worker.current.shard != 1:
+            return
+        if not opened:  # first batch of shard 1: challenge a request of shard 0
+            opened.append(jobs.challenge_availability(q, devnet.client, task_id, 1))
+            devnet.chain.rpc("evm_setNextBlockTimestamp", [devnet.chain.timestamp() + 1])
+        else:
+            seen.append(q.arbitration.get_challenge(opened[0]).status)
+
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: Hooked(engine,
+                                                                              client_acts)},
+                    store=store, max_batch=1, progress=False, challenge_check_s=0)
+    assert worker.process_shard(task_id, 0).submitted
+    assert worker.process_shard(task_id, 1).submitted
+    assert seen == [ChallengeStatus.ANSWERED]  # checked before the second batch
+    since = devnet.deployment.deploy_block
+    (submitted,) = q.tasks.events("ResultSubmitted", since, taskId=task_id, shard=1)
+    assert answer_of(devnet, opened[0])["blockNumber"] < submitted["blockNumber"]
+    assert worker.answered == set(opened) and worker.summary.challenges_answered == 1
+
+
+# ----------------------------------------------------------------------------- probation
+
+def pass_probation(devnet: Any, miner: str) -> None:
+    """Committee reports (a quorum of the session's verifiers) scoring `miner` at the pass
+    mark, one per epoch for as many epochs as probation lasts, each epoch starting after the
+    registration (only those count): what ends a probation on-chain."""
+    from market.protocol.canonical import keccak
+    from market.protocol.eip712 import Report, quorum_signatures
+
+    c = devnet.q.committee
+    epochs, pass_bps = devnet.q.gpu.probation_params()
+    for _ in range(epochs):
+        epoch = max(c.current_epoch() + 1, c.next_report_epoch())
+        devnet.chain.advance_time(c.epoch_start(epoch) - devnet.chain.timestamp())
+        report = Report(epoch, (miner,), (pass_bps,), keccak(b"probation"))
+        c.submit_reputation(devnet.anyone, report, quorum_signatures(
+            report, devnet.verifier_keys[:3], devnet.chain.chain_id, c.address))
+
+
+@pytest.mark.timeout(240)
+def test_miner_on_probation_takes_only_tasks_that_allow_it(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore,
+        dead_market: str) -> None:
+    from miner.status import miner_status
+
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market, probation=True)
+    epochs, pass_bps = q.gpu.probation_params()
+    ordinary = post_task(devnet, store, engine.model_id, batch(3))
+    opted_in = post_task(devnet, store, engine.model_id, batch(3, tag="new "),
+                         allow_probation=True)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    poll_interval_s=0.1, progress=False)
+    nonce = devnet.chain.w3.eth.get_transaction_count(miner.address)
+    summary = worker.run(stop_when_idle=True)
+    assert [(o.task_id, o.shard) for o in summary.submitted] == [(opted_in, 0)]
+    assert worker.skipped_tasks[ordinary] == (
+        "the task does not allow miners on probation, and this miner is on probation (0 of "
+        f"{epochs} passing epochs): it may claim only tasks that allow miners on probation "
+        "(the committee's challenge tasks, clients that opt in) until "
+        f"{epochs} consecutive committee reports score it at or above {pass_bps} bps")
+    assert q.tasks.get_shard(ordinary, 0).state == ShardState.OPEN
+    # Skipped without a transaction: the miner sent only the opted-in claim and submit.
+    assert devnet.chain.w3.eth.get_transaction_count(miner.address) == nonce + 2
+    assert "on probation (0 of" in worker.ineligibility(engine.model_id, 0)
+    assert "probation" not in worker.ineligibility(engine.model_id, 0, allow_probation=True)
+    status = miner_status(q, miner.address)
+    assert (status.on_probation, status.passed_epochs, status.probation_epochs) == (
+        True, 0, epochs)
+    assert f"probation  ON: 0 of {epochs} passing epochs" in status.format()
+
+    # The committee's reports end the probation: the skipped task is taken on the next run.
+    pass_probation(devnet, miner.address)
+    status = miner_status(q, miner.address)
+    assert (status.on_probation, status.passed_epochs) == (False, epochs)
+    assert "probation  none" in status.format()
+    summary = worker.run(stop_when_idle=True)
+    assert [(o.task_id, o.shard) for o in summary.submitted] == [(opted_in, 0), (ordinary, 0)]
+    assert ordinary not in worker.skipped_tasks

@@ -391,7 +391,8 @@ def test_miner_run_with_test_mode_submits_junk_under_the_registered_model(
                 devnet.client, model_id=model_id,
                 input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=uri,
                 num_requests=4, shard_size=4, max_tokens_per_request=6,
-                price_per_token=10**9, deadline=devnet.chain.timestamp() + 3600)
+                price_per_token=10**9, deadline=devnet.chain.timestamp() + 3600,
+                allow_probation=True)  # the miner just registered: on probation
             Board(settings.db_path).index(devnet.q)
             run = miner_cli("run", "--config", str(cfg), "--once", "--no-progress",
                             "--test-mode", "random", home=tmp_path)

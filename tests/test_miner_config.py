@@ -59,6 +59,7 @@ stake = "0.5ether"
 endpoint = "http://203.0.113.7:9100"
 max_batch = 4
 poll_interval_s = 0.5
+state_dir = "state"
 
 [miner.engine_options]
 stages = 2
@@ -77,17 +78,20 @@ count = 2
     assert cfg.gpu == GpuOverride("NVIDIA H100", 81920, 2)
     assert (cfg.max_batch, cfg.poll_interval_s, cfg.auto_withdraw) == (4, 0.5, False)
     assert cfg.rpc_url is None
+    assert cfg.state_dir == tmp_path / "state"  # file-relative, like every path
 
     monkeypatch.setenv("QUARRY_MINER_MAX_BATCH", "16")
     monkeypatch.setenv("QUARRY_MINER_MODEL_DIRS", "x, y")
     monkeypatch.setenv("QUARRY_MINER_AUTO_WITHDRAW", "yes")
     monkeypatch.setenv("QUARRY_MINER_RPC_URL", "http://127.0.0.1:8545")
     monkeypatch.setenv("QUARRY_MINER_GPU", '{"name": "A100", "memory_mib": 40960, "count": 1}')
+    monkeypatch.setenv("QUARRY_MINER_STATE_DIR", "/var/lib/quarry-miner")
     cfg = MinerConfig.load(cfg_file)
     assert cfg.max_batch == 16 and cfg.auto_withdraw is True
     assert cfg.model_dirs == (Path("x"), Path("y"))  # env paths: relative to cwd
     assert cfg.rpc_url == "http://127.0.0.1:8545"
     assert cfg.gpu == GpuOverride("A100", 40960, 1)
+    assert cfg.state_dir == Path("/var/lib/quarry-miner")
 
     cfg = MinerConfig.load(cfg_file, max_batch=2, stake="1ether", engine=None)
     assert (cfg.max_batch, cfg.stake, cfg.engine) == (2, 10**18, "pipeline")
@@ -123,6 +127,7 @@ def test_key_file_and_require(tmp_path: Path) -> None:
     ('auto_withdraw = "maybe"', "auto_withdraw"),
     ('endpoint = ""', "endpoint"),
     ('model_dirs = 3', "model_dirs"),
+    ('state_dir = 3', "state_dir"),
     ('engine_options = 3', "engine_options"),
     ('gpu = {name = "X", memory_mib = 1}', "gpu.count"),
     ('gpu = {name = "X", memory_mib = 0, count = 1}', "gpu.memory_mib"),
@@ -180,3 +185,37 @@ def test_cli_is_cheap_to_import_and_errors_in_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "miner: error: miner setting engine: 'tensorrt' is not one of torch, pipeline, vllm"]
+
+
+def test_result_copies_live_under_quarry_home(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the miner keeps copies of submitted results (to answer availability challenges)
+    when no state_dir is set: per miner and deployment, under $QUARRY_HOME/miner; written
+    whole (no temp file left), read back equal, listed, removed; a damaged one reads as
+    missing."""
+    from market.protocol.results import Completion, build_shard_result
+    from miner.archive import ResultArchive, default_state_dir
+
+    monkeypatch.setenv("QUARRY_HOME", str(tmp_path / "home"))
+    assert MinerConfig.load().state_dir is None
+    assert default_state_dir() == tmp_path / "home" / "miner"
+    archive = ResultArchive.for_miner(default_state_dir(), "0xMiner", 31337, "0xRegistry")
+    assert archive.path(7, 2) == (tmp_path / "home" / "miner" / "0xMiner" / "results"
+                                  / "31337-0xRegistry" / "7-2.json")
+    assert archive.keys() == [] and archive.load(7, 2) is None
+
+    done = [Completion(index=4 + i, custom_id=f"r{i}", request_hash=bytes([i]) * 32,
+                       text=f"out {i}", token_ids=(1, 2, i), finish_reason="length",
+                       prompt_tokens=3) for i in range(2)]
+    doc = build_shard_result(task_id=7, shard=2, model_id=b"\x11" * 32, completions=done,
+                             private_key=KEY, miner="0x" + "12" * 20, chain_id=31337,
+                             task_registry="0x" + "00" * 19 + "01")
+    assert archive.save(doc) == archive.path(7, 2)
+    (archive.root / "notes.txt").write_text("not a result")
+    assert archive.load(7, 2) == doc and archive.keys() == [(7, 2)]
+    assert sorted(p.name for p in archive.root.iterdir()) == ["7-2.json", "notes.txt"]
+    archive.path(7, 2).write_bytes(b"{truncated")
+    assert archive.load(7, 2) is None
+    archive.remove(7, 2)
+    archive.remove(7, 2)  # already gone: fine
+    assert archive.keys() == []
