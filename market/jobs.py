@@ -67,6 +67,7 @@ __all__ = [
     "InsufficientFunds",
     "PaymentTooLow",
     "MinerNotEligible",
+    "MinerOnProbation",
     "OfferFailed",
     "ResultsNotReady",
     "DisputeNotPossible",
@@ -125,6 +126,10 @@ class MinerNotEligible(JobError):
     """The preferred miner cannot claim the task (not registered, model, reputation)."""
 
 
+class MinerOnProbation(MinerNotEligible):
+    """The preferred miner is on probation and the task does not allow miners on probation."""
+
+
 class OfferFailed(JobError):
     """The task was created but the market refused its offer to the preferred miner.
 
@@ -171,7 +176,7 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
     info = q.gpu.miner_info(address)
     if info.on_probation and not allow_probation and \
             q.gpu.is_eligible(address, model_id, min_reputation_bps, True):
-        raise MinerNotEligible(f"miner {address} is on probation (new to the market, "
+        raise MinerOnProbation(f"miner {address} is on probation (new to the market, "
                                f"{info.passed_epochs} epoch(s) of challenges passed): allow "
                                "miners on probation to direct a job at it")
     if not q.gpu.is_eligible(address, model_id, min_reputation_bps, allow_probation):
@@ -763,9 +768,10 @@ def prove_billing_fault(q: Quarry, account: LocalAccount, market: MarketAPI, tas
         raise DisputeNotPossible(f"shard {k}'s result document does not prove request "
                                  f"{index}'s receipt; challenge its availability instead")
     r = item.receipt
-    if r.output_tokens <= t.max_tokens_per_request and r.output_tokens == len(item.token_ids):
+    if r.output_tokens <= t.max_tokens_per_request and r.output_tokens <= len(item.token_ids):
         raise DisputeNotPossible(f"request {index}'s receipt bills {r.output_tokens} tokens, "
-                                 "what its output holds: no billing fault to prove")
+                                 f"its output holds {len(item.token_ids)}: no over-billing to "
+                                 "prove")
     args = (task_id, k, r.as_tuple(), [p.as_tuple() for p in item.proof],
             keccak(item.text.encode("utf-8")), list(item.token_ids))
     check_funds(q, account, 0, q.arbitration.contract.functions.proveBillingFault(*args),
