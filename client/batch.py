@@ -18,6 +18,7 @@ from eth_utils import encode_hex
 
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import RequestError
+from market.protocol.merkle import SumNode
 from market.protocol.requests import (
     CHAT_COMPLETIONS_URL,
     BatchError,
@@ -112,7 +113,7 @@ class Output:
     miner: str
     receipt: Receipt
     signature: bytes
-    proof: tuple[bytes, ...]
+    proof: tuple[SumNode, ...]  # the receipt's result-tree proof, leaf to root
     created: int  # chain time the shard's result was submitted
     result_uri: str
     chain_id: int
@@ -123,7 +124,6 @@ class Output:
         completion = len(self.token_ids)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion}
-
 
 
 def output_line(out: Output) -> dict[str, Any]:
@@ -160,7 +160,7 @@ def output_line(out: Output) -> dict[str, Any]:
             "tokenIds": list(out.token_ids),
             "receipt": receipt,
             "signature": encode_hex(out.signature),
-            "proof": [encode_hex(p) for p in out.proof],
+            "proof": [p.to_json() for p in out.proof],
             "resultUri": out.result_uri,
             "chainId": out.chain_id,
             "taskRegistry": out.task_registry,

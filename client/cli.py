@@ -1,5 +1,6 @@
 """The `client` command: submit OpenAI Batch JSONL jobs to Quarry, follow them, fetch verified
-results, dispute an output.
+results, and get the money back for results withheld, wrong or over-billed (challenge,
+dispute, prove-billing).
 
 Settings come from `--config FILE` ([client] table: market_url, rpc_url, key or key_file),
 then QUARRY_CLIENT_* variables, then flags. Cheap to import: the SDK loads in the handlers.
@@ -70,7 +71,7 @@ def _submit(args: argparse.Namespace) -> int:
         job = c.submit(args.file, model=args.model, max_tokens=args.max_tokens,
                        price=args.price, deadline=args.deadline, shard_size=args.shard_size,
                        arbiter=args.arbiter, min_reputation_bps=args.min_reputation,
-                       prefer_miner=args.miner)
+                       prefer_miner=args.miner, allow_probation=args.allow_probation)
         t = job.task()
         cost = job.payment
         print(f"task {job.task_id}: {t.num_requests} requests in {t.num_shards} shard(s) of "
@@ -79,6 +80,8 @@ def _submit(args: argparse.Namespace) -> int:
         if args.miner:
             print(f"offered to miner {args.miner} only (the market shows it to no other miner "
                   "until the deadline)")
+        if args.allow_probation:
+            print("miners on probation (new, not yet vetted by the committee) may claim it")
         print(f"cost: {cost} wei ({_eth(cost)}) escrowed (at most; unused tokens are refunded)")
         if args.wait:
             status = job.wait(progress=not args.no_progress, timeout=args.timeout)
@@ -100,8 +103,8 @@ def _results(args: argparse.Namespace) -> int:
             job.wait(progress=not args.no_progress, timeout=args.timeout)
         path = job.write_results(args.out)  # verifies every shard first; writes nothing else
         n = job.task().num_requests
-        print(f"task {args.task_id}: {n} outputs verified (signatures, Merkle proofs, output "
-              f"hashes) and written to {path}")
+        print(f"task {args.task_id}: {n} outputs verified (signatures, result-tree proofs, "
+              f"token counts, output hashes) and written to {path}")
     return 0
 
 
@@ -128,16 +131,101 @@ def _dispute(args: argparse.Namespace) -> int:
         print(f"opened dispute {dispute_id} on request {index} (shard {info.shard}), bond "
               f"{info.bond} wei; the shard is frozen until the committee resolves it (by chain "
               f"time {info.deadline})", flush=True)
+        if args.wait:
+            _wait_verdict(job, dispute_id, args)
+    return 0
+
+
+def _wait_verdict(job: Any, dispute_id: int, args: argparse.Namespace) -> Any:
+    """Wait for the dispute's verdict (or expire it at its deadline) and print it."""
+    try:
+        info = job.wait_dispute(dispute_id, timeout=args.timeout, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"dispute {dispute_id} stays open; `client dispute {job.task_id}` shows its "
+              "outcome later", file=sys.stderr)
+        raise
+    print(f"dispute {dispute_id}: {info.outcome()}", flush=True)
+    return info
+
+
+def _challenge(args: argparse.Namespace) -> int:
+    from market.chain.contracts import ChallengeStatus
+
+    with _connect(args) as c:
+        job = c.job(args.task_id)
+        info = _open_challenge(job, args)
         if not args.wait:
             return 0
-        try:
-            info = job.wait_dispute(dispute_id, timeout=args.timeout,
-                                    progress=not args.no_progress)
-        except KeyboardInterrupt:
-            print(f"dispute {dispute_id} stays open; `client dispute {args.task_id}` shows its "
-                  "outcome later", file=sys.stderr)
-            raise
-        print(f"dispute {dispute_id}: {info.outcome()}")
+        info = job.wait_challenge(info.challenge_id, timeout=args.timeout,
+                                  progress=not args.no_progress)
+        print(f"challenge {info.challenge_id}: {info.outcome()}", flush=True)
+        if info.status == ChallengeStatus.ANSWERED:
+            _after_answer(job, info, args)
+    return 0  # unanswered: the shard budget, the slash and the bond are the client's
+
+
+def _open_challenge(job: Any, args: argparse.Namespace) -> Any:
+    """This client's still-open challenge on the request (a wait resumed after --no-wait,
+    --timeout or Ctrl-C), or a new one; prints which."""
+    from market.chain.contracts import ChallengeStatus
+
+    for info in job.challenges():
+        if (info.index, info.status) == (args.index, ChallengeStatus.OPEN) and \
+                info.challenger == job.client.address:
+            print(f"challenge {info.challenge_id} on request {args.index} is still open "
+                  f"(the miner must answer by chain time {info.deadline}): waiting on it",
+                  flush=True)
+            return info
+    info = job.challenge_info(job.challenge(args.index, bond=args.bond))
+    print(f"challenge {info.challenge_id}: request {args.index} (shard {info.shard}), bond "
+          f"{info.bond} wei; the miner must show its receipt on-chain by chain time "
+          f"{info.deadline} or be at fault", flush=True)
+    return info
+
+
+def _after_answer(job: Any, info: Any, args: argparse.Namespace) -> None:
+    """The miner showed the receipt: done if the document now checks out, else dispute the
+    shown receipt (the committee finds the output withheld) and wait for the verdict."""
+    from client.sdk import ClientError
+    from market.chain.contracts import DisputeStatus
+
+    failed = _result_check(job, info.shard)
+    if failed is None:
+        print(f"shard {info.shard}'s result document checks out now: `client results "
+              f"{job.task_id}` fetches it")
+        return
+    if failed.index not in (None, args.index):
+        raise ClientError(f"request {args.index} was answered, but shard {info.shard} fails "
+                          f"elsewhere: {failed}")
+    if not args.dispute:
+        raise ClientError(
+            f"the miner showed request {args.index}'s receipt, but its result still fails the "
+            f"{failed.check} check; `client dispute {job.task_id} {args.index}` disputes the "
+            f"shown receipt until chain time {info.window_end}")
+    dispute_id = job.dispute(args.index)
+    print(f"opened dispute {dispute_id} on the shown receipt: its result still fails the "
+          f"{failed.check} check", flush=True)
+    verdict = _wait_verdict(job, dispute_id, args)
+    if verdict.status != DisputeStatus.MINER_AT_FAULT:
+        raise ClientError(f"dispute {dispute_id} did not find the miner at fault "
+                          f"({verdict.status.name}): no refund, the shard is paid as submitted")
+
+
+def _result_check(job: Any, shard: int) -> Any:
+    """The failed check of the shard's result document (None when it checks out)."""
+    from client.sdk import ResultCheckFailed
+
+    try:
+        job.shard_results(shard)
+    except ResultCheckFailed as exc:
+        return exc
+    return None
+
+
+def _prove_billing(args: argparse.Namespace) -> int:
+    with _connect(args) as c:
+        fault = c.job(args.task_id).prove_billing_fault(args.index)
+        print(fault.outcome())
     return 0
 
 
@@ -159,12 +247,11 @@ def _withdraw(args: argparse.Namespace) -> int:
 
 def _models(args: argparse.Namespace) -> int:
     with _connect(args) as c:
-        offers = c.offers()
+        offers = c.offers(allow_probation=True)  # shown apart: see ModelOffer.describe
         if not offers:
             print("no registered miner serves any model")
         for o in offers:
-            print(f"{o.label()}: {len(o.miners)} miner(s) ({o.alive} alive), "
-                  f"from {o.min_price} wei/token")
+            print(o.describe())
     return 0
 
 
@@ -197,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--miner", default=None, metavar="ADDRESS",
                    help="a directed job: offer it to this miner only (its ask is the default "
                    "price)")
+    p.add_argument("--allow-probation", action="store_true",
+                   help="let miners on probation (new, not yet vetted by the committee) claim "
+                   "it too")
     p.add_argument("--wait", action="store_true", help="wait until every shard has results")
     p.add_argument("--timeout", type=_seconds, default=None, help="with --wait: give up after")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -211,8 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("results", help="verify a task's outputs and write them as JSONL",
                        description="Fetch every shard's result document, check each receipt's "
-                       "signature, Merkle proof and output hash against the chain, and only "
-                       "then write OpenAI Batch output lines to --out.")
+                       "signature, result-tree proof, token count and output hash against the "
+                       "chain, and only then write OpenAI Batch output lines to --out. On a "
+                       "failed check nothing is written, and the error names the check, the "
+                       "request and the remedy (`client challenge`, `client prove-billing` or "
+                       "`client dispute`) with the chain time its window closes.")
     p.add_argument("task_id", type=_task_id, metavar="TASK_ID")
     p.add_argument("--out", type=Path, required=True, metavar="FILE.jsonl")
     p.add_argument("--wait", action="store_true", help="wait for every shard's result first")
@@ -222,8 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_results)
 
     p = sub.add_parser("dispute", help="dispute one output, or list the task's disputes",
-                       description="With INDEX, open a dispute on that request's signed "
-                       "receipt (freezing its shard), print its id, and wait for the "
+                       description="With INDEX, open a dispute on that request's receipt "
+                       "(from the result document, or as the miner showed it answering an "
+                       "availability challenge), freezing its shard; print its id and wait "
+                       "for the "
                        "committee's verdict: at the latest until the dispute's deadline, when "
                        "it is expired (bond returned). Without INDEX, list the task's disputes "
                        "and their outcomes.")
@@ -244,6 +339,40 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=_dispute)
 
+    p = sub.add_parser("challenge", help="make the miner show a request's receipt on-chain",
+                       description="For a result document that is missing or does not prove "
+                       "a request's receipt: challenge the shard's miner to show that receipt "
+                       "on-chain within Arbitration's response window, and wait. Unanswered, "
+                       "the challenge is settled as the miner's fault (shard budget and slash "
+                       "to you, bond back). Answered while the result still fails its checks, "
+                       "a dispute on the shown receipt is opened and its verdict awaited. "
+                       "Exits 0 once you have your data or your money back. Run it again to "
+                       "wait on a challenge left open (--no-wait, --timeout, Ctrl-C).")
+    p.add_argument("task_id", type=_task_id, metavar="TASK_ID")
+    p.add_argument("index", type=_non_negative, metavar="INDEX",
+                   help="the request (0-based, file order) whose receipt the miner must show")
+    p.add_argument("--bond", type=_non_negative, default=None, metavar="WEI",
+                   help="challenge bond, paid to a miner that answers (default: the minimum)")
+    p.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="return once the challenge is open (run again to wait on it)")
+    p.add_argument("--no-dispute", dest="dispute", action="store_false",
+                   help="when the miner answers but the result still fails, do not dispute")
+    p.add_argument("--timeout", type=_seconds, default=None,
+                   help="give up waiting after this many seconds (the challenge stays open; "
+                   "run again to wait on it)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _common(p)
+    p.set_defaults(func=_challenge)
+
+    p = sub.add_parser("prove-billing", help="prove an over-billing receipt on-chain",
+                       description="Prove that request INDEX's receipt bills more tokens than "
+                       "its output holds (or than a request may have): the shard is refunded "
+                       "and the miner slashed at once, without the committee.")
+    p.add_argument("task_id", type=_task_id, metavar="TASK_ID")
+    p.add_argument("index", type=_non_negative, metavar="INDEX")
+    _common(p)
+    p.set_defaults(func=_prove_billing)
+
     p = sub.add_parser("cancel", help="cancel a task: open shards are refunded")
     p.add_argument("task_id", type=_task_id, metavar="TASK_ID")
     _common(p)
@@ -253,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=_withdraw)
 
-    p = sub.add_parser("models", help="models that registered miners serve, with asks")
+    p = sub.add_parser("models", help="models that registered miners serve, with asks "
+                       "(miners on probation apart)")
     _common(p)
     p.set_defaults(func=_models)
     return parser

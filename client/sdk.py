@@ -15,6 +15,7 @@ before money moves runs before `createTask`, so a bad batch costs nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -45,6 +46,7 @@ from market.chain.errors import ContractRevert, DeploymentMismatch
 from market.errors import QuarryError
 from market.jobs import (
     HAS_RESULTS,
+    ChallengeInfo,
     DeadlineExpired,
     DisputeInfo,
     DisputeNotPossible,
@@ -52,21 +54,27 @@ from market.jobs import (
     JobError,
     JobTimeout,
     MinerNotEligible,
+    MinerOnProbation,
     OfferFailed,
     PaymentTooLow,
     ResultsNotReady,
+    challenge_availability,
+    challenge_info,
     max_shards,
     miner_ask,
     open_dispute,
     post_batch,
+    prove_billing_fault,
     task_disputes,
     verified_shard,
+    wait_challenge,
     wait_dispute,
 )
 from market.protocol.merkle import input_tree
 from market.protocol.requests import validate_request
 from market.protocol.results import ResultCheckFailed
 from market.service.api import MarketAPI
+from market.store import ContentNotFound
 
 __all__ = [
     "Client",
@@ -74,7 +82,10 @@ __all__ = [
     "JobStatus",
     "ShardStatus",
     "DisputeInfo",
+    "ChallengeInfo",
+    "BillingFault",
     "ModelOffer",
+    "MinerOffer",
     "ClientError",
     "ChainMismatch",
     "UnknownModel",
@@ -126,6 +137,7 @@ class MinerOffer:
     address: str
     price_per_token: int  # on-chain ask
     alive: bool  # the market saw a recent heartbeat
+    on_probation: bool = False  # new identity: claims only tasks that allow probation
 
 
 @dataclass(frozen=True)
@@ -144,9 +156,39 @@ class ModelOffer:
     def alive(self) -> int:
         return sum(m.alive for m in self.miners)
 
+    @property
+    def established(self) -> tuple[MinerOffer, ...]:
+        """The miners that may claim an ordinary task (off probation)."""
+        return tuple(m for m in self.miners if not m.on_probation)
+
+    @property
+    def on_probation(self) -> tuple[MinerOffer, ...]:
+        """The miners that may claim only tasks allowing probation."""
+        return tuple(m for m in self.miners if m.on_probation)
+
     def label(self) -> str:
         model_id = encode_hex(self.model_id)
         return f"{self.name} ({model_id})" if self.name else model_id
+
+    def describe(self) -> str:
+        """One line: established miners and, apart, those on probation (count, asks)."""
+        line = f"{self.label()}: {_miners(self.established)}"
+        if self.on_probation:
+            line += (f"; {_miners(self.on_probation, 'on probation')} "
+                     f"(only with {PROBATION_OPTION})")
+        return line
+
+
+PROBATION_OPTION = "allow_probation=True / `client submit --allow-probation`"
+"""How a client lets miners on probation claim its task (named in errors and listings)."""
+
+
+def _miners(miners: Sequence[MinerOffer], what: str = "miner(s)") -> str:
+    if not miners:
+        return f"0 {what}"
+    alive = sum(m.alive for m in miners)
+    return (f"{len(miners)} {what} ({alive} alive), from "
+            f"{min(m.price_per_token for m in miners)} wei/token")
 
 
 def _model_id_of(value: Any) -> bytes | None:
@@ -204,6 +246,7 @@ class JobStatus:
     chain_time: int
     shards: tuple[ShardStatus, ...]
     disputes: tuple[DisputeInfo, ...] = ()
+    challenges: tuple[ChallengeInfo, ...] = ()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -237,6 +280,7 @@ class JobStatus:
             "finished": self.finished, "chainTime": self.chain_time,
             "shards": [s.to_json() for s in self.shards],
             "disputes": [d.to_json() for d in self.disputes],
+            "challenges": [c.to_json() for c in self.challenges],
         }
 
     def summary(self) -> str:
@@ -259,6 +303,9 @@ class JobStatus:
         for d in self.disputes:
             lines.append(f"  dispute {d.dispute_id} on request {d.index} (shard {d.shard}): "
                          f"{d.outcome()}")
+        for c in self.challenges:
+            lines.append(f"  availability challenge {c.challenge_id} on request {c.index} "
+                         f"(shard {c.shard}): {c.outcome()}")
         return "\n".join(lines)
 
 
@@ -310,12 +357,24 @@ class Client:
         self.close()
 
     # ------------------------------------------------------------------ models and miners
-    def offers(self, min_reputation_bps: int = 0) -> list[ModelOffer]:
-        """Every model some registered miner may claim for now, with on-chain asks.
+    def offers(self, min_reputation_bps: int = 0,
+               allow_probation: bool = False) -> list[ModelOffer]:
+        """Every model some registered miner may claim a task for, with on-chain asks.
 
         Miners are found through the market, but each one's eligibility and price are read
-        from GPURegistry: the market cannot make a miner look cheaper than it is.
+        from GPURegistry: the market cannot make a miner look cheaper than it is. Miners on
+        probation (new identities the committee has not vetted yet) are left out unless
+        `allow_probation`; then they are listed too, marked `on_probation`.
         """
+        offers = []
+        for o in self._offers(min_reputation_bps):
+            miners = o.miners if allow_probation else o.established
+            if miners:
+                offers.append(dataclasses.replace(o, miners=miners))
+        return offers
+
+    def _offers(self, min_reputation_bps: int) -> list[ModelOffer]:
+        """Every model's miners that may claim a task allowing probation, each marked."""
         names: dict[bytes, str] = {}
         for m in self.market.models():
             model_id = _model_id_of(m.get("modelId"))
@@ -330,30 +389,38 @@ class Client:
                 continue
             info = self.q.gpu.miner_info(address)
             for model_id in served:
-                if self.q.gpu.is_eligible(address, model_id, min_reputation_bps):
-                    by_model.setdefault(model_id, []).append(
-                        MinerOffer(address, info.price_per_token, bool(row.get("alive"))))
+                if self.q.gpu.is_eligible(address, model_id, min_reputation_bps, True):
+                    by_model.setdefault(model_id, []).append(MinerOffer(
+                        address, info.price_per_token, bool(row.get("alive")),
+                        info.on_probation))
         return [ModelOffer(mid, names.get(mid), tuple(sorted(ms, key=lambda m: m.price_per_token)))
                 for mid, ms in by_model.items()]
 
-    def resolve_model(self, model: str | bytes, min_reputation_bps: int = 0) -> ModelOffer:
-        """The offer for `model` (a name or a 0x modelId); `UnknownModel` lists what exists."""
-        offers = self.offers(min_reputation_bps)
+    def resolve_model(self, model: str | bytes, min_reputation_bps: int = 0,
+                      allow_probation: bool = False) -> ModelOffer:
+        """The offer for `model` (a name or a 0x modelId); `UnknownModel` lists what exists,
+        and says so when only miners on probation serve it (naming the option)."""
+        everyone = self._offers(min_reputation_bps)
         wanted = _model_id_of(model)
-        if wanted is not None:
-            matches = [o for o in offers if o.model_id == wanted]
-        else:
-            matches = [o for o in offers if o.name == model]
-        if len(matches) == 1:
-            return matches[0]
+        matches = [o for o in everyone
+                   if (o.model_id == wanted if wanted is not None else o.name == model)]
         shown = model if isinstance(model, str) else encode_hex(bytes(model))
         if len(matches) > 1:
             ids = ", ".join(encode_hex(o.model_id) for o in matches)
             raise UnknownModel(f"model name {shown!r} is ambiguous ({ids}); pass the modelId")
-        known = "; ".join(
-            f"{o.label()}: {len(o.miners)} miner(s), from {o.min_price} wei/token"
-            for o in offers) or "none"
         floor = f" with reputation >= {min_reputation_bps} bps" if min_reputation_bps else ""
+        if len(matches) == 1:
+            offer = matches[0]
+            if allow_probation:
+                return offer
+            if offer.established:
+                return dataclasses.replace(offer, miners=offer.established)
+            raise UnknownModel(
+                f"only miners on probation{floor} serve model {shown!r} "
+                f"({_miners(offer.on_probation)}): new identities that have not yet passed "
+                f"the committee's challenges; to let them claim the task pass "
+                f"{PROBATION_OPTION}")
+        known = "; ".join(o.describe() for o in everyone) or "none"
         raise UnknownModel(f"no registered miner{floor} serves model {shown!r}; known: {known}")
 
     # ------------------------------------------------------------------ submit
@@ -370,6 +437,7 @@ class Client:
         arbiter: str | None = None,
         min_reputation_bps: int = 0,
         prefer_miner: str | None = None,
+        allow_probation: bool = False,
     ) -> Job:
         """Post a batch and pay for it; returns its `Job`.
 
@@ -378,16 +446,18 @@ class Client:
         `price`: wei per output token (default: the lowest ask among miners serving the
         model, or `prefer_miner`'s ask). `deadline`: seconds from now (int/float) or an
         absolute `datetime`. `prefer_miner`: a directed job, offered to that miner only (the
-        market shows it to no one else until the deadline). Everything that can be wrong is
-        checked before any transaction is sent.
+        market shows it to no one else until the deadline). `allow_probation`: miners on
+        probation (new identities the committee has not vetted yet) may claim it too; by
+        default they may not, and their asks do not set the price. Everything that can be
+        wrong is checked before any transaction is sent.
         """
         if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
             batch = read_batch(requests)
-            offer = self._offer_for(batch, model, min_reputation_bps)
+            offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
         elif requests and all(isinstance(r, str) for r in requests):
             if model is None:
                 raise BatchError("model is required when submitting a list of prompts")
-            offer = self.resolve_model(model, min_reputation_bps)
+            offer = self.resolve_model(model, min_reputation_bps, allow_probation)
             body_model = offer.name or encode_hex(offer.model_id)
             batch = parse_batch(encode_jsonl(prompt_lines(
                 list(requests), model=body_model,  # type: ignore[arg-type]
@@ -402,7 +472,7 @@ class Client:
                     raise BatchError(f"request {i} is a string among request objects")
                 lines.append(validate_request(dict(r), line=i + 1))
             batch = parse_batch(encode_jsonl(lines))
-            offer = self._offer_for(batch, model, min_reputation_bps)
+            offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
         if max_tokens is not None:
             for r in batch.requests:
                 if int(r.request["body"]["max_tokens"]) > max_tokens:
@@ -412,10 +482,10 @@ class Client:
         return self._submit_batch(batch, offer, price=price, deadline=deadline,
                                   shard_size=shard_size, arbiter=arbiter,
                                   min_reputation_bps=min_reputation_bps,
-                                  prefer_miner=prefer_miner)
+                                  prefer_miner=prefer_miner, allow_probation=allow_probation)
 
     def _offer_for(self, batch: Batch, model: str | bytes | None,
-                   min_reputation_bps: int) -> ModelOffer:
+                   min_reputation_bps: int, allow_probation: bool) -> ModelOffer:
         """Resolve the task's model and check every line's `body.model` names it."""
         named = batch.models()
         if model is None:
@@ -424,7 +494,7 @@ class Client:
                 raise BatchError(f"line {line}: body.model {other!r} differs from line "
                                  f"{first}'s; a task serves one model")
             model = next(iter(named))
-        offer = self.resolve_model(model, min_reputation_bps)
+        offer = self.resolve_model(model, min_reputation_bps, allow_probation)
         accepted = {encode_hex(offer.model_id), offer.model_id.hex()}
         if offer.name:
             accepted.add(offer.name)
@@ -447,11 +517,14 @@ class Client:
         arbiter: str | None,
         min_reputation_bps: int,
         prefer_miner: str | None,
+        allow_probation: bool,
     ) -> Job:
         """Fill in the defaults (price, shard size, deadline) and post with `post_batch`."""
         n = len(batch)
         if prefer_miner is not None:  # post_batch checks the price against this miner's ask
-            ask, miners = miner_ask(self.q, prefer_miner, offer.model_id, min_reputation_bps), 1
+            ask = self._directed_ask(prefer_miner, offer.model_id, min_reputation_bps,
+                                     allow_probation)
+            miners = 1
         else:
             ask, miners = offer.min_price, offer.alive
             if isinstance(price, int) and not isinstance(price, bool) and 0 < price < ask:
@@ -468,11 +541,20 @@ class Client:
             self.q, self.account, self.market, batch.data, batch.request_hashes,
             model_id=offer.model_id, shard_size=shard_size, max_tokens=batch.max_tokens,
             price=price, deadline=deadline_ts, min_reputation_bps=min_reputation_bps,
-            arbiter=arbiter or ZERO_ADDRESS, prefer_miner=prefer_miner)
+            arbiter=arbiter or ZERO_ADDRESS, prefer_miner=prefer_miner,
+            allow_probation=allow_probation)
         job = Job(self, task_id)
         job._batch = batch
         job.submission = tx
         return job
+
+    def _directed_ask(self, miner: str, model_id: bytes, min_reputation_bps: int,
+                      allow_probation: bool) -> int:
+        """`miner_ask`, with the SDK's and CLI's option named when probation is the reason."""
+        try:
+            return miner_ask(self.q, miner, model_id, min_reputation_bps, allow_probation)
+        except MinerOnProbation as exc:
+            raise MinerOnProbation(f"{exc} ({PROBATION_OPTION})") from None
 
     def _deadline(self, deadline: float | datetime | None, now: int) -> int:
         """Absolute chain time: seconds from now (by the chain's clock) or a datetime."""
@@ -566,8 +648,8 @@ class Job:
 
     # ------------------------------------------------------------------ status
     def status(self) -> JobStatus:
-        """Every shard's state, the wei moved so far and the task's disputes, from the
-        contracts and their events."""
+        """Every shard's state, the wei moved so far and the task's disputes and availability
+        challenges, from the contracts and their events."""
         t = self.task()
         q, from_block = self._q, self._q.deployment.deploy_block
         shards = tuple(self._shard_status(t, k) for k in range(t.num_shards))
@@ -587,7 +669,7 @@ class Job:
             deadline=t.deadline, cancelled=t.cancelled, payment=self.payment,
             escrowed=q.escrow.escrowed(self.task_id), paid=paid, refunded=refunded,
             compensation=compensation, chain_time=q.chain.timestamp(), shards=shards,
-            disputes=tuple(self.disputes()))
+            disputes=tuple(self.disputes()), challenges=tuple(self.challenges()))
 
     def wait(
         self,
@@ -600,17 +682,14 @@ class Job:
 
         Raises `JobFailed` as soon as a shard is refunded (cancelled, past the deadline,
         dispute upheld) or the deadline passes with shards nobody claimed, and `JobTimeout`
-        after `timeout` seconds. The bar (to stderr) counts shards done.
+        after `timeout` seconds. The bar (on a terminal's stderr) counts shards done.
         """
-        from tqdm import tqdm
-
         t = self.task()
         target = {ShardState.FINALIZED} if finalized else HAS_RESULTS
         what = "finalized" if finalized else "with results"
         pending = set(range(t.num_shards))
         started = time.monotonic()
-        with tqdm(total=t.num_shards, unit="shard", desc=f"task {self.task_id}",
-                  file=sys.stderr, disable=not progress, leave=False) as bar:
+        with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar:
             while True:
                 states: dict[int, ShardState] = {}
                 for k in sorted(pending):
@@ -651,7 +730,7 @@ class Job:
             return "the task was cancelled"
         if self._q.chain.timestamp() >= t.deadline:
             return "the deadline passed"
-        return "a dispute was upheld"
+        return "the miner was found at fault (dispute, availability challenge or billing proof)"
 
     # ------------------------------------------------------------------ results
     def inputs(self) -> Batch:
@@ -675,11 +754,19 @@ class Job:
 
     def shard_results(self, k: int) -> list[Output]:
         """Shard `k`'s outputs, each checked against the chain; `ResultCheckFailed` names the
-        first check that fails."""
+        first check that fails (a missing document fails the "document" check), the request
+        when known, and the on-chain remedy with the chain time it is open until."""
         t = self._task or self.task()
         batch = self.inputs()
-        s, items = verified_shard(self._q, self.client.market, self.task_id, k,
-                                  batch.request_hashes, task=t)
+        try:
+            s, items = verified_shard(self._q, self.client.market, self.task_id, k,
+                                      batch.request_hashes, task=t)
+        except ContentNotFound as exc:
+            missing = ResultCheckFailed("document", f"shard {k}'s result document is missing "
+                                        f"({exc})")
+            raise self._with_remedy(missing, k) from None
+        except ResultCheckFailed as exc:
+            raise self._with_remedy(exc, k) from None
         miner = to_checksum_address(s.miner)
         chain_id, registry = self._q.chain.chain_id, self._q.tasks.address
         outputs = []
@@ -694,6 +781,26 @@ class Job:
                 created=s.submitted_at, result_uri=s.result_uri, chain_id=chain_id,
                 task_registry=registry))
         return outputs
+
+    def _with_remedy(self, exc: ResultCheckFailed, k: int) -> ResultCheckFailed:
+        """The same failed check, its message ending with what the client can do about it."""
+        return ResultCheckFailed(
+            exc.check, f"{exc.detail}; {self._remedy(exc.check, exc.index, k)}", index=exc.index)
+
+    def _remedy(self, check: str, index: int | None, k: int) -> str:
+        """The command that answers a failed check on shard `k`, while its window is open."""
+        s = self._q.tasks.get_shard(self.task_id, k)
+        if s.state == ShardState.DISPUTED:
+            return (f"shard {k} is frozen by an open dispute or availability challenge; "
+                    "wait for its outcome")
+        if s.state != ShardState.SUBMITTED or self._q.chain.timestamp() >= s.window_end:
+            return f"no remedy left: shard {k}'s challenge window closed at {s.window_end}"
+        if index is None:  # the document as a whole: make the miner show a receipt on-chain
+            command, index = "challenge", self._range(self._task or self.task(), k)[0]
+        else:
+            command = _REMEDIES.get(check, "dispute")
+        return (f"remedy: `client {command} {self.task_id} {index}` ({_REMEDY_WHY[command]}) "
+                f"before chain time {s.window_end}")
 
     def results(self) -> list[Output]:
         """Every output in request order, only after every shard's document checks out."""
@@ -740,16 +847,13 @@ class Job:
         most (by the chain's clock). Then, with `expire`, this account expires the dispute
         (the bond goes back to its opener and the shard is paid as submitted); without it,
         the still-open dispute is returned. `JobTimeout` after `timeout` seconds. The bar
-        (to stderr) shows the chain time used of the dispute's deadline.
+        (on a terminal's stderr) shows the chain time used of the dispute's deadline.
         """
-        from tqdm import tqdm
-
         info = next((d for d in self.disputes() if d.dispute_id == dispute_id), None)
         if info is None:
             raise DisputeNotPossible(f"task {self.task_id} has no dispute {dispute_id}")
-        with tqdm(total=max(1, info.deadline - info.opened_at), unit="s",
-                  desc=f"dispute {dispute_id}", file=sys.stderr, disable=not progress,
-                  leave=False) as bar:
+        with _bar(max(1, info.deadline - info.opened_at), "s", f"dispute {dispute_id}",
+                  progress) as bar:
 
             def show(d: DisputeInfo, now: int) -> None:
                 bar.n = min(bar.total, max(0, now - d.opened_at))
@@ -759,10 +863,103 @@ class Job:
                                 expire_as=self.client.account if expire else None,
                                 on_poll=show)
 
+    # ------------------------------------------------------------------ availability, billing
+    def challenge(self, index: int, bond: int | None = None) -> int:
+        """Challenge the miner to show request `index`'s receipt on-chain within Arbitration's
+        response window; returns the challenge id. The remedy for a result document that is
+        missing or does not prove the receipt: unanswered, the shard is refunded and the miner
+        slashed; answered, the shown receipt can be disputed (`dispute`). `bond` (default: the
+        minimum) goes to a miner that answers."""
+        return challenge_availability(self._q, self.client.account, self.task_id, index,
+                                      bond=bond)
+
+    def challenges(self) -> list[ChallengeInfo]:
+        """Every availability challenge opened on this task, oldest first, as it is now."""
+        return [challenge_info(self._q, int(ev["challengeId"])) for ev in
+                self._q.arbitration.events("AvailabilityChallenged",
+                                           self._q.deployment.deploy_block,
+                                           taskId=self.task_id)]
+
+    def challenge_info(self, challenge_id: int) -> ChallengeInfo:
+        """Availability challenge `challenge_id` on this task, as the chain has it now."""
+        info = challenge_info(self._q, challenge_id)
+        if info.task_id != self.task_id:
+            raise DisputeNotPossible(f"task {self.task_id} has no availability challenge "
+                                     f"{challenge_id}")
+        return info
+
+    def wait_challenge(self, challenge_id: int, timeout: float | None = None,
+                       progress: bool = True, settle: bool = True,
+                       poll_s: float = 0.5) -> ChallengeInfo:
+        """Block until challenge `challenge_id` is answered or its deadline passes; returns it.
+
+        With `settle`, this account then settles an unanswered challenge: the miner is at
+        fault (shard budget and slash to the client, bond back); without it, the still-open
+        challenge is returned. `JobTimeout` after `timeout` seconds. The bar (on a
+        terminal's stderr) shows the chain time used of the miner's response window.
+        """
+        info = self.challenge_info(challenge_id)
+        with _bar(max(1, info.deadline - info.opened_at), "s", f"challenge {challenge_id}",
+                  progress) as bar:
+
+            def show(c: ChallengeInfo, now: int) -> None:
+                bar.n = min(bar.total, max(0, now - c.opened_at))
+                bar.set_postfix_str(c.status.name.lower(), refresh=True)
+
+            return wait_challenge(self._q, challenge_id, timeout=timeout, poll_s=poll_s,
+                                  settle_as=self.client.account if settle else None,
+                                  on_poll=show)
+
+    def prove_billing_fault(self, index: int) -> BillingFault:
+        """Prove on-chain that request `index`'s receipt bills more tokens than its output
+        holds (or than a request may have): the shard is refunded and the miner slashed at
+        once, without the committee. `DisputeNotPossible` when there is nothing to prove."""
+        tx = prove_billing_fault(self._q, self.client.account, self.client.market,
+                                 self.task_id, index)
+        ev = tx.event("BillingFaultProven")
+        shard = int(ev["shard"])
+        return BillingFault(self.task_id, shard, index, int(ev["slashed"]),
+                            self._q.tasks.shard_budget(self.task_id, shard), tx)
+
     def cancel(self) -> int:
         """Cancel the task: every still-open shard's budget is refunded (returned, in wei)."""
         tx = self._q.tasks.cancel_task(self.client.account, self.task_id)
         return int(tx.event("TaskCancelled")["refund"])
+
+
+@dataclass(frozen=True)
+class BillingFault:
+    """An over-billing receipt proven on-chain, and what it moved to the client's escrow."""
+
+    task_id: int
+    shard: int
+    index: int
+    slashed: int  # wei of the miner's stake, to the client
+    refunded: int  # the shard's budget, back to the client
+    tx: TxResult
+
+    def outcome(self) -> str:
+        return (f"billing fault proven on request {self.index} (shard {self.shard}): shard "
+                f"budget of {self.refunded} wei refunded, miner slashed {self.slashed} wei, "
+                "both to your escrow balance (`client withdraw`)")
+
+
+_REMEDIES = {"merkle proof": "challenge", "token count": "prove-billing"}
+"""The command for a failed per-request check (others: `dispute`). An unproven receipt cannot
+be disputed until the miner shows a proven one on-chain, hence a challenge."""
+_REMEDY_WHY = {
+    "challenge": "the miner must show the receipt on-chain or be slashed",
+    "prove-billing": "proves the over-billing on-chain at once",
+    "dispute": "the committee judges the output",
+}
+
+
+def _bar(total: int, unit: str, desc: str, progress: bool) -> Any:
+    """A tqdm bar on stderr, shown only when asked for and stderr is a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=False,
+                disable=not (progress and sys.stderr.isatty()))
 
 
 def _ks(ks: Sequence[int]) -> str:

@@ -5,7 +5,10 @@
 2. The embedded tiny model, and two miners registering it (`miner register`) and serving
    it (`miner run`) as separate processes.
 3. A client submitting a batch of prompts through the SDK, waiting, and checking every
-   receipt's signature, Merkle proof and output hash before it reads one output.
+   receipt's signature, result-tree proof and output hash before it reads one output. The
+   miners are new identities, hence on probation (the committee has not vetted them yet),
+   so the client opts in to them (`allow_probation=True`), as any client of a fresh market
+   must.
 4. The market's settlement sweep finalizing each shard once its challenge window closes:
    each miner is paid for its own tokens, the unused budget goes back to the client.
 
@@ -106,12 +109,18 @@ def run(args: argparse.Namespace, home: Path) -> None:
             addresses = [anvil_account(a).address for a in MINER_ACCOUNTS]
             step(3, "two miners registered (0.5 ETH stake, 1 gwei/token) and running: "
                     + ", ".join(addresses))
+            on_probation = [a for a in addresses if stack.quarry.gpu.on_probation(a)]
+            if on_probation:
+                print(f"      {len(on_probation)} of them on probation (new identities the "
+                      "committee has not vetted yet): the client opts in with "
+                      "allow_probation=True, or no miner could claim its task")
 
             with Client(stack.rpc_url, anvil_account(CLIENT_ACCOUNT).key,
                         stack.market_url) as client:
                 job = client.submit(prompts(args.prompts), model=manifest.name,
                                     max_tokens=args.max_tokens, price=PRICE_WEI,
-                                    shard_size=args.shard_size, deadline=3600)
+                                    shard_size=args.shard_size, deadline=3600,
+                                    allow_probation=bool(on_probation))
                 status = job.status()
                 step(4, f"client {client.address} submitted task {job.task_id}: "
                         f"{status.num_requests} prompts in {len(status.shards)} shards, "
@@ -121,8 +130,8 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 out = Path.cwd() / ".quarry" / "demo-results.jsonl"
                 out.parent.mkdir(parents=True, exist_ok=True)
                 job.write_results(out)
-                step(5, f"{len(outputs)} results verified (receipt signature, Merkle proof "
-                        f"and output hash each), written to {out}")
+                step(5, f"{len(outputs)} results verified (receipt signature, result-tree "
+                        f"proof and output hash each), written to {out}")
                 o = outputs[0]
                 print(f"      e.g. {o.custom_id}: {len(o.token_ids)} tokens, "
                       f"finish_reason {o.finish_reason!r}, signed by {o.miner} "

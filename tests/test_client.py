@@ -1,9 +1,11 @@
 """The client SDK and CLI against a real Anvil and a real market app (uvicorn in a thread).
 
 The test plays the miners itself (claim, `build_shard_result`, upload, `submitResult` with the
-devnet's registered miner accounts), so what is tested is the client: pre-flight checks that
-keep money in place, verification that names the failing check, disputes, and the CLI's
-OpenAI Batch output.
+devnet's registered miner accounts) and the committee (Vote signatures of three of the four
+equal-stake verifiers), so what is tested is the client: pre-flight checks that keep money in
+place, verification that names the failing check and its remedy, disputes, availability
+challenges and billing proofs (run as a user would, through the CLI's `main`), probation, and
+the CLI's OpenAI Batch output.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ from client.sdk import (
     ResultsNotReady,
     UnknownModel,
 )
-from market.chain.contracts import DisputeStatus, GpuSpec, ShardState
+from market.chain.client import anvil_account
+from market.chain.contracts import ChallengeStatus, DisputeStatus, GpuSpec, ShardState
 from market.chain.errors import revert_class
 from market.protocol.canonical import json_hash
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
+from market.protocol.merkle import SumNode, receipts_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
 from market.service.api import MarketAPI
+from market.store import content_uri
 
 pytestmark = pytest.mark.chain
 
@@ -51,6 +56,10 @@ MAX_REQUEST_BYTES = 2048
 NAMED_PRICE_FACTOR = 3
 MANIFEST = {"format": "quarry-manifest/1", "name": "tiny-test",
             "architecture": {"model_type": "test", "layers": 1}, "files": {}}
+
+
+NEWCOMER = anvil_account(11)  # registered by the module's market, on probation
+NEWCOMER_PRICE = 10**9 // 2  # cheaper than every established miner: must not set the price
 
 
 @dataclasses.dataclass
@@ -63,7 +72,9 @@ class Market:
 @pytest.fixture(scope="module")
 def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     """A market app on a free port, its board indexed once with the session's miners plus
-    `outsider` serving a named model; all chain changes are rolled back afterwards."""
+    `outsider` (established, like them) serving a named model and `NEWCOMER` (on probation,
+    as any new identity) serving conftest's two models; all chain changes are rolled back
+    afterwards."""
     from market.chain.devnet import free_port
     from market.service.app import serve_in_thread
     from market.service.board import Board
@@ -74,8 +85,13 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("market")
     deployment = net.deployment.save(root / "deployment.json")
     named = json_hash(MANIFEST)
+    probation = net.q.gpu.probation_params()
+    net.q.gpu.set_probation(net.deployer, 0, probation[1])
     net.q.gpu.register(net.outsider, [named], GpuSpec("NVIDIA L4", 24576, 1),
                        "http://127.0.0.1:9199", NAMED_PRICE_FACTOR * net.PRICE, net.MINER_STAKE)
+    net.q.gpu.set_probation(net.deployer, *probation)
+    net.q.gpu.register(NEWCOMER, [net.MODEL_ID, net.OTHER_MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
+                       "http://127.0.0.1:9198", NEWCOMER_PRICE, net.MINER_STAKE)
     settings = MarketSettings(deployment=deployment, store_dir=root / "store",
                               db_path=root / "board.sqlite", port=free_port(),
                               max_request_bytes=MAX_REQUEST_BYTES)
@@ -84,7 +100,7 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         with serve_in_thread(settings):
             api.register_model(MANIFEST)
-            for miner in (net.miner, net.miner2):
+            for miner in (net.miner, net.miner2, NEWCOMER):
                 api.heartbeat(miner, {"models": ["0x" + net.MODEL_ID.hex()]})
             yield Market(settings.url, api, named)
     finally:
@@ -100,6 +116,9 @@ MODEL = "0x" + "11" * 32  # conftest's MODEL_ID, served by devnet.miner and devn
 
 
 Tamper = Callable[[ShardResult, Any], ShardResult]
+REMEDY_WHY = {"dispute": "the committee judges the output",
+              "challenge": "the miner must show the receipt on-chain or be slashed",
+              "prove-billing": "proves the over-billing on-chain at once"}
 
 
 def serve_shard(devnet: Any, market: Market, task_id: int, shard: int, miner: Any,
@@ -142,8 +161,74 @@ def altered_text(doc: ShardResult, devnet: Any) -> ShardResult:
 
 def bad_proof(doc: ShardResult, devnet: Any) -> ShardResult:
     it = doc.items[1]
-    first = bytes([it.proof[0][0] ^ 1]) + it.proof[0][1:]
+    node = it.proof[0]
+    first = SumNode(bytes([node.hash[0] ^ 1]) + node.hash[1:], node.sum)
     return _items(doc, 1, proof=(first, *it.proof[1:]))
+
+
+def over_billed(index: int, tokens: int) -> Tamper:
+    """A miner's document (and so its on-chain commitment) whose receipt for `index` bills
+    `tokens` output tokens, whatever its output holds: signed and proven like any other."""
+
+    def tamper(doc: ShardResult, devnet: Any) -> ShardResult:
+        receipts = [dataclasses.replace(it.receipt, output_tokens=tokens)
+                    if it.index == index else it.receipt for it in doc.items]
+        tree = receipts_tree(receipts)
+        items = tuple(dataclasses.replace(
+            it, receipt=r, proof=tuple(tree.proof(j)),
+            signature=r.sign(devnet.miner.key, devnet.chain.chain_id, devnet.q.tasks.address))
+            for j, (it, r) in enumerate(zip(doc.items, receipts, strict=True)))
+        return dataclasses.replace(doc, result_root=tree.root, tokens_used=tree.total,
+                                   items=items)
+
+    return tamper
+
+
+def vote(devnet: Any, dispute_id: int, at_fault: bool) -> None:
+    """Three of the four equal-stake members vote: more than two thirds of the weight."""
+    q = devnet.q
+    sigs = quorum_signatures(Vote(dispute_id, at_fault), devnet.verifier_keys[:3],
+                             devnet.chain.chain_id, q.arbitration.address)
+    q.arbitration.cast_votes(devnet.anyone, dispute_id, at_fault, sigs)
+
+
+WAIT_FLAGS = ("--no-progress", "--timeout", "120")  # a stuck wait fails, it does not hang
+
+
+def key_flags(devnet: Any, market: Market, tmp_path: Path) -> list[str]:
+    """The CLI's connection flags for `devnet.client`."""
+    key = tmp_path / "client.key"
+    key.write_text(devnet.client.key.hex())
+    return ["--market-url", market.url, "--key-file", str(key)]
+
+
+def when(condition: Callable[[], bool], action: Callable[[], Any]) -> Callable[[], None]:
+    """Run `action` in a thread once `condition` holds (someone else acting on-chain while
+    the CLI waits); returns the join, which stops the watch and re-raises what `action`
+    raised."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def watch() -> None:
+        while not done.is_set():
+            if condition():
+                try:
+                    action()
+                except BaseException as exc:  # re-raised by join, in the test's thread
+                    failed.append(exc)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+
+    def join() -> None:
+        done.set()
+        thread.join(timeout=60)
+        if failed:
+            raise failed[0]
+
+    return join
 
 
 # ---------------------------------------------------------------------------- happy path
@@ -214,27 +299,32 @@ def test_name_resolution_and_prompt_defaults(devnet: Any, market: Market) -> Non
 # ---------------------------------------------------------------------------- tampering
 
 
-@pytest.mark.parametrize(("tamper", "check"), [
-    (signed_by_another, "signature"),
-    (altered_text, "output hash"),
-    (bad_proof, "merkle proof"),
+@pytest.mark.parametrize(("tamper", "check", "remedy"), [
+    (signed_by_another, "signature", "dispute"),
+    (altered_text, "output hash", "dispute"),
+    (bad_proof, "merkle proof", "challenge"),  # an unproven receipt cannot be disputed
+    (over_billed(1, 4), "token count", "prove-billing"),
 ])
-def test_tampered_results_are_rejected_naming_the_check(
-        devnet: Any, market: Market, tmp_path: Path, tamper: Tamper, check: str) -> None:
+def test_tampered_results_are_rejected_naming_the_check_and_remedy(
+        devnet: Any, market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        tamper: Tamper, check: str, remedy: str) -> None:
     c = connect(devnet, market)
     job = c.submit(["x", "y", "z"], model=MODEL, max_tokens=4, shard_size=3)
     serve_shard(devnet, market, job.task_id, 0, devnet.miner, tamper)
+    window_end = devnet.q.tasks.get_shard(job.task_id, 0).window_end
     with pytest.raises(ResultCheckFailed) as info:
         job.results()
     assert info.value.check == check and info.value.index == 1
-    assert f"{check} check failed: request 1" in str(info.value)
+    assert str(info.value).startswith(f"{check} check failed: request 1: ")
+    assert str(info.value).endswith(f"; remedy: `client {remedy} {job.task_id} 1` "
+                                    f"({REMEDY_WHY[remedy]}) before chain time {window_end}")
 
-    key = tmp_path / "key"
-    key.write_text(devnet.client.key.hex())
     out = tmp_path / "out.jsonl"
-    code = client_main(["results", str(job.task_id), "--out", str(out), "--market-url",
-                        market.url, "--key-file", str(key)])
+    capsys.readouterr()
+    code = client_main(["results", str(job.task_id), "--out", str(out),
+                        *key_flags(devnet, market, tmp_path)])
     assert code == 1 and not out.exists()  # never writes unverified output
+    assert capsys.readouterr().err == f"client: error: {info.value}\n"  # one line
 
 
 def test_result_document_for_another_shard_fails_the_header_check(
@@ -266,9 +356,10 @@ def test_bad_inputs_fail_before_any_money_moves(
                        "known: ") as unknown:
         c.submit(["hi"], model="gpt-4", max_tokens=4)
     assert f"tiny-test (0x{market.named_model.hex()}): 1 miner(s)" in str(unknown.value)
-    assert f"{MODEL}: 2 miner(s), from {devnet.PRICE} wei/token" in str(unknown.value)
-    with pytest.raises(UnknownModel, match="no registered miner serves model '0x2222"):
-        c.submit(["hi"], model="0x" + "22" * 32, max_tokens=4)
+    assert f"{MODEL}: 2 miner(s) (2 alive), from {devnet.PRICE} wei/token; 1 on probation " \
+        f"(1 alive), from {NEWCOMER_PRICE} wei/token" in str(unknown.value)
+    with pytest.raises(UnknownModel, match="no registered miner serves model '0x3333"):
+        c.submit(["hi"], model="0x" + "33" * 32, max_tokens=4)
 
     with pytest.raises(PaymentTooLow, match=rf"payment too low: {devnet.PRICE - 1} wei/token "
                        rf".*lowest ask: {devnet.PRICE} wei/token"):
@@ -373,20 +464,14 @@ def test_dispute_wait_outcomes_in_cli_and_status(devnet: Any, market: Market, tm
     bond = q.arbitration.min_bond()
     opened = q.arbitration.dispute_count()
 
-    def committee() -> None:  # votes the miner at fault once the dispute is open
-        while q.arbitration.dispute_count() == opened:
-            time.sleep(0.02)
-        sigs = quorum_signatures(Vote(opened + 1, True), devnet.verifier_keys[:3],
-                                 devnet.chain.chain_id, q.arbitration.address)
-        q.arbitration.resolve(devnet.anyone, opened + 1, True, sigs)
-
-    thread = threading.Thread(target=committee, daemon=True)
-    thread.start()
+    # The committee votes the miner at fault once the dispute is open.
+    join = when(lambda: q.arbitration.dispute_count() > opened,
+                lambda: vote(devnet, opened + 1, True))
     capsys.readouterr()
     try:  # waits by default: the id at once, then the verdict in one line
         assert client_main(["dispute", str(job.task_id), "1", *flags]) == 0
     finally:
-        thread.join(timeout=60)
+        join()
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"opened dispute {opened + 1} on request 1 (shard 0), bond "
                              f"{bond} wei")
@@ -403,9 +488,10 @@ def test_dispute_wait_outcomes_in_cli_and_status(devnet: Any, market: Market, tm
     assert f"dispute {opened + 2}: request 3 (shard 1), OPEN, bond {bond} wei" in listed
     devnet.chain.advance_time(q.arbitration.params()["dispute_timeout"])
     info = job.wait_dispute(opened + 2, timeout=60, progress=False, poll_s=0.05)
-    assert info.status == DisputeStatus.EXPIRED
+    assert info.status == DisputeStatus.EXPIRED  # and every member that cast no vote reported
     assert info.outcome() == (f"expired with no committee verdict: bond of {bond} wei "
-                              "returned, the shard is paid as submitted")
+                              "returned, the shard is paid as submitted; 4 member(s) that "
+                              "cast no vote lost their seats")
     with pytest.raises(DisputeNotPossible, match=f"task {job.task_id} has no dispute 999"):
         job.wait_dispute(999)
 
@@ -512,18 +598,14 @@ def test_cli_submit_wait_models_cancel_withdraw(devnet: Any, market: Market, tmp
     batch.write_bytes(encode_jsonl(prompt_lines(["a", "b"], model=MODEL, max_tokens=2)))
     before = devnet.q.tasks.task_count()
 
-    def miner() -> None:  # answers as soon as the task exists: `submit --wait` sees it done
-        while devnet.q.tasks.task_count() == before:
-            time.sleep(0.02)
-        serve_shard(devnet, market, before + 1, 0, devnet.miner)
-
-    thread = threading.Thread(target=miner, daemon=True)
-    thread.start()
+    # A miner answers as soon as the task exists: `submit --wait` sees it done.
+    join = when(lambda: devnet.q.tasks.task_count() > before,
+                lambda: serve_shard(devnet, market, before + 1, 0, devnet.miner))
     try:
         assert client_main(["submit", str(batch), "--wait", "--timeout", "60", "--shard-size",
                             "2", *flags]) == 0
     finally:
-        thread.join(timeout=60)
+        join()
     out = capsys.readouterr().out
     assert f"task {before + 1}: 2 requests in 1 shard(s)" in out
     assert "results ready" in out and "SUBMITTED by " + devnet.miner.address in out
@@ -535,3 +617,272 @@ def test_cli_submit_wait_models_cancel_withdraw(devnet: Any, market: Market, tmp
     assert f"withdrew {job.payment} wei" in capsys.readouterr().out
     assert client_main(["cancel", str(job.task_id), *flags]) == 1
     assert "AlreadyCancelled" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- withheld results
+
+
+def withhold(devnet: Any, market: Market, task_id: int) -> ShardResult:
+    """A miner's commitment with nothing behind it: claim shard 0, commit to a result tree
+    billing every request the task's maximum, and never upload the document."""
+    q = devnet.q
+    q.tasks.claim_shard(devnet.miner, task_id, 0)
+    task = q.tasks.get_task(task_id)
+    start, end = q.tasks.shard_range(task_id, 0)
+    requests = parse_jsonl(market.api.get(task.input_uri))[start:end]
+    most = tuple(range(task.max_tokens_per_request))
+    doc = build_shard_result(
+        task_id=task_id, shard=0, model_id=task.model_id,
+        completions=[Completion(r.index, r.custom_id, r.request_hash, "", most, "length", 2)
+                     for r in requests],
+        private_key=devnet.miner.key, miner=devnet.miner.address,
+        chain_id=devnet.chain.chain_id, task_registry=q.tasks.address)
+    assert doc.tokens_used == (end - start) * task.max_tokens_per_request  # a full bill
+    q.tasks.submit_result(devnet.miner, task_id, 0, doc.result_root,
+                          content_uri(doc.to_bytes()), doc.tokens_used)
+    return doc
+
+
+def test_withheld_document_unanswered_challenge_refunds_everything(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The gap "a miner is paid in full for publishing nothing", closed from the client's
+    side: `results` names the missing document and the remedy; `client challenge` gets the
+    shard budget, the slash and the bond back, and the miner is paid nothing."""
+    q, flags = devnet.q, [*key_flags(devnet, market, tmp_path), *WAIT_FLAGS]
+    job = connect(devnet, market).submit(["p0", "p1", "p2", "p3"], model=MODEL, max_tokens=4,
+                                         shard_size=4)
+    withhold(devnet, market, job.task_id)
+    shard = q.tasks.get_shard(job.task_id, 0)
+    with pytest.raises(ResultCheckFailed) as info:
+        job.results()
+    assert (info.value.check, info.value.index) == ("document", None)
+    assert str(info.value).startswith(f"document check failed: shard 0's result document is "
+                                      f"missing (market {market.url} holds no "
+                                      f"{shard.result_uri})")
+    assert str(info.value).endswith(f"remedy: `client challenge {job.task_id} 0` (the miner "
+                                    "must show the receipt on-chain or be slashed) before "
+                                    f"chain time {shard.window_end}")
+
+    budget = q.tasks.shard_budget(job.task_id, 0)
+    slash = shard.collateral * q.arbitration.params()["fault_slash_bps"] // 10_000
+    bond = q.arbitration.min_availability_bond()
+    client_before = q.escrow.withdrawable(devnet.client.address)
+    miner_before = q.escrow.withdrawable(devnet.miner.address)
+    stake_before = q.gpu.miner_info(devnet.miner.address).stake
+    challenge_id = q.arbitration.challenge_count() + 1
+    # Nobody can answer: once the challenge is open, its response window just passes.
+    join = when(lambda: q.arbitration.challenge_count() >= challenge_id,
+                lambda: devnet.chain.advance_time(q.arbitration.response_window()))
+    capsys.readouterr()
+    try:
+        assert client_main(["challenge", str(job.task_id), "2", *flags]) == 0
+    finally:
+        join()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"challenge {challenge_id}: request 2 (shard 0), bond {bond} wei; "
+                             "the miner must show its receipt on-chain by chain time ")
+    assert out[1:] == [f"challenge {challenge_id}: unanswered: miner at fault, shard budget "
+                       f"refunded, miner slashed {slash} wei, bond of {bond} wei returned"]
+
+    assert q.arbitration.get_challenge(challenge_id).status == ChallengeStatus.UNANSWERED
+    assert q.tasks.get_shard(job.task_id, 0).state == ShardState.REFUNDED
+    assert budget == job.payment and slash > 0
+    assert q.escrow.withdrawable(devnet.client.address) == client_before + budget + slash + bond
+    assert q.escrow.withdrawable(devnet.miner.address) == miner_before  # paid nothing
+    assert q.gpu.miner_info(devnet.miner.address).stake == stake_before - slash
+    assert q.escrow.escrowed(job.task_id) == 0
+    assert not q.tasks.events("ShardFinalized", devnet.deployment.deploy_block,
+                              taskId=job.task_id)
+    status = job.status()
+    assert (status.paid, status.refunded) == (0, budget)
+    [c] = status.challenges
+    assert f"availability challenge {challenge_id} on request 2 (shard 0): {c.outcome()}" in \
+        status.summary()
+    assert status.to_json()["challenges"][0]["status"] == "UNANSWERED"
+
+
+def test_challenge_left_open_is_resumed(devnet: Any, market: Market, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--no-wait` leaves the challenge open; running the command again waits on it (here
+    past its deadline: it is settled at once) instead of opening another."""
+    q, flags = devnet.q, [*key_flags(devnet, market, tmp_path), *WAIT_FLAGS]
+    job = connect(devnet, market).submit(["p0", "p1"], model=MODEL, max_tokens=4, shard_size=2)
+    withhold(devnet, market, job.task_id)
+    capsys.readouterr()
+    assert client_main(["challenge", str(job.task_id), "1", "--no-wait", *flags]) == 0
+    [opened] = job.challenges()
+    assert opened.status == ChallengeStatus.OPEN and opened.index == 1
+    assert capsys.readouterr().out.startswith(f"challenge {opened.challenge_id}: request 1 ")
+
+    devnet.chain.advance_time(q.arbitration.response_window())
+    assert client_main(["challenge", str(job.task_id), "1", *flags]) == 0
+    [settled] = job.challenges()
+    assert settled.challenge_id == opened.challenge_id
+    assert settled.status == ChallengeStatus.UNANSWERED
+    assert capsys.readouterr().out.splitlines() == [
+        f"challenge {opened.challenge_id} on request 1 is still open (the miner must answer "
+        f"by chain time {opened.deadline}): waiting on it",
+        f"challenge {opened.challenge_id}: {settled.outcome()}"]
+
+
+def test_answered_challenge_with_the_document_still_missing_is_disputed(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The miner shows the challenged receipt on-chain but still publishes no output: the
+    client disputes the shown receipt and the committee finds the output withheld."""
+    q, flags = devnet.q, [*key_flags(devnet, market, tmp_path), *WAIT_FLAGS]
+    job = connect(devnet, market).submit(["p0", "p1", "p2", "p3"], model=MODEL, max_tokens=4,
+                                         shard_size=4)
+    doc = withhold(devnet, market, job.task_id)
+    shown = doc.items[2]
+
+    def answer(challenge_id: int) -> Callable[[], None]:  # the miner answers, nothing more
+        return when(lambda: q.arbitration.challenge_count() >= challenge_id,
+                    lambda: q.arbitration.answer_availability(
+                        devnet.miner, challenge_id, shown.receipt, shown.proof))
+
+    # --no-dispute: answered, the document still missing: no data, no money, one line.
+    first = q.arbitration.challenge_count() + 1
+    join = answer(first)
+    capsys.readouterr()
+    try:
+        assert client_main(["challenge", str(job.task_id), "2", "--no-dispute", *flags]) == 1
+    finally:
+        join()
+    captured = capsys.readouterr()
+    answered = job.challenge_info(first)
+    assert answered.status == ChallengeStatus.ANSWERED and answered.receipt == shown.receipt
+    assert captured.out.splitlines()[1] == f"challenge {first}: {answered.outcome()}"
+    assert captured.err == (
+        "client: error: the miner showed request 2's receipt, but its result still fails the "
+        f"document check; `client dispute {job.task_id} 2` disputes the shown receipt until "
+        f"chain time {answered.window_end}\n")
+
+    # Again, disputing: the committee votes the miner at fault once the dispute is open.
+    second, dispute_id = first + 1, q.arbitration.dispute_count() + 1
+    budget = q.tasks.shard_budget(job.task_id, 0)
+    collateral = q.tasks.get_shard(job.task_id, 0).collateral
+    client_before = q.escrow.withdrawable(devnet.client.address)
+    join_answer = answer(second)
+    join_votes = when(lambda: q.arbitration.dispute_count() >= dispute_id,
+                      lambda: vote(devnet, dispute_id, True))
+    try:
+        assert client_main(["challenge", str(job.task_id), "2", *flags]) == 0
+    finally:
+        join_answer()
+        join_votes()
+    out = capsys.readouterr().out.splitlines()
+    d = job.disputes()[-1]
+    assert d.dispute_id == dispute_id
+    assert out[1:] == [
+        f"challenge {second}: {job.challenge_info(second).outcome()}",
+        f"opened dispute {dispute_id} on the shown receipt: its result still fails the "
+        "document check",
+        f"dispute {dispute_id}: {d.outcome()}"]
+    assert (d.status, d.index, d.slashed, d.refunded) == \
+        (DisputeStatus.MINER_AT_FAULT, 2, collateral, budget)
+    params = q.arbitration.params()
+    slash = collateral * params["fault_slash_bps"] // 10_000
+    reward = slash * params["verifier_reward_bps"] // 10_000
+    to_client = slash - 3 * (reward // 3)  # three equal stakes: the dust goes to the client
+    dispute_bond = q.arbitration.min_bond()
+    assert q.escrow.withdrawable(devnet.client.address) == \
+        client_before + budget + to_client + dispute_bond
+    challenge_bond = q.arbitration.min_availability_bond()
+    assert q.escrow.withdrawable(devnet.miner.address) == 2 * challenge_bond  # its answers
+
+
+# ---------------------------------------------------------------------------- billing
+
+
+def test_over_billing_receipt_proven_with_the_cli(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    q, flags = devnet.q, key_flags(devnet, market, tmp_path)
+    job = connect(devnet, market).submit(["x", "y", "z"], model=MODEL, max_tokens=4,
+                                         shard_size=3)
+    serve_shard(devnet, market, job.task_id, 0, devnet.miner, over_billed(1, 4))
+    with pytest.raises(ResultCheckFailed, match="token count check failed: request 1: receipt "
+                       "bills 4 tokens, output has 2; remedy: `client prove-billing"):
+        job.results()
+
+    capsys.readouterr()  # an honest receipt: nothing to prove, nothing moves
+    assert client_main(["prove-billing", str(job.task_id), "0", *flags]) == 1
+    assert capsys.readouterr().err == ("client: error: request 0's receipt bills 1 tokens, "
+                                       "its output holds 1: no over-billing to prove\n")
+
+    shard = q.tasks.get_shard(job.task_id, 0)
+    budget = q.tasks.shard_budget(job.task_id, 0)
+    slash = shard.collateral * q.arbitration.params()["fault_slash_bps"] // 10_000
+    client_before = q.escrow.withdrawable(devnet.client.address)
+    assert client_main(["prove-billing", str(job.task_id), "1", *flags]) == 0
+    assert capsys.readouterr().out == (
+        f"billing fault proven on request 1 (shard 0): shard budget of {budget} wei refunded, "
+        f"miner slashed {slash} wei, both to your escrow balance (`client withdraw`)\n")
+    assert q.tasks.get_shard(job.task_id, 0).state == ShardState.REFUNDED
+    assert q.escrow.withdrawable(devnet.client.address) == client_before + budget + slash
+    assert q.escrow.withdrawable(devnet.miner.address) == 0 and \
+        q.escrow.escrowed(job.task_id) == 0
+
+
+# ---------------------------------------------------------------------------- probation
+
+
+def test_miners_on_probation_only_serve_clients_that_allow_them(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    q, flags = devnet.q, key_flags(devnet, market, tmp_path)
+    c = connect(devnet, market)
+    assert q.gpu.on_probation(NEWCOMER.address)
+    [offer] = [o for o in c.offers() if o.model_id == devnet.MODEL_ID]
+    assert {m.address for m in offer.miners} == {devnet.miner.address, devnet.miner2.address}
+    assert offer.min_price == devnet.PRICE  # the newcomer's lower ask does not count
+    assert devnet.OTHER_MODEL_ID not in {o.model_id for o in c.offers()}
+    [opted] = [o for o in c.offers(allow_probation=True) if o.model_id == devnet.MODEL_ID]
+    assert [(m.address, m.on_probation) for m in opted.on_probation] == \
+        [(NEWCOMER.address, True)]
+    assert opted.min_price == NEWCOMER_PRICE and len(opted.established) == 2
+
+    capsys.readouterr()
+    assert client_main(["models", *flags]) == 0
+    listed = capsys.readouterr().out
+    assert f"{MODEL}: 2 miner(s) (2 alive), from {devnet.PRICE} wei/token; 1 on probation " \
+        f"(1 alive), from {NEWCOMER_PRICE} wei/token (only with allow_probation=True / " \
+        "`client submit --allow-probation`)" in listed
+    other = "0x" + devnet.OTHER_MODEL_ID.hex()
+    assert f"{other}: 0 miner(s); 1 on probation (1 alive), from {NEWCOMER_PRICE}" in listed
+
+    # Refusals name the option, and move nothing.
+    start_block = devnet.chain.block_number()
+    with pytest.raises(UnknownModel, match=f"only miners on probation serve model '{other}' "
+                       rf"\(1 miner\(s\) \(1 alive\), from {NEWCOMER_PRICE} wei/token\): .* "
+                       r"pass allow_probation=True / `client submit --allow-probation`"):
+        c.submit(["a"], model=other, max_tokens=2)
+    with pytest.raises(MinerNotEligible, match=f"miner {NEWCOMER.address} is on probation .*"
+                       r"\(allow_probation=True / `client submit --allow-probation`\)"):
+        c.submit(["a"], model=MODEL, max_tokens=2, prefer_miner=NEWCOMER.address)
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(encode_jsonl(prompt_lines(["a", "b"], model=other, max_tokens=2)))
+    assert client_main(["submit", str(batch), *flags]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-probation" in err
+    assert devnet.chain.block_number() == start_block
+
+    # An ordinary task is out of its reach; a client that allows probation reaches it.
+    ordinary = c.submit(["a"], model=MODEL, max_tokens=2)
+    assert not ordinary.task().allow_probation
+    with pytest.raises(revert_class("NotEligible")):
+        q.tasks.claim_shard(NEWCOMER, ordinary.task_id, 0)
+    job = c.submit(["a", "b"], model=MODEL, max_tokens=2, shard_size=2, allow_probation=True,
+                   prefer_miner=NEWCOMER.address)
+    t = job.task()
+    assert t.allow_probation and t.price_per_token == NEWCOMER_PRICE
+    serve_shard(devnet, market, job.task_id, 0, NEWCOMER)
+    assert [o.miner for o in job.results()] == [NEWCOMER.address] * 2
+
+    assert client_main(["submit", str(batch), "--allow-probation", *flags]) == 0
+    out = capsys.readouterr().out
+    assert f"{NEWCOMER_PRICE} wei/token" in out
+    assert "miners on probation (new, not yet vetted by the committee) may claim it" in out
+    assert q.tasks.get_task(q.tasks.task_count()).allow_probation

@@ -27,9 +27,9 @@ from market.errors import ConfigError
 from market.protocol.canonical import request_hash
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import RequestError
-from market.protocol.merkle import INDEX_HASH_TYPES, input_tree, leaf_hash, verify_proof
+from market.protocol.merkle import SumNode, input_tree
 from market.protocol.requests import output_hash
-from market.protocol.results import Completion, build_shard_result
+from market.protocol.results import Completion, build_shard_result, receipt_proven
 
 REGISTRY = "0x" + "ab" * 20
 CHAIN_ID = 31337
@@ -94,7 +94,7 @@ def test_size_limit_counts_utf8_bytes_of_the_line() -> None:
     assert f"line 3: request is {second} bytes" in str(info.value)
 
 
-def _outputs(url: str) -> tuple[list[Output], str]:
+def _outputs(url: str) -> tuple[list[Output], bytes, int]:
     key = Account.create()
     lines = (prompt_lines(["x", "y"], model="tiny", max_tokens=4) if url == "/v1/completions"
              else chat_lines([[{"role": "user", "content": "x"}]] * 2, model="tiny",
@@ -116,11 +116,11 @@ def _outputs(url: str) -> tuple[list[Output], str]:
                    chain_id=CHAIN_ID, task_registry=REGISTRY)
             for it in doc.items]
     assert input_tree(batch.request_hashes).root  # the same hashes a task commits to
-    return outs, doc.result_root.hex()
+    return outs, doc.result_root, doc.tokens_used
 
 
 def test_output_line_has_the_openai_batch_shape_and_reverifies() -> None:
-    outs, root = _outputs("/v1/completions")
+    outs, root, tokens_used = _outputs("/v1/completions")
     line = output_line(outs[1])
     assert line["id"] == "batch_req_9_1" and line["custom_id"] == "c1"
     assert line["error"] is None
@@ -134,21 +134,26 @@ def test_output_line_has_the_openai_batch_shape_and_reverifies() -> None:
                                 "logprobs": None}]
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 
-    # Anyone holding only the line can re-check it: hash, signature, proof.
+    # Anyone holding the line and the shard's on-chain commitment (resultRoot, tokensUsed)
+    # can re-check it: hash, signature, sum-tree proof.
     quarry = json.loads(json.dumps(line))["quarry"]
     receipt = Receipt.from_message(quarry["receipt"])
     assert receipt.output_hash == output_hash(body["choices"][0]["text"], quarry["tokenIds"])
     signature = bytes.fromhex(quarry["signature"][2:])
     assert receipt.recover(signature, quarry["chainId"], quarry["taskRegistry"]) == \
         quarry["miner"]
-    leaf = leaf_hash(INDEX_HASH_TYPES, (receipt.index, receipt.struct_hash()))
-    proof = [bytes.fromhex(p[2:]) for p in quarry["proof"]]
-    assert verify_proof(bytes.fromhex(root), leaf, proof)
+    proof = [SumNode.from_json(p) for p in quarry["proof"]]
+    assert quarry["proof"] == [{"hash": "0x" + p.hash.hex(), "sum": p.sum} for p in proof]
+    assert proof == list(outs[1].proof)
+    assert receipt_proven(receipt, proof, result_root=root, tokens_used=tokens_used, start=0,
+                          size=2)
+    assert not receipt_proven(receipt, proof, result_root=root, tokens_used=tokens_used + 1,
+                              start=0, size=2)  # the proof binds the shard's billed total
     assert (quarry["taskId"], quarry["shard"], quarry["index"]) == (9, 0, 1)
 
 
 def test_chat_output_line_and_atomic_write(tmp_path: Path) -> None:
-    outs, _ = _outputs("/v1/chat/completions")
+    outs, _, _ = _outputs("/v1/chat/completions")
     body = output_line(outs[0])["response"]["body"]
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "out 0"}

@@ -2,6 +2,10 @@
 contracts, `market serve` with its Celery worker (`LocalStack`), miners as `miner register`
 and `miner run` processes serving the tiny model, and the client SDK and CLI.
 
+The miners are new identities, hence on probation: the client opts in (`allow_probation`),
+as any client of a fresh market must, and a submission that does not is refused in one line
+naming the option.
+
 Covers: a job split across two miners, each paid for its own tokens to the wei; a miner
 killed mid-shard losing its claim at expiry, another miner completing the shard, and the
 client compensated from the first miner's collateral; a market restart with its board
@@ -66,6 +70,7 @@ def miners(stack: LocalStack) -> dict[str, Path]:
         out = subprocess.run([str(BIN / "miner"), "register", "--config", str(cfg)],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
+        assert stack.quarry.gpu.on_probation(account.address)  # a new identity
         configs[name] = cfg
     return configs
 
@@ -101,7 +106,8 @@ def test_job_split_across_two_miners_pays_each_for_its_tokens(
     procs = [start_miner(stack, cfg) for cfg in miners.values()]
     try:
         job = client.submit(prompts(16, "split"), model="quarry-tiny", max_tokens=12,
-                            price=PRICE, shard_size=2, deadline=3600)
+                            price=PRICE, shard_size=2, deadline=3600,
+                            allow_probation=True)
         job.wait(progress=False, timeout=120)
         outputs = job.results()  # raises unless every receipt, proof and hash checks out
         assert [o.index for o in outputs] == list(range(16))
@@ -136,7 +142,7 @@ def test_killed_miner_loses_claim_and_client_is_compensated(
     comp_before = q.escrow.withdrawable(CLIENT.address)
     # One slow shard (16 requests, 128 tokens, one at a time) so the kill lands mid-shard.
     job = client.submit(prompts(16, "killed"), model="quarry-tiny", max_tokens=128,
-                        price=PRICE, shard_size=16, deadline=7200)
+                        price=PRICE, shard_size=16, deadline=7200, allow_probation=True)
     proc_a = start_miner(stack, miners["a"], "--max-batch", "1")
     try:
         stack.wait_until(lambda: q.tasks.get_shard(job.task_id, 0).state == ShardState.CLAIMED,
@@ -174,7 +180,7 @@ def test_market_and_redis_restart_lose_no_job(
     from market.service.api import MarketAPI
 
     job = client.submit(prompts(6, "restart"), model="quarry-tiny", max_tokens=8,
-                        price=PRICE, shard_size=3, deadline=3600)
+                        price=PRICE, shard_size=3, deadline=3600, allow_probation=True)
     api = MarketAPI(stack.market_url)
     stack.wait_until(lambda: _job_or_none(api, job.task_id), "the board to index the job",
                      timeout=90)
@@ -221,6 +227,7 @@ def test_cli_refuses_bad_input_in_one_line(stack: LocalStack, miners: dict[str, 
     cases = {
         "line 2": good + "\n{not json\n",
         "no registered miner serves model": good.replace("quarry-tiny", "gpt-nothing") + "\n",
+        "`client submit --allow-probation`": good + "\n",  # only miners on probation
     }
     tasks_before = q.tasks.task_count()
     balance_before = q.chain.balance(CLIENT.address)
@@ -235,7 +242,8 @@ def test_cli_refuses_bad_input_in_one_line(stack: LocalStack, miners: dict[str, 
     too_low = tmp_path / "batch.jsonl"
     too_low.write_text(good + "\n")
     out = subprocess.run([str(BIN / "client"), "submit", str(too_low), "--config", str(cfg),
-                          "--price", "1"], capture_output=True, text=True, timeout=60)
+                          "--price", "1", "--allow-probation"], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out
     assert "payment too low" in out.stderr
     assert q.tasks.task_count() == tasks_before

@@ -2,7 +2,8 @@
 client SDK and the verifiers) against a real Anvil and a real market app (uvicorn in a thread).
 
 The test plays the miners (claim, sign, upload, submit with the devnet's miner accounts) and
-the committee (quorum Vote signatures from the devnet's verifier keys).
+the committee (Vote signatures from three of the devnet's four equal-stake verifiers: more than
+two thirds of the dispute's committee weight, recorded with `castVotes`).
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ def test_open_dispute_refusals_then_each_outcome(devnet: Any, market: Market) ->
         open_dispute(q, net.client, api, task_id, 0)
     with pytest.raises(JobTimeout, match=f"dispute {at_fault} is still open after 0 s"):
         wait_dispute(q, at_fault, timeout=0)
-    q.arbitration.resolve(net.anyone, at_fault, True, votes(net, at_fault, True))
+    q.arbitration.cast_votes(net.anyone, at_fault, True, votes(net, at_fault, True))
     seen: list[DisputeStatus] = []
     info = wait_dispute(q, at_fault, on_poll=lambda d, now: seen.append(d.status))
     budget = q.tasks.shard_budget(task_id, 0)
@@ -288,7 +289,7 @@ def test_open_dispute_refusals_then_each_outcome(devnet: Any, market: Market) ->
     # Opened by the task's arbiter, with its own evidence; no fault: the bond is forfeited.
     no_fault = open_dispute(q, arbiter, api, task_id, 2, bond=2 * min_bond,
                             evidence_uri="sha256:" + "ab" * 32)
-    q.arbitration.resolve(net.anyone, no_fault, False, votes(net, no_fault, False))
+    q.arbitration.cast_votes(net.anyone, no_fault, False, votes(net, no_fault, False))
     info = dispute_info(q, no_fault)
     assert (info.status, info.opener, info.bond, info.evidence_uri, info.slashed) == \
         (DisputeStatus.MINER_NOT_AT_FAULT, arbiter.address, 2 * min_bond,
@@ -298,15 +299,21 @@ def test_open_dispute_refusals_then_each_outcome(devnet: Any, market: Market) ->
     with pytest.raises(DisputeNotPossible, match="challenge window closed"):
         open_dispute(q, net.client, api, task_id, 3)  # resolving it closed the window
 
-    # No verdict by the deadline: waiting expires it, the bond returns to the opener.
+    # No verdict by the deadline: waiting expires it, the bond returns to the opener, and the
+    # members that cast no vote (all four) are reported: each loses its seat and
+    # idleSlashBps of its stake, to the opener.
     expiring = open_dispute(q, net.client, api, task_id, 5)
     timeout = q.arbitration.params()["dispute_timeout"]
     net.chain.advance_time(timeout + 1)
     assert wait_dispute(q, expiring).status == DisputeStatus.OPEN  # nobody to expire it
     before = q.escrow.withdrawable(net.client.address)
     info = wait_dispute(q, expiring, expire_as=net.anyone)
-    assert info.status == DisputeStatus.EXPIRED and info.outcome().startswith("expired")
-    assert q.escrow.withdrawable(net.client.address) == before + min_bond
+    members = q.committee.members_at(info.epoch)
+    assert info.status == DisputeStatus.EXPIRED and set(info.absent) == set(members)
+    assert info.outcome().startswith("expired") and "4 member(s) that cast no vote" in \
+        info.outcome()
+    penalty = net.VERIFIER_STAKE * int(net.deployment.params["idle_slash_bps"]) // 10_000
+    assert q.escrow.withdrawable(net.client.address) == before + min_bond + 4 * penalty
     assert q.tasks.get_shard(task_id, 2).state == ShardState.SUBMITTED  # unfrozen
 
     assert [(d.dispute_id, d.status) for d in task_disputes(q, task_id)] == [
