@@ -42,10 +42,10 @@ class ResultArchive:
         self.root = Path(root)
 
     @classmethod
-    def for_miner(cls, state_dir: Path, miner: str, chain_id: int,
-                  task_registry: str) -> ResultArchive:
-        return cls(Path(state_dir).expanduser() / miner / "results"
-                   / f"{chain_id}-{task_registry}")
+    def for_miner(cls, state_dir: Path, miner: str, deployment: str) -> ResultArchive:
+        """The archive of `miner` on one deployment (`Quarry.identity()`): task ids restart
+        with every deployment, so each keeps its own."""
+        return cls(Path(state_dir).expanduser() / miner / "results" / deployment)
 
     def path(self, task_id: int, shard: int) -> Path:
         return self.root / f"{task_id}-{shard}.json"

@@ -205,7 +205,7 @@ class Worker:
         # naming this miner (id -> challenge), those this worker answered, those closed
         # (answered, missed or settled: never looked at again), those logged unanswerable.
         self.archive = ResultArchive.for_miner(state_dir or default_state_dir(), self.address,
-                                               quarry.chain_id, quarry.tasks.address)
+                                               quarry.identity())
         self.challenge_check_s = challenge_check_s
         self.open_challenges: dict[int, AvailabilityChallenge] = {}
         self.answered: set[int] = set()

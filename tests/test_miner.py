@@ -252,7 +252,7 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
     # The miner's own copy, kept to answer availability challenges, under $QUARRY_HOME.
     assert worker.archive.path(task_id, 0) == (
         Path(os.environ["QUARRY_HOME"]) / "miner" / miner.address / "results"
-        / f"{q.chain_id}-{q.tasks.address}" / f"{task_id}-0.json")
+        / q.identity() / f"{task_id}-0.json")
     assert worker.archive.load(task_id, 0) == result
 
     # The loop finds shard 1 from chain events (the market does not answer), then is idle.
@@ -503,8 +503,8 @@ def test_register_and_run_through_the_market(
                                "--no-progress")
     assert code == 0 and out.startswith("submitted 2 shard(s)")
     assert "reading them from chain events" not in caplog.text  # the market recommended them
-    kept = ResultArchive.for_miner(quarry_home / "miner", miner.address, q.chain_id,
-                                   q.tasks.address)  # the default state_dir
+    kept = ResultArchive.for_miner(quarry_home / "miner", miner.address,
+                                   q.identity())  # the default state_dir
     assert kept.keys() == [(task_id, 0), (task_id, 1)]
     for shard in (0, 1):
         sh = q.tasks.get_shard(task_id, shard)

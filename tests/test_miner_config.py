@@ -199,9 +199,9 @@ def test_result_copies_live_under_quarry_home(tmp_path: Path,
     monkeypatch.setenv("QUARRY_HOME", str(tmp_path / "home"))
     assert MinerConfig.load().state_dir is None
     assert default_state_dir() == tmp_path / "home" / "miner"
-    archive = ResultArchive.for_miner(default_state_dir(), "0xMiner", 31337, "0xRegistry")
+    archive = ResultArchive.for_miner(default_state_dir(), "0xMiner", "31337-0xRegistry-ab12")
     assert archive.path(7, 2) == (tmp_path / "home" / "miner" / "0xMiner" / "results"
-                                  / "31337-0xRegistry" / "7-2.json")
+                                  / "31337-0xRegistry-ab12" / "7-2.json")
     assert archive.keys() == [] and archive.load(7, 2) is None
 
     done = [Completion(index=4 + i, custom_id=f"r{i}", request_hash=bytes([i]) * 32,

@@ -157,6 +157,7 @@ class Quarry:
         self.tasks = TaskRegistry(self.chain, a["TaskRegistry"])
         self.committee = VerifierCommittee(self.chain, a["VerifierCommittee"])
         self.arbitration = Arbitration(self.chain, a["Arbitration"])
+        self._identity: str | None = None
 
     @classmethod
     def connect(cls, path: Path | None = None, *, check: bool = True) -> Quarry:
@@ -194,6 +195,16 @@ class Quarry:
     @property
     def chain_id(self) -> int:
         return self.deployment.chain_id
+
+    def identity(self) -> str:
+        """A name for this deployment that a fresh devnet never repeats: the chain id, the
+        TaskRegistry address and the deploy block's hash (a redeployed devnet reuses the same
+        addresses and block numbers, but not the same blocks)."""
+        if self._identity is None:
+            block = self.chain.w3.eth.get_block(self.deployment.deploy_block)
+            self._identity = (f"{self.chain_id}-{self.tasks.address}-"
+                              f"{bytes(block['hash']).hex()[:16]}")
+        return self._identity
 
     def address(self, name: str) -> str:
         if name not in self.deployment.addresses or not is_address(self.deployment.addresses[name]):
