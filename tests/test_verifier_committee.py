@@ -1,27 +1,32 @@
 """The committee protocol driven in-process, so a test can choose who misbehaves when:
 four `CommitteeMember`s over a real LocalStack (Anvil, redis-server, market, Celery worker),
-a real scoring worker and a real `miner run` process.
+a real scoring worker and a real `miner run` process (a new miner: on probation, which the
+challenge tasks allow).
 
 A leader that withholds (sends no challenges, proposes nothing) makes its epoch fail, and
 the next epoch's leader carries on and gets its report on-chain. The >1/3 rule for missing
-answers is checked on its own (pure logic).
+answers and the quorums count stake, not heads (pure logic). A verifier whose seat has not
+taken effect says so once and waits, touching neither the relay nor the chain's state.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from market.chain.client import anvil_account
 from market.chain.deploy import DeployParams
+from market.errors import QuarryError
 from market.service.processes import spawn
 from market.service.stack import LocalStack
-from verifier.committee import epoch_scores
+from verifier.committee import Snapshot, epoch_scores
 
 BIN = Path(sys.executable).parent
 EPOCH_S = 30
@@ -44,22 +49,66 @@ def _observation(author: str, missing: list[str]) -> dict:
     return {"author": author, "body": {"missing": [to_checksum_address(m) for m in missing]}}
 
 
-def test_missing_answer_counts_only_when_more_than_a_third_confirm() -> None:
+def test_missing_answer_counts_only_when_more_than_a_third_of_the_stake_confirms() -> None:
     from eth_utils import to_checksum_address
 
-    members = ["m1", "m2", "m3", "m4"]
+    equal = {"m1": 1, "m2": 1, "m3": 1, "m4": 1}
     b = to_checksum_address(B)
-    one = epoch_scores(_proposal([B]), [_observation("m1", [B])], members)
+    one = epoch_scores(_proposal([B]), [_observation("m1", [B])], equal)
     assert one == {to_checksum_address(A): 9000, b: None}, "1 of 4 is not more than a third"
     two = epoch_scores(_proposal([B]), [_observation("m1", [B]), _observation("m2", [B])],
-                       members)
+                       equal)
     assert two[b] == 0
     # Confirmations from outsiders, or repeated by one member, do not count.
     fake = epoch_scores(_proposal([B]), [_observation("m1", [B]), _observation("m1", [B]),
-                                         _observation("x", [B])], members)
+                                         _observation("x", [B])], equal)
     assert fake[b] is None
     # A member cannot add a miner the leader did not report missing.
     assert A.lower() not in {k.lower() for k, v in two.items() if v == 0}
+    # By stake, not heads: three small members are not a third, one large member is.
+    skewed = {"big": 7, "s1": 1, "s2": 1, "s3": 1}
+    smalls = [_observation(m, [B]) for m in ("s1", "s2", "s3")]
+    assert epoch_scores(_proposal([B]), smalls, skewed)[b] is None
+    assert epoch_scores(_proposal([B]), [_observation("big", [B])], skewed)[b] == 0
+
+
+def test_a_quorum_is_a_stake_quorum() -> None:
+    snap = Snapshot(3, {"0x01": 50, "0x02": 20, "0x03": 20, "0x04": 10}, 100 * 2 // 3 + 1)
+    assert snap.total == 100 and snap.members == ["0x01", "0x02", "0x03", "0x04"]
+    assert not snap.reached(["0x02", "0x03", "0x04"]), "three of four heads hold 50 of 100"
+    assert snap.reached(["0x01", "0x02"]), "two heads hold 70 of 100"
+    assert snap.weight_of(["0x01", "0x01", "0x05"]) == 50  # once each; outsiders weigh 0
+    assert not snap.reached(["0x01", "0x04"])  # 60 is not more than 2/3 of 100
+
+
+@pytest.mark.chain
+def test_a_verifier_waits_for_its_seat(devnet: Any, tmp_path: Path) -> None:
+    """Freshly registered, a member says once at which epoch it joins and does nothing else:
+    its market is a dead address, so any relay call would fail the step."""
+    from conftest import until_seated
+
+    from market.chain.devnet import free_port
+    from market.service.api import MarketAPI
+    from verifier.committee import CommitteeMember
+    from verifier.reputation import ReputationParams
+
+    q = devnet.q
+    newcomer = anvil_account(16)
+    at = int(q.committee.register(newcomer, devnet.VERIFIER_STAKE)
+             .event("VerifierRegistered")["activeFrom"])
+    events: list[str] = []
+    with MarketAPI(f"http://127.0.0.1:{free_port()}") as dead:
+        member = CommitteeMember(q, newcomer, dead, None, model_id=devnet.MODEL_ID,  # type: ignore[arg-type]
+                                 model_name="m", params=ReputationParams(),
+                                 state_path=tmp_path / "state.json", on_event=events.append)
+        for _ in range(3):
+            member.step()
+        assert events == [f"{newcomer.address} joins the committee at epoch {at} (chain time "
+                          f"{q.committee.epoch_start(at)}); waiting for it"]
+        assert until_seated(q) == at and q.committee.is_member(newcomer.address)
+        with pytest.raises(QuarryError):  # seated, it reads the relay: here a dead market
+            member.step()
+    assert not (tmp_path / "state.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -92,18 +141,27 @@ def test_withholding_leader_fails_only_its_epoch(stack: LocalStack) -> None:
                    f'model_dirs = ["{model_dir}"]\n'
                    'price_per_token = 1000000000\nstake = "0.5ether"\n'
                    'endpoint = "http://127.0.0.1:9300"\npoll_interval_s = 0.3\n')
+    env = {**os.environ, "QUARRY_HOME": str(stack.home / "quarry-home")}  # private state
     out = subprocess.run([str(BIN / "miner"), "register", "--config", str(cfg)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    miner = spawn([str(BIN / "miner"), "run", "--config", str(cfg), "--no-progress"],
+    miner = spawn([str(BIN / "miner"), "run", "--config", str(cfg), "--no-progress"], env=env,
                   name="miner", log_path=stack.logs / "miner.log")
     scorer_proc = start_scoring_worker(stack.redis_url, "quarry.score.committee-test",
                                        stack.logs / "scorer.log")
     markets = []
     try:
+        from conftest import until_seated
+
         stake = int(q.chain.call(q.committee.contract.functions.minVerifierStake()))
+        # Early in an epoch, so no boundary passes between a registration's gas estimate and
+        # its block (that would make its weight checkpoint a new, dearer one).
+        q.chain.advance_time(q.committee.epoch_start(q.committee.current_epoch() + 1)
+                             - q.chain.timestamp())
         for v in VERIFIERS:
             q.committee.register(v, stake)
+        until_seated(q)  # the seats take effect at the next boundary
+        assert q.gpu.on_probation(MINER.address), "a new miner starts on probation"
         scorer = ScoringClient(stack.redis_url, "quarry.score.committee-test", model_dir)
         members = []
         for v in VERIFIERS:

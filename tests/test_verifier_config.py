@@ -43,8 +43,9 @@ def test_missing_key_is_named() -> None:
         VerifierConfig.load(None).require("key")
 
 
-def test_run_without_a_model_prints_one_line(tmp_path: Path) -> None:
-    out = subprocess.run([str(BIN / "verifier"), "run", "--key-file", str(tmp_path / "none")],
+@pytest.mark.parametrize("command", ["run", "register", "exit", "withdraw"])
+def test_a_command_without_its_settings_prints_one_line(tmp_path: Path, command: str) -> None:
+    out = subprocess.run([str(BIN / "verifier"), command, "--key-file", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode != 0
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

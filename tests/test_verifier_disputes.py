@@ -1,12 +1,19 @@
-"""Dispute votes end to end: a real Anvil (session devnet, four committee members, quorum 3),
-a real market app (uvicorn in a thread, with its committee relay), a real Redis and a real
-Celery scoring worker on the tiny model.
+"""Dispute votes end to end: a real Anvil (session devnet, four committee members of equal
+stake: a quorum weighs three of them), a real market app (uvicorn in a thread, with its
+committee relay), a real Redis and a real Celery scoring worker on the tiny model.
 
 Miners run the real engine through `miner.worker.Worker`: one honestly, one with the declared
 `random` cheating mode. The client disputes one output of each; four `DisputeDesk`s (one a
-liar) judge, vote through the relay and resolve. Checked to the wei: the bond split of the
-no-fault outcome and the slash/refund/reward of the fault outcome. Evidence cases (withheld,
-tampered, client-side input) are judged without scoring.
+liar) judge, vote through the relay and record the votes of a quorum. Checked to the wei: the
+bond split of the no-fault outcome and the slash/refund/reward of the fault outcome. Evidence
+cases (withheld, tampered, client-side input) are judged without scoring.
+
+The committee's gaps, each performed through the real desks: a verifier seated after a
+dispute opened does not vote on it (the dispute's snapshot judges it); members that do not
+vote cannot block a dispute: the working ones record their votes before the deadline, and
+the idle ones are reported absent when it expires and lose their seats and 10% of their
+stake to the opener. The leader's remedy against a withheld challenge answer (availability
+challenge, then settlement or dispute) runs against the same chain.
 """
 
 from __future__ import annotations
@@ -21,11 +28,17 @@ import pytest
 from eth_utils import to_checksum_address
 
 from market.chain.client import anvil_account
-from market.chain.contracts import DisputeStatus, GpuSpec, ShardState
+from market.chain.contracts import (
+    Ballot,
+    ChallengeStatus,
+    DisputeStatus,
+    GpuSpec,
+    ShardState,
+)
 from market.chain.devnet import free_port
 from market.chain.errors import revert_class
 from market.errors import QuarryError
-from market.jobs import open_dispute
+from market.jobs import challenge_info, open_dispute, wait_dispute
 from market.protocol.eip712 import Vote
 from market.protocol.merkle import input_tree
 from market.protocol.requests import parse_jsonl
@@ -136,14 +149,15 @@ def register_miner(devnet: Any, index: int, model_id: bytes) -> Any:
 
 def post_task(devnet: Any, api: MarketAPI, model_id: bytes, data: bytes, *,
               input_uri: str | None = None) -> int:
-    """One task (one shard) for `data`; `input_uri` points the task at other bytes."""
+    """One task (one shard) for `data`; `input_uri` points the task at other bytes. Miners
+    registered in these tests are on probation: the tasks allow them."""
     uri = api.put(data)
     hashes = [r.request_hash for r in parse_jsonl(data)]
     task_id, _ = devnet.q.tasks.create_task(
         devnet.client, model_id=model_id, input_root=input_tree(hashes).root,
         input_uri=input_uri or uri, num_requests=len(hashes), shard_size=len(hashes),
         max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
-        deadline=devnet.chain.timestamp() + 3600)
+        deadline=devnet.chain.timestamp() + 3600, allow_probation=True)
     return task_id
 
 
@@ -173,6 +187,23 @@ def serve_by_hand(devnet: Any, api: MarketAPI, task_id: int, miner: Any, data: b
 
 def votes_on(api: MarketAPI, reader: Any, dispute_id: int) -> list[dict[str, Any]]:
     return api.messages(reader, epoch=0, kind="vote", topic=str(dispute_id))
+
+
+def withheld_dispute(devnet: Any, api: MarketAPI, tag: str) -> int:
+    """A dispute the desks judge without scoring: the miner committed a result it never
+    published, and the client disputes with the receipt the miner showed it."""
+    q = devnet.q
+    task_id = post_task(devnet, api, devnet.MODEL_ID, batch(2, tag))
+    doc = serve_by_hand(devnet, api, task_id, devnet.miner, batch(2, tag), upload=False)
+    item = doc.items[1]
+    dispute_id, _ = q.arbitration.open_dispute(
+        devnet.client, task_id, 0, item.receipt, item.proof,
+        q.tasks.get_shard(task_id, 0).result_uri, q.arbitration.min_bond())
+    return dispute_id
+
+
+def by_address(addresses: Any) -> list[str]:
+    return sorted((to_checksum_address(a) for a in addresses), key=lambda a: int(a, 16))
 
 
 # ---------------------------------------------------------------------------- the committee
@@ -213,16 +244,16 @@ def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
              for i, v in enumerate(devnet.verifiers)]
     liar, fair = desks[0], desks[1:]
 
-    # The liar votes first; alone it is no quorum, whatever it signs.
+    # The liar votes first; alone it weighs no quorum, and with the dispute's time hardly
+    # begun nothing is recorded on-chain yet.
     liar.step()
     assert set(liar.votes) == {d_honest, d_cheat}
     assert liar.votes[d_honest].miner_at_fault is True
     assert liar.votes[d_cheat].miner_at_fault is False
-    for d, fault in ((d_honest, True), (d_cheat, False)):
+    for d in (d_honest, d_cheat):
         assert liar.try_resolve(d) is False
-        with pytest.raises(revert_class("QuorumNotReached")):
-            q.arbitration.resolve(liar.account, d, fault, [liar.votes[d].signature])
         assert q.arbitration.get_dispute(d).status == DisputeStatus.OPEN
+        assert q.arbitration.ballot_of(d, liar.address) == Ballot.NONE
 
     for desk in fair:
         desk.step()
@@ -230,6 +261,8 @@ def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
     assert q.arbitration.get_dispute(d_cheat).status == DisputeStatus.MINER_AT_FAULT
     assert fair[-1].resolved_here == {d_honest, d_cheat}  # the third fair vote made a quorum
     assert not any(desk.resolved_here for desk in desks[:-1])
+    for d in (d_honest, d_cheat):  # one castVotes with the three: the liar's never recorded
+        assert q.arbitration.ballot_of(d, liar.address) == Ballot.NONE
 
     # Every desk judged the same way with the same numbers; the liar only signed otherwise.
     for d, fault in ((d_honest, False), (d_cheat, True)):
@@ -291,6 +324,191 @@ def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
             desk.address for desk in desks)
 
 
+# ---------------------------------------------------------------------------- snapshots
+
+
+def test_the_verifiers_vote_with_the_snapshot(devnet: Any, stack: Stack) -> None:
+    """A dispute opened while the four are the committee is theirs to judge: a fifth
+    verifier seated after it opened (with more stake than the four together) runs its own
+    desk and does not vote on it; the four resolve it with the weights of its epoch."""
+    from conftest import until_seated
+
+    q, api = devnet.q, stack.api
+    dispute_id = withheld_dispute(devnet, api, "snap ")
+    opened = q.arbitration.get_dispute(dispute_id)
+    assert opened.epoch == q.committee.current_epoch()
+    assert opened.total_weight == q.committee.total_weight_at(opened.epoch) == 4 * STAKE
+
+    newcomer = anvil_account(15)
+    q.committee.register(newcomer, 5 * STAKE)
+    seated = until_seated(q)
+    assert seated > opened.epoch and q.committee.is_member(newcomer.address)
+    assert q.committee.weight_at(newcomer.address, opened.epoch) == 0
+    assert q.committee.total_weight_at(seated) == 9 * STAKE  # today's committee is another
+
+    desks = [DisputeDesk(q, v, api, stack.scorer) for v in devnet.verifiers]
+    late = DisputeDesk(q, newcomer, api, stack.scorer)
+    late.step()
+    assert dispute_id in late.closed and dispute_id not in late.votes
+    assert "not in" in late.closed[dispute_id]
+    for desk in desks[:2]:  # two of four: half the snapshot's weight, no quorum
+        desk.step()
+    assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.OPEN
+    # The newcomer's signature is refused on-chain too: it is not in the dispute's snapshot.
+    signature = Vote(dispute_id, True).sign(newcomer.key, q.chain_id, q.arbitration.address)
+    with pytest.raises(revert_class("NotCommitteeMember")):
+        q.arbitration.cast_votes(newcomer, dispute_id, True, [signature])
+
+    desks[2].step()
+    d = q.arbitration.get_dispute(dispute_id)
+    assert d.status == DisputeStatus.MINER_AT_FAULT and desks[2].resolved_here == {dispute_id}
+    voters = by_address(v.address for v in devnet.verifiers[:3])
+    assert by_address(q.arbitration.voters_of(dispute_id, True)) == voters
+    assert q.arbitration.voters_of(dispute_id, False) == []
+    assert d.fault_weight == 3 * STAKE and d.no_fault_weight == 0
+    cast = q.arbitration.events("VoteCast", devnet.deployment.deploy_block, disputeId=dispute_id)
+    assert {to_checksum_address(e["voter"]): int(e["weight"]) for e in cast} == {
+        v: STAKE for v in voters}
+    assert q.arbitration.ballot_of(dispute_id, newcomer.address) == Ballot.NONE
+    assert q.arbitration.ballot_of(dispute_id, devnet.verifiers[3].address) == Ballot.NONE
+    for desk in (late, desks[3]):
+        desk.step()
+        assert dispute_id in desk.closed and not desk.open
+    assert sorted(m["author"] for m in votes_on(api, late.account, dispute_id)) == sorted(
+        v.address for v in devnet.verifiers[:3])
+
+
+def test_idle_members_cannot_block_a_dispute(devnet: Any, stack: Stack) -> None:
+    """Only two of the four desks run. No quorum can come, so past half the dispute's time
+    each records its own vote on-chain; at expiry the two idle members are reported absent:
+    they lose their seats at the next boundary and 10% of their stake to the opener."""
+    from conftest import until_seated
+
+    q, api = devnet.q, stack.api
+    working = [DisputeDesk(q, v, api, stack.scorer) for v in devnet.verifiers[:2]]
+    idle = [v.address for v in devnet.verifiers[2:]]
+    dispute_id = withheld_dispute(devnet, api, "idle ")
+    d = q.arbitration.get_dispute(dispute_id)
+    for desk in working:
+        desk.step()
+        assert desk.votes[dispute_id].miner_at_fault is True
+        assert q.arbitration.ballot_of(dispute_id, desk.address) == Ballot.NONE  # not yet
+    assert len(votes_on(api, working[0].account, dispute_id)) == 2
+
+    half = d.opened_at + (d.deadline - d.opened_at) // 2
+    devnet.chain.advance_time(half - devnet.chain.timestamp())
+    for desk in working:
+        desk.step()
+        assert dispute_id in desk.recorded
+    d = q.arbitration.get_dispute(dispute_id)
+    assert d.status == DisputeStatus.OPEN and d.fault_weight == 2 * STAKE
+    assert by_address(q.arbitration.voters_of(dispute_id, True)) == by_address(
+        desk.address for desk in working)
+
+    devnet.chain.advance_time(d.deadline - devnet.chain.timestamp())
+    w = q.escrow.withdrawable
+    before = w(devnet.client.address)
+    slash_bps = int(q.chain.call(q.committee.contract.functions.idleSlashBps()))
+    slash = STAKE * slash_bps // BPS
+    info = wait_dispute(q, dispute_id, expire_as=devnet.client)
+    assert info.status == DisputeStatus.EXPIRED
+    assert by_address(info.absent) == by_address(idle)
+    assert w(devnet.client.address) - before == d.bond + 2 * slash  # to the wei
+    leaving_at = q.committee.current_epoch() + 1
+    for v in idle:
+        vi = q.committee.verifier_info(v)
+        assert vi.stake == STAKE - slash and vi.active_until == leaving_at
+        assert q.committee.strikes_of(v) == 1
+        assert q.arbitration.ballot_of(dispute_id, v) == Ballot.ABSENT
+    for desk in working:
+        vi = q.committee.verifier_info(desk.address)
+        assert vi.stake == STAKE and vi.seated and q.committee.strikes_of(desk.address) == 0
+        desk.step()
+        assert dispute_id in desk.closed
+    assert until_seated(q) == leaving_at
+    assert q.committee.members() == by_address(desk.address for desk in working)
+
+
+# ---------------------------------------------------------------------------- withheld answers
+
+
+def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
+        devnet: Any, stack: Stack, tmp_path: Path) -> None:
+    """Two challenge answers committed on-chain but never published. The leader, as each
+    task's client, challenges their availability (once, across a restart). One miner does
+    not answer: after the response window the leader settles it, the miner is slashed. The
+    other answers on-chain but still publishes nothing: the leader disputes the answered
+    receipt, and a desk finds the data withheld."""
+    from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
+    from verifier.committee import CommitteeMember
+    from verifier.reputation import ReputationParams
+
+    q, api = devnet.q, stack.api
+    miners = {m.address: m for m in (devnet.miner, devnet.miner2)}
+    cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", list(miners),
+                            requests=2, max_tokens=MAX_TOKENS)
+    leader = devnet.verifiers[0]
+    deadline = devnet.chain.timestamp() + 3600
+    posted = [post_challenge(q, leader, api, c, devnet.MODEL_ID, deadline)
+              for c in cs.challenges]
+    docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
+                                   cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
+            for p in posted}
+    answers = [collect_answer(q, api, cs.challenge_for(p.miner), p.task_id)  # type: ignore[arg-type]
+               for p in posted]
+    assert all(a.withheld for a in answers)
+
+    def member(events: list[str]) -> CommitteeMember:
+        return CommitteeMember(q, leader, api, None, model_id=devnet.MODEL_ID,  # type: ignore[arg-type]
+                               model_name="quarry-dispute-test", params=ReputationParams(),
+                               state_path=tmp_path / "state.json", on_event=events.append)
+
+    events: list[str] = []
+    first = member(events)
+    first.state.posted["1"] = [p.to_json() for p in posted]
+    first.challenge_withheld(1, posted, answers)
+    entries = first.state.availability
+    assert [entries[str(p.task_id)]["status"] for p in posted] == ["open", "open"]
+    assert q.arbitration.challenge_count() == 2
+    assert all(q.tasks.get_shard(p.task_id, 0).state == ShardState.DISPUTED for p in posted)
+
+    restarted = member(events)  # from the state file: nothing is challenged twice
+    restarted.challenge_withheld(1, posted, answers)
+    assert q.arbitration.challenge_count() == 2
+
+    silent, answering = posted
+    stake = q.gpu.miner_info(silent.miner).stake
+    item = docs[answering.miner].items[0]
+    challenge_id = int(restarted.state.availability[str(answering.task_id)]["challengeId"])
+    q.arbitration.answer_availability(miners[answering.miner], challenge_id, item.receipt,
+                                      item.proof)
+    restarted.follow_availability()  # the silent one's window is still open
+    entries = restarted.state.availability
+    assert entries[str(silent.task_id)]["status"] == "open"
+    assert entries[str(answering.task_id)]["status"] == "disputed"
+    dispute_id = int(entries[str(answering.task_id)]["disputeId"])
+    d = q.arbitration.get_dispute(dispute_id)
+    assert (d.task_id, d.receipt) == (answering.task_id, item.receipt)
+
+    devnet.chain.advance_time(q.arbitration.response_window())
+    restarted.follow_availability()
+    silent_id = int(entries[str(silent.task_id)]["challengeId"])
+    settled = challenge_info(q, silent_id)
+    assert entries[str(silent.task_id)]["status"] == "unanswered"
+    assert settled.status == ChallengeStatus.UNANSWERED and settled.slashed > 0
+    assert q.gpu.miner_info(silent.miner).stake == stake - settled.slashed
+    assert q.tasks.get_shard(silent.task_id, 0).state == ShardState.REFUNDED
+
+    verdict = DisputeDesk(q, devnet.verifiers[1], api, stack.scorer).judge(dispute_id)
+    assert verdict.miner_at_fault and "data withheld" in verdict.reason
+
+    again = member(events)  # a second restart repeats nothing
+    again.follow_availability()
+    again.challenge_withheld(1, posted, answers)
+    assert q.arbitration.challenge_count() == 2 and q.arbitration.dispute_count() == dispute_id
+    assert sum("availability challenge" in e for e in events) >= 3
+
+
 # ---------------------------------------------------------------------------- evidence
 
 
@@ -319,7 +537,7 @@ def test_evidence_withheld_tampered_or_client_side_is_judged_without_scoring(
     # The client of the withheld shard disputes with the receipt the miner showed it.
     item = withheld_doc.items[1]
     d_withheld, _ = q.arbitration.open_dispute(
-        devnet.client, withheld, 0, item.receipt, item.signature, item.proof,
+        devnet.client, withheld, 0, item.receipt, item.proof,
         q.tasks.get_shard(withheld, 0).result_uri, q.arbitration.min_bond())
     verdict = desk.judge(d_withheld)
     assert verdict.miner_at_fault and verdict.score is None

@@ -28,7 +28,7 @@ from market.protocol.canonical import canonical_json_bytes, keccak, request_hash
 from market.protocol.merkle import input_tree
 from market.protocol.requests import COMPLETIONS_URL, encode_jsonl, validate_request
 from market.protocol.results import ResultCheckFailed
-from market.store import StoreError
+from market.store import ContentNotFound, StoreError
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -38,8 +38,12 @@ if TYPE_CHECKING:
     from market.service.api import MarketAPI
 
 SAMPLED_TEMPERATURE = 0.8
-# Gas the fresh client address needs for createTask (and a dispute), funded by the leader.
+# Gas the fresh client address needs for createTask, an availability challenge and a dispute,
+# funded by the leader (the bonds are funded on top).
 GAS_ALLOWANCE_WEI = 10**16
+
+
+WITHHELD = "a result root was committed but its document is not published"
 
 
 class ChallengeSetInvalid(QuarryError):
@@ -112,10 +116,12 @@ class ChallengeSet:
 
 
 def eligible_miners(q: Quarry, model_id: bytes) -> list[str]:
-    """Registered miners that may claim work for `model_id` now, sorted by address."""
+    """Registered miners that may claim challenge tasks for `model_id` now, sorted by
+    address. Miners on probation are included: the committee's challenges are how they
+    leave it."""
     seen = {to_checksum_address(ev["miner"])
             for ev in q.gpu.events("MinerRegistered", q.deployment.deploy_block)}
-    return sorted((m for m in seen if q.gpu.is_eligible(m, model_id, 0)),
+    return sorted((m for m in seen if q.gpu.is_eligible(m, model_id, 0, allow_probation=True)),
                   key=lambda a: int(a, 16))
 
 
@@ -209,18 +215,20 @@ class PostedChallenge:
 def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge: Challenge,
                    model_id: bytes, deadline: int) -> PostedChallenge:
     """Fund a fresh address and post `challenge` from it as an ordinary task directed at the
-    challenged miner (at that miner's own price)."""
+    challenged miner (at that miner's own price). The task allows miners on probation, so a
+    new miner is challenged like the others; the funds cover the bonds of an availability
+    challenge and a dispute, the leader's remedies as this task's client."""
     from market.jobs import post_batch
 
     fresh = Account.create()
     price = q.gpu.miner_info(challenge.miner).price_per_token
     payment = len(challenge.lines) * challenge.max_tokens * price
-    q.chain.transfer(leader, fresh.address,
-                     payment + GAS_ALLOWANCE_WEI + q.arbitration.min_bond())
+    bonds = q.arbitration.min_bond() + q.arbitration.min_availability_bond()
+    q.chain.transfer(leader, fresh.address, payment + GAS_ALLOWANCE_WEI + bonds)
     task_id, _ = post_batch(q, fresh, market, challenge.data, challenge.request_hashes,
                             model_id=model_id, shard_size=len(challenge.lines),
                             max_tokens=challenge.max_tokens, price=price, deadline=deadline,
-                            prefer_miner=challenge.miner)
+                            prefer_miner=challenge.miner, allow_probation=True)
     return PostedChallenge(challenge.miner, task_id, fresh.key.hex())
 
 
@@ -234,9 +242,17 @@ class Answer:
     items: tuple[ResultItem, ...] = ()
     reason: str = ""
 
+    @property
+    def withheld(self) -> bool:
+        """Missing although the miner committed a result on-chain: it published no
+        document (the leader then challenges its availability)."""
+        return self.status == "missing" and self.reason == WITHHELD
+
 
 def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: int) -> Answer:
-    """The challenged miner's verified outputs, or why there are none.
+    """The challenged miner's verified outputs, or why there are none. A result root
+    committed without its document is a missing answer (`Answer.withheld`), not an invalid
+    one: nothing signed was shown, and the chain can be asked for it.
 
     Raises ChallengeSetInvalid when the task on-chain is not this challenge (a leader that
     lies about which task it posted).
@@ -253,6 +269,8 @@ def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: 
             return Answer(challenge.miner, task_id, "other-miner")
         try:
             items = fetch_shard_result(q, market, task_id, 0, challenge.request_hashes)
+        except ContentNotFound:
+            return Answer(challenge.miner, task_id, "missing", reason=WITHHELD)
         except (ResultCheckFailed, StoreError) as exc:  # a signed answer that fails its checks
             return Answer(challenge.miner, task_id, "invalid", reason=str(exc))
         return Answer(challenge.miner, task_id, "answered", tuple(items))

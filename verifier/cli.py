@@ -1,5 +1,6 @@
-"""The `verifier` command: stake into the committee, run the epoch protocol and dispute votes,
-run scoring workers, open disputes as an arbiter, and show the committee. Settings come from
+"""The `verifier` command: stake into the committee (and leave it, and withdraw the stake), run
+the epoch protocol and dispute votes, run scoring workers, open disputes as an arbiter, and
+show the committee. Settings come from
 `--config FILE` ([verifier] table), then QUARRY_VERIFIER_* variables, then flags."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from market.cliutil import run_cli
 
 if TYPE_CHECKING:
+    from market.chain.deploy import Quarry
     from verifier.config import VerifierConfig
 
 
@@ -39,6 +41,16 @@ def scoring_queue(address: str) -> str:
     return f"quarry.score.{address.lower()}"
 
 
+def _when(q: Quarry, epoch: int) -> str:
+    """`epoch N (chain time T, in S s)`: when a membership change takes effect."""
+    start, now = q.committee.epoch_start(epoch), q.chain.timestamp()
+    return f"epoch {epoch} (chain time {start}, {_in(start - now)})"
+
+
+def _in(seconds: int) -> str:
+    return f"in {seconds} s" if seconds > 0 else "now"
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     from market.connect import connect
     from market.errors import QuarryError
@@ -48,20 +60,85 @@ def cmd_register(args: argparse.Namespace) -> int:
     q, market = connect(cfg)
     market.close()
     committee = q.committee
-    if committee.is_member(account.address):
-        info = committee.verifier_info(account.address)
-        print(f"verifier {account.address} is already a committee member (stake {info.stake} "
-              f"wei; {len(committee.members())} members, quorum {committee.quorum()})")
+    info = committee.verifier_info(account.address)
+    if info.seated:
+        where = ("is a committee member" if info.active_from <= committee.current_epoch()
+                 else f"is registered; its seat takes effect at {_when(q, info.active_from)}")
+        print(f"verifier {account.address} {where} (stake {info.stake} wei)")
         return 0
+    if info.registered:
+        raise QuarryError(f"{account.address} is leaving the committee (its seat ends at epoch "
+                          f"{info.active_until}): withdraw its stake from chain time "
+                          f"{info.withdrawable_at} (`verifier withdraw`), then register again")
     stake = cfg.stake
     if stake is None:
         stake = int(q.chain.call(committee.contract.functions.minVerifierStake()))
     if q.chain.balance(account.address) <= stake:
         raise QuarryError(f"{account.address} holds {q.chain.balance(account.address)} wei, "
                           f"not enough to stake {stake} wei and pay gas")
-    committee.register(account, stake)
-    print(f"verifier {account.address} joined the committee with {stake} wei staked "
-          f"({len(committee.members())} members, quorum {committee.quorum()})")
+    tx = committee.register(account, stake)
+    at = int(tx.event("VerifierRegistered")["activeFrom"])
+    print(f"verifier {account.address} registered with {stake} wei staked; its seat takes "
+          f"effect at {_when(q, at)}: `verifier run` waits for it")
+    for ev in tx.all("VerifierDisplaced"):
+        print(f"  it displaces {ev['verifier']} (less stake) from epoch {ev['activeUntil']}")
+    return 0
+
+
+def cmd_exit(args: argparse.Namespace) -> int:
+    from market.connect import connect
+    from market.errors import QuarryError
+
+    cfg = _load(args)
+    account = cfg.account()
+    q, market = connect(cfg)
+    market.close()
+    info = q.committee.verifier_info(account.address)
+    if not info.seated:
+        raise QuarryError(
+            f"{account.address} is not registered in the committee" if not info.registered
+            else f"{account.address} is already leaving: its seat ends at epoch "
+                 f"{info.active_until}, its stake can be withdrawn from chain time "
+                 f"{info.withdrawable_at} (`verifier withdraw`)")
+    tx = q.committee.request_exit(account)
+    cancelled = tx.all("VerifierJoinCancelled")
+    if cancelled:
+        print(f"verifier {account.address}: its join had not taken effect and is cancelled; "
+              f"the stake of {int(cancelled[0]['stake'])} wei is refunded")
+        return 0
+    ev = tx.event("VerifierExitRequested")
+    until, at = int(ev["activeUntil"]), int(ev["withdrawableAt"])
+    now = q.chain.timestamp()
+    print(f"verifier {account.address} leaves the committee: its last epoch is {until - 1}, "
+          f"the seat ends at {_when(q, until)}; keep `verifier run` going: it must still vote "
+          f"on the disputes opened until then. Its stake of {info.stake} wei can be withdrawn "
+          f"from chain time {at} ({_in(at - now)}) with `verifier withdraw`")
+    return 0
+
+
+def cmd_withdraw(args: argparse.Namespace) -> int:
+    from market.chain.errors import revert_class
+    from market.connect import connect
+    from market.errors import QuarryError
+
+    cfg = _load(args)
+    account = cfg.account()
+    q, market = connect(cfg)
+    market.close()
+    info = q.committee.verifier_info(account.address)
+    if info.withdrawable_at == 0:
+        raise QuarryError(f"{account.address} has no stake to withdraw: "
+                          + ("request an exit first (`verifier exit`)" if info.registered
+                             else "it is not registered in the committee"))
+    try:
+        tx = q.committee.withdraw_stake(account)
+    except revert_class("UnbondingNotOver") as exc:
+        at = int(exc.args_dict.get("withdrawableAt", info.withdrawable_at))
+        raise QuarryError(f"{account.address}'s stake is bonded until chain time {at} "
+                          f"({_in(at - q.chain.timestamp())}): disputes its seat judged may "
+                          "still expire and report it absent") from None
+    amount = int(tx.event("VerifierStakeWithdrawn")["amount"])
+    print(f"verifier {account.address} withdrew its stake: {amount} wei")
     return 0
 
 
@@ -89,9 +166,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     manifest.verify(cfg.model_dir)
     account = cfg.account()
     q, market = connect(cfg)
-    if not q.committee.is_member(account.address):
-        raise ConfigError(f"{account.address} is not a committee member: run `verifier "
-                          "register` first")
+    if not q.committee.verifier_info(account.address).registered:
+        market.close()
+        raise ConfigError(f"{account.address} is not registered in the committee: run "
+                          "`verifier register` first")
     home = cfg.state_dir or quarry_home() / "verifier"
     state = home / f"{account.address}-{q.chain.chain_id}-{q.committee.address}.json"
     queue = scoring_queue(account.address)
@@ -112,6 +190,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
               f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
               f"worker(s) on {queue}; Ctrl-C stops", file=sys.stderr, flush=True)
+        # A verifier whose seat has not taken effect yet (or that has left) runs too: the
+        # member says once why it waits, and the desk still votes on disputes its old seat
+        # judges.
         while True:
             for part in (member.step, desk.step):
                 try:
@@ -161,35 +242,63 @@ def cmd_dispute(args: argparse.Namespace) -> int:
     return 0
 
 
+def committee_status(q: Quarry) -> dict[str, Any]:
+    """The committee as `verifier status` shows it (JSON-ready; weights and amounts in wei)."""
+    from market.chain.contracts import SEATED
+
+    c = q.committee
+    epoch = c.current_epoch()
+    weights = c.weights_at(epoch)
+    infos = {v: c.verifier_info(v) for v in c.seats()}
+    reports = c.events("ReputationSubmitted", q.deployment.deploy_block)
+    miners = sorted({m["miner"] for m in q.gpu.events("MinerRegistered",
+                                                      q.deployment.deploy_block)})
+    return {
+        "epoch": epoch, "epochDurationS": c.epoch_duration(), "chainTime": q.chain.timestamp(),
+        "nextEpochAt": c.epoch_start(epoch + 1),
+        "members": list(weights), "weights": weights, "totalWeight": c.total_weight_at(epoch),
+        "quorumWeight": c.quorum_weight(epoch),
+        "pending": {v: {"activeFrom": i.active_from, "stake": i.stake}
+                    for v, i in sorted(infos.items()) if i.seated and i.active_from > epoch},
+        "leaving": {v: {"activeUntil": i.active_until, "withdrawableAt": i.withdrawable_at,
+                        "stake": i.stake}
+                    for v, i in sorted(infos.items()) if i.active_until != SEATED},
+        "leader": c.leader_of(epoch) if weights else None,
+        "nextReportEpoch": c.next_report_epoch(),
+        "challengeSetCommitted": {e: c.challenge_set_of(e) != bytes(32)
+                                  for e in (epoch, epoch + 1)},
+        "reportedEpochs": sorted(int(r["epoch"]) for r in reports),
+        "miners": {m: {"reputationBps": (info := q.gpu.miner_info(m)).reputation_bps,
+                       "onProbation": info.on_probation} for m in miners},
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from market.connect import connect
 
     cfg = _load(args)
     q, market = connect(cfg)
     market.close()
-    c = q.committee
-    epoch = c.current_epoch()
-    members = c.members()
-    reports = c.events("ReputationSubmitted", q.deployment.deploy_block)
-    miners = sorted({m["miner"] for m in q.gpu.events("MinerRegistered",
-                                                      q.deployment.deploy_block)})
-    status = {
-        "epoch": epoch, "epochDurationS": c.epoch_duration(), "members": members,
-        "quorum": c.quorum(),
-        "leader": c.leader_of(epoch) if members else None,
-        "challengeSetCommitted": {e: c.challenge_set_of(e) != bytes(32)
-                                  for e in (epoch, epoch + 1)},
-        "reportedEpochs": sorted(int(r["epoch"]) for r in reports),
-        "minerReputationBps": {m: q.gpu.miner_info(m).reputation_bps for m in miners},
-    }
+    status = committee_status(q)
     if args.json:
         print(json.dumps(status, indent=2))
-    else:
-        print(f"epoch {epoch} ({status['epochDurationS']} s): {len(members)} members, quorum "
-              f"{status['quorum']}, leader {status['leader']}")
-        print(f"reported epochs: {status['reportedEpochs'] or 'none'}")
-        for m, bps in status["minerReputationBps"].items():
-            print(f"  miner {m}: reputation {bps / 100:.2f}%")
+        return 0
+    print(f"epoch {status['epoch']} ({status['epochDurationS']} s, the next at chain time "
+          f"{status['nextEpochAt']}): {len(status['members'])} members, total weight "
+          f"{status['totalWeight']} wei, quorum weight {status['quorumWeight']} wei, leader "
+          f"{status['leader']}")
+    for m, w in status["weights"].items():
+        print(f"  member {m}: weight {w} wei")
+    for m, p in status["pending"].items():
+        print(f"  pending {m}: seated from epoch {p['activeFrom']} ({p['stake']} wei)")
+    for m, p in status["leaving"].items():
+        print(f"  leaving {m}: seat ends at epoch {p['activeUntil']}, stake of {p['stake']} "
+              f"wei withdrawable from chain time {p['withdrawableAt']}")
+    print(f"next report epoch: {status['nextReportEpoch']}; reported epochs: "
+          f"{status['reportedEpochs'] or 'none'}")
+    for m, r in status["miners"].items():
+        print(f"  miner {m}: reputation {r['reputationBps'] / 100:.2f}%"
+              + (" (on probation)" if r["onProbation"] else ""))
     return 0
 
 
@@ -209,8 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = command("register", "stake into VerifierCommittee and join the committee", cmd_register)
+    p = command("register", "stake into VerifierCommittee; the seat takes effect at the next "
+                "epoch boundary the committee allows (printed)", cmd_register)
     p.add_argument("--stake", help="stake, wei (or e.g. 0.1ether; default the minimum)")
+
+    command("exit", "leave the committee at the next possible boundary (a join that has not "
+            "taken effect is cancelled and refunded at once)", cmd_exit)
+    command("withdraw", "withdraw the stake once an exit has unbonded", cmd_withdraw)
 
     p = command("run", "take part in every epoch (challenge sets, challenges, re-scoring, "
                 "co-signing reports) and vote on disputes, until Ctrl-C", cmd_run)
@@ -237,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait")
     p.add_argument("--json", action="store_true")
 
-    p = command("status", "the committee, the epoch, its leader and miners' reputations",
-                cmd_status)
+    p = command("status", "the epoch, its committee's weights and quorum, pending and leaving "
+                "members, reports and miners' reputations", cmd_status)
     p.add_argument("--json", action="store_true")
     return parser
 

@@ -3,26 +3,34 @@
 `CommitteeMember.step()` is called in a loop by `verifier run`; every decision is taken from
 the chain and the signed messages on the market's relay, so a restarted verifier picks up
 where it was (what it signed is kept in its state file and it never signs two reports for
-one epoch). In epoch e:
+one epoch). A member acts only in the epochs whose committee snapshot holds it: a verifier
+that registered waits for the boundary its seat takes effect at. In epoch e:
 
 1. Challenge set for e+1. The proposer (leader of e, then the next member every quarter
-   epoch if no set is committed yet) draws fresh prompts for every eligible miner and posts
-   them; each member checks the set (every eligible miner, distinct prompts, limits) and
-   signs `ChallengeSet(e+1, hash)`; any member holding a quorum commits it.
+   epoch if no set is committed yet) draws fresh prompts for every eligible miner (miners on
+   probation included) and posts them; each member checks the set (every eligible miner,
+   distinct prompts, limits) and signs `ChallengeSet(e+1, hash)`; any member holding
+   signatures of e's committee that weigh a quorum commits it.
 2. Challenges of e. The leader (`leaderOf(e)` read at the block that committed set e) posts
-   each miner's challenge as a directed paid task from a fresh address, collects the signed
-   answers, scores them and posts a proposal.
+   each miner's challenge as a directed paid task (open to miners on probation) from a fresh
+   address, collects the signed answers, scores them and posts a proposal. A miner that
+   committed a result root but published no document is challenged to show it on-chain
+   (availability challenge): unanswered it is slashed, answered it is disputed.
 3. Every member fetches and checks the same answers, re-scores them on its own scorers and
    posts an observation: its scores, and the missing answers it confirms on-chain.
 4. The leader builds the report: new reputations from the previous evidence, the proposed
-   scores, and a missing answer counted (score 0) only when more than a third of the members
-   confirmed it. Evidence goes to the store (evidenceRoot = its sha256).
+   scores, and a missing answer counted (score 0) only when members holding more than a
+   third of the epoch's weight confirmed it. Evidence goes to the store (evidenceRoot = its
+   sha256).
 5. Members co-sign the report only if every score is within the tolerance of their own and
-   the reputations follow from the rules; any member holding a quorum submits it.
+   the reputations follow from the rules; any member holding signatures of e's committee
+   that weigh a quorum submits it. Reports go in epoch order: once a newer epoch is
+   reported, older ones are closed.
 
-A leader that withholds or lies gets no quorum, so only its epoch fails; the next leader
-carries on. Two different report signatures of one verifier for one epoch, seen on the
-relay, are submitted as an equivocation proof.
+Quorums are by stake: the signers' summed weight in the epoch's snapshot must reach
+`quorumWeight(epoch)`, never a head count. A leader that withholds or lies gets no quorum,
+so only its epoch fails; the next leader carries on. Two different report signatures of one
+verifier for one epoch, seen on the relay, are submitted as an equivocation proof.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,13 +47,15 @@ from typing import TYPE_CHECKING, Any
 from eth_account import Account
 from eth_utils import encode_hex, to_checksum_address
 
+from market.chain.contracts import ChallengeStatus, ShardState
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
 from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import ChallengeSet as ChallengeSetStruct
 from market.protocol.eip712 import Report, SignatureError, sort_signatures
+from market.protocol.results import ResultCheckFailed
 from market.service.api import MarketError, committee_message, recover_committee_message
-from market.store import StoreError
+from market.store import ContentNotFound, StoreError
 from verifier.challenges import (
     Answer,
     ChallengeSet,
@@ -92,6 +102,38 @@ class _State:
     proposed_sets: list[str] = field(default_factory=list)          # "epoch:slot"
     posted: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     disputed: list[int] = field(default_factory=list)               # task ids
+    # task id -> {"epoch", "challengeId", "index", "status", ["disputeId"]}: availability
+    # challenges of withheld answers (status open / unanswered / disputed / published /
+    # failed), so a restart never challenges or disputes twice
+    availability: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An epoch's committee as the contract counts it: each member's weight and the least
+    summed signer weight that is a quorum (more than 2/3 of the total)."""
+
+    epoch: int
+    weights: Mapping[str, int]
+    quorum: int
+
+    @property
+    def members(self) -> list[str]:
+        return sorted(self.weights, key=lambda a: int(a, 16))
+
+    @property
+    def total(self) -> int:
+        return sum(self.weights.values())
+
+    def weight_of(self, signers: Iterable[str]) -> int:
+        return sum(self.weights.get(s, 0) for s in set(signers))
+
+    def reached(self, signers: Iterable[str]) -> bool:
+        return self.weight_of(signers) >= self.quorum
+
+
+ROTATE_ERRORS = ("QuorumNotReached", "NotCommitteeMember")
+"""Reverts that mean a cached snapshot overstated someone's weight (slashed since)."""
 
 
 class CommitteeMember:
@@ -137,6 +179,9 @@ class CommitteeMember:
         self._signed_sets: set[tuple[int, str]] = set()
         self._slashed: set[str] = set()
         self._scored: dict[int, list[ChallengeScore]] = {}  # task id -> per-request scores
+        self._snapshots: dict[int, Snapshot] = {}
+        self._said = ""  # the last membership note (logged once until it changes)
+        self._clock: tuple[int, int] | None = None  # (genesis, epoch duration)
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> _State:
@@ -171,36 +216,79 @@ class CommitteeMember:
             self._inbox.append(msg)
 
     def _messages(self, kind: str, epoch: int, topic: str | None = None,
-                  authors: set[str] | None = None) -> list[dict[str, Any]]:
+                  authors: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        wanted = None if authors is None else set(authors)
         return [m for m in self._inbox
                 if m["kind"] == kind and int(m["epoch"]) == epoch
                 and (topic is None or m["topic"] == topic)
-                and (authors is None or m["author"] in authors)]
+                and (wanted is None or m["author"] in wanted)]
 
     # ------------------------------------------------------------------ loop
     def step(self) -> None:
-        """One pass: read the relay, then do whatever this member's role asks now."""
-        committee = self.q.committee
-        if not committee.is_member(self.me):
-            return
-        self._read_inbox()
-        duration, genesis = committee.epoch_duration(), committee.genesis_time()
+        """One pass: follow this member's availability challenges, then, if it sits in the
+        current epoch's committee, read the relay and do whatever its role asks now."""
+        self.follow_availability()
+        genesis, duration = self._epoch_clock()
         now = self.q.chain.timestamp()
         epoch = (now - genesis) // duration
+        if not self._seated(epoch):
+            return
         into = (now - genesis) % duration / duration
-        members = committee.members()
-        self._next_set(epoch, into, members)
-        self._run_epoch(epoch, into, members, deadline=genesis + (epoch + 1) * duration)
+        self._read_inbox()
+        snap = self.snapshot(epoch)
+        open_from = self.q.committee.next_report_epoch()  # older epochs are closed
+        self._next_set(epoch, into, snap)
+        if epoch >= open_from:
+            self._run_epoch(epoch, into, snap, deadline=genesis + (epoch + 1) * duration)
+        if epoch - 1 >= max(open_from, 0):
+            self._cosign_late(epoch - 1)
         for e in (epoch - 1, epoch):
-            if e >= 0:
-                self._submit_if_quorum(e, members)
-        self._watch_equivocation(members)
+            if e >= max(open_from, 0):
+                self._submit_if_quorum(e)
+        self._watch_equivocation()
+
+    def _epoch_clock(self) -> tuple[int, int]:
+        if self._clock is None:
+            c = self.q.committee
+            self._clock = (c.genesis_time(), c.epoch_duration())
+        return self._clock
+
+    def _seated(self, epoch: int) -> bool:
+        """Whether this verifier is in `epoch`'s committee; if not, say why once."""
+        committee = self.q.committee
+        if committee.weight_at(self.me, epoch) > 0:
+            self._said = ""
+            return True
+        info = committee.verifier_info(self.me)
+        if info.seated and info.active_from > epoch:
+            note = (f"{self.me} joins the committee at epoch {info.active_from} (chain time "
+                    f"{committee.epoch_start(info.active_from)}); waiting for it")
+        elif info.registered and info.active_until <= epoch:
+            note = (f"{self.me} left the committee at epoch {info.active_until}; its stake can "
+                    f"be withdrawn from chain time {info.withdrawable_at} (`verifier withdraw`)")
+        else:
+            note = f"{self.me} is not a committee member (`verifier register`): waiting"
+        if note != self._said:
+            self._said = note
+            self.on_event(note)
+        return False
+
+    def snapshot(self, epoch: int) -> Snapshot:
+        """`epoch`'s committee with its weights (cached: fixed once the epoch has started,
+        except that slashing can lower a weight, which drops the cache entry)."""
+        if epoch not in self._snapshots:
+            c = self.q.committee
+            self._snapshots[epoch] = Snapshot(epoch, c.weights_at(epoch), c.quorum_weight(epoch))
+        return self._snapshots[epoch]
 
     # ------------------------------------------------------------------ 1. challenge sets
-    def _next_set(self, epoch: int, into: float, members: list[str]) -> None:
+    def _next_set(self, epoch: int, into: float, snap: Snapshot) -> None:
+        """Propose, check, sign and commit the challenge set of epoch + 1 (signed by the
+        current committee, `snap`)."""
         nxt = epoch + 1
+        members = snap.members
         committed = self.q.committee.challenge_set_of(nxt)
-        proposals = self._messages(SET_PROPOSAL, nxt, authors=set(members))
+        proposals = self._messages(SET_PROPOSAL, nxt, authors=members)
         if committed != bytes(32):
             self._remember_set(nxt, committed, proposals)
             return
@@ -220,7 +308,6 @@ class CommitteeMember:
             self.on_event(f"epoch {epoch}: proposed the challenge set of epoch {nxt} "
                           f"({len(eligible)} miners)")
             return
-        quorum = self.q.committee.quorum()
         for msg in proposals:
             digest = msg["topic"]
             if (nxt, digest) not in self._signed_sets:
@@ -239,15 +326,16 @@ class CommitteeMember:
                     self.account.key, self.chain_id, self.committee_address)
                 self._post(SET_SIGNATURE, nxt, digest, {"signature": encode_hex(sig)})
                 self._signed_sets.add((nxt, digest))
-            sigs = self._valid_signatures(
-                ChallengeSetStruct(nxt, bytes.fromhex(digest[2:])), SET_SIGNATURE, nxt, digest,
-                members)
-            if len(sigs) >= quorum:
+            struct = ChallengeSetStruct(nxt, bytes.fromhex(digest[2:]))
+            sigs = self._signatures(struct, SET_SIGNATURE, nxt, digest, snap)
+            if snap.reached(sigs):
                 try:
                     self.q.committee.commit_challenge_set(
-                        self.account, nxt, bytes.fromhex(digest[2:]), sigs)
-                    self.on_event(f"epoch {epoch}: committed the challenge set of epoch {nxt}")
-                except ContractRevert as exc:  # another member was first
+                        self.account, nxt, struct.challenge_set_hash, self._sorted(struct, sigs))
+                    self.on_event(f"epoch {epoch}: committed the challenge set of epoch {nxt} "
+                                  f"({len(sigs)} signatures, weight {snap.weight_of(sigs)})")
+                except ContractRevert as exc:  # another member was first, or a stale weight
+                    self._forget_snapshot(exc, epoch)
                     log.info("commit of epoch %d's set: %s", nxt, exc)
                 return
 
@@ -265,19 +353,27 @@ class CommitteeMember:
                     self._save_state()
                     return
 
-    def _valid_signatures(self, struct: Any, kind: str, epoch: int, topic: str,
-                          members: list[str]) -> list[bytes]:
-        """Distinct members' signatures over `struct` from the relay, ascending by signer."""
+    def _signatures(self, struct: Any, kind: str, epoch: int, topic: str,
+                    snap: Snapshot) -> dict[str, bytes]:
+        """Valid signatures over `struct` on the relay from members of `snap`, by signer."""
         by_signer: dict[str, bytes] = {}
-        for msg in self._messages(kind, epoch, topic, set(members)):
+        for msg in self._messages(kind, epoch, topic, snap.weights):
             try:
                 sig = bytes.fromhex(str(msg["body"]["signature"]).removeprefix("0x"))
                 if struct.recover(sig, self.chain_id, self.committee_address) == msg["author"]:
                     by_signer[msg["author"]] = sig
             except (SignatureError, KeyError, ValueError):
                 continue
-        return sort_signatures(struct, list(by_signer.values()), self.chain_id,
+        return by_signer
+
+    def _sorted(self, struct: Any, sigs: Mapping[str, bytes]) -> list[bytes]:
+        """Every signature, ascending by signer (what the contract takes)."""
+        return sort_signatures(struct, list(sigs.values()), self.chain_id,
                                self.committee_address)
+
+    def _forget_snapshot(self, exc: ContractRevert, epoch: int) -> None:
+        if exc.error in ROTATE_ERRORS:
+            self._snapshots.pop(epoch, None)
 
     # ------------------------------------------------------------------ 2-5. the epoch
     def leader(self, epoch: int) -> str | None:
@@ -290,7 +386,7 @@ class CommitteeMember:
             self._leaders[epoch] = self.q.committee.leader_of(epoch, events[0]["blockNumber"])
         return self._leaders[epoch]
 
-    def _run_epoch(self, epoch: int, into: float, members: list[str], deadline: int) -> None:
+    def _run_epoch(self, epoch: int, into: float, snap: Snapshot, deadline: int) -> None:
         raw = self.state.sets.get(str(epoch))
         leader = self.leader(epoch)
         if raw is None or leader is None:
@@ -306,12 +402,26 @@ class CommitteeMember:
         if leader == self.me and epoch not in self._proposed_epochs and \
                 self.test_mode != "withhold":
             observers = {m["author"] for m in self._messages(OBSERVATION, epoch,
-                                                             authors=set(members))}
-            if observers >= set(members) or into >= self.timing.report_at:
-                self._propose_report(epoch, cs, proposal, members)
+                                                             authors=snap.weights)}
+            if observers >= set(snap.weights) or into >= self.timing.report_at:
+                self._propose_report(epoch, cs, proposal, snap)
         own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader})), None)
         if own is not None and str(epoch) not in self.state.signed_reports:
-            self._cosign(epoch, cs, proposal, own, members)
+            self._cosign(epoch, cs, proposal, own, snap)
+
+    def _cosign_late(self, epoch: int) -> None:
+        """Co-sign a past epoch's report (not yet closed) that its leader proposed too late
+        for this member to sign within the epoch: it is still submittable."""
+        if epoch not in self._observed or str(epoch) in self.state.signed_reports:
+            return
+        raw, leader, snap = self.state.sets.get(str(epoch)), self.leader(epoch), \
+            self.snapshot(epoch)
+        if raw is None or leader is None or self.me not in snap.weights:
+            return
+        proposal = next(iter(self._messages(EPOCH_PROPOSAL, epoch, authors={leader})), None)
+        own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader})), None)
+        if proposal is not None and own is not None:
+            self._cosign(epoch, ChallengeSet.from_json(raw), proposal, own, snap)
 
     def _lead(self, epoch: int, into: float, cs: ChallengeSet, deadline: int) -> None:
         key = str(epoch)
@@ -333,6 +443,7 @@ class CommitteeMember:
         posted = [PostedChallenge.from_json(p) for p in self.state.posted[key]]
         answers = [collect_answer(self.q, self.market, cs.challenge_for(p.miner), p.task_id)
                    for p in posted]  # type: ignore[arg-type]
+        self.challenge_withheld(epoch, posted, answers)
         if any(a.status == "missing" for a in answers) and into < self.timing.collect_until:
             return
         scores = self._score(cs, answers)
@@ -434,14 +545,14 @@ class CommitteeMember:
         return prev_epoch, out, changed
 
     def _propose_report(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
-                        members: list[str]) -> None:
+                        snap: Snapshot) -> None:
         self._proposed_epochs.add(epoch)
-        observations = self._messages(OBSERVATION, epoch, authors=set(members))
-        scores = epoch_scores(proposal, observations, members)
+        observations = self._messages(OBSERVATION, epoch, authors=snap.weights)
+        scores = epoch_scores(proposal, observations, snap.weights)
         prev_epoch, records, changed = self._next_records(epoch, scores)
         doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
                "proposal": proposal, "observations": observations,
-               "members": members, "scores": scores,
+               "members": snap.members, "scores": scores,
                "records": {m: {"reputationBps": r.reputation_bps, "window": list(r.window)}
                            for m, r in sorted(records.items())}}
         data = canonical_json_bytes(doc)
@@ -465,7 +576,7 @@ class CommitteeMember:
                     "signature": encode_hex(sig)})
 
     def _cosign(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
-                leader_msg: dict[str, Any], members: list[str]) -> None:
+                leader_msg: dict[str, Any], snap: Snapshot) -> None:
         """Co-sign the leader's report only if it is what this member would have built."""
         if self.test_mode == "lie" or epoch not in self._observed:
             return
@@ -476,11 +587,11 @@ class CommitteeMember:
                 raise QuarryError("the evidence holds another proposal")
             observations = [o for o in doc.get("observations", [])
                             if o.get("kind") == OBSERVATION and int(o.get("epoch", -1)) == epoch
-                            and to_checksum_address(o["author"]) in members
+                            and to_checksum_address(o["author"]) in snap.weights
                             and recover_committee_message(o) == to_checksum_address(o["author"])]
             for o in observations:
                 o["author"] = to_checksum_address(o["author"])
-            scores = epoch_scores(proposal, observations, members)
+            scores = epoch_scores(proposal, observations, snap.weights)
             mine = self._observed[epoch]["scores"]
             for miner, s in scores.items():
                 if s is None or (s == 0 and miner not in proposal["body"]["scores"]):
@@ -503,26 +614,32 @@ class CommitteeMember:
         self._sign_report(report, str(leader_msg["body"]["evidenceUri"]))
         self.on_event(f"epoch {epoch}: co-signed the report")
 
-    def _submit_if_quorum(self, epoch: int, members: list[str]) -> None:
+    def _submit_if_quorum(self, epoch: int) -> None:
+        """Submit the leader's report of `epoch` (not yet closed) with every valid signature
+        of `epoch`'s committee once they weigh a quorum of it."""
         if epoch in self._reported_epochs:
             return
-        if self.q.committee.reported(epoch):
-            self._reported_epochs.add(epoch)
-            return
         leader = self.leader(epoch)
-        own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader} if leader
-                                       else None)), None)
+        if leader is None:
+            return
+        own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader})), None)
         if own is None:
             return
         report = _report_from_json(own["body"]["report"])
-        sigs = self._valid_signatures(report, REPORT_SIGNATURE, epoch, own["topic"], members)
-        if len(sigs) < self.q.committee.quorum():
+        snap = self.snapshot(epoch)
+        sigs = self._signatures(report, REPORT_SIGNATURE, epoch, own["topic"], snap)
+        if not snap.reached(sigs):
             return
         try:
-            self.q.committee.submit_reputation(self.account, report, sigs)
-            self.on_event(f"epoch {epoch}: submitted the report ({len(sigs)} signatures)")
-        except ContractRevert as exc:  # another member was first
-            log.info("report of epoch %d: %s", epoch, exc)
+            self.q.committee.submit_reputation(self.account, report, self._sorted(report, sigs))
+            self.on_event(f"epoch {epoch}: submitted the report ({len(sigs)} signatures, "
+                          f"weight {snap.weight_of(sigs)} of quorum {snap.quorum})")
+        except ContractRevert as exc:
+            if exc.error in ROTATE_ERRORS:  # a signer was slashed since: recount and retry
+                self._forget_snapshot(exc, epoch)
+                log.info("report of epoch %d: %s", epoch, exc)
+                return
+            log.info("report of epoch %d: %s", epoch, exc)  # another member was first
         self._reported_epochs.add(epoch)
 
     # ------------------------------------------------------------------ disputes, slashing
@@ -550,7 +667,103 @@ class CommitteeMember:
             self.on_event(f"disputed {a.miner}'s challenge answer (task {a.task_id}, request "
                           f"{worst}): dispute {dispute_id}")
 
-    def _watch_equivocation(self, members: list[str]) -> None:
+    # ------------------------------------------------------------------ withheld answers
+    def challenge_withheld(self, epoch: int, posted: Iterable[PostedChallenge],
+                           answers: Iterable[Answer]) -> None:
+        """Challenge, as each task's client, the availability of every answer whose root is
+        committed (shard Submitted) but whose document is not published: the miner must show
+        a receipt on-chain within Arbitration's response window. Each task once (state file).
+        """
+        from market.jobs import challenge_availability
+
+        keys = {p.task_id: p.client_key for p in posted}
+        for a in answers:
+            if not a.withheld or str(a.task_id) in self.state.availability \
+                    or self.test_mode == "lie" or a.task_id not in keys:
+                continue
+            if self.q.tasks.get_shard(a.task_id, 0).state != ShardState.SUBMITTED:
+                continue
+            index = self.q.tasks.shard_range(a.task_id, 0)[0]
+            try:
+                challenge_id = challenge_availability(
+                    self.q, Account.from_key(keys[a.task_id]), a.task_id, index)
+            except QuarryError as exc:
+                log.warning("could not challenge the availability of %s's answer (task %d): "
+                            "%s", a.miner, a.task_id, exc)
+                continue
+            self.state.availability[str(a.task_id)] = {
+                "epoch": epoch, "challengeId": challenge_id, "index": index, "status": "open"}
+            self._save_state()
+            self.on_event(f"epoch {epoch}: {a.miner} committed task {a.task_id}'s result but "
+                          f"published no document: availability challenge {challenge_id}")
+
+    def follow_availability(self) -> None:
+        """Settle this member's unanswered availability challenges once their deadline has
+        passed (the miner is slashed), and dispute an answered one whose document is still
+        missing (the answered receipt is the disputed one). Never blocks."""
+        for task_key, entry in self.state.availability.items():
+            if entry["status"] != "open":
+                continue
+            try:
+                status = self._settle_or_dispute(int(task_key), entry)
+            except QuarryError as exc:  # chain or market briefly down: next step
+                log.warning("availability challenge on task %s: %s", task_key, exc)
+                continue
+            if status != "open":
+                entry["status"] = status
+                self._save_state()
+
+    def _settle_or_dispute(self, task_id: int, entry: dict[str, Any]) -> str:
+        from market.jobs import DisputeNotPossible, challenge_info, open_dispute, wait_challenge
+
+        client = self._client_of(task_id, int(entry["epoch"]))
+        info = challenge_info(self.q, int(entry["challengeId"]))
+        if info.status == ChallengeStatus.OPEN:
+            if self.q.chain.timestamp() < info.deadline:
+                return "open"
+            # Past its deadline, wait_challenge settles it at once and returns.
+            info = wait_challenge(self.q, info.challenge_id, settle_as=client)
+        if info.status == ChallengeStatus.UNANSWERED:
+            self.on_event(f"availability challenge {info.challenge_id} (task {task_id}, "
+                          f"miner {info.miner}): {info.outcome()}")
+            return "unanswered"
+        if info.status != ChallengeStatus.ANSWERED:
+            return "open"
+        if self._published(task_id):
+            self.on_event(f"availability challenge {info.challenge_id}: {info.miner} answered "
+                          "and has published its document since")
+            return "published"
+        try:
+            dispute_id = open_dispute(self.q, client, self.market, task_id,
+                                      int(entry["index"]))
+        except DisputeNotPossible as exc:
+            log.warning("could not dispute %s's withheld answer (task %d): %s", info.miner,
+                        task_id, exc)
+            return "failed"
+        entry["disputeId"] = dispute_id
+        self.on_event(f"{info.miner} answered availability challenge {info.challenge_id} but "
+                      f"still withholds task {task_id}'s document: dispute {dispute_id}")
+        return "disputed"
+
+    def _client_of(self, task_id: int, epoch: int) -> LocalAccount:
+        """The fresh client account this member posted `task_id` from in `epoch`."""
+        for p in self.state.posted.get(str(epoch), []):
+            if int(p["taskId"]) == task_id:
+                return Account.from_key(str(p["clientKey"]))
+        raise QuarryError(f"task {task_id} is not one this verifier posted in epoch {epoch}")
+
+    def _published(self, task_id: int) -> bool:
+        """Whether the shard's result document is there now (a readable one)."""
+        from market.jobs import fetch_result_document
+
+        uri = self.q.tasks.get_shard(task_id, 0).result_uri
+        try:
+            fetch_result_document(self.market, 0, uri)
+        except (ContentNotFound, ResultCheckFailed):
+            return False
+        return True
+
+    def _watch_equivocation(self) -> None:
         seen: dict[tuple[str, int], tuple[Report, bytes]] = {}
         for msg in self._inbox:
             if msg["kind"] != REPORT_SIGNATURE or msg["author"] in self._slashed:
@@ -582,18 +795,20 @@ class CommitteeMember:
 
 
 def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]],
-                 members: list[str]) -> dict[str, int | None]:
-    """The leader's proposed scores, plus 0 for each answer it reports missing that more than
-    a third of the members confirmed (fewer: None, reputation untouched), so a lying leader
-    cannot frame a miner and one lying member cannot either."""
+                 weights: Mapping[str, int]) -> dict[str, int | None]:
+    """The leader's proposed scores, plus 0 for each answer it reports missing that members
+    holding more than a third of the epoch's weight (`weights`: member -> weight) confirmed
+    (less: None, reputation untouched), so a lying leader cannot frame a miner, nor can
+    lying members without a third of the stake, however many identities they use."""
+    total = sum(weights.values())
     scores: dict[str, int | None] = {
         to_checksum_address(m): int(s) for m, s in proposal["body"]["scores"].items()}
     claimed = [c["miner"] for c in proposal["body"]["challenges"] if c["status"] == "missing"]
     for miner in claimed:
         confirmations = {o["author"] for o in observations
-                         if o["author"] in members and miner in o["body"].get("missing", [])}
-        scores[to_checksum_address(miner)] = 0 if 3 * len(confirmations) > len(members) \
-            else None
+                         if o["author"] in weights and miner in o["body"].get("missing", [])}
+        confirmed = sum(weights[a] for a in confirmations)
+        scores[to_checksum_address(miner)] = 0 if 3 * confirmed > total else None
     return scores
 
 

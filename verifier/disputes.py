@@ -3,17 +3,27 @@
 `DisputeDesk.step()` is one pass of the loop `verifier run` drives:
 
 1. find new `DisputeOpened` events (from the deployment block, each dispute once);
-2. for every dispute still open and inside its deadline that this member has not voted on,
-   `judge` it, sign `Vote(disputeId, minerAtFault)` in Arbitration's EIP-712 domain and post
-   it to the market's committee relay (kind "vote", epoch 0, topic = the dispute id);
-3. read every member's vote on it from the relay, keep only valid ones, and as soon as one
-   verdict has a quorum of distinct signers, send `Arbitration.resolve` with them.
+2. a dispute is judged by the committee of the epoch it was opened in (`Dispute.epoch`): a
+   member votes only if it has weight in that snapshot (one that joined later does not; one
+   that left since still does). For every dispute still open and inside its deadline that
+   this member has not voted on, `judge` it, sign `Vote(disputeId, minerAtFault)` in
+   Arbitration's EIP-712 domain and post it to the market's committee relay (kind "vote",
+   epoch 0, topic = the dispute id);
+3. read every member's vote on it from the relay, keep only valid ones of the snapshot, and
+   as soon as one verdict's signatures weigh the dispute's quorum (more than 2/3 of its
+   total weight: by stake, never by head count), send `Arbitration.castVotes` with those
+   whose signers have no ballot yet;
+4. when no quorum comes, record this member's own vote on-chain anyway once a share of the
+   dispute's time has passed (`own_vote_after`, half by default): a member with no ballot on
+   a dispute that expires can be reported absent, and loses its seat and part of its stake.
 
 The relay is only a mailbox: every vote read from it is checked here (the signature must
-recover to its author, the author must be a current member, the vote must be for this
-dispute), and the contract checks the signatures again. Several members usually reach the
-quorum at about the same time; whoever's `resolve` lands first wins, and the others' revert
-with `DisputeNotOpen`, which is expected and quiet.
+recover to its author, the author must be in the dispute's snapshot, the vote must be for
+this dispute), and the contract checks the signatures again. Several members usually reach
+the quorum at about the same time; whoever's `castVotes` lands first wins, and the others'
+revert with `NoNewVotes` or `DisputeNotOpen`, which is expected and quiet. The relay serves
+current members only, so a member that has left since the dispute opened records its vote
+on-chain alone, at once.
 
 Judging (`judge`) fails the miner in two ways:
 - the miner's own result document is unavailable or inconsistent (withheld data), or
@@ -34,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from eth_account.signers.local import LocalAccount
 from eth_utils import encode_hex, to_checksum_address
 
-from market.chain.contracts import Dispute, DisputeStatus, Task
+from market.chain.contracts import Ballot, Dispute, DisputeStatus, Task
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
 from market.jobs import verified_shard
@@ -98,8 +108,9 @@ def valid_votes(messages: Iterable[Mapping[str, Any]], dispute_id: int, members:
     `members`, and its `signature` is an EIP-712 `Vote(dispute_id, minerAtFault)` in
     Arbitration's domain that recovers to the author. Everything else (malformed bodies,
     votes signed for another dispute or verdict, non-members, a relay that forged the
-    author) is dropped, since the contract would reject the whole `resolve` for one bad
-    signature. A signer counts once per verdict.
+    author) is dropped, since the contract would reject the whole `castVotes` for one bad
+    signature. A signer counts once per verdict. `members` is the dispute's snapshot (an
+    iterable of addresses, e.g. its weights mapping).
     """
     member_set = {to_checksum_address(m) for m in members}
     out: dict[bool, dict[str, bytes]] = {True: {}, False: {}}
@@ -135,18 +146,22 @@ def _scoring_line(request: Mapping[str, Any], max_tokens: int) -> dict[str, Any]
 
 
 class DisputeDesk:
-    """One committee member's dispute duty: judge, vote once, resolve on a quorum.
+    """One committee member's dispute duty: judge, vote once, get the votes recorded.
 
     `lie=True` is a test mode (a Byzantine member): it votes the opposite of its honest
-    verdict. The desk remembers which disputes it has seen, voted on and closed, so each
-    step only reads new events and touches open disputes.
+    verdict. `own_vote_after` is the share of a dispute's time after which this member
+    records its own vote even without a quorum. The desk remembers which disputes it has
+    seen, voted on, recorded and closed, so each step only reads new events and touches open
+    disputes.
     """
 
     def __init__(self, q: Quarry, account: LocalAccount, market: MarketAPI,
                  scorer: ScoringClient, *, fault_below_bps: int = 5000, lie: bool = False,
-                 model_id: bytes | None = None) -> None:
+                 model_id: bytes | None = None, own_vote_after: float = 0.5) -> None:
         if not 0 <= fault_below_bps <= 10_000:
             raise QuarryError(f"fault_below_bps must be in [0, 10000], got {fault_below_bps}")
+        if not 0 <= own_vote_after < 1:
+            raise QuarryError(f"own_vote_after must be in [0, 1), got {own_vote_after}")
         self.q = q
         self.account = account
         self.address = account.address
@@ -159,9 +174,12 @@ class DisputeDesk:
         self.votes: dict[int, CastVote] = {}  # what this desk signed, per dispute
         self.verdicts: dict[int, Verdict] = {}  # honest judgements (kept across retries)
         self.closed: dict[int, str] = {}  # dispute id -> how it ended, as far as seen here
-        self.resolved_here: set[int] = set()  # disputes this desk's resolve settled
+        self.resolved_here: set[int] = set()  # disputes this desk's castVotes resolved
+        self.recorded: set[int] = set()  # disputes where this member's ballot is on-chain
+        self.own_vote_after = own_vote_after
         self._scan_from = q.deployment.deploy_block
         self._said: dict[int, str] = {}  # last deferral logged per dispute (log once)
+        self._snapshots: dict[int, dict[str, int]] = {}  # epoch -> member -> weight
 
     # ------------------------------------------------------------------ model
     @property
@@ -292,43 +310,84 @@ class DisputeDesk:
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> None:
-        """Vote once on each open dispute, resolve any that has a quorum.
+        """Vote once on each open dispute this member's seat judges, and get votes recorded
+        on-chain: a verdict's signatures as soon as they weigh a quorum, and this member's
+        own vote before the deadline when no quorum comes (see `own_vote_after`).
 
         Errors about one dispute are logged and retried next step; only an unreachable
         chain while looking for new disputes propagates.
         """
-        if not self.q.committee.is_member(self.address):
-            self._note(0, f"{self.address} is not a committee member: not voting")
-            return
         self._discover()
         if not self.open:
             return
         now = self.q.chain.timestamp()
-        quorum = self.q.committee.quorum()
-        members = self.q.committee.members()
+        # The relay serves the current committee only; a member that has left since a
+        # dispute opened still judges it, and votes on-chain alone.
+        on_relay = self.q.committee.is_member(self.address)
         for dispute_id in sorted(self.open):
             try:
-                d = self.q.arbitration.get_dispute(dispute_id)
-                if d.status != DisputeStatus.OPEN:
-                    self._close(dispute_id, d.status.name.lower())
-                    continue
-                if now >= d.deadline:
-                    self._close(dispute_id, "deadline passed unresolved")
-                    continue
-                if dispute_id not in self.votes:
-                    self._vote(dispute_id)
-                self._resolve(dispute_id, quorum, members)
+                self._handle(dispute_id, now, on_relay)
             except DisputeDeferred as exc:
-                self._note(dispute_id, str(exc))
+                self._note(dispute_id, str(exc) + self._absence_warning(dispute_id, now))
             except QuarryError as exc:
                 self._note(dispute_id, f"dispute {dispute_id}: {exc}")
 
+    def _handle(self, dispute_id: int, now: int, on_relay: bool) -> None:
+        d = self.q.arbitration.get_dispute(dispute_id)
+        if d.status != DisputeStatus.OPEN:
+            self._close(dispute_id, d.status.name.lower())
+            return
+        if now >= d.deadline:
+            self._close(dispute_id, "deadline passed unresolved")
+            return
+        weights = self.snapshot(d.epoch)
+        if weights.get(self.address, 0) == 0:
+            self._close(dispute_id, f"judged by epoch {d.epoch}'s committee, which this "
+                        "verifier is not in: not voting")
+            return
+        if dispute_id not in self.votes:
+            self._vote(dispute_id, on_relay)
+        if self._cast_quorum(dispute_id, d, weights, on_relay):
+            return
+        if on_relay and now < self._own_vote_time(d):
+            return
+        self._cast_own(dispute_id, d, weights, on_relay)
+
     def try_resolve(self, dispute_id: int) -> bool:
-        """Resolve `dispute_id` now if the relay holds a quorum of valid votes for one
-        verdict; True when this call's transaction settled it. Quiet (False) when another
-        member was first."""
-        return self._resolve(dispute_id, self.q.committee.quorum(),
-                             self.q.committee.members())
+        """Record the votes of one verdict now if the relay holds enough of them to weigh a
+        quorum of the dispute's committee; True when this call's transaction resolved it.
+        Quiet (False) when another member was first."""
+        d = self.q.arbitration.get_dispute(dispute_id)
+        if d.status != DisputeStatus.OPEN:
+            return False
+        return self._cast_quorum(dispute_id, d, self.snapshot(d.epoch),
+                                 self.q.committee.is_member(self.address))
+
+    def snapshot(self, epoch: int) -> dict[str, int]:
+        """The weights of `epoch`'s committee, the one that judges disputes opened in it
+        (cached; a revert naming a signer as no member drops the entry: slashed since)."""
+        if epoch not in self._snapshots:
+            c = self.q.committee
+            weights = c.weights_at(epoch)
+            # membersAt can miss members that have left since; this one's own weight counts.
+            weights.setdefault(self.address, c.weight_at(self.address, epoch))
+            self._snapshots[epoch] = {m: w for m, w in weights.items() if w > 0}
+        return self._snapshots[epoch]
+
+    def _own_vote_time(self, d: Dispute) -> int:
+        """When this member records its own vote if no quorum has come: a share
+        (`own_vote_after`) of the dispute's time, so it is never reported absent."""
+        return d.opened_at + int((d.deadline - d.opened_at) * self.own_vote_after)
+
+    def _absence_warning(self, dispute_id: int, now: int) -> str:
+        try:
+            d = self.q.arbitration.get_dispute(dispute_id)
+        except QuarryError:
+            return ""
+        if d.status != DisputeStatus.OPEN or now < self._own_vote_time(d):
+            return ""
+        return (f" (WARNING: with no vote recorded by chain time {d.deadline}, this member "
+                "can be reported absent: it loses its seat and part of its stake)")
 
     def _discover(self) -> None:
         head = self.q.chain.block_number()
@@ -358,12 +417,15 @@ class DisputeDesk:
     def _arbitration_domain(self) -> tuple[int, str]:
         return self.q.chain_id, self.q.arbitration.address
 
-    def _vote(self, dispute_id: int) -> None:
-        """Judge (unless already judged), sign and post this member's one vote."""
-        mine = self._own_posted_vote(dispute_id)
-        if mine is not None:  # posted before a restart: never sign a second, other vote
-            self.votes[dispute_id] = mine
-            return
+    # ------------------------------------------------------------------ voting
+    def _vote(self, dispute_id: int, on_relay: bool) -> None:
+        """Judge (unless already judged), sign and post this member's one vote (off the
+        relay, it is only signed: `_cast_own` records it on-chain)."""
+        if on_relay:
+            mine = self._own_posted_vote(dispute_id)
+            if mine is not None:  # posted before a restart: never sign a second, other vote
+                self.votes[dispute_id] = mine
+                return
         verdict = self.verdicts.get(dispute_id)
         if verdict is None:
             verdict = self.judge(dispute_id)
@@ -375,6 +437,13 @@ class DisputeDesk:
             fault, reason = not fault, f"test-mode lie; honest verdict: {reason}"
         chain_id, arbitration = self._arbitration_domain()
         signature = Vote(dispute_id, fault).sign(self.account.key, chain_id, arbitration)
+        if on_relay:
+            self._post_vote(dispute_id, fault, signature, reason)
+            if dispute_id in self.votes:  # an earlier vote of ours was there: kept
+                return
+        self.votes[dispute_id] = CastVote(dispute_id, fault, signature, reason)
+
+    def _post_vote(self, dispute_id: int, fault: bool, signature: bytes, reason: str) -> None:
         msg = committee_message(self.account, VOTE_KIND, VOTE_EPOCH, str(dispute_id),
                                 vote_body(fault, signature, reason))
         try:
@@ -388,7 +457,6 @@ class DisputeDesk:
                     self.votes[dispute_id] = mine
                     return
             raise
-        self.votes[dispute_id] = CastVote(dispute_id, fault, signature, reason)
 
     def _votes_on(self, dispute_id: int) -> list[dict[str, Any]]:
         try:
@@ -408,30 +476,80 @@ class DisputeDesk:
                 return CastVote(dispute_id, fault, valid[fault][self.address], reason)
         return None
 
-    def _resolve(self, dispute_id: int, quorum: int, members: Sequence[str]) -> bool:
+    def _tally(self, dispute_id: int, weights: Mapping[str, int],
+               on_relay: bool) -> dict[bool, dict[str, bytes]]:
+        """Valid votes of the dispute's committee, from the relay and this desk's own."""
         chain_id, arbitration = self._arbitration_domain()
-        tally = valid_votes(self._votes_on(dispute_id), dispute_id, members, chain_id,
-                            arbitration)
+        tally: dict[bool, dict[str, bytes]] = {True: {}, False: {}}
+        if on_relay:
+            tally = valid_votes(self._votes_on(dispute_id), dispute_id, weights, chain_id,
+                                arbitration)
         own = self.votes.get(dispute_id)
-        if own is not None and self.address in {to_checksum_address(m) for m in members}:
+        if own is not None:
             tally[own.miner_at_fault].setdefault(self.address, own.signature)
-        ready = [f for f in (True, False) if len(tally[f]) >= quorum]
-        if not ready:
+        return tally
+
+    def _cast_quorum(self, dispute_id: int, d: Dispute, weights: Mapping[str, int],
+                     on_relay: bool) -> bool:
+        """Once one verdict's collected signatures weigh the dispute's quorum, record those
+        not yet recorded; True when that resolved the dispute here."""
+        quorum = d.total_weight * 2 // 3 + 1
+        tally = self._tally(dispute_id, weights, on_relay)
+        for fault in (True, False):
+            if sum(weights[s] for s in tally[fault]) >= quorum:
+                return self._send(dispute_id, d, fault, tally[fault], "a quorum")
+        return False
+
+    def _cast_own(self, dispute_id: int, d: Dispute, weights: Mapping[str, int],
+                  on_relay: bool) -> None:
+        """Record this member's own vote (with the other collected ones of its verdict that
+        have no ballot yet), so the dispute cannot expire with it absent."""
+        own = self.votes.get(dispute_id)
+        if own is None or dispute_id in self.recorded:
+            return
+        tally = self._tally(dispute_id, weights, on_relay)
+        self._send(dispute_id, d, own.miner_at_fault, tally[own.miner_at_fault],
+                   "its own vote before the deadline")
+
+    def _send(self, dispute_id: int, d: Dispute, fault: bool, sigs: Mapping[str, bytes],
+              why: str) -> bool:
+        """`castVotes` with the signatures in `sigs` whose signers have no ballot yet;
+        True when it resolved the dispute. Races (NoNewVotes, DisputeNotOpen) are quiet."""
+        arb = self.q.arbitration
+        fresh = {s: sig for s, sig in sigs.items() if arb.ballot_of(dispute_id, s) == Ballot.NONE}
+        if self.address in sigs and self.address not in fresh:
+            self.recorded.add(dispute_id)
+        if not fresh:
             return False
-        fault = max(ready, key=lambda f: len(tally[f]))
-        sigs = sort_signatures(Vote(dispute_id, fault), list(tally[fault].values()), chain_id,
-                               arbitration)
+        chain_id, arbitration = self._arbitration_domain()
+        ordered = sort_signatures(Vote(dispute_id, fault), list(fresh.values()), chain_id,
+                                  arbitration)
         try:
-            self.q.arbitration.resolve(self.account, dispute_id, fault, sigs)
+            tx = arb.cast_votes(self.account, dispute_id, fault, ordered)
         except ContractRevert as exc:
-            if exc.error == "DisputeNotOpen":  # another member resolved it first
-                self._close(dispute_id, "resolved by another member")
-                return False
-            raise
-        self.resolved_here.add(dispute_id)
-        self._close(dispute_id, f"resolved here: miner {'at' if fault else 'not at'} fault "
-                                f"({len(sigs)} votes)")
-        return True
+            return self._cast_failed(dispute_id, d, exc)
+        if self.address in fresh:
+            self.recorded.add(dispute_id)
+        verdict = f"miner {'at' if fault else 'not at'} fault"
+        if tx.all("DisputeResolved"):
+            self.resolved_here.add(dispute_id)
+            self._close(dispute_id, f"resolved here: {verdict} ({len(fresh)} new votes, "
+                                    f"{why})")
+            return True
+        log.info("dispute %d: recorded %d vote(s) for %s (%s)", dispute_id, len(fresh),
+                 verdict, why)
+        return False
+
+    def _cast_failed(self, dispute_id: int, d: Dispute, exc: ContractRevert) -> bool:
+        if exc.error == "NoNewVotes":  # another member recorded the same votes first
+            return False
+        if exc.error in ("DisputeNotOpen", "DisputeDeadlinePassed"):
+            self._close(dispute_id, "resolved by another member" if exc.error ==
+                        "DisputeNotOpen" else "deadline passed unresolved")
+            return False
+        if exc.error == "NotCommitteeMember":  # a signer was slashed since: recount
+            self._snapshots.pop(d.epoch, None)
+        raise exc
 
 
 class _ClientSide(Exception):
