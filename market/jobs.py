@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import encode_hex, to_checksum_address
@@ -596,27 +596,53 @@ def wait_dispute(
     `on_poll(info, chain_time)` sees every poll (progress display). `JobTimeout` after
     `timeout` seconds of wall time.
     """
+    def expire() -> None:
+        assert expire_as is not None
+        try:
+            q.arbitration.expire_dispute(expire_as, dispute_id)
+        except ContractRevert as exc:
+            if exc.error != "DisputeNotOpen":  # settled by someone else meanwhile: fine
+                raise
+        report_absent(q, expire_as, dispute_id)
+
+    return _poll_until_deadline(q, lambda: dispute_info(q, dispute_id), f"dispute {dispute_id}",
+                                close=expire if expire_as is not None else None,
+                                timeout=timeout, poll_s=poll_s, on_poll=on_poll)
+
+
+class _Deadlined(Protocol):
+    @property
+    def settled(self) -> bool: ...
+
+    @property
+    def deadline(self) -> int: ...
+
+
+_D = TypeVar("_D", bound=_Deadlined)
+
+
+def _poll_until_deadline(q: Quarry, read: Callable[[], _D], what: str, *,
+                         close: Callable[[], None] | None, timeout: float | None,
+                         poll_s: float, on_poll: Callable[[_D, int], None] | None) -> _D:
+    """Poll `read()` until it is settled or its deadline passes on the chain's clock; then
+    `close()` it (expire, settle) when given and read it once more. Nothing can change it
+    after the deadline but closing, so the wait never outlasts it."""
     started = time.monotonic()
     while True:
-        info = dispute_info(q, dispute_id)
+        info = read()
         now = q.chain.timestamp()
         if on_poll is not None:
             on_poll(info, now)
         if info.settled:
             return info
         if now >= info.deadline:
-            if expire_as is None:
+            if close is None:
                 return info
-            try:
-                q.arbitration.expire_dispute(expire_as, dispute_id)
-            except ContractRevert as exc:
-                if exc.error != "DisputeNotOpen":  # settled by someone else meanwhile: fine
-                    raise
-            report_absent(q, expire_as, dispute_id)
-            return dispute_info(q, dispute_id)
+            close()
+            return read()
         if timeout is not None and time.monotonic() - started >= timeout:
-            raise JobTimeout(f"dispute {dispute_id} is still open after {timeout:g} s "
-                             f"(its deadline is chain time {info.deadline}, now {now})")
+            raise JobTimeout(f"{what} is still open after {timeout:g} s (its deadline is "
+                             f"chain time {info.deadline}, now {now})")
         time.sleep(poll_s)
 
 
@@ -729,27 +755,18 @@ def wait_challenge(
     """Block until the challenge is answered or its deadline passes, and return it. With
     `settle_as`, that account then settles an unanswered challenge (the miner at fault);
     without it, the still-open challenge is returned. `JobTimeout` after `timeout` s."""
-    started = time.monotonic()
-    while True:
-        info = challenge_info(q, challenge_id)
-        now = q.chain.timestamp()
-        if on_poll is not None:
-            on_poll(info, now)
-        if info.settled:
-            return info
-        if now >= info.deadline:
-            if settle_as is None:
-                return info
-            try:
-                q.arbitration.settle_unanswered(settle_as, challenge_id)
-            except ContractRevert as exc:
-                if exc.error != "ChallengeNotOpen":  # answered or settled meanwhile
-                    raise
-            return challenge_info(q, challenge_id)
-        if timeout is not None and time.monotonic() - started >= timeout:
-            raise JobTimeout(f"availability challenge {challenge_id} is still open after "
-                             f"{timeout:g} s (its deadline is chain time {info.deadline})")
-        time.sleep(poll_s)
+    def settle() -> None:
+        assert settle_as is not None
+        try:
+            q.arbitration.settle_unanswered(settle_as, challenge_id)
+        except ContractRevert as exc:
+            if exc.error != "ChallengeNotOpen":  # answered or settled meanwhile
+                raise
+
+    return _poll_until_deadline(q, lambda: challenge_info(q, challenge_id),
+                                f"availability challenge {challenge_id}",
+                                close=settle if settle_as is not None else None,
+                                timeout=timeout, poll_s=poll_s, on_poll=on_poll)
 
 
 # ---------------------------------------------------------------------------- billing
