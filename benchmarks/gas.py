@@ -1,26 +1,46 @@
-"""Gas of one whole task life cycle (createTask, claimShard, submitResult, finalizeShard) for a
-task of 10 requests and one of 10,000, each a single shard.
+"""Gas of Quarry's on-chain steps, on a fresh Anvil with the devnet parameters.
 
-Only Merkle roots, hashes and counts go on-chain, so the two should cost the same to within a
-few percent whatever the batch size. The roots are real: the input tree over the requests'
-hashes and the result tree over the receipts' EIP-712 struct hashes, built by
-`market.protocol`. Runs its own Anvil (stopped at the end); prints one JSON object last.
+- The task life cycle (createTask, claimShard, submitResult, finalizeShard) for a task of 10
+  requests and one of 10,000, each a single shard. Only roots, hashes and counts go on-chain,
+  so the two should cost the same to within a few percent whatever the batch size (the
+  flatness ratio).
+- An availability challenge and its answer on a 10-request and on a 10,000-request shard:
+  the answer carries a result-tree proof, which grows with log2(n), so it is reported for
+  both; settling an unanswered challenge.
+- A dispute: openDispute (with the receipt's proof), then the castVotes that resolves it
+  (three of four equal stakes), for either verdict. The committee is the devnet's: four
+  verifiers of 1 ETH, registered and seated here.
+- proveBillingFault on a receipt billing more than maxTokensPerRequest (proven by the receipt
+  alone), and VerifierCommittee.register of a fifth verifier.
+
+The roots are real: the input tree over the requests' hashes and the result sum tree over
+the receipts, built by `market.protocol`; tokensUsed is the tree's sum. The miner registers
+with probation switched off (`gpu.set_probation(deployer, 0, ...)` around its registration,
+as the devnet fixture does for its established miners), so it claims ordinary tasks. One
+warm-up of each kind runs first, so no figure pays the first write of a counter or a
+balance. Runs its own Anvil (stopped at the end); prints one JSON object last.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
-from market.chain.client import Chain, anvil_account
+from eth_account.signers.local import LocalAccount
+
+from market.chain.client import Chain, TxResult, anvil_account
 from market.chain.contracts import GpuSpec
 from market.chain.deploy import Quarry, deploy
 from market.chain.devnet import start_anvil
 from market.protocol import (
     Receipt,
+    ResultTree,
+    Vote,
     input_tree,
     keccak,
     output_hash,
+    quorum_signatures,
     receipts_tree,
     request_hash,
 )
@@ -29,59 +49,151 @@ MODEL_ID = keccak(b"benchmark model manifest")
 MAX_TOKENS = 16
 PRICE = 10**9
 SIZES = (10, 10_000)
+ETHER = 10**18
+
+DEPLOYER, CLIENT, MINER, ANYONE = (anvil_account(i) for i in (0, 1, 2, 3))
+VERIFIERS = [anvil_account(i) for i in (6, 7, 8, 9)]
+NEWCOMER = anvil_account(10)
 
 
-def requests(n: int) -> list[dict]:
+def requests(n: int, tag: str) -> list[dict]:
     return [
-        {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
+        {"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/completions",
          "body": {"model": "tiny", "prompt": f"Question {i}: what is {i} + {i}?",
                   "max_tokens": MAX_TOKENS, "temperature": 0, "seed": i}}
         for i in range(n)
     ]
 
 
-def lifecycle(q: Quarry, chain: Chain, n: int) -> dict[str, int]:
-    client, miner, anyone = anvil_account(1), anvil_account(2), anvil_account(3)
-    hashes = [request_hash(r) for r in requests(n)]
+@dataclass
+class Submitted:
+    task_id: int
+    receipts: list[Receipt]
+    tree: ResultTree
+    create: TxResult
+    claim: TxResult
+    submit: TxResult
+
+
+def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
+                    over_cap: bool = False) -> Submitted:
+    """A task of n requests in one shard, claimed and submitted with its result sum tree
+    (`over_cap`: receipt 0 bills maxTokensPerRequest + 1 tokens)."""
+    hashes = [request_hash(r) for r in requests(n, tag)]
     root = input_tree(hashes).root
     task_id, create = q.tasks.create_task(
-        client, model_id=MODEL_ID, input_root=root, input_uri=f"store://inputs/{root.hex()}",
+        CLIENT, model_id=MODEL_ID, input_root=root, input_uri=f"store://inputs/{root.hex()}",
         num_requests=n, shard_size=n, max_tokens_per_request=MAX_TOKENS,
         price_per_token=PRICE, deadline=chain.timestamp() + 3600,
     )
-    claim = q.tasks.claim_shard(miner, task_id, 0)
+    claim = q.tasks.claim_shard(MINER, task_id, 0)
     receipts = []
     for i, h in enumerate(hashes):
         ids = [(i * 7 + k) % 50_000 for k in range(1 + i % MAX_TOKENS)]
-        receipts.append(Receipt(task_id, 0, i, h, output_hash(f"{2 * i}", ids), len(ids),
+        count = MAX_TOKENS + 1 if over_cap and i == 0 else len(ids)
+        receipts.append(Receipt(task_id, 0, i, h, output_hash(f"{2 * i}", ids), count,
                                 MODEL_ID))
-    result_root = receipts_tree(receipts).root
-    tokens = sum(r.output_tokens for r in receipts)
-    submit = q.tasks.submit_result(miner, task_id, 0, result_root,
-                                   f"store://results/{result_root.hex()}", tokens)
+    tree = receipts_tree(receipts)
+    submit = q.tasks.submit_result(MINER, task_id, 0, tree.root,
+                                   f"store://results/{tree.root.hex()}", tree.total)
+    return Submitted(task_id, receipts, tree, create, claim, submit)
+
+
+def lifecycle(q: Quarry, chain: Chain, n: int) -> dict[str, int]:
+    s = submitted_shard(q, chain, n, f"life{n}")
     chain.advance_time(q.tasks.params()["challenge_window"])
-    finalize = q.tasks.finalize_shard(anyone, task_id, 0)
-    steps = {"createTask": create.gas_used, "claimShard": claim.gas_used,
-             "submitResult": submit.gas_used, "finalizeShard": finalize.gas_used}
+    finalize = q.tasks.finalize_shard(ANYONE, s.task_id, 0)
+    steps = {"createTask": s.create.gas_used, "claimShard": s.claim.gas_used,
+             "submitResult": s.submit.gas_used, "finalizeShard": finalize.gas_used}
     return steps | {"total": sum(steps.values())}
+
+
+def availability(q: Quarry, chain: Chain, n: int) -> dict[str, int]:
+    """Challenge the shard's middle request and answer with its proof."""
+    s = submitted_shard(q, chain, n, f"avail{n}")
+    index = n // 2
+    bond = q.arbitration.min_availability_bond()
+    challenge_id, challenge = q.arbitration.challenge_availability(CLIENT, s.task_id, 0,
+                                                                   index, bond)
+    proof = s.tree.proof(index)
+    answer = q.arbitration.answer_availability(MINER, challenge_id, s.receipts[index], proof)
+    return {"challengeAvailability": challenge.gas_used, "answerAvailability": answer.gas_used,
+            "proof_nodes": len(proof)}
+
+
+def unanswered(q: Quarry, chain: Chain) -> int:
+    s = submitted_shard(q, chain, 10, "unanswered")
+    bond = q.arbitration.min_availability_bond()
+    challenge_id, _ = q.arbitration.challenge_availability(CLIENT, s.task_id, 0, 3, bond)
+    chain.advance_time(q.arbitration.response_window())
+    return q.arbitration.settle_unanswered(ANYONE, challenge_id).gas_used
+
+
+def dispute(q: Quarry, chain: Chain, fault: bool, tag: str) -> dict[str, int]:
+    """A dispute over receipt 4 of a 10-request shard, resolved by three of the four
+    verifiers' signatures."""
+    s = submitted_shard(q, chain, 10, tag)
+    dispute_id, opened = q.arbitration.open_dispute(
+        CLIENT, s.task_id, 0, s.receipts[4], s.tree.proof(4), "store://evidence",
+        q.arbitration.min_bond())
+    sigs = quorum_signatures(Vote(dispute_id, fault), [v.key for v in VERIFIERS[:3]],
+                             chain.chain_id, q.arbitration.address)
+    votes = q.arbitration.cast_votes(ANYONE, dispute_id, fault, sigs)
+    assert votes.all("DisputeResolved"), "three of four equal stakes must resolve it"
+    return {"openDispute": opened.gas_used, "castVotes": votes.gas_used}
+
+
+def billing_fault(q: Quarry, chain: Chain, tag: str) -> int:
+    s = submitted_shard(q, chain, 10, tag, over_cap=True)
+    return q.arbitration.prove_billing_fault(CLIENT, s.task_id, 0, s.receipts[0],
+                                             s.tree.proof(0), bytes(32), []).gas_used
+
+
+def seat(q: Quarry, chain: Chain, verifiers: list[LocalAccount]) -> list[int]:
+    """Register `verifiers` with 1 ETH each and move the clock to the epoch where they sit;
+    returns each registration's gas."""
+    gas = [q.committee.register(v, ETHER).gas_used for v in verifiers]
+    at = max(q.committee.verifier_info(v.address).active_from for v in verifiers)
+    chain.advance_time(max(1, q.committee.epoch_start(at) - chain.timestamp()))
+    return gas
 
 
 def main() -> int:
     anvil = start_anvil(silent=True, die_with_parent=True)
     try:
         chain = Chain(anvil.rpc_url)
-        deployment, _ = deploy(chain, anvil_account(0))
+        deployment, _ = deploy(chain, DEPLOYER)
         q = Quarry(deployment, chain)
-        q.gpu.register(anvil_account(2), [MODEL_ID], GpuSpec("NVIDIA H100", 81920, 1),
+        probation = q.gpu.probation_params()
+        q.gpu.set_probation(DEPLOYER, 0, probation[1])  # an established miner
+        q.gpu.register(MINER, [MODEL_ID], GpuSpec("NVIDIA H100", 81920, 1),
                        "http://127.0.0.1:9100", PRICE, 10**18)
-        # One warm-up cycle so both measured tasks see the same storage (first-write costs of
-        # taskCount, escrow totals and the miner's lock slot are paid here, not by either).
+        q.gpu.set_probation(DEPLOYER, *probation)
+        seat(q, chain, VERIFIERS)
+
+        # Warm-ups: the first task, challenge, dispute and billing proof pay first writes
+        # (taskCount, escrow totals, the miner's lock slot, challenge and dispute counters,
+        # the voters' escrow balances), not the measured ones.
         lifecycle(q, chain, 2)
+        availability(q, chain, 2)
+        dispute(q, chain, True, "warm-dispute")
+        billing_fault(q, chain, "warm-billing")
+
         results = {}
         for n in SIZES:
             started = time.perf_counter()
             results[n] = lifecycle(q, chain, n)
             print(f"{n:>6} requests: {results[n]} ({time.perf_counter() - started:.1f}s)")
+        challenges = {n: availability(q, chain, n) for n in SIZES}
+        for n, c in challenges.items():
+            print(f"{n:>6} requests: availability {c}")
+        settle = unanswered(q, chain)
+        fault = dispute(q, chain, True, "fault")
+        no_fault = dispute(q, chain, False, "no-fault")
+        billing = billing_fault(q, chain, "billing")
+        register = q.committee.register(NEWCOMER, ETHER).gas_used
+        print(f"settleUnanswered {settle}; dispute, fault {fault}; no fault {no_fault}; "
+              f"proveBillingFault {billing}; VerifierCommittee.register {register}")
     finally:
         anvil.stop()
     small, large = results[SIZES[0]]["total"], results[SIZES[1]]["total"]
@@ -93,6 +205,19 @@ def main() -> int:
         "within_5pct": abs(ratio - 1) <= 0.05,
         "steps_10": results[SIZES[0]],
         "steps_10000": results[SIZES[1]],
+        "gas_challenge_availability_10": challenges[10]["challengeAvailability"],
+        "gas_answer_availability_10": challenges[10]["answerAvailability"],
+        "proof_nodes_10": challenges[10]["proof_nodes"],
+        "gas_challenge_availability_10000": challenges[10_000]["challengeAvailability"],
+        "gas_answer_availability_10000": challenges[10_000]["answerAvailability"],
+        "proof_nodes_10000": challenges[10_000]["proof_nodes"],
+        "gas_settle_unanswered": settle,
+        "gas_open_dispute": fault["openDispute"],
+        "gas_cast_votes_fault": fault["castVotes"],
+        "gas_cast_votes_no_fault": no_fault["castVotes"],
+        "gas_dispute_fault_total": fault["openDispute"] + fault["castVotes"],
+        "gas_prove_billing_fault_cap": billing,
+        "gas_verifier_register": register,
     }))
     return 0 if abs(ratio - 1) <= 0.05 else 1
 

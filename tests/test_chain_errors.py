@@ -28,7 +28,8 @@ def test_every_contract_and_openzeppelin_error_is_known() -> None:
         artifact = load_artifact(name)
         assert artifact.abi and len(artifact.bytecode) > 1000
     names = {e["name"] for e in all_error_abis()}
-    for expected in ("WrongPayment", "InvalidMinerSignature", "DuplicateSigner",
+    for expected in ("WrongPayment", "TooManyOutputTokens", "ResponseWindowClosed",
+                     "MinersNotSorted", "ContractAccount", "DuplicateSigner",
                      "QuorumNotReached", "OwnableUnauthorizedAccount", "ECDSAInvalidSignature",
                      "ReentrancyGuardReentrantCall", "FailedCall"):
         assert expected in names
@@ -43,9 +44,9 @@ def test_decoder_names_errors_and_args() -> None:
     assert str(exc) == "TaskRegistry.createTask reverted: WrongPayment(expected=5, got=1)"
     assert exc.args_dict == {"expected": 5, "got": 1}
 
-    data = selector("InvalidMinerSignature(address,address)") + abi_encode(
+    data = selector("SignerMismatch(address,address)") + abi_encode(
         ["address", "address"], [ADDR, ADDR])
-    assert decoder.decode(data)[1]["recovered"] == "0xABaBaBaBABabABabAbAbABAbABabababaBaBABaB"
+    assert decoder.decode(data)[1]["got"] == "0xABaBaBaBABabABabAbAbABAbABabababaBaBABaB"
 
     panic = decoder.exception(selector("Panic(uint256)") + abi_encode(["uint256"], [0x11]))
     assert panic.error == "Panic" and "arithmetic overflow" in str(panic)

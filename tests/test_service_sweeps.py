@@ -451,6 +451,9 @@ def test_silence_never_pays_on_chain(devnet: Devnet, tmp_path: Path) -> None:
 
     net, q = devnet, devnet.q
     arb, escrow = q.arbitration, q.escrow
+    # Five minutes to answer (devnet: one), so a loaded machine cannot pass the deadline before
+    # the first sweep; still before the disputes' 600 s. The test moves the chain's clock.
+    arb._tx(net.deployer, "setAvailabilityParams", arb.min_availability_bond(), 300)
     board = Board(tmp_path / "board.sqlite")
     guard = MemoryGuard()
 
