@@ -122,8 +122,6 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     event VerifierDisplaced(address indexed verifier, address indexed by, uint64 activeUntil);
     /// @notice `verifier` votes until epoch `activeUntil` and may withdraw at `withdrawableAt`.
     event VerifierExitRequested(address indexed verifier, uint64 activeUntil, uint64 withdrawableAt);
-    /// @notice `verifier` left before its seat took effect and got its `stake` back at once.
-    event VerifierJoinCancelled(address indexed verifier, uint256 stake);
     event VerifierStakeWithdrawn(address indexed verifier, uint256 amount);
     /// @notice An absence from an expired dispute cost `verifier` its seat and `slashed` wei.
     event AbsencePenalized(address indexed verifier, uint32 strikes, uint256 slashed, address beneficiary);
@@ -285,23 +283,14 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
 
     /// @notice Leaves the committee at the next possible epoch boundary; the stake can be
     /// withdrawn once disputes opened before that boundary have expired, plus
-    /// `unbondingPeriod`. A join that would take effect at that same boundary is cancelled
-    /// instead: the seat, the activation slot and the stake go back at once (it never voted).
-    /// Emits {VerifierExitRequested} or {VerifierJoinCancelled}.
-    function requestExit() external nonReentrant {
+    /// `unbondingPeriod`. A join that would take effect at that same boundary never takes
+    /// effect: its seat and activation slot are given back at once, and its stake unbonds for
+    /// `unbondingPeriod` from now, so holding slots or displacing members is never free.
+    /// Emits {VerifierExitRequested}.
+    function requestExit() external {
         VerifierInfo storage v = _verifiers[msg.sender];
         if (v.activeFrom == 0 || v.activeUntil != type(uint64).max) revert NotMember(msg.sender);
         uint48 at = _changeEpoch();
-        if (v.activeFrom == at) {
-            activations[at] -= 1;
-            _moveWeight(at, v.weight, false);
-            _removeSeat(msg.sender);
-            uint256 amount = v.stake;
-            delete _verifiers[msg.sender];
-            emit VerifierJoinCancelled(msg.sender, amount);
-            if (amount > 0) Address.sendValue(payable(msg.sender), amount);
-            return;
-        }
         _unseat(msg.sender, at);
         emit VerifierExitRequested(msg.sender, at, v.withdrawableAt);
     }
@@ -313,8 +302,11 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     function withdrawStake() external nonReentrant {
         VerifierInfo storage v = _verifiers[msg.sender];
         if (v.withdrawableAt == 0) revert NotExiting(msg.sender);
-        uint64 at = _unbondsAt(v.activeUntil);
-        if (at < v.withdrawableAt) at = v.withdrawableAt;
+        uint64 at = v.withdrawableAt;
+        if (v.activeFrom < v.activeUntil) {
+            uint64 bound = _unbondsAt(v.activeUntil); // it sat: its disputes bind it
+            if (bound > at) at = bound;
+        }
         if (block.timestamp < at) revert UnbondingNotOver(at);
         uint256 amount = v.stake;
         delete _verifiers[msg.sender];
@@ -588,12 +580,18 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
 
     /// @dev Ends `account`'s membership at epoch `at`. Its stake stays bonded until the last
     /// dispute opened before `at` has expired, plus the unbonding period. A join that never
-    /// took effect gives its activation slot back.
+    /// takes effect (activeFrom == at) judged nothing: it leaves the seat list and gives its
+    /// activation slot back at once, and its stake unbonds for `unbondingPeriod` from now.
     function _unseat(address account, uint48 at) private {
         VerifierInfo storage v = _verifiers[account];
-        if (v.activeFrom == at) activations[at] -= 1;
         v.activeUntil = at;
-        v.withdrawableAt = _unbondsAt(at);
+        if (v.activeFrom == at) {
+            activations[at] -= 1;
+            _removeSeat(account);
+            v.withdrawableAt = SafeCast.toUint64(block.timestamp + unbondingPeriod);
+        } else {
+            v.withdrawableAt = _unbondsAt(at);
+        }
         _moveWeight(at, v.weight, false);
     }
 

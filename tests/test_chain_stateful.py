@@ -483,10 +483,12 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
 
         def _unseat(self, seat: SeatM, at: int) -> None:
             self.touched_verifiers.add(seat.address)
-            if seat.active_from == at:
-                self.activations[at] -= 1
             seat.active_until = at
-            seat.withdrawable_at = epoch_start(at) + dispute_timeout + unbonding
+            if seat.active_from == at:  # never took effect: slot back now, stake bonded from now
+                self.activations[at] -= 1
+                seat.withdrawable_at = self.now + unbonding
+            else:  # bonded until every dispute its seat could judge has expired
+                seat.withdrawable_at = epoch_start(at) + dispute_timeout + unbonding
             self.last_key = at
 
         def _escrow_of(self, task_id: int) -> int:
@@ -902,19 +904,11 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 return
             assert seat is not None
             at = self._change_epoch(self.now)
-            if seat.active_from == at:  # never took effect: cancelled, stake back at once
-                self.touched_verifiers.add(account.address)
-                self.activations[at] -= 1
-                seat.active_until = at
-                self.last_key = at
-                del self.records[account.address]
-                assert tx.event("VerifierJoinCancelled")["stake"] == seat.stake
-                assert chain.balance(account.address) == before + seat.stake - tx.gas_cost
-            else:
-                self._unseat(seat, at)
-                assert tx.event("VerifierExitRequested") == {
-                    "verifier": account.address, "activeUntil": at,
-                    "withdrawableAt": seat.withdrawable_at}
+            self._unseat(seat, at)
+            assert tx.event("VerifierExitRequested") == {
+                "verifier": account.address, "activeUntil": at,
+                "withdrawableAt": seat.withdrawable_at}
+            assert chain.balance(account.address) == before - tx.gas_cost
 
         def _do_unbond(self, account: LocalAccount) -> None:
             seat = self.records.get(account.address)

@@ -62,14 +62,19 @@ def test_register_status_exit_withdraw(devnet: Any, deployment_file: Path, tmp_p
     code, out, _ = _run(capsys, "status", *flags)
     assert f"pending {me}: seated from epoch {at}" in out and "quorum weight" in out
 
-    # Exit before the seat took effect: the join is cancelled, the stake back at once.
-    balance = q.chain.balance(me)
+    # Exit before the seat took effect: the join never takes effect, the stake unbonds.
     code, out, _ = _run(capsys, "exit", *flags)
-    assert code == 0 and f"the stake of {STAKE} wei is refunded" in out
-    assert not c.verifier_info(me).registered
-    assert STAKE - 10**15 < q.chain.balance(me) - balance <= STAKE  # less the gas
+    info = c.verifier_info(me)
+    assert code == 0 and "had not taken effect and never will" in out
+    assert info.active_until == info.active_from == at and info.stake == STAKE
+    assert info.withdrawable_at == q.chain.timestamp() + c.unbonding_period()
+    assert f"withdrawn from chain time {info.withdrawable_at}" in out
     code, _, err = _run(capsys, "withdraw", *flags)
-    assert code == 1 and "not registered" in err
+    assert code == 1 and f"bonded until chain time {info.withdrawable_at}" in err
+    q.chain.advance_time(info.withdrawable_at - q.chain.timestamp())
+    code, out, _ = _run(capsys, "withdraw", *flags)
+    assert code == 0 and f"withdrew its stake: {STAKE} wei" in out
+    assert not c.verifier_info(me).registered
 
     # Register again and take the seat; exit: the last epoch and the unbonding time.
     _run(capsys, "register", *flags, "--stake", str(STAKE))

@@ -101,14 +101,14 @@ def cmd_exit(args: argparse.Namespace) -> int:
                  f"{info.active_until}, its stake can be withdrawn from chain time "
                  f"{info.withdrawable_at} (`verifier withdraw`)")
     tx = q.committee.request_exit(account)
-    cancelled = tx.all("VerifierJoinCancelled")
-    if cancelled:
-        print(f"verifier {account.address}: its join had not taken effect and is cancelled; "
-              f"the stake of {int(cancelled[0]['stake'])} wei is refunded")
-        return 0
     ev = tx.event("VerifierExitRequested")
     until, at = int(ev["activeUntil"]), int(ev["withdrawableAt"])
     now = q.chain.timestamp()
+    if until == info.active_from:
+        print(f"verifier {account.address}: its join had not taken effect and never will; "
+              f"its stake of {info.stake} wei stays bonded for the unbonding period and can be "
+              f"withdrawn from chain time {at} ({_in(at - now)}) with `verifier withdraw`")
+        return 0
     print(f"verifier {account.address} leaves the committee: its last epoch is {until - 1}, "
           f"the seat ends at {_when(q, until)}; keep `verifier run` going: it must still vote "
           f"on the disputes opened until then. Its stake of {info.stake} wei can be withdrawn "

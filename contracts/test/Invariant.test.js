@@ -143,12 +143,20 @@ async function run(seed, steps, wideEvery) {
   const quorumOf = (e) => (totalAt(e) * 2n) / 3n + 1n;
   const notLeaving = () => [...vinfo.values()].filter((v) => v && v.activeUntil === MAX64);
   const changeEpoch = (ts) => max(epochOf(ts) + 1n, lastKey);
-  const unseat = (a, at) => {
+  const unseat = (a, at, ts) => {
     const v = vinfo.get(a);
-    if (v.activeFrom === at) activations.set(at, activations.get(at) - 1); // a join that never took effect
     v.activeUntil = at;
-    // bonded until every dispute its seat could judge has expired, plus the unbonding period
-    v.withdrawableAt = epochStart(at) + P.disputeTimeout + P.verifierUnbonding;
+    if (v.activeFrom === at) {
+      // a join that never takes effect: slot and seat back now, stake bonded from now
+      activations.set(at, activations.get(at) - 1);
+      const i = seats.indexOf(a);
+      seats[i] = seats[seats.length - 1];
+      seats.pop();
+      v.withdrawableAt = ts + P.verifierUnbonding;
+    } else {
+      // bonded until every dispute its seat could judge has expired, plus the unbonding period
+      v.withdrawableAt = epochStart(at) + P.disputeTimeout + P.verifierUnbonding;
+    }
     if (at > lastKey) lastKey = at;
   };
   const pruned = (cur) => {
@@ -672,7 +680,7 @@ async function run(seed, steps, wideEvery) {
         const v = vinfo.get(a);
         const k = strikes.get(a) + 1n;
         strikes.set(a, k);
-        if (v.activeUntil === MAX64) unseat(a, changeEpoch(ts));
+        if (v.activeUntil === MAX64) unseat(a, changeEpoch(ts), ts);
         const slashed = k > 0n ? (v.stake * 1000n) / BPS : 0n; // idleStrikesAllowed 0, idleSlashBps 1000
         v.stake -= slashed;
         if (slashed > 0n) credit(d.opener, slashed);
@@ -910,7 +918,7 @@ async function run(seed, steps, wideEvery) {
       seats = seats2;
       if (displaced) {
         await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(displaced, v.address, at);
-        unseat(displaced, at);
+        unseat(displaced, at, ts);
       }
       activations.set(at, (activations.get(at) || 0) + 1);
       const rec = { addr: v.address, stake, weight: stake, activeFrom: at, activeUntil: MAX64, withdrawableAt: 0n };
@@ -934,24 +942,11 @@ async function run(seed, steps, wideEvery) {
       const v = rnd.pick(c);
       const at = changeEpoch(ts);
       const signer = vByAddr.get(v.addr);
-      if (v.activeFrom === at) {
-        // leaving before the seat took effect cancels the join: seat, slot and stake back at once
-        const before = await ethers.provider.getBalance(signer);
-        const tx = await committee.connect(signer).requestExit();
-        await expect(tx).to.emit(committee, "VerifierJoinCancelled").withArgs(v.addr, v.stake);
-        expect((await ethers.provider.getBalance(signer)) - before + (await gasCost(tx))).to.equal(v.stake);
-        activations.set(at, activations.get(at) - 1);
-        v.activeUntil = at; // it never sat: no weight in any epoch
-        vinfo.set(v.addr, null);
-        const i = seats.indexOf(v.addr);
-        seats[i] = seats[seats.length - 1];
-        seats.pop();
-        return "joinCancelled";
-      }
+      const cancelled = v.activeFrom === at; // leaving before the seat took effect
+      unseat(v.addr, at, ts);
       await expect(committee.connect(signer).requestExit()).to.emit(committee, "VerifierExitRequested")
-        .withArgs(v.addr, at, epochStart(at) + P.disputeTimeout + P.verifierUnbonding);
-      unseat(v.addr, at);
-      return true;
+        .withArgs(v.addr, at, v.withdrawableAt);
+      return cancelled ? "joinCancelled" : true;
     },
     async verifierWithdraw() {
       const ts = await pin();

@@ -362,31 +362,39 @@ describe("VerifierCommittee", function () {
       expect((await committee.verifierInfo(verifiers[1])).activeUntil).to.equal(c + 4n);
     });
 
-    it("a join cancelled before it takes effect leaves at once: slot, seat and stake back; register-then-exit locks no one out", async function () {
+    it("a join cancelled before it takes effect gives slot and seat back at once, but its stake unbonds", async function () {
       // The attack of the first round: accounts register and at once request exit, to hold the
-      // boundary's activation slots (or, with slots given back, the seat list) without joining.
+      // boundary's activation slots (or the seat list) without joining. Slots and seats come
+      // back at once; the stake stays bonded for unbondingPeriod, so squatting is never free.
       const { committee, verifiers, signers } = await loadFixture(deployQuarry);
       const honest = signers.slice(10, 14);
       const att = await wallets(4);
       const c = await toEpochStart(committee);
+      const unbonding = await committee.unbondingPeriod();
       for (const w of att) {
         await committee.connect(w).register({ value: STAKE });
         expect(await committee.activations(c + 1n)).to.equal(1);
         expect(await committee.seats()).to.have.length(verifiers.length + 1);
         const before = await ethers.provider.getBalance(w);
+        const ts = BigInt(await time.latest()) + 1n;
+        await time.setNextBlockTimestamp(ts);
         const tx = await committee.connect(w).requestExit();
-        await expect(tx).to.emit(committee, "VerifierJoinCancelled").withArgs(w.address, STAKE);
-        await expect(tx).to.not.emit(committee, "VerifierExitRequested");
-        expect((await ethers.provider.getBalance(w)) - before + (await gasCost(tx))).to.equal(STAKE);
+        await expect(tx).to.emit(committee, "VerifierExitRequested").withArgs(w.address, c + 1n, ts + unbonding);
+        expect(before - (await ethers.provider.getBalance(w))).to.equal(await gasCost(tx)); // nothing back yet
         expect(await committee.activations(c + 1n)).to.equal(0);
         expect(await committee.seats()).to.have.length(verifiers.length);
         const info = await committee.verifierInfo(w);
-        expect([info.stake, info.activeFrom, info.activeUntil, info.withdrawableAt]).to.deep.equal([0n, 0n, 0n, 0n]);
-        await expect(committee.connect(w).withdrawStake()).to.be.revertedWithCustomError(committee, "NotExiting");
+        expect([info.stake, info.activeFrom, info.activeUntil, info.withdrawableAt])
+          .to.deep.equal([STAKE, c + 1n, c + 1n, ts + unbonding]);
+        await expect(committee.connect(w).withdrawStake())
+          .to.be.revertedWithCustomError(committee, "UnbondingNotOver").withArgs(ts + unbonding);
+        await expect(committee.connect(w).register({ value: STAKE }))
+          .to.be.revertedWithCustomError(committee, "AlreadyRegistered");
+        await expect(committee.connect(w).requestExit()).to.be.revertedWithCustomError(committee, "NotMember");
       }
       expect(await committee.memberCountAt(c + 1n)).to.equal(4);
       expect(await committee.totalWeightAt(c + 1n)).to.equal(4n * STAKE);
-      expect(await ethers.provider.getBalance(committee)).to.equal(4n * STAKE);
+      expect(await ethers.provider.getBalance(committee)).to.equal(8n * STAKE);
       // the boundary's four slots are all free for honest verifiers; the limit holds after them
       for (const h of honest) {
         await expect(committee.connect(h).register({ value: ETH(50) }))
@@ -399,15 +407,23 @@ describe("VerifierCommittee", function () {
       await toEpoch(committee, c + 1n);
       expect(await committee.members()).to.deep.equal(sortedAddrs([...verifiers, ...honest]));
       expect(await committee.totalWeightAt(c + 1n)).to.equal(4n * STAKE + 4n * ETH(50));
-      // a cancelled account may register again later, like any newcomer
+      // a cancelled join judged nothing: the dispute bound does not apply, only unbondingPeriod
+      const w0 = (await committee.verifierInfo(att[0])).withdrawableAt;
+      await time.increaseTo(w0);
+      const before = await ethers.provider.getBalance(att[0]);
+      const tx = await committee.connect(att[0]).withdrawStake();
+      await expect(tx).to.emit(committee, "VerifierStakeWithdrawn").withArgs(att[0].address, STAKE);
+      expect((await ethers.provider.getBalance(att[0])) - before + (await gasCost(tx))).to.equal(STAKE);
+      // and may then register again, like any newcomer
+      const e = await committee.currentEpoch();
       await committee.connect(att[0]).register({ value: STAKE });
-      expect((await committee.verifierInfo(att[0])).activeFrom).to.equal(c + 2n);
+      expect((await committee.verifierInfo(att[0])).activeFrom).to.equal(e + 1n);
     });
 
     it("register-then-exit cannot fill the seat list: 124 cancelled joins within one epoch leave it as it was", async function () {
       // Before cancelled joins left the seat list, 124 minimum stakes filled all MAX_SEATS (128)
       // entries within one epoch and register() reverted CommitteeFull(maxMembers, 0) until the
-      // boundary. Now each cancelled join leaves nothing behind.
+      // boundary. Now each cancelled join leaves no seat behind, and its stake stays bonded.
       this.timeout(300000);
       const { committee, verifiers, signers } = await loadFixture(deployQuarry);
       const honest = signers[10];
@@ -431,8 +447,9 @@ describe("VerifierCommittee", function () {
       expect(await committee.seats()).to.have.length(verifiers.length);
       expect(await committee.activations(c + 1n)).to.equal(0);
       expect(await committee.memberCountAt(c + 1n)).to.equal(4);
-      expect(await ethers.provider.getBalance(committee)).to.equal(4n * STAKE);
-      for (const w of att) expect((await committee.verifierInfo(w)).activeFrom).to.equal(0);
+      // every attacker's stake is still held
+      expect(await ethers.provider.getBalance(committee)).to.equal(BigInt(4 + att.length) * STAKE);
+      for (const w of att) expect((await committee.verifierInfo(w)).activeUntil).to.equal(c + 1n);
       // an honest verifier registers in the same epoch
       await expect(committee.connect(honest).register({ value: ETH(50) }))
         .to.emit(committee, "VerifierRegistered").withArgs(honest.address, ETH(50), c + 1n);
@@ -514,6 +531,33 @@ describe("VerifierCommittee", function () {
         .to.emit(committee, "VerifierDisplaced").withArgs(mid.address, n4.address, c + 2n);
       const low = sortByAddress([v1, v2, v3])[0];
       expect(await committee.membersAt(c + 2n)).to.deep.equal(sortedAddrs([low, n2, n3, n4]));
+    });
+
+    it("displacing a member then cancelling the join evicts it only at the price of a bonded stake", async function () {
+      // helper round 9: displace-then-cancel used to refund the newcomer at once, so evicting
+      // the least staked member cost gas only. The stake now unbonds like any other exit.
+      const { committee, verifiers, signers } = await loadFixture(deployQuarry);
+      const a = signers[10];
+      const [s0, s1, s2, s3] = sortByAddress(verifiers);
+      await committee.setMaxMembers(4);
+      const c = await toEpochStart(committee);
+      await expect(committee.connect(a).register({ value: ETH(2) }))
+        .to.emit(committee, "VerifierDisplaced").withArgs(s3.address, a.address, c + 1n);
+      const ts = BigInt(await time.latest()) + 1n;
+      await time.setNextBlockTimestamp(ts);
+      const unbonding = await committee.unbondingPeriod();
+      const tx = await committee.connect(a).requestExit();
+      await expect(tx).to.emit(committee, "VerifierExitRequested").withArgs(a.address, c + 1n, ts + unbonding);
+      expect(await ethers.provider.getBalance(committee)).to.equal(4n * STAKE + ETH(2));
+      expect(await committee.membersAt(c + 1n)).to.deep.equal(sortedAddrs([s0, s1, s2]));
+      expect(await committee.totalWeightAt(c + 1n)).to.equal(3n * STAKE);
+      // the freed seat is open to anyone at the minimum stake again
+      await expect(committee.connect(signers[11]).register({ value: STAKE }))
+        .to.emit(committee, "VerifierRegistered").withArgs(signers[11].address, STAKE, c + 1n);
+      await expect(committee.connect(a).withdrawStake())
+        .to.be.revertedWithCustomError(committee, "UnbondingNotOver").withArgs(ts + unbonding);
+      await time.increaseTo(ts + unbonding);
+      await expect(committee.connect(a).withdrawStake()).to.emit(committee, "VerifierStakeWithdrawn").withArgs(a.address, ETH(2));
     });
 
     it("lowering maxMembers removes no one; newcomers then displace one for one", async function () {

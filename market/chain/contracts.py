@@ -437,6 +437,9 @@ class VerifierCommittee(QuarryContract):
     def epoch_start(self, epoch: int) -> int:
         return int(self._call("epochStart", epoch))
 
+    def unbonding_period(self) -> int:
+        return int(self._call("unbondingPeriod"))
+
     def next_report_epoch(self) -> int:
         return int(self._call("nextReportEpoch"))
 
