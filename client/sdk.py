@@ -15,11 +15,12 @@ before money moves runs before `createTask`, so a bad batch costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -852,13 +853,8 @@ class Job:
         info = next((d for d in self.disputes() if d.dispute_id == dispute_id), None)
         if info is None:
             raise DisputeNotPossible(f"task {self.task_id} has no dispute {dispute_id}")
-        with _bar(max(1, info.deadline - info.opened_at), "s", f"dispute {dispute_id}",
-                  progress) as bar:
-
-            def show(d: DisputeInfo, now: int) -> None:
-                bar.n = min(bar.total, max(0, now - d.opened_at))
-                bar.set_postfix_str(d.status.name.lower(), refresh=True)
-
+        with _window_bar(info.opened_at, info.deadline, f"dispute {dispute_id}",
+                         progress) as show:
             return wait_dispute(self._q, dispute_id, timeout=timeout, poll_s=poll_s,
                                 expire_as=self.client.account if expire else None,
                                 on_poll=show)
@@ -899,13 +895,8 @@ class Job:
         terminal's stderr) shows the chain time used of the miner's response window.
         """
         info = self.challenge_info(challenge_id)
-        with _bar(max(1, info.deadline - info.opened_at), "s", f"challenge {challenge_id}",
-                  progress) as bar:
-
-            def show(c: ChallengeInfo, now: int) -> None:
-                bar.n = min(bar.total, max(0, now - c.opened_at))
-                bar.set_postfix_str(c.status.name.lower(), refresh=True)
-
+        with _window_bar(info.opened_at, info.deadline, f"challenge {challenge_id}",
+                         progress) as show:
             return wait_challenge(self._q, challenge_id, timeout=timeout, poll_s=poll_s,
                                   settle_as=self.client.account if settle else None,
                                   on_poll=show)
@@ -960,6 +951,20 @@ def _bar(total: int, unit: str, desc: str, progress: bool) -> Any:
 
     return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=False,
                 disable=not (progress and sys.stderr.isatty()))
+
+
+@contextlib.contextmanager
+def _window_bar(opened_at: int, deadline: int, desc: str,
+                progress: bool) -> Iterator[Callable[[Any, int], None]]:
+    """A bar of the chain time used of a window from `opened_at` to `deadline`, and the
+    `on_poll` callback that moves it and shows the polled record's status."""
+    with _bar(max(1, deadline - opened_at), "s", desc, progress) as bar:
+
+        def show(record: Any, now: int) -> None:
+            bar.n = min(bar.total, max(0, now - opened_at))
+            bar.set_postfix_str(record.status.name.lower(), refresh=True)
+
+        yield show
 
 
 def _ks(ks: Sequence[int]) -> str:

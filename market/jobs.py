@@ -34,6 +34,7 @@ from web3.exceptions import ContractLogicError
 from market.chain.client import TxResult, gas_limit
 from market.chain.contracts import (
     ZERO_ADDRESS,
+    AvailabilityChallenge,
     Ballot,
     ChallengeStatus,
     DisputeStatus,
@@ -650,19 +651,11 @@ def _poll_until_deadline(q: Quarry, read: Callable[[], _D], what: str, *,
 
 
 @dataclass(frozen=True)
-class ChallengeInfo:
-    """An availability challenge as the chain has it, with its answer or settlement."""
+class ChallengeInfo(AvailabilityChallenge):
+    """An availability challenge as the chain has it, with its id and its answer or
+    settlement (from the events)."""
 
-    challenge_id: int
-    task_id: int
-    shard: int
-    index: int
-    status: ChallengeStatus
-    challenger: str
-    miner: str
-    bond: int
-    opened_at: int
-    deadline: int
+    challenge_id: int = 0
     receipt: Receipt | None = None  # the answer (ANSWERED)
     proof: tuple[SumNode, ...] = ()
     window_end: int = 0  # the shard's window after the answer (ANSWERED)
@@ -718,9 +711,9 @@ def challenge_info(q: Quarry, challenge_id: int) -> ChallengeInfo:
         if exc.error == "UnknownChallenge":
             raise JobError(f"no availability challenge {challenge_id} on the chain") from None
         raise
-    info = ChallengeInfo(challenge_id, c.task_id, c.shard, c.index, c.status,
-                         to_checksum_address(c.challenger), to_checksum_address(c.miner),
-                         c.bond, c.opened_at, c.deadline)
+    info = ChallengeInfo(**{**dataclasses.asdict(c), "challenge_id": challenge_id,
+                            "challenger": to_checksum_address(c.challenger),
+                            "miner": to_checksum_address(c.miner)})
     since = q.deployment.deploy_block
     if c.status == ChallengeStatus.ANSWERED:
         ev = arb.events("AvailabilityAnswered", since, challengeId=challenge_id)[-1]

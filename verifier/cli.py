@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from market.cliutil import run_cli
 
 if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from market.chain.contracts import VerifierInfo
     from market.chain.deploy import Quarry
     from verifier.config import VerifierConfig
 
@@ -51,16 +54,23 @@ def _in(seconds: int) -> str:
     return f"in {seconds} s" if seconds > 0 else "now"
 
 
-def cmd_register(args: argparse.Namespace) -> int:
+def _on_chain(cfg: VerifierConfig) -> tuple[LocalAccount, Quarry, VerifierInfo]:
+    """The account, the contracts and its committee record, for the stake commands (which
+    need the market only to learn the deployment)."""
     from market.connect import connect
-    from market.errors import QuarryError
 
-    cfg = _load(args, stake=args.stake)
     account = cfg.account()
     q, market = connect(cfg)
     market.close()
+    return account, q, q.committee.verifier_info(account.address)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from market.errors import QuarryError
+
+    cfg = _load(args, stake=args.stake)
+    account, q, info = _on_chain(cfg)
     committee = q.committee
-    info = committee.verifier_info(account.address)
     if info.seated:
         where = ("is a committee member" if info.active_from <= committee.current_epoch()
                  else f"is registered; its seat takes effect at {_when(q, info.active_from)}")
@@ -86,14 +96,9 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_exit(args: argparse.Namespace) -> int:
-    from market.connect import connect
     from market.errors import QuarryError
 
-    cfg = _load(args)
-    account = cfg.account()
-    q, market = connect(cfg)
-    market.close()
-    info = q.committee.verifier_info(account.address)
+    account, q, info = _on_chain(_load(args))
     if not info.seated:
         raise QuarryError(
             f"{account.address} is not registered in the committee" if not info.registered
@@ -118,14 +123,9 @@ def cmd_exit(args: argparse.Namespace) -> int:
 
 def cmd_withdraw(args: argparse.Namespace) -> int:
     from market.chain.errors import revert_class
-    from market.connect import connect
     from market.errors import QuarryError
 
-    cfg = _load(args)
-    account = cfg.account()
-    q, market = connect(cfg)
-    market.close()
-    info = q.committee.verifier_info(account.address)
+    account, q, info = _on_chain(_load(args))
     if info.withdrawable_at == 0:
         raise QuarryError(f"{account.address} has no stake to withdraw: "
                           + ("request an exit first (`verifier exit`)" if info.registered
