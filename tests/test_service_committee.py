@@ -143,12 +143,17 @@ def test_strangers_may_neither_post_nor_read(relay: Relay, devnet: Devnet) -> No
     relay.api.post_message(committee_message(outsider, "observation", 1, "", {"seen": 2}))
     assert [m["author"] for m in relay.api.messages(outsider)] == [v0.address,
                                                                    outsider.address]
-    # A join cancelled before it took effect leaves no record: a stranger again.
+    # A join withdrawn before it took effect never sits: a stranger again, though its stake
+    # stays bonded; once withdrawn, no record is left.
     q.committee.request_exit(outsider)
-    assert not q.committee.verifier_info(outsider.address).registered
+    info = q.committee.verifier_info(outsider.address)
+    assert info.registered and not info.sits
     refused(lambda: relay.api.messages(outsider), 403)
     refused(lambda: relay.api.post_message(
         committee_message(outsider, "observation", 1, "x", {})), 403)
+    q.chain.advance_time(info.withdrawable_at - q.chain.timestamp())
+    q.committee.withdraw_stake(outsider)
+    assert not q.committee.verifier_info(outsider.address).registered
 
 
 def _open_dispute(devnet: Devnet) -> int:

@@ -146,6 +146,12 @@ class VerifierInfo:
         """Registered and not leaving (possibly not active yet)."""
         return self.registered and self.active_until == SEATED
 
+    @property
+    def sits(self) -> bool:
+        """Holds a seat for at least one epoch, past, present or future (a join withdrawn
+        before it took effect never does: its record only waits for its stake to unbond)."""
+        return self.registered and self.active_from < self.active_until
+
 
 class QuarryContract:
     """A thin wrapper: `_tx` sends as a given account, `_call` reads."""

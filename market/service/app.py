@@ -372,11 +372,12 @@ def create_app(settings: MarketSettings) -> FastAPI:
 
     # -- committee -----------------------------------------------------------------------
     def require_verifier(q: Any, address: str, action: str) -> None:
-        """403 unless `address` has a verifier record (read live from the chain): seated,
-        joining, or leaving with its stake still bonded. Not "a member of the current epoch":
+        """403 unless `address` has a verifier seat (read live from the chain): seated,
+        joining, or left with its stake still bonded. Not "a member of the current epoch":
         a member whose seat ended must still post its votes on the disputes opened while it
-        sat (or be reported absent), and one seated at the next boundary must read ahead."""
-        if not q.committee.verifier_info(address).registered:
+        sat (or be reported absent), and one seated at the next boundary must read ahead.
+        A join withdrawn before it took effect never sits, so it is a stranger."""
+        if not q.committee.verifier_info(address).sits:
             raise HTTPException(403, f"{address} is not a verifier of VerifierCommittee "
                                 f"{q.committee.address} (seated, joining, or leaving with its "
                                 f"stake still bonded), so it may not {action}")
