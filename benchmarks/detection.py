@@ -6,32 +6,39 @@ declared cheating mode of `miner.cheats`) and the verifier's own reference engin
 `--epochs` epochs. Each epoch every miner gets its own challenge, drawn exactly as the
 committee draws it (`verifier.challenges.draw_challenge_set`: distinct corpus prompts,
 half greedy and half sampled), answers it with its engine, and the verifier scores the
-answers with `verifier.scoring.score_outputs`. Challenges have the committee's default size
-(`VerifierConfig`: 16 requests x 64 tokens, set from this benchmark: with 4 x 32 the
-`perturb` cheat's epoch scores overlap honest ones, since the noise of honest sampled
-answers dominates, so no threshold separates them).
-The epoch score (mean, in bps) then drives `verifier.reputation.update` from the initial
-reputation, for each of the three penalty levels, with the other constants at their
-`ReputationParams` defaults.
+answers with `verifier.scoring.score_outputs` and `judge` (greedy mismatches and pooled
+sampled evidence, each against its own threshold). Challenges have the committee's default
+size (`VerifierConfig`: 16 requests x 64 tokens). Every mode of `miner.cheats` runs: the
+crude ones (another model, noisy weights, random tokens, another prompt) and the rational
+ones (greedy answers to sampled requests, a colder temperature, small logit noise,
+truncation). The epoch score (10000 passed, 0 failed) then drives
+`verifier.reputation.update` from the initial reputation, for each of the three penalty
+levels, with the other constants at their `ReputationParams` defaults.
+
+Then the false-fault measurement: `--honest-outputs` honest outputs (default 20,000), a
+quarter each greedy and sampled at temperatures 0.5, 0.8 and 1.0, of random corpus
+prompts, are judged one at a time (the strictest use: a dispute over a one-output shard)
+and `honest_outputs_at_fault` counts those found at fault (target 0; the stated model
+bounds the rate by 1e-6).
 
 Reported (JSON, last line; also written to benchmarks/out/detection.json with a PNG of the
 reputation trajectories beside it): per level, `max_epochs_to_untrusted` over the cheating
 modes (target <= 3) and `honest_false_positive_epochs` (epochs in which an honest miner's
 epoch score was abnormal or its reputation untrusted; target 0); per-mode trajectories and
-mean scores; and the margins that justify the thresholds: the lowest honest epoch score and
-the highest cheating one against `abnormal_below_bps`.
+the evidence per mode (greedy mismatches, the largest and smallest log evidence of honest
+and cheating epochs against the threshold log(1e6) = 13.8).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +87,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("reputation (bps)")
     axes[-1].legend(fontsize=7, loc="center right")
-    fig.suptitle(f"Reputation of honest and cheating miners (alpha {params['alpha']}, "
-                 f"abnormal below {params['abnormal_below_bps']} bps)")
+    fig.suptitle(f"Reputation of honest and cheating miners (alpha {params['alpha']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from miner.cheats import CHEAT_MODES, cheating_engine
     from verifier.challenges import SAMPLED_TEMPERATURE, draw_challenge_set
     from verifier.reputation import PENALTY_LEVELS, MinerRecord, ReputationParams, update
-    from verifier.scoring import mean_score, score_bps, score_outputs
+    from verifier.scoring import judge, score_outputs
 
     torch.set_num_threads(args.threads)
     started = time.monotonic()
@@ -118,14 +124,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     trajectories: dict[str, dict[str, list[int]]] = {
         level: {label: [p.initial_bps] for label in labels} for level, p in params.items()}
     epoch_bps: dict[str, list[int]] = {label: [] for label in labels}
-    request_scores: dict[str, dict[str, list[float]]] = {
-        label: {"greedy": [], "sampled": []} for label in labels}
+    evidence: dict[str, list[float]] = {label: [] for label in labels}
+    mismatches: dict[str, list[int]] = {label: [] for label in labels}
     rng = random.Random(args.seed)
     for epoch in range(1, args.epochs + 1):
         t0 = time.monotonic()
         cs = draw_challenge_set(epoch, manifest.model_id, manifest.name, list(addresses),
                                 requests=args.requests, max_tokens=args.max_tokens, rng=rng)
-        all_requests, all_outputs, owners = [], [], []
+        all_requests, all_outputs, all_finish, owners = [], [], [], []
         for challenge in cs.challenges:
             label = addresses[challenge.miner]
             engine = engines[label]
@@ -133,18 +139,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             outputs = engine.generate(reqs)
             all_requests += [verifier.request_from_line(line) for line in challenge.lines]
             all_outputs += [o.token_ids for o in outputs]
+            all_finish += [o.finish_reason for o in outputs]
             owners += [label] * len(reqs)
-        scores = score_outputs(verifier, all_requests, all_outputs,
-                               reference_samples=args.reference_samples)
+        scores = score_outputs(verifier, all_requests, all_outputs, all_finish)
         for label in labels:
-            mine = [(r, s) for r, s, o in zip(all_requests, scores, owners, strict=True)
-                    if o == label]
-            for r, s in mine:
-                request_scores[label]["greedy" if r.greedy else "sampled"].append(s.score)
-            bps = score_bps(mean_score([s for _, s in mine]))
-            epoch_bps[label].append(bps)
+            verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label])
+            epoch_bps[label].append(verdict.score_bps)
+            evidence[label].append(round(verdict.log_evidence, 2))
+            mismatches[label].append(verdict.mismatches + verdict.impossible)
             for level, p in params.items():
-                records[level][label] = update(records[level][label], bps, p)
+                records[level][label] = update(records[level][label], verdict.score_bps, p)
                 trajectories[level][label].append(records[level][label].reputation_bps)
         say(f"epoch {epoch}: " + ", ".join(f"{k} {v[-1]}" for k, v in epoch_bps.items())
             + f" ({time.monotonic() - t0:.1f}s)")
@@ -164,32 +168,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                         else None),
             "epochs_to_untrusted": to_untrusted,
             "epochs_to_below_2000": {m: epochs_to(traj[m][1:], 2000) for m in CHEAT_MODES},
-            "epochs_to_below_1000": {m: epochs_to(traj[m][1:], 1000) for m in CHEAT_MODES},
             "honest_false_positive_epochs": false_pos,
             "honest_min_reputation_bps": min(min(traj[m][1:]) for m in honest),
             "trajectories": traj,
         }
-    # How the choice of alpha and penalty rate would have fared on the same epoch scores.
-    sweep = []
-    for alpha in SWEEP_ALPHAS:
-        for rate in SWEEP_RATES:
-            p = replace(defaults, alpha=alpha, penalty_rates=(0.0, rate, 1.0))
-            worst = []
-            for m in CHEAT_MODES:
-                record, traj = MinerRecord.initial(p), []
-                for bps in epoch_bps[m]:
-                    record = update(record, bps, p)
-                    traj.append(record.reputation_bps)
-                worst.append(epochs_to(traj, p.untrusted_below_bps))
-            sweep.append({"alpha": alpha, "rate": rate, "max_epochs_to_untrusted":
-                          None if None in worst else max(w for w in worst if w is not None)})
     default = levels[defaults.penalty]
-    honest_epochs = [b for m in honest for b in epoch_bps[m]]
-    cheat_max = {m: max(epoch_bps[m]) for m in CHEAT_MODES}
-
-    def mean(xs: list[float]) -> float | None:
-        return round(statistics.fmean(xs), 4) if xs else None
-
+    t0 = time.monotonic()
+    false_faults = honest_outputs_at_fault(args, verifier, honest_engine)
+    say(f"{args.honest_outputs} honest outputs judged one by one in "
+        f"{time.monotonic() - t0:.0f}s: {false_faults['at_fault']} at fault")
     return {
         "benchmark": "detection",
         "model_id": manifest.model_id_hex,
@@ -199,33 +186,70 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "requests_per_challenge": args.requests,
         "max_tokens": args.max_tokens,
         "sampled_temperature": SAMPLED_TEMPERATURE,
-        "reference_samples": args.reference_samples,
         "seed": args.seed,
         "params": {k: (list(v) if isinstance(v, tuple) else v)
                    for k, v in asdict(defaults).items()},
         "default_level": defaults.penalty,
         "max_epochs_to_untrusted": default["max_epochs_to_untrusted"],
         "honest_false_positive_epochs": default["honest_false_positive_epochs"],
+        "honest_epochs": args.epochs * args.honest,
+        "honest_outputs_at_fault": false_faults["at_fault"],
+        "honest_outputs": false_faults,
         "target_max_epochs_to_untrusted": TARGET_EPOCHS_TO_UNTRUSTED,
         "target_honest_false_positive_epochs": TARGET_HONEST_FALSE_POSITIVES,
         "targets_met": {
             level: (d["max_epochs_to_untrusted"] is not None
                     and d["max_epochs_to_untrusted"] <= TARGET_EPOCHS_TO_UNTRUSTED
-                    and d["honest_false_positive_epochs"] <= TARGET_HONEST_FALSE_POSITIVES)
+                    and d["honest_false_positive_epochs"] <= TARGET_HONEST_FALSE_POSITIVES
+                    and false_faults["at_fault"] == 0)
             for level, d in levels.items()},
-        "honest_min_epoch_bps": min(honest_epochs),
-        "cheat_max_epoch_bps": cheat_max,
-        "honest_margin_bps": min(honest_epochs) - defaults.abnormal_below_bps,
-        "cheat_margin_bps": defaults.abnormal_below_bps - max(cheat_max.values()),
-        "mean_score": {m: mean(request_scores[m]["greedy"] + request_scores[m]["sampled"])
-                       for m in labels},
-        "mean_score_greedy": {m: mean(request_scores[m]["greedy"]) for m in labels},
-        "mean_score_sampled": {m: mean(request_scores[m]["sampled"]) for m in labels},
+        "log_evidence_threshold": round(math.log(1e6), 2),
+        "honest_max_log_evidence": max(max(evidence[m]) for m in honest),
+        "cheat_min_log_evidence": {m: min(evidence[m]) for m in CHEAT_MODES},
+        "epoch_log_evidence": evidence,
+        "epoch_mismatches": mismatches,
         "epoch_scores_bps": epoch_bps,
         "levels": levels,
-        "alpha_rate_sweep": sweep,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
+                            ) -> dict[str, Any]:
+    """Judge `args.honest_outputs` honest outputs one at a time (each alone is a shard);
+    a quarter greedy, a quarter each sampled at 0.5, 0.8 and 1.0."""
+    from market.engine.base import GenerationRequest
+    from market.model.corpus import CORPUS
+    from verifier.scoring import judge, score_outputs
+
+    text = CORPUS
+    rng = random.Random(args.seed + 1)
+    temperatures = (0.0, 0.5, 0.8, 1.0)
+    counts = {str(t): 0 for t in temperatures}
+    at_fault = {str(t): 0 for t in temperatures}
+    worst = {str(t): -math.inf for t in temperatures}
+    batch = 256
+    for start in range(0, args.honest_outputs, batch):
+        reqs = []
+        for k in range(start, min(start + batch, args.honest_outputs)):
+            at = rng.randrange(len(text) - 200)
+            prompt = honest.encode_prompt(text[at: at + rng.randrange(20, 200)])
+            reqs.append(GenerationRequest(prompt, args.fault_max_tokens,
+                                          temperature=temperatures[k % 4],
+                                          seed=rng.randrange(1 << 63)))
+        outs = honest.generate(reqs)
+        scores = score_outputs(verifier, reqs, [o.token_ids for o in outs],
+                               [o.finish_reason for o in outs])
+        for r, s in zip(reqs, scores, strict=True):
+            key = str(r.temperature)
+            verdict = judge([s])
+            counts[key] += 1
+            at_fault[key] += not verdict.passed
+            worst[key] = max(worst[key], verdict.log_evidence)
+    return {"outputs": args.honest_outputs, "max_tokens": args.fault_max_tokens,
+            "at_fault": sum(at_fault.values()), "by_temperature": counts,
+            "at_fault_by_temperature": at_fault,
+            "max_log_evidence_by_temperature": {k: round(v, 2) for k, v in worst.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,14 +266,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=committee.challenge_max_tokens,
                         help="max_tokens per request (the committee's default, "
                         f"{committee.challenge_max_tokens})")
-    parser.add_argument("--reference-samples", type=int, default=3,
-                        help="verifier samples per sampled request (3)")
+    parser.add_argument("--honest-outputs", type=int, default=20_000,
+                        help="honest outputs judged one by one for the false-fault rate "
+                        "(20000)")
+    parser.add_argument("--fault-max-tokens", type=int, default=32,
+                        help="max_tokens of those outputs (32)")
     parser.add_argument("--seed", type=int, default=2024, help="challenge-drawing seed (2024)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="JSON result file; the PNG goes beside it")
     args = parser.parse_args(argv)
-    for name in ("epochs", "honest", "requests", "max_tokens", "reference_samples", "threads"):
+    for name in ("epochs", "honest", "requests", "max_tokens", "honest_outputs",
+                 "fault_max_tokens", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -263,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     for level, d in result["levels"].items():
         say(f"{level}: epochs to untrusted {d['epochs_to_untrusted']}, honest false positives "
             f"{d['honest_false_positive_epochs']}")
-    say(f"honest min epoch {result['honest_min_epoch_bps']} bps, cheat max epoch "
-        f"{result['cheat_max_epoch_bps']} (abnormal below "
-        f"{result['params']['abnormal_below_bps']})")
+    say(f"honest max log evidence {result['honest_max_log_evidence']}, cheats' min "
+        f"{result['cheat_min_log_evidence']} (threshold {result['log_evidence_threshold']}); "
+        f"honest outputs at fault: {result['honest_outputs_at_fault']} of "
+        f"{result['honest_outputs']['outputs']}")
     print(json.dumps(result))
     return 0
 

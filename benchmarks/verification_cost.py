@@ -4,7 +4,11 @@ Creates the embedded tiny model in a temporary directory, generates `--tokens`-t
 outputs for a batch of `--batch` prompts with the torch engine (EOS disabled so every row
 runs to the full length), then scores the same outputs with one teacher-forced pass per
 batch. Generation is sequential in the output length; scoring is one parallel pass, which
-is why a verifier can afford to re-check miners. Prints one JSON object as the last line.
+is why a verifier can afford to re-check miners. Also timed: the verifier's whole check
+(`verifier.scoring.score_outputs`, which reads the full tempered distribution at every
+position of a sampled output for the two-sided test) on the same outputs treated as
+sampled at temperature 1 (`evidence_to_generate_time_ratio`). Prints one JSON object as
+the last line.
 """
 
 from __future__ import annotations
@@ -78,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         # Alternate the two measurements so both see the same background load.
         outputs, _ = timed(lambda: engine.generate(requests))
         output_ids = [o.token_ids for o in outputs]
-        gen_times, score_times, max_diff = [], [], 0.0
+        from verifier.scoring import score_outputs
+
+        sampled = [GenerationRequest(p, args.tokens, temperature=1.0) for p in prompts]
+        gen_times, score_times, evidence_times, max_diff = [], [], [], 0.0
         for _ in range(args.repeats):
             again, t = timed(lambda: engine.generate(requests))
             gen_times.append(t)
@@ -86,11 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("greedy generation is not repeatable")
             scores, t = timed(lambda: engine.score(prompts, output_ids))
             score_times.append(t)
+            _, t = timed(lambda: score_outputs(engine, sampled, output_ids))
+            evidence_times.append(t)
             max_diff = max(
                 abs(s.total_logprob - sum(o.logprobs))
                 for s, o in zip(scores, outputs, strict=True)
             )
         gen_s, score_s = statistics.median(gen_times), statistics.median(score_times)
+        evidence_s = statistics.median(evidence_times)
         out_tokens = sum(len(o) for o in output_ids)
         result = {
             "benchmark": "verification_cost",
@@ -110,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             "generate_tokens_per_s": round(out_tokens / gen_s, 1),
             "score_tokens_per_s": round(out_tokens / score_s, 1),
             "score_to_generate_time_ratio": round(score_s / gen_s, 4),
+            "evidence_time_s": round(evidence_s, 4),
+            "evidence_to_generate_time_ratio": round(evidence_s / gen_s, 4),
             "target_ratio": 0.1,
             "max_abs_score_minus_generate_logprob_sum": max_diff,
         }
-        print(f"generate {gen_s:.3f}s, score {score_s:.3f}s for {out_tokens} tokens",
+        print(f"generate {gen_s:.3f}s, score {score_s:.3f}s, verifier check {evidence_s:.3f}s "
+              f"for {out_tokens} tokens",
               file=sys.stderr)
     print(json.dumps(result))
     return 0

@@ -22,6 +22,17 @@ still name the registered modelId. Only generation lies:
   token of the prompt is replaced by a fixed unrelated decoy text, so the prompt keeps its
   length and its chat skeleton (role tokens, BOS) but asks something else.
 
+The rational cheats (issue: verification that catches them) serve the right model but not
+the way the request asks, where it is cheaper or hard to see:
+
+- `greedy-sampled`: answers sampled requests greedily (no sampling at all), which made a
+  perplexity-ratio check score it *higher* than honest miners.
+- `cold`: samples at `COLD_FACTOR` (half) the requested temperature.
+- `noise`: the real weights plus a fifth of `perturb`'s noise (`NOISE_SCALE`): small
+  logit deviations, like a coarser quantization, that only move near-ties.
+- `truncate`: stops at half of max_tokens with a stop token and `finish_reason: "stop"`,
+  saving the rest of the generation.
+
 Every mode is deterministic in (`seed`, request), so tests and benchmarks are repeatable.
 `miner run --test-mode MODE` turns one on and says so loudly; a normal `miner run` never
 does.
@@ -44,10 +55,18 @@ from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.text import TextEngine
 from market.errors import QuarryError
 
-CHEAT_MODES = ("substitute", "perturb", "random", "wrong-prompt")
+CRUDE_MODES = ("substitute", "perturb", "random", "wrong-prompt")
+"""Modes that change what is computed: another model, noisy weights, junk, another prompt."""
+SAMPLING_MODES = ("greedy-sampled", "cold", "noise", "truncate")
+"""Modes that serve the real model but not the way the request asks (module doc)."""
+CHEAT_MODES = CRUDE_MODES + SAMPLING_MODES
 
 PERTURB_SCALE = 0.05
 """Noise std as a fraction of each weight tensor's std: slight, not random (module doc)."""
+NOISE_SCALE = 0.01
+"""`noise`: a fifth of PERTURB_SCALE, small enough to move only near-ties."""
+COLD_FACTOR = 0.5
+"""`cold`: the share of the requested temperature it samples at."""
 SUBSTITUTE_SEED_BASE = 7919
 """The sibling's seed is this plus `seed`: far from the small seeds real models are made with."""
 DECOY_TEXT = (
@@ -155,6 +174,55 @@ class PerturbEngine(_OtherModel):
     def __init__(self, honest: TextEngine, seed: int, other: TextEngine, scale: float) -> None:
         super().__init__(honest, seed, other)
         self.scale = scale
+
+
+class NoiseEngine(_OtherModel):
+    mode = "noise"
+
+
+class GreedySampledEngine(CheatingEngine):
+    """Every request answered greedily, whatever temperature it asks for."""
+
+    mode = "greedy-sampled"
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        from dataclasses import replace
+
+        return self.honest.generate([replace(r, temperature=0.0) for r in requests])
+
+
+class ColdEngine(CheatingEngine):
+    """Sampled requests drawn at COLD_FACTOR times their temperature."""
+
+    mode = "cold"
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        from dataclasses import replace
+
+        return self.honest.generate([r if r.greedy else replace(
+            r, temperature=r.temperature * COLD_FACTOR) for r in requests])
+
+
+class TruncateEngine(CheatingEngine):
+    """Half the tokens, then a stop token: less work, and fewer tokens nobody asked to cut."""
+
+    mode = "truncate"
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        from dataclasses import replace
+
+        stop = min(self.stop_token_ids) if self.stop_token_ids else None
+        if stop is None:
+            raise CheatError("truncate needs a model with a stop token")
+        cut = [replace(r, max_tokens=r.max_tokens // 2) for r in requests]
+        outputs = []
+        for r, o in zip(cut, self.honest.generate(cut), strict=True):
+            if o.finish_reason == "stop" or r.max_tokens == 0:  # nothing to cut
+                outputs.append(o)
+                continue
+            outputs.append(GenerationOutput(token_ids=(*o.token_ids, stop), text=o.text,
+                                            logprobs=(*o.logprobs, 0.0), finish_reason="stop"))
+        return outputs
 
 
 class RandomTokensEngine(CheatingEngine):
@@ -334,6 +402,15 @@ def cheating_engine(mode: str, engine: TextEngine, model_dir: Path, *, seed: int
     if mode == "perturb":
         other = perturbed_engine(model_dir, engine, seed=seed, scale=perturb_scale)
         return PerturbEngine(engine, seed, other, perturb_scale)
+    if mode == "noise":
+        return NoiseEngine(engine, seed, perturbed_engine(model_dir, engine, seed=seed,
+                                                          scale=NOISE_SCALE))
+    if mode == "greedy-sampled":
+        return GreedySampledEngine(engine, seed)
+    if mode == "cold":
+        return ColdEngine(engine, seed)
+    if mode == "truncate":
+        return TruncateEngine(engine, seed)
     from market.engine.torch_engine import TorchEngine
 
     sub_dir = substitute_model(model_dir, seed=seed, cache_dir=cache_dir)

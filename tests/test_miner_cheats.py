@@ -21,7 +21,9 @@ from market.engine.base import GenerationOutput, GenerationRequest
 from market.engine.text import EngineError, TextEngine
 from miner.cheats import (
     CHEAT_MODES,
+    CRUDE_MODES,
     PERTURB_SCALE,
+    SAMPLING_MODES,
     CheatError,
     SubstituteEngine,
     WrongPromptEngine,
@@ -92,7 +94,7 @@ def cheats(honest: TextEngine, model_dir: Path, cache_dir: Path) -> Iterator[dic
             self.inner = inner
             self.__dict__.update({k: getattr(inner, k) for k in (
                 "tokenizer", "manifest", "model_dir", "vocab_size", "max_positions", "device",
-                "dtype")})
+                "dtype", "stop_token_ids")})
 
         def generate(self, reqs: Any) -> list[GenerationOutput]:
             return self.inner.generate(reqs)
@@ -133,8 +135,10 @@ def reference_stats(honest: TextEngine, reqs: list[GenerationRequest],
 
 # ----------------------------------------------------------------------------- every mode
 
-def test_modes_are_the_declared_four() -> None:
-    assert CHEAT_MODES == ("substitute", "perturb", "random", "wrong-prompt")
+def test_modes_are_the_declared_eight() -> None:
+    assert CRUDE_MODES == ("substitute", "perturb", "random", "wrong-prompt")
+    assert SAMPLING_MODES == ("greedy-sampled", "cold", "noise", "truncate")
+    assert CHEAT_MODES == CRUDE_MODES + SAMPLING_MODES
 
 
 def test_unknown_mode_is_refused_naming_the_valid_ones(honest: TextEngine,
@@ -173,8 +177,14 @@ def test_mode_keeps_the_interface_and_limits(
         assert o.finish_reason in ("stop", "length")
     assert outs[-1].token_ids == ()  # max_tokens 0
     assert eng.generate(requests) == outs  # deterministic
-    assert sum(o.token_ids != h.token_ids for o, h in zip(
-        greedy(outs), greedy(honest_outputs), strict=True)) >= len(PROMPTS) // 2
+    changed = sum(o.token_ids != h.token_ids for o, h in zip(
+        greedy(outs), greedy(honest_outputs), strict=True))
+    if mode in CRUDE_MODES or mode == "truncate":
+        assert changed >= len(PROMPTS) // 2
+    elif mode == "noise":
+        assert 0 < changed  # a few near-ties move
+    else:  # greedy-sampled and cold only change sampled requests
+        assert changed == 0 and outs[len(PROMPTS)] != honest_outputs[len(PROMPTS)]
     assert honest.generate(requests) == honest_outputs  # the honest engine is untouched
 
 
@@ -186,7 +196,7 @@ def test_modes_are_caught_by_the_honest_model(
     base_off, base_ppl = reference_stats(honest, requests, honest_outputs)
     assert base_off == 0.0  # greedy outputs are the argmax (the tiny model is peaked)
     stats = {m: reference_stats(honest, requests, cheats[m].generate(requests))
-             for m in CHEAT_MODES}
+             for m in CRUDE_MODES}
     print(json.dumps({"honest_ppl": round(base_ppl, 3), **{
         m: {"off_argmax": round(off, 3), "ppl": round(ppl, 3)} for m, (off, ppl) in
         stats.items()}}))
@@ -418,3 +428,31 @@ def test_miner_run_with_test_mode_submits_junk_under_the_registered_model(
     assert doc.model_id == model_id  # the receipts verified above name the registered model
     assert len(got) == 4 and all(len(g) == 6 for g in got)  # random fills max_tokens
     assert sum(g != o.token_ids for g, o in zip(got, right, strict=True)) >= 3
+
+
+def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
+                                                  honest: TextEngine) -> None:
+    """A challenge-sized set (16 requests of 64 tokens: 8 greedy chat requests, 8 sampled at
+    0.8 and 1.0 with top_p 1 and 0.9): the honest answers pass `verifier.scoring.judge`,
+    every mode's fail."""
+    from verifier.scoring import judge, score_outputs
+
+    reqs = [GenerationRequest(honest.encode_chat([{"role": "user", "content": p}]), 64,
+                              temperature=0.0 if i % 2 == 0 else (0.8, 1.0)[i % 4 // 2],
+                              top_p=1.0 if i % 3 else 0.9, seed=100 + i)
+            for i, p in enumerate(PROMPTS)]
+
+    def verdict(outs: list[GenerationOutput]) -> Any:
+        return judge(score_outputs(honest, reqs, [o.token_ids for o in outs],
+                                   [o.finish_reason for o in outs]))
+
+    assert verdict(honest.generate(reqs)).passed
+    reasons = {}
+    for mode in CHEAT_MODES:
+        v = verdict(cheats[mode].generate(reqs))
+        assert not v.passed, mode
+        reasons[mode] = v.reason
+    print(json.dumps(reasons, indent=1))
+    assert "sampled outputs' evidence" in reasons["greedy-sampled"]
+    assert "sampled outputs' evidence" in reasons["cold"]
+    assert "greedy token(s) lost" in reasons["noise"]

@@ -273,9 +273,11 @@ def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
     honest_score = fair[0].verdicts[d_honest].score
     cheat_score = fair[0].verdicts[d_cheat].score
     assert honest_score is not None and cheat_score is not None
-    assert honest_score.score >= 0.5 > cheat_score.score
-    assert honest_score.agreement is not None and honest_score.agreement > 0.9
+    assert honest_score.possible and honest_score.mismatches() == 0
+    assert cheat_score.mismatches() > 0
     assert "withheld" not in fair[0].verdicts[d_honest].reason
+    assert "passes" in fair[0].verdicts[d_honest].reason
+    assert "greedy token(s) lost" in fair[0].verdicts[d_cheat].reason
 
     # The voters are the three fair members; the liar is in neither outcome.
     fair_addresses = sorted((d.address for d in fair), key=lambda a: int(a, 16))
@@ -624,7 +626,7 @@ def test_scoring_line_caps_max_tokens_without_touching_the_request() -> None:
     assert _scoring_line(request, 100)["body"]["max_tokens"] == MAX_TOKENS
 
 
-def test_fault_threshold_is_checked(devnet: Any) -> None:
-    with pytest.raises(QuarryError, match="fault_below_bps"):
+def test_greedy_margin_is_checked(devnet: Any) -> None:
+    with pytest.raises(QuarryError, match="greedy_margin"):
         DisputeDesk(devnet.q, devnet.verifiers[0], MarketAPI("http://127.0.0.1:9"), None,  # type: ignore[arg-type]
-                    fault_below_bps=10_001)
+                    greedy_margin=-1.0)

@@ -1,25 +1,29 @@
-"""The token-level check with real forward passes on the tiny model: honest outputs score near
-1 (greedy exactly), random tokens and a cheaper model's outputs score low, the numbers are
-deterministic, impossible outputs score 0, and bad input is refused by name."""
+"""The statistical check with real forward passes on the tiny model: honest outputs pass
+(greedy with no mismatch, sampled with evidence far under the threshold), every cheat fails
+(random tokens, a cheaper model, greedy answers to sampled requests, a colder temperature,
+truncation, a finish_reason that lies), the evidence is an exact martingale, the numbers are
+deterministic, impossible outputs fail without a crash, and bad input is refused by name."""
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from market.engine.base import GenerationRequest
+from market.engine.sampling import likelihood_ratios
 from market.engine.torch_engine import TorchEngine
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
 from verifier.scoring import (
+    EXPONENTS,
     ChallengeScore,
     ScoringError,
-    mean_score,
-    reference_seed,
-    score_bps,
+    judge,
     score_outputs,
 )
 
@@ -32,8 +36,11 @@ PROMPTS = [
     "Describe music in one sentence.",
     "Why is the sky blue?",
     "The library was quiet.",
+    "Once upon a time",
+    "The weather today",
 ]
-MAX_TOKENS = 16
+MAX_TOKENS = 32
+THRESHOLD = math.log(1e6)
 
 
 @pytest.fixture(scope="module")
@@ -60,87 +67,118 @@ def ids(outputs: list) -> list[tuple[int, ...]]:
     return [o.token_ids for o in outputs]
 
 
-def test_honest_greedy_scores_exactly_one(engine: TorchEngine) -> None:
+def finish(outputs: list) -> list[str]:
+    return [o.finish_reason for o in outputs]
+
+
+def test_the_ratios_are_an_exact_martingale() -> None:
+    """Under honest sampling each exponent's factor has expectation exactly 1, nucleus or
+    not: sum_v q(v) * exp(ratio(v)) == 1 over the whole vocabulary."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, generator=gen) * 4
+    vocab = torch.arange(64)
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9), (1.3, 0.5)):
+        ratios = likelihood_ratios(logits.repeat(64, 1), vocab, temperature, top_p, EXPONENTS)
+        probs = torch.softmax(logits.double() / temperature, -1)
+        ordered, order = torch.sort(probs, descending=True, stable=True)
+        keep = (torch.cumsum(ordered, 0) - ordered) < top_p
+        q = torch.zeros(64, dtype=torch.float64)
+        q[order[keep]] = ordered[keep]
+        q /= q.sum()
+        assert torch.allclose((q[:, None] * ratios.exp()).sum(0),
+                              torch.ones(len(EXPONENTS), dtype=torch.float64))
+        assert torch.isfinite(ratios).all()  # outside the nucleus: finite, not -inf/inf
+
+
+def test_honest_greedy_has_no_mismatch(engine: TorchEngine) -> None:
     reqs = requests(engine, 0.0)
     honest = engine.generate(reqs)
-    scores = score_outputs(engine, reqs, ids(honest))
-    assert [s.agreement for s in scores] == [1.0] * len(reqs)
-    assert [s.score for s in scores] == [1.0] * len(reqs)
-    for s, out in zip(scores, honest, strict=True):
-        assert s.tokens == len(out.token_ids)
-        assert s.miner_perplexity == pytest.approx(s.reference_perplexity)
+    scores = score_outputs(engine, reqs, ids(honest), finish(honest))
+    assert all(s.greedy and s.possible and s.mismatches() == 0 for s in scores)
+    assert all(s.log_ratios == () and s.log_evidence == 0.0 for s in scores)
+    verdict = judge(scores)
+    assert verdict.passed and verdict.score_bps == 10_000
+    assert verdict.greedy_tokens == sum(len(o.token_ids) for o in honest)
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
-def test_honest_sampled_scores_near_one(engine: TorchEngine, temperature: float,
-                                        top_p: float) -> None:
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9), (0.5, 1.0)])
+def test_honest_sampled_passes_and_cheap_sampling_fails(engine: TorchEngine,
+                                                        temperature: float,
+                                                        top_p: float) -> None:
     reqs = requests(engine, temperature, top_p)
     honest = engine.generate(reqs)
-    greedy = engine.generate(requests(engine, 0.0))
-    assert ids(honest) != ids(greedy)  # really sampled
-    scores = score_outputs(engine, reqs, ids(honest))
-    assert all(s.agreement is None for s in scores)
-    assert all(s.score == s.credibility for s in scores)
-    assert min(s.score for s in scores) > 0.6
-    assert mean_score(scores) > 0.85
+    assert ids(honest) != ids(engine.generate(requests(engine, 0.0)))  # really sampled
+    scores = score_outputs(engine, reqs, ids(honest), finish(honest))
+    assert all(not s.greedy and len(s.log_ratios) == len(EXPONENTS) for s in scores)
+    verdict = judge(scores)
+    assert verdict.passed and verdict.log_evidence < THRESHOLD / 2, verdict
+    # The same requests answered greedily: far MORE likely than honest sampling, and failed.
+    greedy = engine.generate([replace(r, temperature=0.0) for r in reqs])
+    lazy = judge(score_outputs(engine, reqs, ids(greedy), finish(greedy)))
+    assert not lazy.passed and lazy.log_evidence > THRESHOLD, lazy
+    assert "sampled outputs' evidence" in lazy.reason
 
 
-def test_random_tokens_score_near_zero(engine: TorchEngine) -> None:
+def test_a_colder_temperature_fails(engine: TorchEngine) -> None:
+    reqs = requests(engine, 1.0) * 2
+    reqs = [replace(r, seed=r.seed + 100 * (i >= len(PROMPTS))) for i, r in enumerate(reqs)]
+    cold = engine.generate([replace(r, temperature=0.5) for r in reqs])
+    verdict = judge(score_outputs(engine, reqs, ids(cold), finish(cold)))
+    assert not verdict.passed and verdict.log_evidence > THRESHOLD
+
+
+def test_random_tokens_and_cheaper_models_fail(engine: TorchEngine,
+                                               models: dict[str, Path]) -> None:
     rng = random.Random(5)
     for temperature in (0.0, 1.0):
         reqs = requests(engine, temperature)
         junk = [[rng.randrange(8, engine.vocab_size) for _ in range(MAX_TOKENS)] for _ in reqs]
-        scores = score_outputs(engine, reqs, junk)
-        assert max(s.score for s in scores) < 0.01
-        assert all(math.isfinite(s.miner_perplexity) for s in scores)
+        assert not judge(score_outputs(engine, reqs, junk)).passed
+        for cheap in ("two-layers", "other-seed"):
+            outs = TorchEngine(models[cheap]).generate(reqs)
+            verdict = judge(score_outputs(engine, reqs, ids(outs), finish(outs)))
+            assert not verdict.passed, (cheap, temperature, verdict)
+            if temperature == 0.0:
+                assert verdict.mismatches > 0
 
 
-@pytest.mark.parametrize(("cheap", "ceiling"), [("two-layers", 0.35), ("other-seed", 0.01)])
-def test_cheaper_model_scores_low(engine: TorchEngine, models: dict[str, Path], cheap: str,
-                                  ceiling: float) -> None:
-    substitute = TorchEngine(models[cheap])
+def test_truncation_and_lying_finish_reasons_fail(engine: TorchEngine) -> None:
     for temperature in (0.0, 1.0):
         reqs = requests(engine, temperature)
-        scores = score_outputs(engine, reqs, ids(substitute.generate(reqs)))
-        assert mean_score(scores) < ceiling
-        if temperature == 0.0:
-            assert all(s.agreement is not None and s.agreement < 0.8 for s in scores)
+        outs = engine.generate([replace(r, max_tokens=MAX_TOKENS // 2) for r in reqs])
+        cut = [(*o.token_ids, EOS_ID) if o.finish_reason == "length" else o.token_ids
+               for o in outs]
+        verdict = judge(score_outputs(engine, reqs, cut, ["stop"] * len(cut)))
+        assert not verdict.passed, verdict
+    reqs = requests(engine, 0.0)[:1]
+    honest = engine.generate(reqs)[0]
+    assert honest.finish_reason == "length"  # the tiny model rarely stops early
+    (lie,) = score_outputs(engine, reqs, [honest.token_ids], ["stop"])
+    assert lie.problem == "finish_reason 'stop' but the output does not end with a stop token"
+    (odd,) = score_outputs(engine, reqs, [honest.token_ids], ["content_filter"])
+    assert "neither 'stop' nor 'length'" in odd.problem
+    (ok,) = score_outputs(engine, reqs, [honest.token_ids], ["length"])
+    assert ok.possible
 
 
 def test_deterministic_across_calls_and_engines(engine: TorchEngine,
                                                 models: dict[str, Path]) -> None:
-    reqs = requests(engine, 1.0)[:3] + requests(engine, 0.0)[3:]
+    reqs = requests(engine, 1.0)[:4] + requests(engine, 0.0)[4:]
     outputs = ids(engine.generate(reqs))
     first = score_outputs(engine, reqs, outputs)
     assert score_outputs(engine, reqs, outputs) == first
     # Another verifier: its own engine instance, batching differently.
-    other = TorchEngine(models["tiny"], max_batch_size=2)
-    again = score_outputs(other, reqs, outputs)
+    again = score_outputs(TorchEngine(models["tiny"], max_batch_size=2), reqs, outputs)
     for a, b in zip(first, again, strict=True):
-        assert a.score == pytest.approx(b.score, rel=1e-4, abs=1e-6)
-        assert a.reference_perplexity == pytest.approx(b.reference_perplexity, rel=1e-4)
-
-
-def test_reference_seeds_are_derived_not_replayed(engine: TorchEngine) -> None:
-    req = requests(engine, 1.0)[0]
-    seeds = [reference_seed(req, k) for k in range(3)]
-    assert len(set(seeds)) == 3 and req.seed not in seeds
-    assert seeds == [reference_seed(req, k) for k in range(3)]
-    bumped = GenerationRequest(req.prompt_ids, req.max_tokens, req.temperature, req.top_p,
-                               req.seed + 1)
-    assert reference_seed(bumped, 0) != seeds[0]
-    # More reference samples change only the median, not the honest verdict.
-    out = ids(engine.generate([req]))
-    one, five = (score_outputs(engine, [req], out, reference_samples=n)[0] for n in (1, 5))
-    assert one.miner_perplexity == five.miner_perplexity
-    assert five.score > 0.6
+        assert a.log_ratios == pytest.approx(b.log_ratios, rel=1e-4, abs=1e-3)
+        assert a.mismatches() == b.mismatches()
 
 
 def test_empty_and_impossible_outputs(engine: TorchEngine) -> None:
     greedy = requests(engine, 0.0)[0]
     honest = engine.generate([greedy])[0].token_ids
     zero = GenerationRequest(greedy.prompt_ids, 0)
-    stopped = (*honest[:3], EOS_ID)  # a legitimate early stop is scored, not refused
+    stopped = (*honest[:3], EOS_ID)  # a legitimate-looking early stop is scored, not refused
     cases = [
         (zero, ()),  # nothing asked, nothing returned: fine
         (greedy, ()),  # nothing returned
@@ -151,14 +189,15 @@ def test_empty_and_impossible_outputs(engine: TorchEngine) -> None:
         (greedy, stopped),
     ]
     scores = score_outputs(engine, [r for r, _ in cases], [o for _, o in cases])
-    assert scores[0].score == 1.0 and scores[0].tokens == 0
+    assert scores[0].possible and scores[0].tokens == 0 and judge(scores[:1]).passed
     for s in scores[1:6]:
-        assert (s.score, s.credibility, s.agreement) == (0.0, 0.0, 0.0)
-        assert s.miner_perplexity == math.inf
+        assert not s.possible and s.log_perplexity == math.inf
         assert ChallengeScore.from_json(s.to_json()) == s
-        assert s.to_json()["miner_perplexity"] is None
-    assert math.isfinite(scores[6].miner_perplexity) and scores[6].tokens == 4
-    assert scores[6].agreement == 0.75  # EOS was not the argmax at step 4
+        assert s.to_json()["log_perplexity"] is None
+        assert not judge([s]).passed
+    assert scores[6].possible and scores[6].tokens == 4
+    assert scores[6].mismatches() == 1  # EOS was not the argmax at step 4, by a wide margin
+    assert judge(scores[6:]).reason.startswith("1 of 4 greedy token(s) lost")
 
 
 def test_bad_input_is_named(engine: TorchEngine) -> None:
@@ -167,30 +206,36 @@ def test_bad_input_is_named(engine: TorchEngine) -> None:
         score_outputs(engine, reqs, [[5]])
     with pytest.raises(ScoringError, match="output 1: token id '7' is not an integer"):
         score_outputs(engine, reqs, [[5], ["7"]])
-    with pytest.raises(ScoringError, match="reference_samples must be an integer >= 1"):
-        score_outputs(engine, reqs, [[5], [6]], reference_samples=0)
+    with pytest.raises(ScoringError, match="each output needs one"):
+        score_outputs(engine, reqs, [[5], [6]], ["stop"])
     with pytest.raises(ScoringError, match="request 0: expected a GenerationRequest"):
         score_outputs(engine, [{"prompt": "x"}, reqs[1]], [[5], [6]])  # type: ignore[list-item]
     with pytest.raises(ScoringError, match="empty prompt"):
-        score_outputs(engine, [GenerationRequest((), 4)], [[5]])
+        score_outputs(engine, [GenerationRequest((), 4)], [[5, 5, 5, 5]])
     with pytest.raises(ScoringError, match="engine must be an Engine"):
         score_outputs(object(), reqs, [[5], [6]])  # type: ignore[arg-type]
 
 
-def test_json_round_trip_and_helpers() -> None:
-    s = ChallengeScore(credibility=0.5, agreement=None, score=0.5, miner_perplexity=3.0,
-                       reference_perplexity=1.5, tokens=7)
-    assert ChallengeScore.from_json(s.to_json()) == s
-    with pytest.raises(ScoringError, match="lacks score"):
-        ChallengeScore.from_json({k: v for k, v in s.to_json().items() if k != "score"})
-    with pytest.raises(ScoringError, match="credibility must be in"):
-        ChallengeScore.from_json({**s.to_json(), "credibility": 1.5})
+def test_json_round_trip_and_judge_rules() -> None:
+    honest = ChallengeScore(greedy=False, tokens=7, log_ratios=(-1.0,) * len(EXPONENTS),
+                            log_perplexity=1.5)
+    assert ChallengeScore.from_json(honest.to_json()) == honest
+    with pytest.raises(ScoringError, match="lacks margins"):
+        ChallengeScore.from_json({k: v for k, v in honest.to_json().items() if k != "margins"})
     with pytest.raises(ScoringError, match="unknown field"):
-        ChallengeScore.from_json({**s.to_json(), "extra": 1})
-    assert [score_bps(x) for x in (0.0, 0.12345, 0.99996, 1.2, -0.1)] == [0, 1234, 10000,
-                                                                        10000, 0]
-    with pytest.raises(ScoringError, match="must be a number"):
-        score_bps(float("nan"))
-    assert mean_score([s, ChallengeScore(1.0, 1.0, 1.0, 1.0, 1.0, 3)]) == 0.75
-    with pytest.raises(ScoringError, match="no challenge scores"):
-        mean_score([])
+        ChallengeScore.from_json({**honest.to_json(), "extra": 1})
+    with pytest.raises(ScoringError, match="2 log ratios"):
+        ChallengeScore.from_json({**honest.to_json(), "log_ratios": [1.0, 2.0]})
+    # Evidence pools across outputs: each alone passes, together they fail.
+    weak = replace(honest, log_ratios=(0.0,) * (len(EXPONENTS) - 1) + (9.0,))
+    assert judge([weak]).passed and not judge([weak, weak]).passed
+    # Greedy evidence cannot hide in sampled evidence, nor the other way round.
+    near_tie = ChallengeScore(greedy=True, tokens=3, margins=(0.005,))
+    clear = ChallengeScore(greedy=True, tokens=3, margins=(0.5,))
+    assert judge([near_tie, honest]).passed
+    assert not judge([clear] + [honest] * 50).passed
+    assert judge([clear], greedy_margin=1.0).passed  # the margin is the operator's
+    with pytest.raises(ScoringError, match="no outputs"):
+        judge([])
+    with pytest.raises(ScoringError, match="false_fault_rate"):
+        judge([honest], false_fault_rate=0)

@@ -14,7 +14,7 @@ import pytest
 from market.model.create import create_model
 from market.protocol.requests import prompt_lines
 from market.service.processes import ManagedProcess, free_port, start_redis
-from verifier.scoring import ScoringError, score_outputs
+from verifier.scoring import ScoringError, judge, score_outputs
 from verifier.scoring_worker import SCORE_TASK, ScoringClient, scoring_app, start_scoring_worker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -74,7 +74,11 @@ def test_worker_scores_equal_in_process_scoring(model_dir: Path, redis_url: str,
     client = ScoringClient(redis_url, QUEUE, model_dir, timeout_s=120)
     remote = client.score(lines(), outputs)
     assert remote == score_outputs(engine, reqs, outputs)
-    assert remote[0].score == 1.0 and remote[3].score < 0.5
+    assert judge(remote[:3]).passed and not judge(remote[3:]).passed
+    finish = ["length"] * len(outputs)
+    assert client.score(lines(), outputs, finish) == score_outputs(engine, reqs, outputs, finish)
+    with pytest.raises(ScoringError, match="4 outputs but 1 finish reasons"):
+        client.score(lines(), outputs, ["stop"])
     assert client.score([], []) == []
     client.close()
 

@@ -182,9 +182,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             q, account, market, scorer, model_id=manifest.model_id, model_name=manifest.name,
             params=cfg.reputation_params(), state_path=state,
             requests=cfg.challenge_requests, max_tokens=cfg.challenge_max_tokens,
-            tolerance_bps=cfg.tolerance_bps, fault_below_bps=cfg.fault_below_bps,
+            tolerance_bps=cfg.tolerance_bps, greedy_margin=cfg.greedy_margin,
             test_mode=cfg.test_mode, on_event=lambda line: print(line, flush=True))
-        desk = DisputeDesk(q, account, market, scorer, fault_below_bps=cfg.fault_below_bps,
+        desk = DisputeDesk(q, account, market, scorer, greedy_margin=cfg.greedy_margin,
                            model_id=manifest.model_id,
                            lie=cfg.test_mode == "lie")
         print(f"verifier {account.address}: committee of {len(q.committee.members())}, model "

@@ -68,7 +68,7 @@ from verifier.challenges import (
     post_challenge,
 )
 from verifier.reputation import MinerRecord, ReputationParams, update
-from verifier.scoring import ChallengeScore, mean_score, score_bps
+from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -153,7 +153,7 @@ class CommitteeMember:
         requests: int = 16,
         max_tokens: int = 64,
         tolerance_bps: int = 500,
-        fault_below_bps: int = 5000,
+        greedy_margin: float = GREEDY_MARGIN,
         test_mode: str = "",
         timing: EpochTiming | None = None,
         on_event: Callable[[str], None] | None = None,
@@ -162,7 +162,7 @@ class CommitteeMember:
         self.me = to_checksum_address(account.address)
         self.model_id, self.model_name, self.params = model_id, model_name, params
         self.requests, self.max_tokens = requests, max_tokens
-        self.tolerance_bps, self.fault_below_bps = tolerance_bps, fault_below_bps
+        self.tolerance_bps, self.greedy_margin = tolerance_bps, greedy_margin
         self.test_mode = test_mode
         self.timing = timing or EpochTiming()
         self.on_event = on_event or (lambda line: log.info("%s", line))
@@ -458,15 +458,18 @@ class CommitteeMember:
         self._dispute_faults(posted, cs, answers, scores)
 
     def _score(self, cs: ChallengeSet, answers: list[Answer]) -> dict[str, int]:
-        """Epoch score (bps) per answered challenge; an answer failing its checks scores 0.
-        Each task's answers are scored once: the leader re-reads them as a member and to
-        pick the request it disputes."""
+        """Epoch score (bps) per answered challenge: 10000 when its outputs pass
+        `verifier.scoring.judge` (greedy and sampled evidence, each against its own
+        threshold), 0 when they fail or the answer fails its checks. Each task's answers are
+        scored once: the leader re-reads them as a member and to pick the request it
+        disputes."""
         scores: dict[str, int] = {}
         for a in answers:
             if a.status == "invalid":
                 scores[a.miner] = 0
             elif a.status == "answered":
-                scores[a.miner] = score_bps(mean_score(self._request_scores(cs, a)))
+                scores[a.miner] = judge(self._request_scores(cs, a),
+                                        greedy_margin=self.greedy_margin).score_bps
         return scores
 
     def _request_scores(self, cs: ChallengeSet, a: Answer) -> list[ChallengeScore]:
@@ -474,8 +477,10 @@ class CommitteeMember:
             challenge = cs.challenge_for(a.miner)
             assert challenge is not None
             by_index = {it.index: it for it in a.items}
-            ids = [list(by_index[i].token_ids) for i in range(len(challenge.lines))]
-            self._scored[a.task_id] = self.scorer.score(challenge.lines, ids)
+            items = [by_index[i] for i in range(len(challenge.lines))]
+            self._scored[a.task_id] = self.scorer.score(
+                challenge.lines, [list(it.token_ids) for it in items],
+                [it.finish_reason for it in items])
         return self._scored[a.task_id]
 
     def _observe(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any]) -> None:
@@ -645,17 +650,19 @@ class CommitteeMember:
     # ------------------------------------------------------------------ disputes, slashing
     def _dispute_faults(self, posted: list[PostedChallenge], cs: ChallengeSet,
                         answers: list[Answer], scores: Mapping[str, int]) -> None:
-        """Challenge answers under the fault threshold are disputed at once from the fresh
-        client address, so cheating found by a challenge is slashed, not only down-rated."""
+        """Challenge answers that fail are disputed at once from the fresh client address
+        (at their most suspicious output), so cheating found by a challenge is slashed,
+        not only down-rated."""
         from market.jobs import open_dispute
 
         keys = {p.task_id: p.client_key for p in posted}
         for a in answers:
-            if a.status != "answered" or scores.get(a.miner, BPS) >= self.fault_below_bps \
+            if a.status != "answered" or scores.get(a.miner, BPS) == BPS \
                     or a.task_id in self.state.disputed or self.test_mode == "lie":
                 continue
             per_request = self._request_scores(cs, a)
-            worst = min(range(len(per_request)), key=lambda i: per_request[i].score)
+            worst = max(range(len(per_request)),
+                        key=lambda i: per_request[i].suspicion(self.greedy_margin))
             try:
                 dispute_id = open_dispute(self.q, Account.from_key(keys[a.task_id]),
                                           self.market, a.task_id, worst)

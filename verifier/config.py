@@ -13,7 +13,7 @@ variables, then command-line flags (each later source overrides the earlier).
     challenge_requests = 16               # requests per miner per epoch (greedy and sampled)
     challenge_max_tokens = 64
     tolerance_bps = 500                   # co-sign when |own score - leader's| <= this
-    fault_below_bps = 5000                # a disputed output scoring under this is a fault
+    greedy_margin = 0.01                  # nats a greedy token may lose to the argmax by
     state_dir = "~/.quarry/verifier"      # what this verifier signed (never equivocate)
 
     [verifier.reputation]                 # verifier.reputation.ReputationParams
@@ -61,10 +61,10 @@ class VerifierConfig:
     redis_url: str = DEFAULT_REDIS_URL
     scoring_workers: int = 1
     poll_interval_s: float = 1.0
-    challenge_requests: int = 16  # benchmarks/detection.py: 4 x 32 cannot separate `perturb`
+    challenge_requests: int = 16  # sampled evidence grows with the tokens (detection.py)
     challenge_max_tokens: int = 64
     tolerance_bps: int = 500
-    fault_below_bps: int = 5000
+    greedy_margin: float = 0.01  # verifier.scoring.GREEDY_MARGIN; raise it for bf16 GPUs
     state_dir: Path | None = None
     test_mode: str = ""
     reputation: dict[str, Any] = field(default_factory=dict)
@@ -121,7 +121,9 @@ def _convert(name: str, value: Any, base: Path | None) -> Any:
         return as_number(value, name, int, 0, ROLE)
     if name in ("challenge_requests", "challenge_max_tokens"):
         return as_number(value, name, int, 1, ROLE)
-    if name in ("tolerance_bps", "fault_below_bps"):
+    if name == "greedy_margin":
+        return as_number(value, name, float, 0.0, ROLE)
+    if name == "tolerance_bps":
         number = as_number(value, name, int, 0, ROLE)
         if number > 10_000:
             raise ConfigError(f"verifier setting {name}: {value!r} must be at most 10000")

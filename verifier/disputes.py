@@ -27,7 +27,9 @@ on-chain alone, at once.
 
 Judging (`judge`) fails the miner in two ways:
 - the miner's own result document is unavailable or inconsistent (withheld data), or
-- the disputed output scores below `fault_below_bps` under the reference model.
+- the shard's outputs fail `verifier.scoring.judge` under the reference model: the whole
+  shard is scored, so an honest shard is found at fault with probability at most 1e-6
+  whichever of its receipts the opener picked (see `judge`'s statistical model).
 
 Transient trouble on the verifier's side (the market or the scoring workers do not answer)
 never becomes a vote: the dispute is retried at the next step.
@@ -55,7 +57,7 @@ from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import ResultCheckFailed, ResultItem
 from market.service.api import MarketAPI, MarketError, MarketUnavailable, committee_message
 from market.store import ContentNotFound, StoreError, parse_uri
-from verifier.scoring import ChallengeScore, score_bps
+from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -156,10 +158,11 @@ class DisputeDesk:
     """
 
     def __init__(self, q: Quarry, account: LocalAccount, market: MarketAPI,
-                 scorer: ScoringClient, *, fault_below_bps: int = 5000, lie: bool = False,
+                 scorer: ScoringClient, *, greedy_margin: float = GREEDY_MARGIN,
+                 lie: bool = False,
                  model_id: bytes | None = None, own_vote_after: float = 0.5) -> None:
-        if not 0 <= fault_below_bps <= 10_000:
-            raise QuarryError(f"fault_below_bps must be in [0, 10000], got {fault_below_bps}")
+        if not greedy_margin >= 0:
+            raise QuarryError(f"greedy_margin must be >= 0, got {greedy_margin}")
         if not 0 <= own_vote_after < 1:
             raise QuarryError(f"own_vote_after must be in [0, 1), got {own_vote_after}")
         self.q = q
@@ -167,7 +170,7 @@ class DisputeDesk:
         self.address = account.address
         self.market = market
         self.scorer = scorer
-        self.fault_below_bps = fault_below_bps
+        self.greedy_margin = greedy_margin
         self.lie = lie
         self._model_id = model_id
         self.open: set[int] = set()  # disputes seen and not yet closed
@@ -221,9 +224,10 @@ class DisputeDesk:
             return Verdict(dispute_id, False, f"task input unusable, receipt stands: {exc}",
                            None)
         try:
-            item = self._disputed_item(d, task, start, requests[start:end])
+            items = self._shard_items(d, task, start, requests[start:end])
         except _Withheld as exc:
             return Verdict(dispute_id, True, f"data withheld: {exc}", None)
+        item = items[r.index - start]
         if len(item.token_ids) > task.max_tokens_per_request:
             return Verdict(dispute_id, True, f"request {r.index}: {len(item.token_ids)} "
                            f"output tokens, over the task's {task.max_tokens_per_request}",
@@ -233,23 +237,30 @@ class DisputeDesk:
                 f"dispute {dispute_id} is over model 0x{task.model_id.hex()}, this verifier "
                 f"scores with 0x{self.model_id.hex()}")
 
-        line = _scoring_line(requests[r.index].request, task.max_tokens_per_request)
+        # The whole shard is the evidence, not the disputed output alone: an opener that
+        # picks the least likely of n honest outputs would otherwise win with probability
+        # up to n times the per-output bound. Judged as a set, an honest shard is found at
+        # fault with probability at most FALSE_FAULT_RATE whichever receipt is disputed.
+        lines = [_scoring_line(requests[it.index].request, task.max_tokens_per_request)
+                 for it in items]
         try:
-            scores = self.scorer.score([line], [list(item.token_ids)])
+            scores = self.scorer.score(lines, [list(it.token_ids) for it in items],
+                                       [it.finish_reason for it in items])
         except QuarryError as exc:  # ScoringError: workers down, timeout...
             raise DisputeDeferred(f"dispute {dispute_id}: scoring failed: {exc}") from exc
-        if len(scores) != 1:
+        if len(scores) != len(items):
             raise DisputeDeferred(f"dispute {dispute_id}: the scorer returned {len(scores)} "
-                                  "scores for one output")
-        score = scores[0]
-        bps = score_bps(score.score)
-        fault = bps < self.fault_below_bps
-        detail = f"credibility {score.credibility:.3f}"
-        if score.agreement is not None:
-            detail += f", agreement {score.agreement:.3f}"
-        reason = (f"request {r.index}: score {bps} bps {'<' if fault else '>='} "
-                  f"{self.fault_below_bps} ({detail}, {score.tokens} tokens)")
-        return Verdict(dispute_id, fault, reason, score)
+                                  f"scores for {len(items)} outputs")
+        verdict = judge(scores, greedy_margin=self.greedy_margin)
+        own = scores[r.index - start]
+        reason = (f"shard of {verdict.outputs} output(s): "
+                  + (verdict.reason if not verdict.passed else
+                     f"passes (no impossible output, no greedy mismatch in "
+                     f"{verdict.greedy_tokens} tokens, sampled evidence "
+                     f"e^{verdict.log_evidence:.1f} < e^{verdict.threshold:.1f})")
+                  + f"; request {r.index}: {own.tokens} tokens"
+                  + (f", {own.problem}" if own.problem else ""))
+        return Verdict(dispute_id, not verdict.passed, reason, own)
 
     def _task_requests(self, task: Task) -> list[ParsedRequest]:
         """The task's requests, checked against its on-chain count and inputRoot
@@ -278,10 +289,10 @@ class DisputeDesk:
             raise _ClientSide(f"input file's root 0x{root.hex()} is not the task's inputRoot")
         return requests
 
-    def _disputed_item(self, d: Dispute, task: Task, start: int,
-                       requests: Sequence[ParsedRequest]) -> ResultItem:
-        """The disputed receipt's item in the miner's verified document (`_Withheld`
-        naming the first problem otherwise)."""
+    def _shard_items(self, d: Dispute, task: Task, start: int,
+                     requests: Sequence[ParsedRequest]) -> list[ResultItem]:
+        """The items of the miner's verified document for the disputed shard, which must
+        hold the disputed receipt (`_Withheld` naming the first problem otherwise)."""
         uri = self.q.tasks.get_shard(d.task_id, d.shard).result_uri
         try:
             parse_uri(uri)
@@ -306,7 +317,7 @@ class DisputeDesk:
                             "another receipt than the disputed one")
         # verify_shard_result recovered item.signature to the shard's miner; the contract
         # recovered the opener's signature over this same receipt to the same miner.
-        return item
+        return items
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> None:

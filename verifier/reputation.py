@@ -52,30 +52,18 @@ def _is_int(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class ReputationParams:
-    """Every reputation constant; the defaults come from `benchmarks/detection.py` (tiny
-    model, challenges of 16 requests x 64 tokens, half greedy, drawn as the committee draws
-    them; 2 honest miners and one per cheating mode, 12 epochs; plus a 30-epoch run with 4
-    honest miners to see the tails):
+    """Every reputation constant. Epoch scores are 10000 (the miner's challenge outputs pass
+    `verifier.scoring.judge`) or 0 (they fail, or the answer is missing or invalid): a
+    failure is evidence at the 1e-6 level, not noise, so scores are not graded.
 
-    - `abnormal_below_bps = 9150`: honest epoch scores never went below 9374 (120 epochs;
-      an honest sample can be less likely than the verifier's median sample, so sampled
-      requests score < 1), and the closest cheat, `perturb` (5% weight noise, like a
-      coarse quantization), never above 8910 (30 epochs); substitute, random and
-      wrong-prompt stayed under 3000. 9150 is the middle of that gap (~230 bps each side).
-      With the committee's earlier 4 x 32 challenges the two overlapped (honest down to
-      8922, perturb up to 9252): no threshold separates them, hence the larger challenges.
-    - `alpha = 0.7`: a perturbed miner scores ~8500, above the initial 5000, so a fast
-      average would first raise it; with 0.7 (and the stricter rate) it is untrusted at
-      epoch 2, and still by epoch 3 if one of its first three epochs escapes the threshold.
-      A miner answering garbage (score 0) drops to 3500 in its first epoch.
-    - `penalty_rates = (0.3, 0.5, 0.7)`, default `stricter`: every level met the targets
-      (untrusted within 3 epochs, no honest false positive): lenient untrusted perturb at
-      epoch 3, stricter and aggressive at 2; stricter takes every cheater below 0.2 by
-      epoch 3 and aggressive below 0.1 by epoch 3-4 (PlanetServe: stricter below 0.2, and
-      aggressive below 0.1, within 5 epochs).
-
-    These figures hold for the tiny model, where an honest greedy answer on the verifier's
-    hardware agrees exactly; re-run the benchmark for another model or challenge size.
+    - `abnormal_below_bps = 9150`: any failed epoch is abnormal (the threshold dates from
+      graded scores; with pass/fail scores any value in (0, 10000] acts the same).
+    - `alpha = 0.7`: a failed epoch takes a new miner (5000) to 3500, under the untrusted
+      line, at once; an honest one climbs 5000, 6500, 7550, ...
+    - `penalty_rates = (0.3, 0.5, 0.7)`, default `stricter`: the punishment for abnormal
+      epochs beyond the tolerated one. `benchmarks/detection.py` (12 epochs, 16 x 64-token
+      challenges, every mode of `miner.cheats`) has every cheat untrusted at epoch 1 on all
+      three levels and no honest epoch flagged.
     """
 
     alpha: float = 0.7

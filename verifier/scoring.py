@@ -1,39 +1,48 @@
-"""PlanetServe's token-level check: how likely is a miner's exact output under the reference model?
+"""The statistical check of a miner's outputs: could honest generation have produced them?
 
-For each request the verifier runs one teacher-forced pass over prompt + the miner's token
-ids and reads every token's log-probability. Raw perplexity depends on the prompt (an open
-question is less predictable than a fact), so it is normalised by the verifier's own
-completion(s) of the same request:
+One teacher-forced pass of the reference model over prompt + the miner's exact token ids
+(`Engine.evidence`) gives, at every position, the whole next-token distribution. The model
+of an honest miner, stated once:
 
-- `reference_perplexity`: the reference engine completes the request with its temperature,
-  top_p and max_tokens but with seeds DERIVED from the request (`reference_seed`), never the
-  request's own seed: on real hardware an honest sample is not bit-identical to a replay, so
-  the score must not depend on exact replay. Median over `reference_samples` completions
-  (greedy requests: one, since every seed gives the same completion).
-- `credibility = min(1, reference_perplexity / miner_perplexity)`, computed in log space so
-  a wildly unlikely output (perplexity beyond float range) still scores a clean 0.
-- Greedy requests also get `agreement`: the share of miner tokens equal to the reference
-  model's argmax at that position (teacher forcing), and `score = min(credibility,
-  agreement)`; sampled requests: `score = credibility`.
+- **Greedy requests** (temperature 0): the token at every position is the reference's
+  argmax given the prefix, up to floating-point noise. An honest miner on other hardware
+  may pick another token only where the two best are within `greedy_margin` nats of each
+  other. So a token that loses to the argmax by more than the margin (a *mismatch*) is
+  evidence no honest run gives; honest outputs have none.
+- **Sampled requests** (temperature T > 0, top_p p): token t is drawn from q_t, the softmax
+  of logits / T cut to the top_p nucleus, exactly as `market.engine.sampling` draws it.
+  For any exponent e > 0 let q_t^(e) be proportional to q_t ** e (the same model at
+  temperature T / e): e > 1 is *more* likely than honest sampling (greedy answers, a lower
+  temperature), e < 1 *less* likely (another model, noise, random tokens). Under honest
+  sampling every factor q_t^(e)(y_t) / q_t(y_t) has expectation exactly 1 given the
+  prefix, so the product over positions (and over outputs) is a test martingale, and the
+  mean over the fixed grid `EXPONENTS` is one too. By Ville's inequality an honest
+  miner's evidence E reaches 1 / alpha with probability at most alpha, for any length
+  and any number of outputs, without a normal approximation. That is the two-sided test:
+  `log_evidence = log mean_e prod_t q_t^(e)(y_t) / q_t(y_t)` against
+  `log(1 / FALSE_FAULT_RATE)`. A token outside the nucleus (impossible for honest
+  sampling) is judged against the untruncated distribution, so nucleus-edge rounding on
+  another accelerator cannot make an infinite ratio.
 
-An output the model cannot have produced scores 0 without a forward pass (`miner_perplexity`
-is then infinite): a token id outside the vocabulary, more tokens than max_tokens, a stop
-token before the end, or an output that stops short of max_tokens without a stop token
-(the engines stop only at a stop token or at max_tokens). An empty output is that last case,
-unless max_tokens is 0 (the reference is empty too), which scores 1.
+Greedy and sampled evidence are judged separately (`judge`): an epoch's or a shard's
+outputs fail if any is impossible, if any greedy token is a mismatch, or if the sampled
+outputs' pooled evidence passes the threshold. Neither can hide in the other, and the
+chance that an honest set fails is at most `FALSE_FAULT_RATE` = 1e-6 by the model above.
 
-All the work is batched: one `generate` call for every reference completion and one `score`
-call for every distinct (prompt, output) pair, so an honest greedy output identical to the
-reference is scored once and its credibility is exactly 1. Same model, same inputs -> same
-numbers on every verifier.
+An output the model cannot have produced fails without a forward pass: a token id outside
+the vocabulary, more tokens than max_tokens, a stop token before the end, an output that
+stops short of max_tokens without a stop token (the engines stop only at a stop token or
+at max_tokens), or a `finish_reason` that does not match the tokens ("stop" needs a final
+stop token, "length" needs max_tokens tokens and none). An empty output is the short case,
+unless max_tokens is 0, which passes.
+
+All the work is batched: one `evidence` call over every distinct (prompt, output,
+sampling) row. Same model, same inputs -> the same numbers on every verifier.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,36 +51,63 @@ from market.engine.base import Engine, GenerationRequest, ScoreResult
 from market.errors import QuarryError
 
 BPS = 10_000
-SEED_DOMAIN = b"quarry-reference-seed-v1\x00"
-MAX_LOG_PERPLEXITY = 700.0  # exp(700) ~ 1e304: reported perplexities stay finite floats
+EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
+"""Alternatives of the sampled test: the same model at temperature T / e. 16 is nearly
+greedy; 0.25 is four times hotter. The grid is fixed in advance (it is part of the test)."""
+FALSE_FAULT_RATE = 1e-6
+"""The most often an honest set of outputs may fail, by the stated model."""
+GREEDY_MARGIN = 0.01
+"""Nats by which a greedy token may lose to the argmax and still be honest rounding."""
+FINISH_REASONS = ("stop", "length")
 
 
 class ScoringError(QuarryError):
     """Scoring could not run: bad input, an engine failure, or (remote) no scorer answered."""
 
 
+def _logmeanexp(values: Sequence[float]) -> float:
+    top = max(values)
+    if top == -math.inf:
+        return -math.inf
+    return top + math.log(math.fsum(math.exp(v - top) for v in values) / len(values))
+
+
 @dataclass(frozen=True)
 class ChallengeScore:
-    """The verdict on one output; `score` is what reputation uses."""
+    """The evidence from one output; `judge` turns a set of them into a verdict."""
 
-    credibility: float  # min(1, reference_perplexity / miner_perplexity), in [0, 1]
-    agreement: float | None  # greedy requests only: share of miner tokens == reference argmax
-    score: float  # credibility (sampled); min(credibility, agreement) (greedy)
-    miner_perplexity: float  # math.inf when the output is not one the model can produce
-    reference_perplexity: float
+    greedy: bool
     tokens: int  # the miner's output length
+    problem: str = ""  # why no honest run could return this output ("" when it could)
+    margins: tuple[float, ...] = ()  # greedy: nats lost to the argmax, where not the argmax
+    log_ratios: tuple[float, ...] = ()  # sampled: sum of log q^(e)/q per exponent
+    log_perplexity: float = 0.0  # untempered, for the record (inf when impossible)
+
+    @property
+    def possible(self) -> bool:
+        return not self.problem
+
+    def mismatches(self, greedy_margin: float = GREEDY_MARGIN) -> int:
+        """Greedy tokens that lost to the argmax by more than the margin."""
+        return sum(m > greedy_margin for m in self.margins)
+
+    @property
+    def log_evidence(self) -> float:
+        """log of this output's own e-value (0 for greedy outputs: no sampled evidence)."""
+        return _logmeanexp(self.log_ratios) if self.log_ratios else 0.0
+
+    def suspicion(self, greedy_margin: float = GREEDY_MARGIN) -> tuple[int, int, float]:
+        """A sort key, larger = more clearly wrong: impossible, then mismatches, then the
+        sampled evidence. The committee disputes its most suspicious output."""
+        return (int(not self.possible), self.mismatches(greedy_margin), self.log_evidence)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (an infinite perplexity is written as null, since JSON has no inf)."""
         return {
-            "credibility": self.credibility,
-            "agreement": self.agreement,
-            "score": self.score,
-            "miner_perplexity": (
-                self.miner_perplexity if math.isfinite(self.miner_perplexity) else None
-            ),
-            "reference_perplexity": self.reference_perplexity,
-            "tokens": self.tokens,
+            "greedy": self.greedy, "tokens": self.tokens, "problem": self.problem,
+            "margins": list(self.margins), "log_ratios": list(self.log_ratios),
+            "log_perplexity": (self.log_perplexity if math.isfinite(self.log_perplexity)
+                               else None),
         }
 
     @classmethod
@@ -79,8 +115,7 @@ class ChallengeScore:
         """The inverse of `to_json`; raises ScoringError naming a missing or bad field."""
         if not isinstance(d, Mapping):
             raise ScoringError(f"a challenge score must be a JSON object, got {type(d).__name__}")
-        fields = ("credibility", "agreement", "score", "miner_perplexity",
-                  "reference_perplexity", "tokens")
+        fields = ("greedy", "tokens", "problem", "margins", "log_ratios", "log_perplexity")
         missing = [f for f in fields if f not in d]
         if missing:
             raise ScoringError(f"challenge score lacks {', '.join(missing)}")
@@ -88,32 +123,93 @@ class ChallengeScore:
         if unknown:
             raise ScoringError(f"challenge score has unknown field(s) {', '.join(unknown)}")
 
-        def number(name: str, *, unit: bool = False, nullable: bool = False) -> float | None:
+        def numbers(name: str) -> tuple[float, ...]:
             value = d[name]
-            if value is None and nullable:
-                return None
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ScoringError(f"challenge score field {name} must be a number, "
+            if not isinstance(value, list) or any(
+                    isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v)
+                    for v in value):
+                raise ScoringError(f"challenge score field {name} must be a list of numbers, "
                                    f"got {value!r}")
-            value = float(value)
-            if math.isnan(value) or (unit and not 0.0 <= value <= 1.0):
-                raise ScoringError(f"challenge score field {name} must be in [0, 1], "
-                                   f"got {value!r}")
-            return value
+            return tuple(float(v) for v in value)
 
-        tokens = d["tokens"]
+        tokens, greedy, problem, log_ppl = d["tokens"], d["greedy"], d["problem"], \
+            d["log_perplexity"]
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ScoringError(f"challenge score field tokens must be an integer >= 0, "
                                f"got {tokens!r}")
-        miner_ppl = number("miner_perplexity", nullable=True)
-        return cls(
-            credibility=number("credibility", unit=True),  # type: ignore[arg-type]
-            agreement=number("agreement", unit=True, nullable=True),
-            score=number("score", unit=True),  # type: ignore[arg-type]
-            miner_perplexity=math.inf if miner_ppl is None else miner_ppl,
-            reference_perplexity=number("reference_perplexity"),  # type: ignore[arg-type]
-            tokens=tokens,
-        )
+        if not isinstance(greedy, bool) or not isinstance(problem, str):
+            raise ScoringError("challenge score fields greedy and problem must be a boolean "
+                               "and a string")
+        if log_ppl is not None and (isinstance(log_ppl, bool)
+                                    or not isinstance(log_ppl, int | float)):
+            raise ScoringError(f"challenge score field log_perplexity must be a number, "
+                               f"got {log_ppl!r}")
+        ratios = numbers("log_ratios")
+        if ratios and len(ratios) != len(EXPONENTS):
+            raise ScoringError(f"challenge score has {len(ratios)} log ratios, the test uses "
+                               f"{len(EXPONENTS)} exponents")
+        return cls(greedy=greedy, tokens=tokens, problem=problem, margins=numbers("margins"),
+                   log_ratios=ratios,
+                   log_perplexity=math.inf if log_ppl is None else float(log_ppl))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict on a set of outputs (one miner's epoch, or one shard), each kind of
+    evidence against its own threshold."""
+
+    outputs: int
+    impossible: int
+    greedy_tokens: int
+    mismatches: int
+    sampled_tokens: int
+    log_evidence: float  # pooled over every sampled output
+    threshold: float  # log(1 / false_fault_rate)
+    reason: str
+
+    @property
+    def passed(self) -> bool:
+        return not self.reason
+
+    @property
+    def score_bps(self) -> int:
+        """What reputation uses: 10000 for a set that passes, 0 for one that fails (a
+        failure is evidence at the 1e-6 level, never noise, so it is not graded)."""
+        return BPS if self.passed else 0
+
+
+def judge(scores: Sequence[ChallengeScore], *, greedy_margin: float = GREEDY_MARGIN,
+          false_fault_rate: float = FALSE_FAULT_RATE) -> Judgement:
+    """Judge a set of outputs: fail on any impossible output, any greedy mismatch, or
+    pooled sampled evidence of at least 1 / false_fault_rate (the module doc's model)."""
+    if not scores:
+        raise ScoringError("no outputs to judge (a miner needs at least one)")
+    if not 0 < false_fault_rate < 1:
+        raise ScoringError(f"false_fault_rate must be in (0, 1), got {false_fault_rate!r}")
+    if not greedy_margin >= 0:
+        raise ScoringError(f"greedy_margin must be >= 0, got {greedy_margin!r}")
+    impossible = [s.problem for s in scores if s.problem]
+    greedy = [s for s in scores if s.greedy and s.possible]
+    sampled = [s for s in scores if not s.greedy and s.possible and s.log_ratios]
+    mismatches = sum(s.mismatches(greedy_margin) for s in greedy)
+    pooled = [math.fsum(s.log_ratios[k] for s in sampled) for k in range(len(EXPONENTS))]
+    log_evidence = _logmeanexp(pooled) if sampled else 0.0
+    threshold = math.log(1 / false_fault_rate)
+    greedy_tokens = sum(s.tokens for s in greedy)
+    if impossible:
+        reason = f"{len(impossible)} impossible output(s), first: {impossible[0]}"
+    elif mismatches:
+        reason = (f"{mismatches} of {greedy_tokens} greedy token(s) lost to the reference "
+                  f"argmax by more than {greedy_margin:g} nats")
+    elif log_evidence >= threshold:
+        reason = (f"sampled outputs' evidence e^{log_evidence:.1f} >= 1/{false_fault_rate:g} "
+                  "(not what honest sampling at the requested temperature gives)")
+    else:
+        reason = ""
+    return Judgement(outputs=len(scores), impossible=len(impossible),
+                     greedy_tokens=greedy_tokens, mismatches=mismatches,
+                     sampled_tokens=sum(s.tokens for s in sampled), log_evidence=log_evidence,
+                     threshold=threshold, reason=reason)
 
 
 def score_bps(score: float) -> int:
@@ -123,46 +219,19 @@ def score_bps(score: float) -> int:
     return min(BPS, max(0, round(float(score) * BPS)))
 
 
-def mean_score(scores: Sequence[ChallengeScore]) -> float:
-    """The epoch score S_t: the mean of the challenges' scores."""
-    if not scores:
-        raise ScoringError("no challenge scores to average (a miner needs at least one)")
-    return math.fsum(s.score for s in scores) / len(scores)
-
-
-def reference_seed(request: GenerationRequest, sample: int) -> int:
-    """The seed of reference completion `sample` of `request`: a hash of the whole request,
-    so every verifier derives the same seeds, and none equals the miner's own stream."""
-    blob = json.dumps(
-        [list(request.prompt_ids), request.max_tokens, repr(float(request.temperature)),
-         repr(float(request.top_p)), int(request.seed), sample],
-        separators=(",", ":"),
-    ).encode()
-    return int.from_bytes(hashlib.sha256(SEED_DOMAIN + blob).digest()[:8], "big")
-
-
 def _log_perplexity(result: ScoreResult) -> float:
     if not result.logprobs:
         return 0.0
     return -math.fsum(result.logprobs) / len(result.logprobs)
 
 
-def _perplexity(log_ppl: float) -> float:
-    return math.exp(min(log_ppl, MAX_LOG_PERPLEXITY))
-
-
 def _check_inputs(
     engine: Engine,
     requests: Sequence[GenerationRequest],
     output_ids: Sequence[Sequence[int]],
-    reference_samples: int,
 ) -> list[tuple[int, ...]]:
     if not isinstance(engine, Engine):
         raise ScoringError(f"engine must be an Engine, got {type(engine).__name__}")
-    if (isinstance(reference_samples, bool) or not isinstance(reference_samples, int)
-            or reference_samples < 1):
-        raise ScoringError(f"reference_samples must be an integer >= 1, "
-                           f"got {reference_samples!r}")
     if isinstance(output_ids, str | bytes) or isinstance(requests, str | bytes):
         raise ScoringError("requests and output_ids must be sequences")
     if len(requests) != len(output_ids):
@@ -183,76 +252,73 @@ def _check_inputs(
     return outputs
 
 
-def _impossible(engine: Engine, request: GenerationRequest, output: tuple[int, ...]) -> bool:
-    """Whether no honest run of the engine could return `output` for `request`."""
+def _problem(engine: Engine, request: GenerationRequest, output: tuple[int, ...],
+             finish_reason: str | None) -> str:
+    """Why no honest run of the engine could return `output` for `request` ("" if one can)."""
     if len(output) > request.max_tokens:
-        return True
+        return f"{len(output)} tokens, over max_tokens {request.max_tokens}"
     vocab = getattr(engine, "vocab_size", None)
-    if isinstance(vocab, int) and any(not 0 <= t < vocab for t in output):
-        return True
-    if any(t < 0 for t in output):
-        return True
+    if any(t < 0 for t in output) or (isinstance(vocab, int)
+                                      and any(not 0 <= t < vocab for t in output)):
+        return "a token id outside the vocabulary"
+    if finish_reason is not None and finish_reason not in FINISH_REASONS:
+        return f"finish_reason {finish_reason!r} is neither 'stop' nor 'length'"
     stop_ids = getattr(engine, "stop_token_ids", None)
     if stop_ids is None:  # an engine that does not say how it stops: only emptiness is sure
-        return not output and request.max_tokens > 0
+        return "an empty output" if not output and request.max_tokens > 0 else ""
     stops = frozenset(stop_ids)
     if any(t in stops for t in output[:-1]):
-        return True  # the engine would have stopped at the first stop token
+        return "a stop token before the end (the engine stops at the first)"
     ended = bool(output) and output[-1] in stops
-    # Stopped short of max_tokens without a stop token (an empty output included).
-    return len(output) < request.max_tokens and not ended
+    if len(output) < request.max_tokens and not ended:
+        return (f"stopped after {len(output)} of {request.max_tokens} tokens without a "
+                "stop token")
+    if finish_reason == "stop" and not ended and request.max_tokens > 0:
+        return "finish_reason 'stop' but the output does not end with a stop token"
+    if finish_reason == "length" and ended:
+        return "finish_reason 'length' but the output ends with a stop token"
+    return ""
 
 
 def score_outputs(
     engine: Engine,
     requests: Sequence[GenerationRequest],
     output_ids: Sequence[Sequence[int]],
-    *,
-    reference_samples: int = 3,
+    finish_reasons: Sequence[str] | None = None,
 ) -> list[ChallengeScore]:
-    """Score each miner output against `engine` (the reference model); see the module doc.
+    """The evidence from each miner output against `engine` (the reference model); see the
+    module doc. `finish_reasons`, when given, are checked against the tokens.
 
     Raises ScoringError naming the problem for malformed input (counts that do not pair up,
     non-integer ids, a request the engine rejects); an output the model could not have
-    produced is not an error, it scores 0.
+    produced is not an error, it carries its `problem`.
     """
-    outputs = _check_inputs(engine, requests, output_ids, reference_samples)
+    outputs = _check_inputs(engine, requests, output_ids)
     requests = list(requests)
+    if finish_reasons is not None:
+        if isinstance(finish_reasons, str) or len(finish_reasons) != len(outputs):
+            raise ScoringError(f"{len(outputs)} outputs but finish reasons "
+                               f"{finish_reasons!r}; each output needs one")
+        if any(not isinstance(f, str) for f in finish_reasons):
+            raise ScoringError("every finish_reason must be a string")
+    reasons = list(finish_reasons) if finish_reasons is not None else [None] * len(outputs)
+    problems = [_problem(engine, r, o, f)
+                for r, o, f in zip(requests, outputs, reasons, strict=True)]
 
-    # One generate call: greedy requests once, sampled ones `reference_samples` times.
-    ref_requests: list[GenerationRequest] = []
-    ref_slices: list[tuple[int, int]] = []
-    for request in requests:
-        count = 1 if request.greedy else reference_samples
-        start = len(ref_requests)
-        for k in range(count):
-            ref_requests.append(GenerationRequest(
-                prompt_ids=request.prompt_ids, max_tokens=request.max_tokens,
-                temperature=request.temperature, top_p=request.top_p,
-                seed=reference_seed(request, k)))
-        ref_slices.append((start, start + count))
+    # One evidence call over every distinct (prompt, output, sampling) row.
+    rows: dict[tuple[tuple[int, ...], tuple[int, ...], float, float], int] = {}
+    slots: list[int | None] = []
+    for request, output, problem in zip(requests, outputs, problems, strict=True):
+        if problem or not output:
+            slots.append(None)
+            continue
+        setting = (0.0, 1.0) if request.greedy else (float(request.temperature),
+                                                     float(request.top_p))
+        slots.append(rows.setdefault((tuple(request.prompt_ids), output, *setting), len(rows)))
+    keys = list(rows)
     try:
-        ref_outputs = engine.generate(ref_requests) if ref_requests else []
-    except QuarryError as exc:
-        raise ScoringError(f"the reference engine refused a request: {exc}") from exc
-    if len(ref_outputs) != len(ref_requests):
-        raise ScoringError(f"the reference engine returned {len(ref_outputs)} completions "
-                           f"for {len(ref_requests)} requests")
-
-    # One score call over every distinct (prompt, output) pair.
-    impossible = [_impossible(engine, r, o) for r, o in zip(requests, outputs, strict=True)]
-    pairs: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-
-    def slot(prompt: tuple[int, ...], output: tuple[int, ...]) -> int:
-        return pairs.setdefault((tuple(prompt), output), len(pairs))
-
-    ref_slots = [slot(r.prompt_ids, tuple(o.token_ids))
-                 for r, o in zip(ref_requests, ref_outputs, strict=True)]
-    miner_slots = [None if bad else slot(r.prompt_ids, o)
-                   for r, o, bad in zip(requests, outputs, impossible, strict=True)]
-    keys = list(pairs)
-    try:
-        results = engine.score([p for p, _ in keys], [o for _, o in keys]) if keys else []
+        results = engine.evidence([k[0] for k in keys], [k[1] for k in keys],
+                                  [(k[2], k[3]) for k in keys], EXPONENTS) if keys else []
     except QuarryError as exc:
         raise ScoringError(f"the reference engine could not score the outputs: {exc}") from exc
     if len(results) != len(keys):
@@ -260,38 +326,23 @@ def score_outputs(
                            f"for {len(keys)} sequences")
 
     scores = []
-    for i, request in enumerate(requests):
-        start, end = ref_slices[i]
-        ref_log = statistics.median(_log_perplexity(results[s]) for s in ref_slots[start:end])
-        ref_empty = all(not ref_outputs[k].token_ids for k in range(start, end))
-        output = outputs[i]
-        miner_slot = miner_slots[i]
-        if miner_slot is None:
-            scores.append(ChallengeScore(
-                credibility=0.0, agreement=0.0 if request.greedy else None, score=0.0,
-                miner_perplexity=math.inf, reference_perplexity=_perplexity(ref_log),
-                tokens=len(output)))
+    for request, output, problem, slot in zip(requests, outputs, problems, slots, strict=True):
+        if slot is None:  # impossible, or empty with max_tokens 0
+            scores.append(ChallengeScore(greedy=request.greedy, tokens=len(output),
+                                         problem=problem,
+                                         log_perplexity=math.inf if problem else 0.0))
             continue
-        if not output:  # only reachable when max_tokens == 0
-            ok = 1.0 if ref_empty else 0.0
-            scores.append(ChallengeScore(
-                credibility=ok, agreement=ok if request.greedy else None, score=ok,
-                miner_perplexity=1.0, reference_perplexity=_perplexity(ref_log), tokens=0))
-            continue
-        result = results[miner_slot]
-        miner_log = _log_perplexity(result)
-        credibility = math.exp(min(0.0, ref_log - miner_log))
-        agreement: float | None = None
-        score = credibility
+        result = results[slot]
+        if len(result.top_logprobs) != len(output) or (not request.greedy and len(
+                result.log_ratios) != len(EXPONENTS)):
+            raise ScoringError("the reference engine returned incomplete evidence")
+        margins: tuple[float, ...] = ()
         if request.greedy:
-            if len(result.argmax_ids) != len(output):
-                raise ScoringError("the reference engine returned no argmax ids; greedy "
-                                   "outputs need them for the agreement check")
-            same = sum(a == t for a, t in zip(result.argmax_ids, output, strict=True))
-            agreement = same / len(output)
-            score = min(credibility, agreement)
+            margins = tuple(max(0.0, top - lp) for top, lp, am, t in zip(
+                result.top_logprobs, result.logprobs, result.argmax_ids, output, strict=True)
+                if am != t)
         scores.append(ChallengeScore(
-            credibility=credibility, agreement=agreement, score=score,
-            miner_perplexity=_perplexity(miner_log), reference_perplexity=_perplexity(ref_log),
-            tokens=len(output)))
+            greedy=request.greedy, tokens=len(output), margins=margins,
+            log_ratios=() if request.greedy else tuple(result.log_ratios),
+            log_perplexity=_log_perplexity(result)))
     return scores

@@ -43,6 +43,12 @@ class ScoreResult:
 
     logprobs: tuple[float, ...]
     argmax_ids: tuple[int, ...] = field(default=())
+    # From `Engine.evidence` only: each position's largest logprob (so logprob(argmax) -
+    # logprob(token) is the margin by which a greedy token lost), and for a sampled row the
+    # log likelihood ratios summed over its positions, one per exponent
+    # (`sampling.likelihood_ratios`).
+    top_logprobs: tuple[float, ...] = field(default=())
+    log_ratios: tuple[float, ...] = field(default=())
 
     @property
     def total_logprob(self) -> float:
@@ -67,6 +73,21 @@ class Engine(ABC):
         self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
     ) -> list[ScoreResult]:
         """One teacher-forced forward pass per batch: logprob of each output token."""
+
+    def evidence(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        sampling: Sequence[tuple[float, float]],
+        exponents: Sequence[float],
+    ) -> list[ScoreResult]:
+        """`score` plus what a verifier's statistical tests need from the full next-token
+        distribution: `top_logprobs` at every position and, for each row whose
+        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`."""
+        from market.errors import QuarryError
+
+        raise QuarryError(f"{type(self).__name__} cannot compute verification evidence (it "
+                          "needs every token's probability); verifiers score with TorchEngine")
 
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
         """Release processes and memory; engines holding none need not override."""

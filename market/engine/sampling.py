@@ -55,6 +55,16 @@ def make_generators(requests: Sequence[GenerationRequest]) -> list[torch.Generat
     return [None if r.greedy else make_generator(r.seed) for r in requests]
 
 
+def _nucleus(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the probabilities (sorted descending, float64, along the last dim) are in
+    the top_p nucleus: the most likely token always, then every token whose mass strictly
+    above it is still under top_p."""
+    before = torch.cumsum(sorted_p, -1) - sorted_p  # mass strictly above each token
+    keep = before < top_p
+    keep[..., 0] = True
+    return keep
+
+
 def _sample_row(
     logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator
 ) -> int:
@@ -62,10 +72,7 @@ def _sample_row(
     sorted_p, order = torch.sort(probs, descending=True, stable=True)
     sorted_p = sorted_p.to("cpu", torch.float64)
     if top_p < 1.0:
-        before = torch.cumsum(sorted_p, 0) - sorted_p  # mass strictly above each token
-        keep = before < top_p
-        keep[0] = True
-        sorted_p = sorted_p * keep
+        sorted_p = sorted_p * _nucleus(sorted_p, top_p)
     cum = torch.cumsum(sorted_p, 0)
     u = torch.rand((), generator=gen, dtype=torch.float64)
     idx = int(torch.searchsorted(cum, u * cum[-1], right=True))
@@ -104,3 +111,58 @@ def select_next(
         ids[row] = _sample_row(raw[row], float(request.temperature), float(request.top_p), gen)
     chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
     return ids, chosen
+
+
+def likelihood_ratios(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    exponents: Sequence[float],
+) -> torch.Tensor:
+    """Per-position log likelihood ratios of `targets` [N] under logits [N, V]: column k is
+    log q_k(y) - log q(y), where q is the distribution `select_next` samples from (softmax
+    of logits / temperature, cut to the top_p nucleus exactly as `_sample_row` cuts it) and
+    q_k is proportional to q ** exponents[k] on the same nucleus (the same model sampled at
+    temperature / exponents[k]). So that entry is (e - 1) log q(y) - log sum_v q(v) ** e.
+
+    Under honest sampling every column has expectation exp(.) = 1 at every position, which
+    is what makes products of them e-values (verifier.evidence). A target outside the
+    nucleus (probability 0 under honest sampling, so its factor cannot change that
+    expectation) is judged against the untruncated tempered distribution instead, so a
+    float32 rounding difference at the nucleus edge on another accelerator cannot make an
+    infinite ratio. Computed in float64 on the CPU; returns [N, len(exponents)].
+    """
+    if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise SamplingError(f"logits must be [N, V] and targets [N], got "
+                            f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    if not temperature > 0:
+        raise SamplingError(f"likelihood ratios need a sampled request (temperature > 0), "
+                            f"got {temperature!r}")
+    exps = torch.tensor([float(e) for e in exponents], dtype=torch.float64)
+    if exps.numel() == 0 or bool((exps <= 0).any()):
+        raise SamplingError(f"exponents must be positive numbers, got {list(exponents)!r}")
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # what _sample_row sorts
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    sorted_p = sorted_p.to("cpu", torch.float64)
+    order = order.to("cpu")
+    targets = targets.to("cpu")
+    logq_full = torch.log_softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
+    logq_sorted = logq_full.gather(1, order)
+    keep = _nucleus(sorted_p, top_p) if top_p < 1.0 else torch.ones_like(sorted_p,
+                                                                         dtype=torch.bool)
+    rank = torch.argsort(order, dim=-1)  # token id -> position in the sorted order
+    target_rank = rank.gather(1, targets[:, None]).squeeze(1)
+    inside = keep.gather(1, target_rank[:, None]).squeeze(1)
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+    logq_nucleus = torch.where(keep, logq_sorted, neg_inf)
+    logq_nucleus = logq_nucleus - torch.logsumexp(logq_nucleus, dim=-1, keepdim=True)
+    out = torch.empty((targets.shape[0], exps.numel()), dtype=torch.float64)
+    for table, rows in ((logq_nucleus, inside), (logq_sorted, ~inside)):
+        if not bool(rows.any()):
+            continue
+        lq = table[rows]  # [n, V] log q (-inf outside the support)
+        ly = lq.gather(1, target_rank[rows][:, None])  # [n, 1]
+        log_z = torch.stack([torch.logsumexp(lq * e, dim=-1) for e in exps.tolist()], -1)
+        out[rows] = (exps[None, :] - 1.0) * ly - log_z
+    return out

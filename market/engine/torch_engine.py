@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
-from market.engine.sampling import make_generators, select_next
+from market.engine.sampling import likelihood_ratios, make_generators, select_next
 from market.engine.text import EngineError, TextEngine
 from market.model.loading import load_model, resolve_device, resolve_dtype
 from market.model.manifest import Manifest, load_manifest
@@ -193,6 +193,27 @@ class TorchEngine(TextEngine):
     def score(
         self, prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]
     ) -> list[ScoreResult]:
+        return self._score_all(prompt_ids, output_ids, None, ())
+
+    def evidence(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        sampling: Sequence[tuple[float, float]],
+        exponents: Sequence[float],
+    ) -> list[ScoreResult]:
+        if len(sampling) != len(prompt_ids):
+            raise EngineError(f"{len(prompt_ids)} prompts but {len(sampling)} sampling "
+                              "settings; they pair up")
+        return self._score_all(prompt_ids, output_ids, list(sampling), tuple(exponents))
+
+    def _score_all(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        output_ids: Sequence[Sequence[int]],
+        sampling: list[tuple[float, float]] | None,
+        exponents: tuple[float, ...],
+    ) -> list[ScoreResult]:
         pairs = self.validate_score_inputs(prompt_ids, output_ids)
         prompts = [p for p, _ in pairs]
         outputs = [o for _, o in pairs]
@@ -201,14 +222,20 @@ class TorchEngine(TextEngine):
         lengths = [len(p) + len(o) for p, o in zip(prompts, outputs, strict=True)]
         todo.sort(key=lambda i: (lengths[i], i))
         for chunk in self._batches(todo, lengths):
-            scored = self._score_batch([prompts[i] for i in chunk], [outputs[i] for i in chunk])
+            scored = self._score_batch(
+                [prompts[i] for i in chunk], [outputs[i] for i in chunk],
+                None if sampling is None else [sampling[i] for i in chunk], exponents)
             for i, res in zip(chunk, scored, strict=True):
                 results[i] = res
         return results
 
     @torch.inference_mode()
     def _score_batch(
-        self, prompts: list[tuple[int, ...]], outputs: list[tuple[int, ...]]
+        self,
+        prompts: list[tuple[int, ...]],
+        outputs: list[tuple[int, ...]],
+        sampling: list[tuple[float, float]] | None = None,
+        exponents: tuple[float, ...] = (),
     ) -> list[ScoreResult]:
         seqs = [p + o for p, o in zip(prompts, outputs, strict=True)]
         width = max(len(s) for s in seqs)
@@ -230,22 +257,42 @@ class TorchEngine(TextEngine):
         picked = hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]
         head = self.model.get_output_embeddings()
         target = torch.tensor(targets, device=self.device)
-        lps, arg = [], []
-        step = 8192
+        lps, arg, top = [], [], []
+        step = 8192 if sampling is None else 1024  # evidence holds float64 [step, V] tables
         for start in range(0, picked.shape[0], step):
             logits = head(picked[start : start + step]).float()
             logp = torch.log_softmax(logits, dim=-1)
             lps.append(logp.gather(1, target[start : start + step, None]).squeeze(1))
             arg.append(torch.argmax(logits, dim=-1))
+            top.append(logp.max(dim=-1).values)
         lp_all = torch.cat(lps).tolist()
         arg_all = torch.cat(arg).tolist()
+        top_all = torch.cat(top).tolist()
         results, pos = [], 0
-        for o in outputs:
+        for r, o in enumerate(outputs):
+            ratios: tuple[float, ...] = ()
+            if sampling is not None and sampling[r][0] > 0:
+                ratios = self._row_ratios(picked[pos : pos + len(o)], target[pos : pos + len(o)],
+                                          sampling[r], exponents)
             results.append(
                 ScoreResult(
                     logprobs=tuple(lp_all[pos : pos + len(o)]),
                     argmax_ids=tuple(arg_all[pos : pos + len(o)]),
+                    top_logprobs=() if sampling is None else tuple(top_all[pos : pos + len(o)]),
+                    log_ratios=ratios,
                 )
             )
             pos += len(o)
         return results
+
+    def _row_ratios(self, hidden: torch.Tensor, targets: torch.Tensor,
+                    setting: tuple[float, float], exponents: tuple[float, ...]
+                    ) -> tuple[float, ...]:
+        """One sampled row's log likelihood ratios, summed over its positions."""
+        head = self.model.get_output_embeddings()
+        total = torch.zeros(len(exponents), dtype=torch.float64)
+        for start in range(0, hidden.shape[0], 512):
+            logits = head(hidden[start : start + 512]).float()
+            total += likelihood_ratios(logits, targets[start : start + 512], float(setting[0]),
+                                       float(setting[1]), exponents).sum(0)
+        return tuple(total.tolist())
