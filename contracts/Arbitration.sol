@@ -66,7 +66,7 @@ struct Dispute {
     string evidenceURI;
 }
 
-/// @notice A request, by the client or its arbiter, that the miner show one receipt of a
+/// @notice A request, by the client, its arbiter or an auditor, that the miner show one receipt of a
 /// submitted shard on-chain.
 struct AvailabilityChallenge {
     uint256 taskId;
@@ -203,8 +203,9 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     error InvalidBps(uint256 bps);
     /// @notice `msg.value` is below the required bond.
     error InsufficientBond(uint256 required, uint256 got);
-    /// @notice Only the task's client or its named arbiter may dispute or challenge.
-    error NotClientOrArbiter(address caller);
+    /// @notice Only the task's client, its named arbiter or an auditor (a member of the current
+    /// epoch's committee) may dispute, challenge or prove a billing fault.
+    error NotClientArbiterOrAuditor(address caller);
     error ShardNotSubmitted(ShardState state);
     /// @notice The shard's challenge window is closed.
     error OutsideWindow(uint64 windowEnd);
@@ -307,7 +308,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     // ------------------------------------------------------------------ disputes
 
     /// @notice Disputes one receipt of a Submitted shard inside its challenge window, with
-    /// `msg.value` (>= minBond) as bond. The receipt must match the task and shard and be proven
+    /// `msg.value` (>= minBond) as bond. Client, arbiter or auditor only. The receipt must match the task and shard and be proven
     /// under the shard's result commitment. The current epoch's committee judges it.
     /// Freezes the shard. Emits {DisputeOpened}.
     /// @param taskId The task.
@@ -426,7 +427,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
 
     /// @notice Challenges a Submitted shard, inside its window, to show the receipt of request
     /// `index` on-chain within `responseWindow`, with `msg.value` (>= minAvailabilityBond) as
-    /// bond. Client or arbiter only; at most MAX_AVAILABILITY_CHALLENGES per shard. Freezes the
+    /// bond. Client, arbiter or auditor only; at most MAX_AVAILABILITY_CHALLENGES per shard. Freezes the
     /// shard. Emits {AvailabilityChallenged}.
     /// @return challengeId The new challenge's id (from 1).
     function challengeAvailability(uint256 taskId, uint32 shard, uint32 index)
@@ -502,7 +503,8 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     /// @notice Proves on-chain that a receipt under a Submitted shard's commitment over-bills:
     /// it claims more output tokens than a request may have, or more than its output (the
     /// token ids and text hash that hash to its `outputHash`) holds.
-    /// Settled at once as a fault, without the committee. Client or arbiter, inside the window.
+    /// Settled at once as a fault, without the committee. Client, arbiter or auditor, inside the
+    /// window.
     /// Emits {BillingFaultProven}.
     /// @param receipt A receipt of the shard.
     /// @param proof Its result-tree proof.
@@ -580,11 +582,17 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
 
     // ------------------------------------------------------------------ internal
 
-    /// @dev The caller is the task's client or arbiter, and the shard is Submitted inside its window.
+    /// @dev The caller is the task's client or arbiter, or an auditor: a member with weight in
+    /// the current epoch's committee, which audits client traffic (a miner honest only on the
+    /// committee's own challenges is still disputed by it, bond at its own risk). The shard is
+    /// Submitted inside its window.
     function _checkChallenger(uint256 taskId, uint32 shard) private view returns (Task memory t, Shard memory s) {
         t = taskRegistry.getTask(taskId);
-        if (msg.sender != t.client && (t.arbiter == address(0) || msg.sender != t.arbiter)) {
-            revert NotClientOrArbiter(msg.sender);
+        if (
+            msg.sender != t.client && (t.arbiter == address(0) || msg.sender != t.arbiter)
+                && (address(committee) == address(0) || committee.weightAt(msg.sender, committee.currentEpoch()) == 0)
+        ) {
+            revert NotClientArbiterOrAuditor(msg.sender);
         }
         s = taskRegistry.getShard(taskId, shard);
         if (s.state != ShardState.Submitted) revert ShardNotSubmitted(s.state);

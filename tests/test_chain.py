@@ -340,7 +340,7 @@ def test_dispute_no_fault_then_finalize(devnet: Devnet) -> None:
     client_arbiter = net.client2
     posted = post_task(net, 8, 4, arbiter=client_arbiter.address)
     work = claim_and_submit(net, posted, 1)
-    with reverts("NotClientOrArbiter"):
+    with reverts("NotClientArbiterOrAuditor"):
         open_dispute(net, posted, work, 0, opener=net.outsider)
     dispute_id, bond = open_dispute(net, posted, work, 0, opener=client_arbiter)
     q.arbitration.cast_votes(net.anyone, dispute_id, False, votes(net, dispute_id, False))

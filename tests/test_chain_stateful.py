@@ -423,9 +423,11 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             return OK if m.stake - locked >= collateral else "InsufficientFreeStake"
 
         def _challenger_check(self, sh: ShardM, who: str, t: int) -> str:
-            """Arbitration._checkChallenger."""
-            if not self.tasks[sh.task_id].may_challenge(who):
-                return "NotClientOrArbiter"
+            """Arbitration._checkChallenger: the client, its arbiter, or an auditor (weight in
+            the current epoch's committee)."""
+            if not (self.tasks[sh.task_id].may_challenge(who)
+                    or self._weight_at(who, epoch_of(t)) > 0):
+                return "NotClientArbiterOrAuditor"
             if sh.state != S.SUBMITTED:
                 return "ShardNotSubmitted"
             return "OutsideWindow" if t >= sh.window_end else OK
@@ -1001,8 +1003,10 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             self._do_withdraw(choose(everyone, i, lambda a: self.owed[a.address] > 0))
 
         def _challenger(self, sh: ShardM, by: int) -> LocalAccount:
+            """The client, its arbiter, an outsider, or a verifier (an auditor while it sits)."""
             task = self.tasks[sh.task_id]
-            return [task.client, task.arbiter or task.client, net.outsider][by]
+            return [task.client, task.arbiter or task.client, net.outsider,
+                    verifier_accounts[sh.start % len(verifier_accounts)]][by]
 
         def _challengeable(self, i: int) -> ShardM:
             """A Submitted or Disputed shard, mostly one still inside its window."""
@@ -1011,7 +1015,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
 
         @precondition(lambda self: self._in(S.SUBMITTED))
         @rule(i=st.integers(0, 50), offset=st.integers(0, 3),
-              by=st.sampled_from([0, 0, 0, 1, 1, 2]), bond=st.sampled_from([0, 0, 0, 1, 2]))
+              by=st.sampled_from([0, 0, 0, 1, 1, 2, 3]), bond=st.sampled_from([0, 0, 0, 1, 2]))
         def challenge(self, i: int, offset: int, by: int, bond: int) -> None:
             sh = self._challengeable(i)
             self._do_challenge(sh, self._challenger(sh, by), sh.start + offset,
@@ -1045,7 +1049,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             return sh.start + j % (sh.end - sh.start)
 
         @precondition(lambda self: self._in(S.SUBMITTED))
-        @rule(i=st.integers(0, 50), j=st.integers(0, 3), by=st.sampled_from([0, 0, 0, 1, 1, 2]),
+        @rule(i=st.integers(0, 50), j=st.integers(0, 3), by=st.sampled_from([0, 0, 0, 1, 1, 2, 3]),
               tamper=st.sampled_from([False] * 5 + [True]), bond=st.sampled_from([0, 0, 0, 1, 2]))
         def open_dispute(self, i: int, j: int, by: int, tamper: bool, bond: int) -> None:
             sh = self._challengeable(i)
@@ -1080,7 +1084,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             self._do_report_absence(d, absent)
 
         @precondition(lambda self: self._in(S.SUBMITTED))
-        @rule(i=st.integers(0, 50), j=st.integers(0, 3), by=st.sampled_from([0, 0, 0, 1, 2]),
+        @rule(i=st.integers(0, 50), j=st.integers(0, 3), by=st.sampled_from([0, 0, 0, 1, 2, 3]),
               wrong_ids=st.sampled_from([False, False, True]))
         def prove_billing(self, i: int, j: int, by: int, wrong_ids: bool) -> None:
             sh = self._challengeable(i)

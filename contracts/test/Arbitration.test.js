@@ -302,12 +302,26 @@ describe("Arbitration", function () {
     });
     it("the named arbiter may dispute for the client; others may not", async function () {
       const q = await load(submitted);
-      for (const who of [q.outsider, q.miner, q.miner2, q.verifiers[0]]) {
+      for (const who of [q.outsider, q.miner, q.miner2]) {
         await expect(open(q, 0, { from: who }))
-          .to.be.revertedWithCustomError(q.arb, "NotClientOrArbiter").withArgs(who.address);
+          .to.be.revertedWithCustomError(q.arb, "NotClientArbiterOrAuditor").withArgs(who.address);
       }
       await open(q, 0, { from: q.arbiter });
       expect((await q.arb.getDispute(1)).opener).to.equal(q.arbiter.address);
+    });
+    it("auditors: a member of the current committee may dispute any client's shard at its own bond; a pending join may not", async function () {
+      const q = await load(submitted);
+      const late = q.signers[12];
+      await q.committee.connect(late).register({ value: P.minVerifierStake });
+      await expect(open(q, 0, { from: late }))
+        .to.be.revertedWithCustomError(q.arb, "NotClientArbiterOrAuditor").withArgs(late.address);
+      const auditor = q.verifiers[0];
+      const tx = await open(q, 0, { from: auditor });
+      const d = await q.arb.getDispute(1);
+      expect(d.opener).to.equal(auditor.address);
+      expect(d.bond).to.equal(P.minBond);
+      await expect(tx).to.emit(q.arb, "DisputeOpened");
+      await expectSolvent(q, P.minBond);
     });
     it("bond: below the minimum or zero reverts, a larger bond is held whole", async function () {
       const q = await load(submitted);
@@ -1057,11 +1071,11 @@ describe("Arbitration", function () {
       await expect(q.arb.settleUnanswered(2)).to.emit(q.arb, "AvailabilityUnanswered").withArgs(2, q.taskId, 0, SLASH4);
       await expectWithdrawable(q, [[q.miner, P.minAvailabilityBond], [q.client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
     });
-    it("client or arbiter only, with at least the minimum bond, on a request of the shard", async function () {
+    it("client, arbiter or auditor only, with at least the minimum bond, on a request of the shard", async function () {
       const q = await load(submitted);
       const { arb, client } = q;
-      for (const who of [q.outsider, q.miner, q.verifiers[0]]) {
-        await expect(challenge(q, 0, { from: who })).to.be.revertedWithCustomError(arb, "NotClientOrArbiter").withArgs(who.address);
+      for (const who of [q.outsider, q.miner]) {
+        await expect(challenge(q, 0, { from: who })).to.be.revertedWithCustomError(arb, "NotClientArbiterOrAuditor").withArgs(who.address);
       }
       await expect(challenge(q, 0, { value: P.minAvailabilityBond - 1n }))
         .to.be.revertedWithCustomError(arb, "InsufficientBond").withArgs(P.minAvailabilityBond, P.minAvailabilityBond - 1n);
@@ -1207,7 +1221,7 @@ describe("Arbitration", function () {
       let q = await load(overCap);
       const { arb, res } = q;
       for (const who of [q.outsider, q.miner]) {
-        await expect(prove(q, 1, null, [], { from: who })).to.be.revertedWithCustomError(arb, "NotClientOrArbiter").withArgs(who.address);
+        await expect(prove(q, 1, null, [], { from: who })).to.be.revertedWithCustomError(arb, "NotClientArbiterOrAuditor").withArgs(who.address);
       }
       await expect(prove(q, 1, null, [], { receipt: { ...res.receipts[1], modelId: OTHER_MODEL } }))
         .to.be.revertedWithCustomError(arb, "ReceiptMismatch");

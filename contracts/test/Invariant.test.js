@@ -549,7 +549,7 @@ async function run(seed, steps, wideEvery) {
       const bond = P.minBond + BigInt(rnd.int(0, 1e6));
       const open = (who = from) => arb.connect(who).openDispute(t.id, s, r, res.proofOf(k), "ev", { value: bond });
       if (rnd.chance(0.05)) {
-        await expect(open(outsider)).to.be.revertedWithCustomError(arb, "NotClientOrArbiter").withArgs(outsider.address);
+        await expect(open(outsider)).to.be.revertedWithCustomError(arb, "NotClientArbiterOrAuditor").withArgs(outsider.address);
         return "disputeNotClient";
       }
       if (BigInt(r.outputTokens) > BigInt(t.maxTokens)) {
