@@ -464,8 +464,9 @@ def task_disputes(q: Quarry, task_id: int) -> list[DisputeInfo]:
 def _challengeable(q: Quarry, account: LocalAccount, task_id: int, index: int,
                    what: str) -> tuple[Task, int, Shard]:
     """(task, shard, shard state) for request `index`, after checking what Arbitration
-    checks of a dispute or challenge: the account is the client or arbiter, and the shard is
-    Submitted inside its window (`DisputeNotPossible` naming the condition that fails)."""
+    checks of a dispute or challenge: the account is the client, the arbiter or an auditor
+    (a member with weight in the current epoch's committee), and the shard is Submitted
+    inside its window (`DisputeNotPossible` naming the condition that fails)."""
     try:
         t = q.tasks.get_task(task_id)
     except ContractRevert as exc:
@@ -476,8 +477,10 @@ def _challengeable(q: Quarry, account: LocalAccount, task_id: int, index: int,
         raise DisputeNotPossible(f"request index {index!r} is not in task {task_id} "
                                  f"(0..{t.num_requests - 1})")
     me = str(account.address)
-    if me not in (to_checksum_address(t.client), to_checksum_address(t.arbiter)):
-        raise DisputeNotPossible(f"{me} is neither task {task_id}'s client nor its arbiter")
+    if me not in (to_checksum_address(t.client), to_checksum_address(t.arbiter)) and \
+            q.committee.weight_at(me, q.committee.current_epoch()) == 0:
+        raise DisputeNotPossible(f"{me} is neither task {task_id}'s client nor its arbiter, "
+                                 "nor a sitting committee member (an auditor)")
     k = index // t.shard_size
     s = q.tasks.get_shard(task_id, k)
     if s.state != ShardState.SUBMITTED:
@@ -520,7 +523,8 @@ def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: i
     missing or does not prove it, from an answered availability challenge on the request
     (the committee then judges the withheld output as the miner's fault). `bond` defaults to
     the minimum bond, `evidence_uri` to the shard's result document. The shard must be
-    Submitted and inside its challenge window, and `account` the task's client or arbiter:
+    Submitted and inside its challenge window, and `account` the task's client or arbiter, or an
+    auditor:
     `DisputeNotPossible` says which condition fails, before any transaction.
     """
     _, k, s = _challengeable(q, account, task_id, index, "disputed")

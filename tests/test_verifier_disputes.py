@@ -45,13 +45,8 @@ from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
 from market.service.api import MarketAPI, committee_message
 from market.store import content_uri
-from verifier.disputes import (
-    DisputeDeferred,
-    DisputeDesk,
-    _scoring_line,
-    valid_votes,
-    vote_body,
-)
+from verifier.disputes import DisputeDesk, valid_votes, vote_body
+from verifier.shards import DisputeDeferred, scoring_line
 
 pytestmark = [pytest.mark.chain, pytest.mark.timeout(300)]
 
@@ -621,9 +616,9 @@ def test_valid_votes_keeps_only_members_signing_this_dispute() -> None:
 
 def test_scoring_line_caps_max_tokens_without_touching_the_request() -> None:
     request = parse_jsonl(batch(1))[0].request
-    line = _scoring_line(request, 2)
+    line = scoring_line(request, 2)
     assert line["body"]["max_tokens"] == 2 and request["body"]["max_tokens"] == MAX_TOKENS
-    assert _scoring_line(request, 100)["body"]["max_tokens"] == MAX_TOKENS
+    assert scoring_line(request, 100)["body"]["max_tokens"] == MAX_TOKENS
 
 
 def test_greedy_margin_is_checked(devnet: Any) -> None:

@@ -25,11 +25,9 @@ revert with `NoNewVotes` or `DisputeNotOpen`, which is expected and quiet. The r
 current members only, so a member that has left since the dispute opened records its vote
 on-chain alone, at once.
 
-Judging (`judge`) fails the miner in two ways:
-- the miner's own result document is unavailable or inconsistent (withheld data), or
-- the shard's outputs fail `verifier.scoring.judge` under the reference model: the whole
-  shard is scored, so an honest shard is found at fault with probability at most 1e-6
-  whichever of its receipts the opener picked (see `judge`'s statistical model).
+Judging (`judge`) is `verifier.shards.ShardJudge`'s: the miner is at fault when its own
+result document is unavailable or inconsistent (withheld data), or when the shard's outputs,
+all of them, fail `verifier.scoring.judge` under the reference model.
 
 Transient trouble on the verifier's side (the market or the scoring workers do not answer)
 never becomes a vote: the dispute is retried at the next step.
@@ -37,27 +35,22 @@ never becomes a vote: the dispute is retried at the next step.
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import encode_hex, to_checksum_address
 
-from market.chain.contracts import Ballot, Dispute, DisputeStatus, Task
+from market.chain.contracts import Ballot, Dispute, DisputeStatus
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
-from market.jobs import verified_shard
 from market.protocol.eip712 import Vote, sort_signatures
 from market.protocol.errors import SignatureError
-from market.protocol.merkle import input_tree
-from market.protocol.requests import ParsedRequest, parse_jsonl
-from market.protocol.results import ResultCheckFailed, ResultItem
 from market.service.api import MarketAPI, MarketError, MarketUnavailable, committee_message
-from market.store import ContentNotFound, StoreError, parse_uri
-from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
+from verifier.scoring import GREEDY_MARGIN, ChallengeScore
+from verifier.shards import DisputeDeferred, ShardJudge
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -67,12 +60,6 @@ log = logging.getLogger("verifier.disputes")
 
 VOTE_KIND = "vote"
 VOTE_EPOCH = 0  # dispute votes belong to no epoch; the topic (dispute id) keys them
-
-
-class DisputeDeferred(QuarryError):
-    """The dispute cannot be judged now for a reason on the verifier's side (market or
-    scoring workers unreachable, the market serving bytes that do not match their address,
-    a model this verifier does not run); no vote is cast and it is tried again later."""
 
 
 @dataclass(frozen=True)
@@ -137,16 +124,6 @@ def valid_votes(messages: Iterable[Mapping[str, Any]], dispute_id: int, members:
     return out
 
 
-def _scoring_line(request: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
-    """The request as the miner had to serve it: `max_tokens` capped by the task's
-    `maxTokensPerRequest` (what the miner's engine also caps to), so the reference
-    completion has the same length budget as the disputed one."""
-    line = copy.deepcopy(dict(request))
-    body = line["body"]
-    body["max_tokens"] = min(int(body["max_tokens"]), max_tokens)
-    return line
-
-
 class DisputeDesk:
     """One committee member's dispute duty: judge, vote once, get the votes recorded.
 
@@ -161,8 +138,6 @@ class DisputeDesk:
                  scorer: ScoringClient, *, greedy_margin: float = GREEDY_MARGIN,
                  lie: bool = False,
                  model_id: bytes | None = None, own_vote_after: float = 0.5) -> None:
-        if not greedy_margin >= 0:
-            raise QuarryError(f"greedy_margin must be >= 0, got {greedy_margin}")
         if not 0 <= own_vote_after < 1:
             raise QuarryError(f"own_vote_after must be in [0, 1), got {own_vote_after}")
         self.q = q
@@ -170,9 +145,9 @@ class DisputeDesk:
         self.address = account.address
         self.market = market
         self.scorer = scorer
-        self.greedy_margin = greedy_margin
+        self.shards = ShardJudge(q, market, scorer, greedy_margin=greedy_margin,
+                                 model_id=model_id)
         self.lie = lie
-        self._model_id = model_id
         self.open: set[int] = set()  # disputes seen and not yet closed
         self.votes: dict[int, CastVote] = {}  # what this desk signed, per dispute
         self.verdicts: dict[int, Verdict] = {}  # honest judgements (kept across retries)
@@ -184,140 +159,21 @@ class DisputeDesk:
         self._said: dict[int, str] = {}  # last deferral logged per dispute (log once)
         self._snapshots: dict[int, dict[str, int]] = {}  # epoch -> member -> weight
 
-    # ------------------------------------------------------------------ model
-    @property
-    def model_id(self) -> bytes:
-        """The model the scorer scores with: given, or the scorer's model directory's
-        manifest (the scoring worker checks the files against it before loading)."""
-        if self._model_id is None:
-            from market.model.manifest import load_manifest
-
-            self._model_id = load_manifest(self.scorer.model_dir).model_id
-        return self._model_id
-
     # ------------------------------------------------------------------ judging
     def judge(self, dispute_id: int) -> Verdict:
         """This verifier's honest verdict on a dispute (raises DisputeDeferred when it
-        cannot judge now).
-
-        The evidence is the miner's own result document at the shard's on-chain
-        `resultURI`, never the opener's `evidenceURI` alone: the opener chooses that URI,
-        so trusting it would let a client point at bytes that are missing or are not the
-        miner's and have an honest miner slashed for "withholding". The document at
-        `resultURI` is the one the miner published and committed to with `resultRoot`; it
-        must verify like the client's own check (`verify_shard_result`: every receipt
-        signed by the miner, under the root, hashing to its text and token ids, answering
-        the task's own request hashes) and must hold exactly the disputed receipt.
-        Unavailable or inconsistent, the miner is at fault (data withheld); otherwise
-        the disputed token ids are scored against the request from the task's input file.
-        """
+        cannot judge now): `ShardJudge.judge` of the disputed shard, holding the disputed
+        receipt. Without the client's inputs the receipt cannot be shown wrong, so the
+        opener (the client, its arbiter or an auditor) carries the burden of proof."""
         d = self.q.arbitration.get_dispute(dispute_id)
-        r = d.receipt
-        task = self.q.tasks.get_task(d.task_id)
-        start, end = self.q.tasks.shard_range(d.task_id, d.shard)
-
-        try:
-            requests = self._task_requests(task)
-        except _ClientSide as exc:
-            # Without the client's inputs the receipt cannot be shown wrong: the opener
-            # (the client or its arbiter) carries the burden of proof.
-            return Verdict(dispute_id, False, f"task input unusable, receipt stands: {exc}",
-                           None)
-        try:
-            items = self._shard_items(d, task, start, requests[start:end])
-        except _Withheld as exc:
-            return Verdict(dispute_id, True, f"data withheld: {exc}", None)
-        item = items[r.index - start]
-        if len(item.token_ids) > task.max_tokens_per_request:
-            return Verdict(dispute_id, True, f"request {r.index}: {len(item.token_ids)} "
-                           f"output tokens, over the task's {task.max_tokens_per_request}",
-                           None)
-        if task.model_id != self.model_id:
-            raise DisputeDeferred(
-                f"dispute {dispute_id} is over model 0x{task.model_id.hex()}, this verifier "
-                f"scores with 0x{self.model_id.hex()}")
-
-        # The whole shard is the evidence, not the disputed output alone: an opener that
-        # picks the least likely of n honest outputs would otherwise win with probability
-        # up to n times the per-output bound. Judged as a set, an honest shard is found at
-        # fault with probability at most FALSE_FAULT_RATE whichever receipt is disputed.
-        lines = [_scoring_line(requests[it.index].request, task.max_tokens_per_request)
-                 for it in items]
-        try:
-            scores = self.scorer.score(lines, [list(it.token_ids) for it in items],
-                                       [it.finish_reason for it in items])
-        except QuarryError as exc:  # ScoringError: workers down, timeout...
-            raise DisputeDeferred(f"dispute {dispute_id}: scoring failed: {exc}") from exc
-        if len(scores) != len(items):
-            raise DisputeDeferred(f"dispute {dispute_id}: the scorer returned {len(scores)} "
-                                  f"scores for {len(items)} outputs")
-        verdict = judge(scores, greedy_margin=self.greedy_margin)
-        own = scores[r.index - start]
-        reason = (f"shard of {verdict.outputs} output(s): "
-                  + (verdict.reason if not verdict.passed else
-                     f"passes (no impossible output, no greedy mismatch in "
-                     f"{verdict.greedy_tokens} tokens, sampled evidence "
-                     f"e^{verdict.log_evidence:.1f} < e^{verdict.threshold:.1f})")
-                  + f"; request {r.index}: {own.tokens} tokens"
-                  + (f", {own.problem}" if own.problem else ""))
-        return Verdict(dispute_id, not verdict.passed, reason, own)
-
-    def _task_requests(self, task: Task) -> list[ParsedRequest]:
-        """The task's requests, checked against its on-chain count and inputRoot
-        (`_ClientSide` naming the problem). An unreachable market, or one serving bytes
-        that do not match their address (its fault, not the client's), defers."""
-        uri = task.input_uri
-        try:
-            parse_uri(uri)
-        except StoreError as exc:
-            raise _ClientSide(f"inputURI: {exc}") from exc
-        try:
-            data = self.market.get(uri)
-        except ContentNotFound as exc:
-            raise _ClientSide(f"input file {uri} is not in the market's store") from exc
-        except (MarketError, StoreError) as exc:
-            raise DisputeDeferred(f"cannot fetch input file {uri}: {exc}") from exc
-        try:
-            requests = parse_jsonl(data)
-        except QuarryError as exc:
-            raise _ClientSide(f"input file is not a valid batch: {exc}") from exc
-        if len(requests) != task.num_requests:
-            raise _ClientSide(f"input file holds {len(requests)} requests, the task says "
-                              f"{task.num_requests}")
-        root = input_tree([p.request_hash for p in requests]).root
-        if root != task.input_root:
-            raise _ClientSide(f"input file's root 0x{root.hex()} is not the task's inputRoot")
-        return requests
-
-    def _shard_items(self, d: Dispute, task: Task, start: int,
-                     requests: Sequence[ParsedRequest]) -> list[ResultItem]:
-        """The items of the miner's verified document for the disputed shard, which must
-        hold the disputed receipt (`_Withheld` naming the first problem otherwise)."""
-        uri = self.q.tasks.get_shard(d.task_id, d.shard).result_uri
-        try:
-            parse_uri(uri)
-        except StoreError as exc:
-            raise _Withheld(f"the shard's resultURI {exc}") from exc
-        try:
-            _, items = verified_shard(self.q, self.market, d.task_id, d.shard,
-                                      [p.request_hash for p in requests], task=task)
-        except ContentNotFound as exc:
-            raise _Withheld(f"the miner's result document {uri} is not in the market's "
-                            "store") from exc
-        except ResultCheckFailed as exc:
-            if exc.check == "content address":  # the market served other bytes: its fault
-                raise DisputeDeferred(f"cannot fetch result document {uri}: {exc}") from exc
-            raise _Withheld(f"the miner's result document {uri} does not verify: "
-                            f"{exc}") from exc
-        except MarketError as exc:  # unreachable, or failing for reasons of its own
-            raise DisputeDeferred(f"cannot fetch result document {uri}: {exc}") from exc
-        item = items[d.receipt.index - start]
-        if item.receipt != d.receipt:
-            raise _Withheld(f"the miner's document answers request {d.receipt.index} with "
-                            "another receipt than the disputed one")
-        # verify_shard_result recovered item.signature to the shard's miner; the contract
-        # recovered the opener's signature over this same receipt to the same miner.
-        return items
+        v = self.shards.judge(d.task_id, d.shard, receipt=d.receipt)
+        if v.inputs_unusable:
+            return Verdict(dispute_id, False, f"{v.reason}, receipt stands", None)
+        own = v.scores[d.receipt.index - v.start] if v.scores else None
+        reason = v.reason if own is None else (
+            f"{v.reason}; request {d.receipt.index}: {own.tokens} tokens"
+            + (f", {own.problem}" if own.problem else ""))
+        return Verdict(dispute_id, v.fault, reason, own)
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> None:
@@ -561,11 +417,3 @@ class DisputeDesk:
         if exc.error == "NotCommitteeMember":  # a signer was slashed since: recount
             self._snapshots.pop(d.epoch, None)
         raise exc
-
-
-class _ClientSide(Exception):
-    """Internal: the task's inputs are unusable (the client's side)."""
-
-
-class _Withheld(Exception):
-    """Internal: the miner's document is missing or does not verify (the miner's side)."""

@@ -1,0 +1,214 @@
+"""Judging one submitted shard from public data: what a dispute vote and an audit both do.
+
+The evidence is the miner's own result document at the shard's on-chain `resultURI`, never
+an opener's `evidenceURI`: the opener chooses that URI, so trusting it would let a client
+point at bytes that are missing or are not the miner's and have an honest miner slashed for
+"withholding". The document at `resultURI` is the one the miner published and committed to
+with `resultRoot`; it must verify like the client's own check (`verify_shard_result`: every
+receipt signed by the miner, under the root, hashing to its text and token ids, answering
+the task's own request hashes). Unavailable or inconsistent, the miner is at fault (data
+withheld). Otherwise every output of the shard is scored against the requests of the task's
+input file and judged as a set (`verifier.scoring.judge`): an opener that picks the least
+likely of n honest outputs gains nothing, since an honest shard is found at fault with
+probability at most FALSE_FAULT_RATE whichever receipt is named.
+
+Trouble on the verifier's side (market or scoring workers unreachable, a model this
+verifier does not run) raises `DisputeDeferred`: nothing is decided, it is tried again.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from market.chain.contracts import Task
+from market.errors import QuarryError
+from market.jobs import verified_shard
+from market.protocol.eip712 import Receipt
+from market.protocol.merkle import input_tree
+from market.protocol.requests import ParsedRequest, parse_jsonl
+from market.protocol.results import ResultCheckFailed, ResultItem
+from market.service.api import MarketAPI, MarketError
+from market.store import ContentNotFound, StoreError, parse_uri
+from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
+
+if TYPE_CHECKING:
+    from market.chain.deploy import Quarry
+    from verifier.scoring_worker import ScoringClient
+
+
+class DisputeDeferred(QuarryError):
+    """The shard cannot be judged now for a reason on the verifier's side (market or
+    scoring workers unreachable, the market serving bytes that do not match their address,
+    a model this verifier does not run); nothing is decided and it is tried again later."""
+
+
+class _ClientSide(Exception):
+    """Internal: the task's inputs are unusable (the client's side)."""
+
+
+class _Withheld(Exception):
+    """Internal: the miner's document is missing or does not verify (the miner's side)."""
+
+
+@dataclass(frozen=True)
+class ShardVerdict:
+    """A shard judged: `fault` with its `reason`. `scores` (one per request of the shard,
+    from `start`) are None when it was judged on its evidence alone; `withheld` when the
+    miner's document is missing or inconsistent; `inputs_unusable` when the client's own
+    input file cannot be used (nothing can then be shown against the miner)."""
+
+    task_id: int
+    shard: int
+    start: int
+    fault: bool
+    reason: str
+    scores: list[ChallengeScore] | None = None
+    items: list[ResultItem] | None = None
+    withheld: bool = False
+    inputs_unusable: bool = False
+
+    def most_suspicious(self, greedy_margin: float = GREEDY_MARGIN) -> int:
+        """The request index to name in a dispute: the output with the clearest evidence."""
+        if not self.scores:
+            return self.start
+        k = max(range(len(self.scores)),
+                key=lambda i: self.scores[i].suspicion(greedy_margin))  # type: ignore[index]
+        return self.start + k
+
+
+def scoring_line(request: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The request as the miner had to serve it: `max_tokens` capped by the task's
+    `maxTokensPerRequest` (what the miner's engine also caps to), so the reference
+    distribution is read over the same length budget as the miner's output."""
+    line = copy.deepcopy(dict(request))
+    body = line["body"]
+    body["max_tokens"] = min(int(body["max_tokens"]), max_tokens)
+    return line
+
+
+class ShardJudge:
+    """Judges submitted shards of tasks over this verifier's model (see the module doc)."""
+
+    def __init__(self, q: Quarry, market: MarketAPI, scorer: ScoringClient, *,
+                 greedy_margin: float = GREEDY_MARGIN, model_id: bytes | None = None) -> None:
+        if not greedy_margin >= 0:
+            raise QuarryError(f"greedy_margin must be >= 0, got {greedy_margin}")
+        self.q, self.market, self.scorer = q, market, scorer
+        self.greedy_margin = greedy_margin
+        self._model_id = model_id
+
+    @property
+    def model_id(self) -> bytes:
+        """The model the scorer scores with: given, or the scorer's model directory's
+        manifest (the scoring worker checks the files against it before loading)."""
+        if self._model_id is None:
+            from market.model.manifest import load_manifest
+
+            self._model_id = load_manifest(self.scorer.model_dir).model_id
+        return self._model_id
+
+    def judge(self, task_id: int, shard: int, *, receipt: Receipt | None = None
+              ) -> ShardVerdict:
+        """The verdict on a submitted shard; with `receipt` (a dispute's), the miner's
+        document must also hold exactly that receipt."""
+        task = self.q.tasks.get_task(task_id)
+        start, end = self.q.tasks.shard_range(task_id, shard)
+        base = {"task_id": task_id, "shard": shard, "start": start}
+        try:
+            requests = self.task_requests(task)
+        except _ClientSide as exc:
+            return ShardVerdict(**base, fault=False, reason=f"task input unusable: {exc}",
+                                inputs_unusable=True)
+        try:
+            items = self._items(task_id, shard, task, start, requests[start:end], receipt)
+        except _Withheld as exc:
+            return ShardVerdict(**base, fault=True, reason=f"data withheld: {exc}",
+                                withheld=True)
+        over = [it for it in items if len(it.token_ids) > task.max_tokens_per_request]
+        if over:
+            return ShardVerdict(**base, fault=True, items=items, reason=(
+                f"request {over[0].index}: {len(over[0].token_ids)} output tokens, over the "
+                f"task's {task.max_tokens_per_request}"))
+        if task.model_id != self.model_id:
+            raise DisputeDeferred(
+                f"task {task_id} is over model 0x{task.model_id.hex()}, this verifier "
+                f"scores with 0x{self.model_id.hex()}")
+        lines = [scoring_line(requests[it.index].request, task.max_tokens_per_request)
+                 for it in items]
+        try:
+            scores = self.scorer.score(lines, [list(it.token_ids) for it in items],
+                                       [it.finish_reason for it in items])
+        except QuarryError as exc:  # ScoringError: workers down, timeout...
+            raise DisputeDeferred(f"task {task_id} shard {shard}: scoring failed: {exc}"
+                                  ) from exc
+        if len(scores) != len(items):
+            raise DisputeDeferred(f"task {task_id} shard {shard}: the scorer returned "
+                                  f"{len(scores)} scores for {len(items)} outputs")
+        verdict = judge(scores, greedy_margin=self.greedy_margin)
+        reason = f"shard of {verdict.outputs} output(s): " + (
+            verdict.reason if not verdict.passed else
+            f"passes (no impossible output, no greedy mismatch in {verdict.greedy_tokens} "
+            f"tokens, sampled evidence e^{verdict.log_evidence:.1f} < "
+            f"e^{verdict.threshold:.1f})")
+        return ShardVerdict(**base, fault=not verdict.passed, reason=reason, scores=scores,
+                            items=items)
+
+    def task_requests(self, task: Task) -> list[ParsedRequest]:
+        """The task's requests, checked against its on-chain count and inputRoot
+        (`_ClientSide` naming the problem). An unreachable market, or one serving bytes
+        that do not match their address (its fault, not the client's), defers."""
+        uri = task.input_uri
+        try:
+            parse_uri(uri)
+        except StoreError as exc:
+            raise _ClientSide(f"inputURI: {exc}") from exc
+        try:
+            data = self.market.get(uri)
+        except ContentNotFound as exc:
+            raise _ClientSide(f"input file {uri} is not in the market's store") from exc
+        except (MarketError, StoreError) as exc:
+            raise DisputeDeferred(f"cannot fetch input file {uri}: {exc}") from exc
+        try:
+            requests = parse_jsonl(data)
+        except QuarryError as exc:
+            raise _ClientSide(f"input file is not a valid batch: {exc}") from exc
+        if len(requests) != task.num_requests:
+            raise _ClientSide(f"input file holds {len(requests)} requests, the task says "
+                              f"{task.num_requests}")
+        root = input_tree([p.request_hash for p in requests]).root
+        if root != task.input_root:
+            raise _ClientSide(f"input file's root 0x{root.hex()} is not the task's inputRoot")
+        return requests
+
+    def _items(self, task_id: int, shard: int, task: Task, start: int,
+               requests: Sequence[ParsedRequest], receipt: Receipt | None
+               ) -> list[ResultItem]:
+        """The items of the miner's verified document for the shard, holding `receipt`
+        when one is given (`_Withheld` naming the first problem otherwise)."""
+        uri = self.q.tasks.get_shard(task_id, shard).result_uri
+        try:
+            parse_uri(uri)
+        except StoreError as exc:
+            raise _Withheld(f"the shard's resultURI {exc}") from exc
+        try:
+            _, items = verified_shard(self.q, self.market, task_id, shard,
+                                      [p.request_hash for p in requests], task=task)
+        except ContentNotFound as exc:
+            raise _Withheld(f"the miner's result document {uri} is not in the market's "
+                            "store") from exc
+        except ResultCheckFailed as exc:
+            if exc.check == "content address":  # the market served other bytes: its fault
+                raise DisputeDeferred(f"cannot fetch result document {uri}: {exc}") from exc
+            raise _Withheld(f"the miner's result document {uri} does not verify: "
+                            f"{exc}") from exc
+        except MarketError as exc:  # unreachable, or failing for reasons of its own
+            raise DisputeDeferred(f"cannot fetch result document {uri}: {exc}") from exc
+        if receipt is not None and items[receipt.index - start].receipt != receipt:
+            # verify_shard_result recovered every item's signature to the shard's miner;
+            # the contract recovered the opener's receipt to the same miner.
+            raise _Withheld(f"the miner's document answers request {receipt.index} with "
+                            "another receipt than the disputed one")
+        return items
