@@ -11,7 +11,14 @@ sampled evidence, each against its own threshold). Challenges have the committee
 size (`VerifierConfig`: 16 requests x 64 tokens). Every mode of `miner.cheats` runs: the
 crude ones (another model, noisy weights, random tokens, another prompt) and the rational
 ones (greedy answers to sampled requests, a colder temperature, small logit noise,
-truncation). The epoch score (10000 passed, 0 failed) then drives
+truncation) and the selective one (honest on challenges, a cheaper model on client
+traffic). Each epoch every miner also serves `--client-shards` client shards (default 16,
+of 4 chat requests each, greedy or sampled at 0.7 or 1.0: the stated share of client
+traffic); each is audited with probability `--audit-rate-bps` (the committee's default,
+1000), and an audited shard that fails `judge` is a fault, which (as in the committee's
+reports) makes the miner's next epoch score 0. Only audited shards are generated: the
+others are never looked at, so they cannot change anything. The epoch score (10000 passed,
+0 failed) then drives
 `verifier.reputation.update` from the initial reputation, for each of the three penalty
 levels, with the other constants at their `ReputationParams` defaults.
 
@@ -126,7 +133,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     epoch_bps: dict[str, list[int]] = {label: [] for label in labels}
     evidence: dict[str, list[float]] = {label: [] for label in labels}
     mismatches: dict[str, list[int]] = {label: [] for label in labels}
+    audits = {label: {"audited": 0, "failed": 0} for label in labels}
+    faulted: set[str] = set()  # found at fault by an audit in the previous epoch
     rng = random.Random(args.seed)
+    audit_rng = random.Random(args.seed + 2)
     for epoch in range(1, args.epochs + 1):
         t0 = time.monotonic()
         cs = draw_challenge_set(epoch, manifest.model_id, manifest.name, list(addresses),
@@ -142,14 +152,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             all_finish += [o.finish_reason for o in outputs]
             owners += [label] * len(reqs)
         scores = score_outputs(verifier, all_requests, all_outputs, all_finish)
+        faults_now = audit_client_traffic(args, engines, verifier, labels, audit_rng, audits)
         for label in labels:
             verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label])
-            epoch_bps[label].append(verdict.score_bps)
+            score = 0 if label in faulted else verdict.score_bps
+            epoch_bps[label].append(score)
             evidence[label].append(round(verdict.log_evidence, 2))
             mismatches[label].append(verdict.mismatches + verdict.impossible)
             for level, p in params.items():
-                records[level][label] = update(records[level][label], verdict.score_bps, p)
+                records[level][label] = update(records[level][label], score, p)
                 trajectories[level][label].append(records[level][label].reputation_bps)
+        faulted = faults_now
         say(f"epoch {epoch}: " + ", ".join(f"{k} {v[-1]}" for k, v in epoch_bps.items())
             + f" ({time.monotonic() - t0:.1f}s)")
 
@@ -209,9 +222,54 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "epoch_log_evidence": evidence,
         "epoch_mismatches": mismatches,
         "epoch_scores_bps": epoch_bps,
+        "client_shards_per_epoch": args.client_shards,
+        "audit_rate_bps": args.audit_rate_bps,
+        "audits": audits,
+        "selective_detection_probability_per_epoch": round(
+            1 - (1 - args.audit_rate_bps / 10_000) ** args.client_shards, 4),
         "levels": levels,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+CLIENT_PROMPTS = (
+    "Summarise the attached meeting notes in three bullet points",
+    "Draft a polite reminder about the unpaid invoice",
+    "Translate this product description into plain English",
+    "Write a short cover letter for a junior analyst role",
+    "Classify this support ticket as billing, bug or question",
+    "Suggest five names for a neighbourhood bakery",
+    "Explain the difference between a loan and a lease",
+    "Rewrite this paragraph so a child can follow it",
+)
+
+
+def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], verifier: Any,
+                         labels: list[str], rng: random.Random,
+                         audits: dict[str, dict[str, int]]) -> set[str]:
+    """One epoch of client traffic per miner, each shard audited with the audit rate;
+    returns the miners an audit found at fault."""
+    from market.engine.base import GenerationRequest
+    from verifier.scoring import judge, score_outputs
+
+    faults = set()
+    for label in labels:
+        for _ in range(args.client_shards):
+            if rng.randrange(10_000) >= args.audit_rate_bps:
+                continue  # not audited: nobody ever looks at it
+            asks = [f"{rng.choice(CLIENT_PROMPTS)} (ref {rng.randrange(10**6)})"
+                    for _ in range(4)]
+            reqs = [GenerationRequest(verifier.encode_chat([{"role": "user", "content": a}]),
+                                      32, temperature=rng.choice((0.0, 0.7, 1.0)),
+                                      seed=rng.randrange(1 << 63)) for a in asks]
+            outs = engines[label].generate(reqs)
+            verdict = judge(score_outputs(verifier, reqs, [o.token_ids for o in outs],
+                                          [o.finish_reason for o in outs]))
+            audits[label]["audited"] += 1
+            if not verdict.passed:
+                audits[label]["failed"] += 1
+                faults.add(label)
+    return faults
 
 
 def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
@@ -259,13 +317,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=12, help="epochs (12)")
-    parser.add_argument("--honest", type=int, default=2, help="honest miners (2)")
+    parser.add_argument("--honest", type=int, default=5,
+                        help="honest miners (5: 60 honest epochs over 12)")
     parser.add_argument("--requests", type=int, default=committee.challenge_requests,
                         help="requests per challenge (the committee's default, "
                         f"{committee.challenge_requests})")
     parser.add_argument("--max-tokens", type=int, default=committee.challenge_max_tokens,
                         help="max_tokens per request (the committee's default, "
                         f"{committee.challenge_max_tokens})")
+    parser.add_argument("--client-shards", type=int, default=16,
+                        help="client shards per miner per epoch (16 of 4 requests)")
+    parser.add_argument("--audit-rate-bps", type=int, default=1000,
+                        help="share of client shards audited (the committee's default, 1000)")
     parser.add_argument("--honest-outputs", type=int, default=20_000,
                         help="honest outputs judged one by one for the false-fault rate "
                         "(20000)")

@@ -32,6 +32,10 @@ the way the request asks, where it is cheaper or hard to see:
   logit deviations, like a coarser quantization, that only move near-ties.
 - `truncate`: stops at half of max_tokens with a stop token and `finish_reason: "stop"`,
   saving the rest of the generation.
+- `selective`: honest on what looks like a committee challenge (a plain prompt that is a
+  passage of the public corpus in `market/model/corpus.py`, as challenge prompts are),
+  the cheaper `substitute` model on everything else: only audits of client traffic can
+  catch it.
 
 Every mode is deterministic in (`seed`, request), so tests and benchmarks are repeatable.
 `miner run --test-mode MODE` turns one on and says so loudly; a normal `miner run` never
@@ -40,6 +44,7 @@ does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -59,7 +64,9 @@ CRUDE_MODES = ("substitute", "perturb", "random", "wrong-prompt")
 """Modes that change what is computed: another model, noisy weights, junk, another prompt."""
 SAMPLING_MODES = ("greedy-sampled", "cold", "noise", "truncate")
 """Modes that serve the real model but not the way the request asks (module doc)."""
-CHEAT_MODES = CRUDE_MODES + SAMPLING_MODES
+SELECTIVE_MODES = ("selective",)
+"""Modes that are honest on the committee's challenges and cheat on client traffic."""
+CHEAT_MODES = CRUDE_MODES + SAMPLING_MODES + SELECTIVE_MODES
 
 PERTURB_SCALE = 0.05
 """Noise std as a fraction of each weight tensor's std: slight, not random (module doc)."""
@@ -223,6 +230,29 @@ class TruncateEngine(CheatingEngine):
             outputs.append(GenerationOutput(token_ids=(*o.token_ids, stop), text=o.text,
                                             logprobs=(*o.logprobs, 0.0), finish_reason="stop"))
         return outputs
+
+
+@functools.cache
+def _squeezed(text: str) -> str:
+    return "".join(text.split())
+
+
+class SelectiveEngine(_OtherModel):
+    """Honest where the prompt looks like a challenge, the substitute everywhere else."""
+
+    mode = "selective"
+
+    def looks_like_challenge(self, request: GenerationRequest) -> bool:
+        from market.model.corpus import CORPUS
+
+        text = "".join(self.decode(request.prompt_ids).split())  # spacing may not survive
+        return len(text) >= 3 and text in _squeezed(CORPUS)
+
+    def _cheat(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        tests = [self.looks_like_challenge(r) for r in requests]
+        honest = self.honest.generate([r for r, t in zip(requests, tests, strict=True) if t])
+        cheap = self.other.generate([r for r, t in zip(requests, tests, strict=True) if not t])
+        return [honest.pop(0) if t else cheap.pop(0) for t in tests]
 
 
 class RandomTokensEngine(CheatingEngine):
@@ -419,4 +449,6 @@ def cheating_engine(mode: str, engine: TextEngine, model_dir: Path, *, seed: int
         other.close()
         raise CheatError(f"the substitute has {other.vocab_size} tokens, the real model "
                          f"{engine.vocab_size}")
+    if mode == "selective":
+        return SelectiveEngine(engine, seed, other)
     return SubstituteEngine(engine, seed, other)

@@ -24,6 +24,7 @@ from miner.cheats import (
     CRUDE_MODES,
     PERTURB_SCALE,
     SAMPLING_MODES,
+    SELECTIVE_MODES,
     CheatError,
     SubstituteEngine,
     WrongPromptEngine,
@@ -135,10 +136,11 @@ def reference_stats(honest: TextEngine, reqs: list[GenerationRequest],
 
 # ----------------------------------------------------------------------------- every mode
 
-def test_modes_are_the_declared_eight() -> None:
+def test_modes_are_the_declared_nine() -> None:
     assert CRUDE_MODES == ("substitute", "perturb", "random", "wrong-prompt")
     assert SAMPLING_MODES == ("greedy-sampled", "cold", "noise", "truncate")
-    assert CHEAT_MODES == CRUDE_MODES + SAMPLING_MODES
+    assert SELECTIVE_MODES == ("selective",)
+    assert CHEAT_MODES == CRUDE_MODES + SAMPLING_MODES + SELECTIVE_MODES
 
 
 def test_unknown_mode_is_refused_naming_the_valid_ones(honest: TextEngine,
@@ -179,7 +181,7 @@ def test_mode_keeps_the_interface_and_limits(
     assert eng.generate(requests) == outs  # deterministic
     changed = sum(o.token_ids != h.token_ids for o, h in zip(
         greedy(outs), greedy(honest_outputs), strict=True))
-    if mode in CRUDE_MODES or mode == "truncate":
+    if mode in CRUDE_MODES or mode in ("truncate", "selective"):
         assert changed >= len(PROMPTS) // 2
     elif mode == "noise":
         assert 0 < changed  # a few near-ties move
@@ -456,3 +458,24 @@ def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
     assert "sampled outputs' evidence" in reasons["greedy-sampled"]
     assert "sampled outputs' evidence" in reasons["cold"]
     assert "greedy token(s) lost" in reasons["noise"]
+
+
+def test_selective_is_honest_on_challenges_only(cheats: dict[str, Any],
+                                                honest: TextEngine) -> None:
+    """On a challenge drawn as the committee draws it the selective miner is exactly
+    honest (so challenges alone never catch it); on client prompts it is the substitute."""
+    import random
+
+    from verifier.challenges import draw_challenge_set
+
+    cs = draw_challenge_set(1, honest.model_id, "quarry-tiny", ["0x" + "11" * 20],
+                            requests=16, max_tokens=16, rng=random.Random(3))
+    reqs = [honest.request_from_line(line) for line in cs.challenges[0].lines]
+    sel = cheats["selective"]
+    assert all(sel.looks_like_challenge(r) for r in reqs)
+    assert sel.generate(reqs) == honest.generate(reqs)
+    client = [GenerationRequest(honest.encode_chat([{"role": "user", "content": p}]), 16)
+              for p in ("Summarise my meeting notes from Tuesday", "Draft a polite reminder",
+                        "Which of these invoices is overdue?", "Rewrite this more briefly")]
+    assert not any(sel.looks_like_challenge(r) for r in client)
+    assert sel.generate(client) == cheats["substitute"].generate(client)

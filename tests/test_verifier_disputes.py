@@ -625,3 +625,61 @@ def test_greedy_margin_is_checked(devnet: Any) -> None:
     with pytest.raises(QuarryError, match="greedy_margin"):
         DisputeDesk(devnet.q, devnet.verifiers[0], MarketAPI("http://127.0.0.1:9"), None,  # type: ignore[arg-type]
                     greedy_margin=-1.0)
+
+
+# ---------------------------------------------------------------------------- audits
+
+
+def test_audits_catch_a_miner_honest_only_on_challenges(
+        devnet: Any, stack: Stack, engine: Any, model_dir: Path,
+        tmp_path: Path) -> None:
+    """A `selective` miner (honest on what looks like a challenge, a cheaper model on client
+    prompts) serves a client task; so does an honest one. The sitting members audit every
+    shard (rate 10000 bps): the honest shard passes, the selective one fails, one auditor
+    disputes it at its own bond, the committee resolves it at fault (collateral slashed,
+    budget back to the client) and the chain's record of faults, which the committee's next
+    report counts as an abnormal epoch, names the miner. A desk at rate 0 audits nothing."""
+    from miner.cheats import cheating_engine
+    from miner.worker import Worker
+    from verifier.audits import AuditDesk, audit_draw
+    from verifier.committee import chain_faults
+
+    q, api, mid = devnet.q, stack.api, engine.model_id
+    honest, cheat = register_miner(devnet, 14, mid), register_miner(devnet, 15, mid)
+    start = q.chain.timestamp()
+    selective = cheating_engine("selective", engine, model_dir, cache_dir=tmp_path / "cheats")
+    t_honest = post_task(devnet, api, mid, batch(3, "Please summarise: "))
+    t_cheat = post_task(devnet, api, mid, batch(3, "Please summarise: "))
+    for miner, eng, task_id in ((honest, engine, t_honest), (cheat, selective, t_cheat)):
+        worker = Worker(account=miner, quarry=q, engines={mid: eng}, store=api, progress=False)
+        assert worker.process_shard(task_id, 0).submitted
+
+    events: list[str] = []
+    idle = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=0)
+    idle.step()
+    assert idle.cases == {} and idle.drawn >= 2
+    auditors = [AuditDesk(q, v, api, stack.scorer, rate_bps=10_000, stagger_s=0,
+                          on_event=events.append) for v in devnet.verifiers[1:]]
+    for desk in auditors:
+        desk.step()
+    cases = {k: c for desk in auditors for k, c in desk.cases.items() if k[0] in (t_honest,
+                                                                                 t_cheat)}
+    assert cases[t_honest, 0].status == "passed"
+    assert {desk.cases[t_cheat, 0].status for desk in auditors} == {"disputed", "closed"}
+    disputes = [d for d in (desk.cases[t_cheat, 0].dispute_id for desk in auditors) if d]
+    assert len(disputes) == 1  # the others found it disputed already: one bond, not three
+    dispute_id = disputes[0]
+    d = q.arbitration.get_dispute(dispute_id)
+    assert to_checksum_address(d.opener) in {v.address for v in devnet.verifiers[1:]}
+    assert any("FAILED" in e for e in events)
+
+    desks = [DisputeDesk(q, v, api, stack.scorer) for v in devnet.verifiers]
+    for desk in desks:
+        desk.step()
+    assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.MINER_AT_FAULT
+    assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
+    assert q.gpu.miner_info(cheat.address).stake < STAKE
+    assert chain_faults(q, start, q.chain.timestamp() + 1) == {cheat.address}
+    # The draw is a pure function of the submission's block: every member draws alike.
+    seed_block = q.chain.w3.eth.get_block("latest")["hash"]
+    assert audit_draw(seed_block, 1, 0) == audit_draw(seed_block, 1, 0) < 10_000

@@ -149,6 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from market.errors import ConfigError, QuarryError
     from market.model.manifest import load_manifest
     from market.service.api import MarketError
+    from verifier.audits import AuditDesk
     from verifier.committee import CommitteeMember
     from verifier.disputes import DisputeDesk
     from verifier.scoring_worker import ScoringClient, start_scoring_worker
@@ -187,6 +188,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         desk = DisputeDesk(q, account, market, scorer, greedy_margin=cfg.greedy_margin,
                            model_id=manifest.model_id,
                            lie=cfg.test_mode == "lie")
+        audits = AuditDesk(q, account, market, scorer, rate_bps=cfg.audit_rate_bps,
+                           greedy_margin=cfg.greedy_margin, model_id=manifest.model_id,
+                           on_event=lambda line: print(line, flush=True))
         print(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
               f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
               f"worker(s) on {queue}; Ctrl-C stops", file=sys.stderr, flush=True)
@@ -194,7 +198,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # member says once why it waits, and the desk still votes on disputes its old seat
         # judges.
         while True:
-            for part in (member.step, desk.step):
+            parts = (member.step, desk.step) if cfg.test_mode else (
+                member.step, desk.step, audits.step)  # Byzantine test members audit nothing
+            for part in parts:
                 try:
                     part()
                 except (ChainError, MarketError, QuarryError) as exc:

@@ -19,9 +19,12 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
 3. Every member fetches and checks the same answers, re-scores them on its own scorers and
    posts an observation: its scores, and the missing answers it confirms on-chain.
 4. The leader builds the report: new reputations from the previous evidence, the proposed
-   scores, and a missing answer counted (score 0) only when members holding more than a
-   third of the epoch's weight confirmed it. Evidence goes to the store (evidenceRoot = its
-   sha256).
+   scores, a missing answer counted (score 0) only when members holding more than a
+   third of the epoch's weight confirmed it, and a score of 0 for every miner found at
+   fault on-chain during epoch e-1 (a dispute resolved at fault, whoever opened it: a
+   client, an arbiter or an auditor of client traffic; an unanswered availability
+   challenge; a proven billing fault), read from the chain by every member alike.
+   Evidence goes to the store (evidenceRoot = its sha256).
 5. Members co-sign the report only if every score is within the tolerance of their own and
    the reputations follow from the rules; any member holding signatures of e's committee
    that weigh a quorum submits it. Reports go in epoch order: once a newer epoch is
@@ -180,6 +183,8 @@ class CommitteeMember:
         self._slashed: set[str] = set()
         self._scored: dict[int, list[ChallengeScore]] = {}  # task id -> per-request scores
         self._snapshots: dict[int, Snapshot] = {}
+        self._fault_cache: dict[int, dict[str, int | None]] = {}
+        self._block_times: dict[int, int] = {}
         self._said = ""  # the last membership note (logged once until it changes)
         self._clock: tuple[int, int] | None = None  # (genesis, epoch duration)
 
@@ -553,7 +558,7 @@ class CommitteeMember:
                         snap: Snapshot) -> None:
         self._proposed_epochs.add(epoch)
         observations = self._messages(OBSERVATION, epoch, authors=snap.weights)
-        scores = epoch_scores(proposal, observations, snap.weights)
+        scores = epoch_scores(proposal, observations, snap.weights) | self._faults(epoch)
         prev_epoch, records, changed = self._next_records(epoch, scores)
         doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
                "proposal": proposal, "observations": observations,
@@ -605,7 +610,7 @@ class CommitteeMember:
                 if own is None or abs(own - s) > self.tolerance_bps:
                     raise QuarryError(f"{miner}: the leader's score {s} bps is not within "
                                       f"{self.tolerance_bps} bps of mine ({own})")
-            _, _, changed = self._next_records(epoch, scores)
+            _, _, changed = self._next_records(epoch, scores | self._faults(epoch))
             miners = sorted(changed, key=lambda a: int(a, 16))
             expected = (tuple(miners), tuple(changed[m].reputation_bps for m in miners))
             if (report.miners, report.scores_bps) != expected or report.epoch != epoch:
@@ -646,6 +651,17 @@ class CommitteeMember:
                 return
             log.info("report of epoch %d: %s", epoch, exc)  # another member was first
         self._reported_epochs.add(epoch)
+
+    def _faults(self, epoch: int) -> dict[str, int | None]:
+        """Score 0 for every registered miner found at fault on-chain during epoch - 1
+        (`chain_faults`); the same for every member, since that epoch is over."""
+        if epoch not in self._fault_cache:
+            c = self.q.committee
+            start, end = c.epoch_start(epoch - 1), c.epoch_start(epoch)
+            found = chain_faults(self.q, start, end, self._block_times) if epoch > 0 else set()
+            self._fault_cache[epoch] = {m: 0 for m in sorted(found)
+                                        if self.q.gpu.miner_info(m).active}
+        return dict(self._fault_cache[epoch])
 
     # ------------------------------------------------------------------ disputes, slashing
     def _dispute_faults(self, posted: list[PostedChallenge], cs: ChallengeSet,
@@ -799,6 +815,30 @@ class CommitteeMember:
                               f"{report.epoch}: its stake is slashed")
             except ContractRevert as exc:
                 log.info("equivocation proof against %s: %s", msg["author"], exc)
+
+
+def chain_faults(q: Quarry, start: int, end: int, block_times: dict[int, int] | None = None
+                 ) -> set[str]:
+    """Miners found at fault by the chain in blocks stamped [start, end): disputes resolved
+    at fault, availability challenges settled unanswered, billing faults proven.
+    `block_times` caches block timestamps across calls."""
+    times = {} if block_times is None else block_times
+
+    def inside(ev: Mapping[str, Any]) -> bool:
+        n = int(ev["blockNumber"])
+        if n not in times:
+            times[n] = int(q.chain.w3.eth.get_block(n)["timestamp"])
+        return start <= times[n] < end
+
+    arb, since = q.arbitration, q.deployment.deploy_block
+    found = {q.arbitration.get_dispute(int(ev["disputeId"])).miner
+             for ev in arb.events("DisputeResolved", since)
+             if ev["minerAtFault"] and inside(ev)}
+    found |= {arb.get_challenge(int(ev["challengeId"])).miner
+              for ev in arb.events("AvailabilityUnanswered", since) if inside(ev)}
+    found |= {q.tasks.get_shard(int(ev["taskId"]), int(ev["shard"])).miner
+              for ev in arb.events("BillingFaultProven", since) if inside(ev)}
+    return {to_checksum_address(m) for m in found}
 
 
 def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]],

@@ -14,6 +14,7 @@ variables, then command-line flags (each later source overrides the earlier).
     challenge_max_tokens = 64
     tolerance_bps = 500                   # co-sign when |own score - leader's| <= this
     greedy_margin = 0.01                  # nats a greedy token may lose to the argmax by
+    audit_rate_bps = 1000                 # share of client shards re-scored (audits)
     state_dir = "~/.quarry/verifier"      # what this verifier signed (never equivocate)
 
     [verifier.reputation]                 # verifier.reputation.ReputationParams
@@ -65,6 +66,7 @@ class VerifierConfig:
     challenge_max_tokens: int = 64
     tolerance_bps: int = 500
     greedy_margin: float = 0.01  # verifier.scoring.GREEDY_MARGIN; raise it for bf16 GPUs
+    audit_rate_bps: int = 1000  # verifier.audits.DEFAULT_AUDIT_RATE_BPS
     state_dir: Path | None = None
     test_mode: str = ""
     reputation: dict[str, Any] = field(default_factory=dict)
@@ -123,7 +125,7 @@ def _convert(name: str, value: Any, base: Path | None) -> Any:
         return as_number(value, name, int, 1, ROLE)
     if name == "greedy_margin":
         return as_number(value, name, float, 0.0, ROLE)
-    if name == "tolerance_bps":
+    if name in ("tolerance_bps", "audit_rate_bps"):
         number = as_number(value, name, int, 0, ROLE)
         if number > 10_000:
             raise ConfigError(f"verifier setting {name}: {value!r} must be at most 10000")

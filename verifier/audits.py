@@ -1,0 +1,221 @@
+"""Audits of client traffic: the committee re-scores a random sample of client shards while
+their challenge windows are open, so a miner honest only on the committee's challenges is
+still caught on the work clients pay for.
+
+`AuditDesk.step()` is one pass of the loop `verifier run` drives. While this verifier sits
+in the current committee it:
+
+1. reads the `ResultSubmitted` events since it last looked;
+2. draws each submitted shard: audited when `audit_draw(hash of the submission's block,
+   taskId, shard) < audit_rate_bps`. The block hash is fixed only once the submission is
+   mined, so the miner cannot know, when it decides how to serve a shard, whether it will
+   be audited (a miner that also produces the block could grind it; on a public chain use
+   a later block's RANDAO value);
+3. judges every drawn shard of a task over its own model with `verifier.shards.ShardJudge`
+   (the miner's own document, all of the shard's outputs, `verifier.scoring.judge`);
+4. disputes a failing shard at once, as an auditor (Arbitration lets any sitting member
+   dispute, at its own bond), naming its most suspicious output. Every honest member finds
+   the same failure; to spare the others' bonds and gas they take turns: members are ranked
+   by a hash of the draw and their address, and the member of rank r acts only `r *
+   stagger_s` seconds after the submission if the shard is still undisputed. A withheld
+   document is challenged for availability first (unanswered: the miner is slashed when
+   the challenge is settled; answered but still withheld: disputed).
+
+The committee then judges the dispute like any other, and an at-fault verdict counts in
+the miner's reputation (`verifier.committee`). A passing audit costs the miner nothing; a
+failing one costs the shard's budget, its collateral and (being a fault) an abnormal epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import keccak, to_checksum_address
+
+from market.chain.contracts import ChallengeStatus, ShardState
+from market.errors import QuarryError
+from market.jobs import (
+    DisputeNotPossible,
+    challenge_availability,
+    challenge_info,
+    open_dispute,
+    wait_challenge,
+)
+from market.service.api import MarketAPI
+from verifier.scoring import GREEDY_MARGIN
+from verifier.shards import DisputeDeferred, ShardJudge, ShardVerdict
+
+if TYPE_CHECKING:
+    from market.chain.deploy import Quarry
+    from verifier.scoring_worker import ScoringClient
+
+log = logging.getLogger("verifier.audits")
+
+AUDIT_DOMAIN = b"quarry-audit-v1\x00"
+BPS = 10_000
+DEFAULT_AUDIT_RATE_BPS = 1000
+"""One client shard in ten: see the README's audit arithmetic for what that costs a cheat."""
+
+
+def audit_seed(block_hash: bytes, task_id: int, shard: int) -> bytes:
+    """The draw's randomness for one submitted shard: fixed once its block is mined."""
+    return keccak(AUDIT_DOMAIN + bytes(block_hash) + int(task_id).to_bytes(32, "big")
+                  + int(shard).to_bytes(4, "big"))
+
+
+def audit_draw(block_hash: bytes, task_id: int, shard: int) -> int:
+    """A number in [0, 10000): the shard is audited when it is below the audit rate (bps)."""
+    return int.from_bytes(audit_seed(block_hash, task_id, shard)[:8], "big") % BPS
+
+
+def audit_rank(seed: bytes, member: str, members: list[str]) -> int:
+    """This member's turn among `members` for acting on a failed audit (0 acts first)."""
+    order = sorted(members, key=lambda m: keccak(seed + bytes.fromhex(m[2:].lower())))
+    return order.index(member) if member in order else len(order)
+
+
+@dataclass
+class AuditCase:
+    """One drawn shard: where its audit stands (`status`: pending, passed, failed, disputed,
+    challenged, settled, closed) and what this member did."""
+
+    task_id: int
+    shard: int
+    seed: bytes
+    submitted_at: int
+    window_end: int
+    status: str = "pending"
+    reason: str = ""
+    dispute_id: int | None = None
+    challenge_id: int | None = None
+    answered: bool = False  # an availability challenge of ours was answered
+
+
+class AuditDesk:
+    """One committee member's audits of client traffic (see the module doc)."""
+
+    def __init__(self, q: Quarry, account: LocalAccount, market: MarketAPI,
+                 scorer: ScoringClient, *, rate_bps: int = DEFAULT_AUDIT_RATE_BPS,
+                 greedy_margin: float = GREEDY_MARGIN, model_id: bytes | None = None,
+                 stagger_s: int = 3, on_event: Callable[[str], None] | None = None) -> None:
+        if isinstance(rate_bps, bool) or not isinstance(rate_bps, int) \
+                or not 0 <= rate_bps <= BPS:
+            raise QuarryError(f"audit rate must be 0..10000 bps, got {rate_bps!r}")
+        self.q, self.account, self.market = q, account, market
+        self.me = to_checksum_address(account.address)
+        self.rate_bps = rate_bps
+        self.stagger_s = stagger_s
+        self.judge = ShardJudge(q, market, scorer, greedy_margin=greedy_margin,
+                                model_id=model_id)
+        self.on_event = on_event or (lambda line: log.info("%s", line))
+        self.cases: dict[tuple[int, int], AuditCase] = {}
+        self._verdicts: dict[tuple[int, int], ShardVerdict] = {}  # failed audits
+        self.drawn = 0  # shards this desk has drawn (audited or not)
+        self._scan_from = q.deployment.deploy_block
+
+    def step(self) -> None:
+        """Draw the new submissions, then move every open audit one step."""
+        self._discover()
+        epoch = self.q.committee.current_epoch()
+        if self.q.committee.weight_at(self.me, epoch) == 0:
+            return  # audits are a sitting member's duty (and right)
+        now = self.q.chain.timestamp()
+        for case in list(self.cases.values()):
+            if case.status in ("passed", "disputed", "settled", "closed"):
+                continue
+            try:
+                self._advance(case, now, epoch)
+            except DisputeDeferred as exc:
+                log.info("audit of task %d shard %d deferred: %s", case.task_id, case.shard,
+                         exc)
+            except QuarryError as exc:
+                log.warning("audit of task %d shard %d: %s", case.task_id, case.shard, exc)
+
+    # ------------------------------------------------------------------ internals
+    def _discover(self) -> None:
+        head = self.q.chain.block_number()
+        if head < self._scan_from:
+            return
+        w3 = self.q.chain.w3
+        for ev in self.q.tasks.events("ResultSubmitted", self._scan_from):
+            key = (int(ev["taskId"]), int(ev["shard"]))
+            if key in self.cases:
+                continue
+            block = w3.eth.get_block(int(ev["blockNumber"]))
+            seed = audit_seed(bytes(block["hash"]), *key)
+            self.drawn += 1
+            if int.from_bytes(seed[:8], "big") % BPS >= self.rate_bps:
+                continue
+            self.cases[key] = AuditCase(*key, seed=seed, submitted_at=int(block["timestamp"]),
+                                        window_end=int(ev["windowEnd"]))
+        self._scan_from = head + 1
+
+    def _advance(self, case: AuditCase, now: int, epoch: int) -> None:
+        if case.challenge_id is not None:
+            self._follow_challenge(case)
+            return
+        shard = self.q.tasks.get_shard(case.task_id, case.shard)
+        if shard.state != ShardState.SUBMITTED or now >= shard.window_end:
+            case.status, case.reason = "closed", f"shard {shard.state.name.lower()}"
+            return
+        if case.status == "pending":
+            task = self.q.tasks.get_task(case.task_id)
+            if task.model_id != self.judge.model_id:
+                case.status, case.reason = "closed", "another model"
+                return
+            verdict = self.judge.judge(case.task_id, case.shard)
+            if not verdict.fault:
+                case.status, case.reason = "passed", verdict.reason
+                self.on_event(f"audit of task {case.task_id} shard {case.shard} "
+                              f"(miner {shard.miner}): {verdict.reason}")
+                return
+            case.status, case.reason = "failed", verdict.reason
+            self.on_event(f"audit of task {case.task_id} shard {case.shard} (miner "
+                          f"{shard.miner}) FAILED: {verdict.reason}")
+            self._verdicts[case.task_id, case.shard] = verdict
+        members = sorted(self.q.committee.weights_at(epoch), key=lambda a: int(a, 16))
+        rank = audit_rank(case.seed, self.me, members)
+        if now < case.submitted_at + rank * self.stagger_s:
+            return  # another member's turn first
+        self._act(case, self._verdicts[case.task_id, case.shard])
+
+    def _act(self, case: AuditCase, verdict: ShardVerdict) -> None:
+        try:
+            if verdict.withheld and not case.answered:
+                case.challenge_id = challenge_availability(self.q, self.account, case.task_id,
+                                                           verdict.start)
+                case.status = "challenged"
+                self.on_event(f"audit: challenged the availability of task {case.task_id} "
+                              f"shard {case.shard} (challenge {case.challenge_id})")
+                return
+            index = verdict.most_suspicious(self.judge.greedy_margin)
+            case.dispute_id = open_dispute(self.q, self.account, self.market, case.task_id,
+                                           index)
+        except DisputeNotPossible as exc:  # another member was first, or the window closed
+            case.status, case.reason = "closed", str(exc)
+            return
+        case.status = "disputed"
+        self.on_event(f"audit: disputed task {case.task_id} shard {case.shard} at request "
+                      f"{index} (dispute {case.dispute_id})")
+
+    def _follow_challenge(self, case: AuditCase) -> None:
+        """Settle this desk's availability challenge once unanswered past its deadline; an
+        answered one is judged again (a document still withheld is then disputed)."""
+        assert case.challenge_id is not None
+        info = challenge_info(self.q, case.challenge_id)
+        if info.status == ChallengeStatus.OPEN:
+            if self.q.chain.timestamp() < info.deadline:
+                return
+            info = wait_challenge(self.q, info.challenge_id, settle_as=self.account)
+        if info.status == ChallengeStatus.UNANSWERED:
+            case.status, case.reason = "settled", info.outcome()
+            self.on_event(f"audit: availability challenge {case.challenge_id} unanswered: "
+                          f"{info.outcome()}")
+        elif info.status == ChallengeStatus.ANSWERED:
+            # Judge the shard again: a document still withheld is now disputed, the
+            # answered receipt being the disputed one.
+            case.challenge_id, case.status, case.answered = None, "pending", True
