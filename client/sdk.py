@@ -73,8 +73,8 @@ from market.jobs import (
 )
 from market.protocol.merkle import input_tree
 from market.protocol.requests import validate_request
-from market.protocol.results import ResultCheckFailed
-from market.service.api import MarketAPI
+from market.protocol.results import ResultCheckFailed, check_finish_reason
+from market.service.api import MarketAPI, MarketError
 from market.store import ContentNotFound
 
 __all__ = [
@@ -612,6 +612,7 @@ class Job:
         self.submission: TxResult | None = None  # set when this Job posted the task
         self._batch: Batch | None = None
         self._task: Task | None = None
+        self._stops: dict[bytes, frozenset[int] | None] = {}  # model id -> its stop tokens
 
     def __repr__(self) -> str:
         return f"Job(task_id={self.task_id})"
@@ -770,9 +771,15 @@ class Job:
             raise self._with_remedy(exc, k) from None
         miner = to_checksum_address(s.miner)
         chain_id, registry = self._q.chain.chain_id, self._q.tasks.address
+        stop_ids = self._stop_ids(t)
         outputs = []
         for item in items:
             request = batch.requests[item.index].request  # our own line, not the miner's copy
+            cap = min(int(request["body"]["max_tokens"]), t.max_tokens_per_request)
+            try:
+                check_finish_reason(item, cap, stop_ids)
+            except ResultCheckFailed as exc:
+                raise self._with_remedy(exc, k) from None
             outputs.append(Output(
                 task_id=self.task_id, shard=k, index=item.index,
                 custom_id=str(request["custom_id"]), url=str(request["url"]),
@@ -782,6 +789,22 @@ class Job:
                 created=s.submitted_at, result_uri=s.result_uri, chain_id=chain_id,
                 task_registry=registry))
         return outputs
+
+    def _stop_ids(self, t: Task) -> frozenset[int] | None:
+        """The model's stop tokens from its manifest on the market, checked to hash to the
+        task's modelId (None when the market has no manifest for it: finish reasons are then
+        checked against lengths only)."""
+        if t.model_id not in self._stops:
+            from market.model.manifest import Manifest, ModelError
+
+            self._stops[t.model_id] = None
+            try:
+                m = Manifest.from_dict(self.client.market.model("0x" + t.model_id.hex()))
+                if m.model_id == t.model_id:
+                    self._stops[t.model_id] = m.stop_token_ids
+            except (MarketError, ModelError):
+                pass
+        return self._stops[t.model_id]
 
     def _with_remedy(self, exc: ResultCheckFailed, k: int) -> ResultCheckFailed:
         """The same failed check, its message ending with what the client can do about it."""

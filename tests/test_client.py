@@ -130,7 +130,7 @@ def serve_shard(devnet: Any, market: Market, task_id: int, shard: int, miner: An
     start, end = q.tasks.shard_range(task_id, shard)
     requests = parse_jsonl(market.api.get(task.input_uri))[start:end]
     completions = [Completion(r.index, r.custom_id, r.request_hash, f"answer {r.index} é",
-                              tuple(range(100, 100 + r.index % 3 + 1)), "length", 2)
+                              tuple(range(100, 100 + r.index % 3 + 1)), "stop", 2)
                    for r in requests]
     doc = build_shard_result(task_id=task_id, shard=shard, model_id=task.model_id,
                              completions=completions, private_key=miner.key,
@@ -164,6 +164,12 @@ def bad_proof(doc: ShardResult, devnet: Any) -> ShardResult:
     node = it.proof[0]
     first = SumNode(bytes([node.hash[0] ^ 1]) + node.hash[1:], node.sum)
     return _items(doc, 1, proof=(first, *it.proof[1:]))
+
+
+def lying_finish(doc: ShardResult, devnet: Any) -> ShardResult:
+    """Request 1 (2 of its 4 tokens) claims it ran out of length: signed and proven like any
+    other item, since finish_reason is not in the receipt, but not what an engine reports."""
+    return _items(doc, 1, finish_reason="length")
 
 
 def over_billed(index: int, tokens: int) -> Tamper:
@@ -304,6 +310,7 @@ def test_name_resolution_and_prompt_defaults(devnet: Any, market: Market) -> Non
     (altered_text, "output hash", "dispute"),
     (bad_proof, "merkle proof", "challenge"),  # an unproven receipt cannot be disputed
     (over_billed(1, 4), "token count", "prove-billing"),
+    (lying_finish, "finish reason", "dispute"),
 ])
 def test_tampered_results_are_rejected_naming_the_check_and_remedy(
         devnet: Any, market: Market, tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -4,6 +4,7 @@ trip through its bytes, and each tampering fails the check it should, naming it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from eth_account import Account
@@ -108,3 +109,39 @@ def test_tampered_output_and_foreign_signature_fail_by_name() -> None:
     with pytest.raises(ResultCheckFailed, match="signature check failed"):
         verify(foreign)
     assert output_hash("answer 0", (1,)) == r.output_hash
+
+
+def test_finish_reason_must_match_the_tokens() -> None:
+    """"length" means max_tokens tokens, "stop" a final stop token (when the model's stop ids
+    are known, from its manifest), nothing else; every lie names the check and request."""
+    from market.model.manifest import Manifest
+    from market.protocol.results import check_finish_reason
+
+    item = build().items[1]
+    stops = frozenset({2})
+
+    def check(ids: tuple[int, ...], reason: str, cap: int, stop_ids: Any = stops) -> None:
+        check_finish_reason(dataclasses.replace(item, token_ids=ids, finish_reason=reason),
+                            cap, stop_ids)
+
+    check((5, 6, 7), "length", 3)
+    check((5, 2), "stop", 3)
+    check((5, 6, 2), "stop", 3)  # a stop token at the last position is still "stop"
+    check((5, 6), "stop", 3, None)  # stop ids unknown: only lengths are checked
+    check((), "length", 0)
+    for ids, reason, cap, message in [
+        ((5, 6), "length", 3, "finish_reason 'length' after 2 of 3 tokens"),
+        ((5, 6), "stop", 3, "does not end with a stop token"),
+        ((), "stop", 3, "does not end with a stop token"),
+        ((2, 6, 2), "stop", 3, "a stop token before the end"),
+        ((5, 6, 2), "length", 3, "'length' but the output ends with a stop token"),
+        ((5, 6, 7), "content_filter", 3, "neither 'stop' nor 'length'"),
+    ]:
+        with pytest.raises(ResultCheckFailed, match=message) as info:
+            check(ids, reason, cap)
+        assert info.value.check == "finish reason" and info.value.index == item.index
+
+    arch = {"model_type": "llama", "eos_token_id": 2}
+    assert Manifest("m", arch).stop_token_ids == frozenset({2})
+    assert Manifest("m", {**arch, "eos_token_id": [2, 9]}).stop_token_ids == frozenset({2, 9})
+    assert Manifest("m", {"model_type": "llama"}).stop_token_ids is None

@@ -100,6 +100,18 @@ class Manifest:
     def model_id_hex(self) -> str:
         return "0x" + self.model_id.hex()
 
+    @property
+    def stop_token_ids(self) -> frozenset[int] | None:
+        """The architecture's `eos_token_id` (one id or a list): the tokens a completion may
+        end with and must not contain before its end. None when the config names none."""
+        eos = self.architecture.get("eos_token_id")
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            return frozenset([eos])
+        if isinstance(eos, list) and eos and all(
+                isinstance(e, int) and not isinstance(e, bool) for e in eos):
+            return frozenset(eos)
+        return None
+
     @classmethod
     def from_dict(cls, data: Any, source: str = "manifest") -> Manifest:
         if not isinstance(data, dict):

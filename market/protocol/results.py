@@ -204,6 +204,31 @@ def receipt_proven(receipt: Receipt, proof: Sequence[SumNode], *, result_root: b
                             receipt_leaf(receipt), proof)
 
 
+def check_finish_reason(item: ResultItem, max_tokens: int,
+                        stop_ids: frozenset[int] | None = None) -> None:
+    """Raise `ResultCheckFailed` ("finish reason") when `item.finish_reason` does not match
+    its tokens: the engines stop at a stop token ("stop", the token kept as the last id) or
+    after `max_tokens` tokens ("length"). `max_tokens` is the request's own cap (after the
+    task's); `stop_ids`, when known (the model manifest's eos ids), are checked too."""
+    ids, reason, i = item.token_ids, item.finish_reason, item.index
+    if reason not in ("stop", "length"):
+        raise ResultCheckFailed("finish reason", f"finish_reason {reason!r} is neither 'stop' "
+                                "nor 'length'", index=i)
+    ended = bool(ids) and (stop_ids is None or ids[-1] in stop_ids)
+    if reason == "length" and len(ids) != max_tokens:
+        raise ResultCheckFailed("finish reason", f"finish_reason 'length' after {len(ids)} of "
+                                f"{max_tokens} tokens", index=i)
+    if reason == "stop" and max_tokens > 0 and not ended:
+        raise ResultCheckFailed("finish reason", "finish_reason 'stop' but the output does not "
+                                "end with a stop token", index=i)
+    if stop_ids is not None and any(t in stop_ids for t in ids[:-1]):
+        raise ResultCheckFailed("finish reason", "a stop token before the end of the output",
+                                index=i)
+    if reason == "length" and stop_ids is not None and ids and ids[-1] in stop_ids:
+        raise ResultCheckFailed("finish reason", "finish_reason 'length' but the output ends "
+                                "with a stop token", index=i)
+
+
 def verify_shard_result(
     result: ShardResult,
     *,
