@@ -579,7 +579,7 @@ def test_no_vote_while_the_scorer_does_not_answer(devnet: Any, stack: Stack, eng
         cut_off.step()
         assert cut_off.open == {dispute_id} and not cut_off.votes and not cut_off.verdicts
     # With a scorer that answers, the same desk votes (a hand-made output: at fault).
-    desk.scorer = stack.scorer
+    desk.shards.scorer = stack.scorer
     desk.step()
     assert desk.votes[dispute_id].miner_at_fault is True
     assert [m["author"] for m in votes_on(api, desk.account, dispute_id)] == [desk.address]

@@ -144,7 +144,6 @@ class DisputeDesk:
         self.account = account
         self.address = account.address
         self.market = market
-        self.scorer = scorer
         self.shards = ShardJudge(q, market, scorer, greedy_margin=greedy_margin,
                                  model_id=model_id)
         self.lie = lie
