@@ -46,6 +46,13 @@ struct MinerInfo {
 /// after `probationEpochs` consecutive committee reports at or above `probationPassBps`.
 /// Only externally owned accounts may register: receipts are checked with ECDSA, and a
 /// contract account could not sign them (ERC-1271 is not accepted, see the README).
+///
+/// Untrust has consequences beyond lost work: every committee report after the first in a
+/// row that leaves a miner untrusted burns `untrustedSlashBps` of its stake (credited to
+/// `BURN`, which no one can withdraw). An untrusted miner that believes it was wrongly
+/// judged pays `rechallengeFee` (burned too, so asking is never free) to be challenged
+/// again: it goes back on probation, eligible for the committee's challenges (tasks that
+/// allow probation) despite its reputation, until the next report that names it.
 contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     /// @notice Most models one miner may list.
     uint256 public constant MAX_MODELS = 16;
@@ -65,6 +72,13 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     uint16 public probationEpochs = 3;
     /// @notice Least reported reputation that counts as a passing epoch on probation.
     uint16 public probationPassBps = 6000;
+    /// @notice Share of its stake a miner loses for each report after the first in a row
+    /// that leaves it untrusted.
+    uint16 public untrustedSlashBps = 1000;
+    /// @notice Wei an untrusted miner burns to be challenged again ({requestRechallenge}).
+    uint256 public rechallengeFee = 0.01 ether;
+    /// @notice Where burned stake and fees are credited: no key exists for it.
+    address public constant BURN = address(0xdEaD);
 
     address public taskRegistry;
     address public arbitration;
@@ -74,6 +88,10 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     mapping(address miner => MinerInfo) private _miners;
     mapping(address miner => bytes32[]) private _models;
     mapping(address miner => mapping(bytes32 modelId => bool)) private _serves;
+    /// @notice Consecutive committee reports that left the miner untrusted.
+    mapping(address miner => uint16) public untrustedReportsOf;
+    /// @notice True from {requestRechallenge} until the next report naming the miner.
+    mapping(address miner => bool) public rechallengePending;
 
     event TaskRegistrySet(address taskRegistry);
     event ArbitrationSet(address arbitration);
@@ -99,6 +117,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     event ProbationParamsSet(uint16 epochs, uint16 passBps);
     /// @notice `miner` passed probation and may claim every task its reputation allows.
     event ProbationEnded(address indexed miner);
+    event UntrustedPenaltySet(uint16 slashBps, uint256 rechallengeFee);
+    /// @notice An untrusted miner paid `fee` to be challenged again.
+    event RechallengeRequested(address indexed miner, uint256 fee);
 
     error Unauthorized(address caller);
     error NotWired();
@@ -123,6 +144,11 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     error InvalidBps(uint256 bps);
     /// @notice Only externally owned accounts may register (receipts need ECDSA signatures).
     error ContractAccount(address account);
+    /// @notice Only an untrusted miner may ask to be challenged again.
+    error NotUntrusted(address miner, uint16 reputationBps);
+    error RechallengeAlreadyPending(address miner);
+    /// @notice `msg.value` differs from `rechallengeFee`.
+    error WrongFee(uint256 required, uint256 got);
 
     /// @param minStake_ Least stake (wei) to register.
     /// @param unbondingPeriod_ Seconds from {requestExit} to {withdrawStake}.
@@ -200,6 +226,14 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         emit ProbationParamsSet(epochs, passBps);
     }
 
+    /// @notice Sets the stake burned per repeated untrusted report and the re-challenge fee.
+    function setUntrustedPenalty(uint16 slashBps, uint256 fee) external onlyOwner {
+        if (slashBps > BPS) revert InvalidBps(slashBps);
+        untrustedSlashBps = slashBps;
+        rechallengeFee = fee;
+        emit UntrustedPenaltySet(slashBps, fee);
+    }
+
     // ------------------------------------------------------------------ miners
 
     /// @notice Registers the caller as a miner with `msg.value` as stake, on probation (see
@@ -227,6 +261,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         m.registeredAt = uint64(block.timestamp);
         m.onProbation = probationEpochs > 0;
         m.passedEpochs = 0;
+        delete untrustedReportsOf[msg.sender];
+        delete rechallengePending[msg.sender];
         emit MinerRegistered(msg.sender, modelIds, gpu, endpoint, pricePerToken, msg.value);
     }
 
@@ -318,12 +354,25 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         if (beneficiary == address(0)) revert ZeroAddress();
         if (address(escrow) == address(0)) revert NotWired();
         MinerInfo storage m = _miners[miner];
-        slashed = amount < m.stake ? amount : m.stake;
-        if (slashed == 0) return 0;
-        m.stake -= slashed;
-        if (m.locked > m.stake) m.locked = m.stake;
-        emit Slashed(miner, slashed, beneficiary, msg.sender);
-        escrow.credit{value: slashed}(beneficiary);
+        slashed = _slash(m, miner, amount, beneficiary);
+    }
+
+    /// @notice Pays `rechallengeFee` (burned) to be challenged again: an untrusted miner,
+    /// registered and not exiting, goes back on probation and is eligible for tasks that
+    /// allow probation (the committee's challenges) until the next report that names it,
+    /// which then decides as usual. Emits {RechallengeRequested}.
+    function requestRechallenge() external payable nonReentrant onlyRegistered {
+        MinerInfo storage m = _miners[msg.sender];
+        if (m.reputationBps >= untrustedBelowBps) revert NotUntrusted(msg.sender, m.reputationBps);
+        if (m.exitRequestedAt != 0) revert AlreadyExiting(msg.sender);
+        if (rechallengePending[msg.sender]) revert RechallengeAlreadyPending(msg.sender);
+        if (msg.value != rechallengeFee) revert WrongFee(rechallengeFee, msg.value);
+        if (address(escrow) == address(0)) revert NotWired();
+        rechallengePending[msg.sender] = true;
+        m.onProbation = true;
+        m.passedEpochs = 0;
+        emit RechallengeRequested(msg.sender, msg.value);
+        if (msg.value > 0) escrow.credit{value: msg.value}(BURN);
     }
 
     /// @notice Writes `miner`'s reputation from the committee's report of the epoch that
@@ -337,6 +386,12 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         if (!m.active) revert NotRegistered(miner);
         m.reputationBps = bps;
         emit ReputationSet(miner, bps);
+        delete rechallengePending[miner];
+        if (bps >= untrustedBelowBps) {
+            delete untrustedReportsOf[miner];
+        } else if (++untrustedReportsOf[miner] > 1 && address(escrow) != address(0)) {
+            _slash(m, miner, m.stake * untrustedSlashBps / BPS, BURN);
+        }
         if (m.onProbation && epochStart >= m.registeredAt) {
             if (bps < probationPassBps) {
                 m.passedEpochs = 0;
@@ -345,6 +400,20 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
                 emit ProbationEnded(miner);
             }
         }
+    }
+
+    /// @dev Takes up to `amount` of `m`'s stake (never more than it holds; locked collateral
+    /// shrinks with it) and credits it to `beneficiary` through the escrow.
+    function _slash(MinerInfo storage m, address miner, uint256 amount, address beneficiary)
+        private
+        returns (uint256 slashed)
+    {
+        slashed = amount < m.stake ? amount : m.stake;
+        if (slashed == 0) return 0;
+        m.stake -= slashed;
+        if (m.locked > m.stake) m.locked = m.stake;
+        emit Slashed(miner, slashed, beneficiary, msg.sender);
+        escrow.credit{value: slashed}(beneficiary);
     }
 
     // ------------------------------------------------------------------ views
@@ -361,6 +430,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         if (!m.active || m.exitRequestedAt != 0 || m.stake < minStake) return false;
         if (m.onProbation && !allowProbation) return false;
         if (!_serves[miner][modelId]) return false;
+        if (rechallengePending[miner] && allowProbation && minRepBps == 0) return true;
         uint16 floor = minRepBps > untrustedBelowBps ? minRepBps : untrustedBelowBps;
         return m.reputationBps >= floor;
     }

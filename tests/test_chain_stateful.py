@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -240,6 +241,7 @@ class MinerM:
     on_probation: bool
     passed: int
     registered_at: int  # probation counts only reports of epochs starting then or later
+    untrusted: int = 0  # consecutive reports below the untrusted line (GPURegistry's streak)
 
 
 def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
@@ -270,6 +272,8 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
     min_stake, (probation_epochs, pass_bps) = q.gpu.min_stake(), q.gpu.probation_params()
     untrusted_bps, initial_rep = view(q.gpu, "untrustedBelowBps"), view(q.gpu,
                                                                           "initialReputationBps")
+    untrusted_slash_bps = view(q.gpu, "untrustedSlashBps")
+    burn = to_checksum_address(q.chain.call(q.gpu.contract.functions.BURN()))
     stakes = (min_vstake // 2, min_vstake, ETH // 2, ETH, 2 * ETH, 3 * ETH)
 
     def epoch_of(t: int) -> int:
@@ -325,8 +329,10 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 if mi.active:
                     self.miners[m.address] = MinerM(mi.stake, mi.reputation_bps,
                                                     mi.on_probation, mi.passed_epochs,
-                                                    mi.registered_at)
+                                                    mi.registered_at,
+                                                    q.gpu.untrusted_reports_of(m.address))
             self.owed = {a.address: q.escrow.withdrawable(a.address) for a in everyone}
+            self.owed[burn] = q.escrow.withdrawable(burn)  # burned stake lands here
             self.owed_base = q.escrow.total_withdrawable() - sum(self.owed.values())
             self.next_report = vc.next_report_epoch()
             self.now = chain.timestamp()  # the chain time last seen (for cheap target picks)
@@ -1156,6 +1162,9 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 if m is None:
                     continue
                 m.rep = score
+                m.untrusted = m.untrusted + 1 if score < untrusted_bps else 0
+                if m.untrusted > 1:  # a repeated untrusted report burns part of the stake
+                    self._slash(address, m.stake * untrusted_slash_bps // BPS, burn)
                 if not m.on_probation or epoch_start(epoch) < m.registered_at:
                     continue
                 if score < pass_bps:

@@ -273,6 +273,75 @@ describe("GPURegistry", function () {
     });
   });
 
+  describe("consequences of untrust", function () {
+    const BURN = "0x000000000000000000000000000000000000dEaD";
+    it("every report after the first in a row that leaves a miner untrusted burns 10% of its stake; a trusted one resets the count", async function () {
+      const { gpu, escrow, com, miner } = await loadFixture(fixture);
+      const stake = P.minStake * 2n;
+      await gpu.connect(com).setReputation(miner, 3999, LATER); // first: no slash
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(1);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake);
+      const burn1 = stake / 10n;
+      await expect(gpu.connect(com).setReputation(miner, 3500, LATER))
+        .to.emit(gpu, "Slashed").withArgs(miner.address, burn1, BURN, com.address);
+      const burn2 = (stake - burn1) / 10n;
+      await gpu.connect(com).setReputation(miner, 2000, LATER);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - burn1 - burn2);
+      expect(await escrow.withdrawable(BURN)).to.equal(burn1 + burn2);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(3);
+      await gpu.connect(com).setReputation(miner, 4000, LATER);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(0);
+      await gpu.connect(com).setReputation(miner, 3999, LATER); // a new streak starts unpunished
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - burn1 - burn2);
+      await expect(gpu.setUntrustedPenalty(10001, 0)).to.be.revertedWithCustomError(gpu, "InvalidBps").withArgs(10001);
+      await expect(gpu.connect(miner).setUntrustedPenalty(0, 0)).to.be.revertedWithCustomError(gpu, "OwnableUnauthorizedAccount");
+      await expect(gpu.setUntrustedPenalty(0, 5n)).to.emit(gpu, "UntrustedPenaltySet").withArgs(0, 5n);
+      await gpu.connect(com).setReputation(miner, 3999, LATER);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - burn1 - burn2); // 0 bps: none
+    });
+    it("an untrusted miner pays the fee (burned) to be challenged again: back on probation, eligible for challenge-like tasks until the next report", async function () {
+      const { gpu, escrow, com, miner, alice } = await loadFixture(fixture);
+      const fee = await gpu.rechallengeFee();
+      expect(fee).to.equal(ethers.parseEther("0.01"));
+      await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
+        .to.be.revertedWithCustomError(gpu, "NotUntrusted").withArgs(miner.address, P.initialRepBps);
+      await expect(gpu.connect(alice).requestRechallenge({ value: fee }))
+        .to.be.revertedWithCustomError(gpu, "NotRegistered").withArgs(alice.address);
+      await gpu.connect(com).setReputation(miner, 3000, LATER);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false);
+      await expect(gpu.connect(miner).requestRechallenge({ value: fee - 1n }))
+        .to.be.revertedWithCustomError(gpu, "WrongFee").withArgs(fee, fee - 1n);
+      await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
+        .to.emit(gpu, "RechallengeRequested").withArgs(miner.address, fee);
+      expect(await escrow.withdrawable(BURN)).to.equal(fee);
+      await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
+        .to.be.revertedWithCustomError(gpu, "RechallengeAlreadyPending").withArgs(miner.address);
+      expect(await gpu.onProbation(miner)).to.equal(true);
+      expect(await gpu.rechallengePending(miner)).to.equal(true);
+      // eligible for the committee's challenges (probation allowed, no reputation floor) only
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
+      expect(await gpu.isEligible(miner, MODEL, 5000, true)).to.equal(false);
+      expect(await gpu.isEligible(miner, OTHER_MODEL, 0, true)).to.equal(false);
+      // the next report decides: passed, it is trusted again (still on probation)
+      await gpu.connect(com).setReputation(miner, 5450, LATER);
+      expect(await gpu.rechallengePending(miner)).to.equal(false);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false); // probation
+      // failed again: untrusted, the streak goes on (second in a row: stake burned)
+      await gpu.connect(com).setReputation(miner, 3000, LATER);
+      await gpu.connect(miner).requestRechallenge({ value: fee });
+      const before = (await gpu.minerInfo(miner)).stake;
+      await gpu.connect(com).setReputation(miner, 2100, LATER);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(before - before / 10n);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false);
+      // exiting miners cannot ask
+      await gpu.connect(miner).requestExit();
+      await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
+        .to.be.revertedWithCustomError(gpu, "AlreadyExiting").withArgs(miner.address);
+    });
+  });
+
   describe("reputation and eligibility", function () {
     it("setReputation is committee only and bounded", async function () {
       const { gpu, com, tr, miner, alice } = await loadFixture(fixture);

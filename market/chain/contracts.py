@@ -274,6 +274,21 @@ class GPURegistry(QuarryContract):
     def is_registered(self, miner: str) -> bool:
         return bool(self._call("isRegistered", to_checksum_address(miner)))
 
+    def untrusted_reports_of(self, miner: str) -> int:
+        """Consecutive committee reports that left `miner` untrusted (from the second on,
+        each burned `untrustedSlashBps` of its stake)."""
+        return int(self._call("untrustedReportsOf", to_checksum_address(miner)))
+
+    def rechallenge_pending(self, miner: str) -> bool:
+        return bool(self._call("rechallengePending", to_checksum_address(miner)))
+
+    def rechallenge_fee(self) -> int:
+        return int(self._call("rechallengeFee"))
+
+    def request_rechallenge(self, sender: LocalAccount, fee: int) -> TxResult:
+        """An untrusted miner pays `fee` (burned) to be challenged again."""
+        return self._tx(sender, "requestRechallenge", value=fee)
+
     def miner_info(self, miner: str) -> MinerInfo:
         return _struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
 
