@@ -119,6 +119,18 @@ def cmd_exit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rechallenge(args: argparse.Namespace) -> int:
+    from miner.status import request_rechallenge
+
+    cfg = _load(args)
+    account = cfg.account()
+    fee = request_rechallenge(_connect(cfg), account)
+    print(f"re-challenge requested: {account.address} paid {fee} wei (burned) and is back on "
+          "probation; the committee's next challenge set includes it, and the report after "
+          "it decides whether it is trusted again")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="miner", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -157,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where copies of submitted results are kept to answer availability "
                    "challenges (default $QUARRY_HOME/miner)")
     p.add_argument("--test-mode", metavar="MODE",
-                   help="CHEAT ON PURPOSE, for tests and benchmarks only: substitute, perturb, "
-                   "random or wrong-prompt (see miner/cheats.py)")
+                   help="CHEAT ON PURPOSE, for tests and benchmarks only: one of the modes "
+                   "of miner/cheats.py (substitute, perturb, random, wrong-prompt, "
+                   "greedy-sampled, cold, noise, truncate, selective)")
     p.add_argument("-v", "--verbose", action="store_true")
 
     p = command("status", "stake, collateral, reputation, shards and earnings", cmd_status)
@@ -170,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stake", action="store_true", help="withdraw the stake instead")
 
     command("exit", "request exit: stop claiming and start unbonding the stake", cmd_exit)
+    command("rechallenge", "untrusted: pay the fee (burned) to be challenged again, and be "
+            "trusted again if the answers pass", cmd_rechallenge)
     return parser
 
 

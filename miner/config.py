@@ -17,7 +17,7 @@ then command-line flags (each later source overrides the earlier).
     # state_dir = "~/.quarry/miner"       # default $QUARRY_HOME/miner: copies of submitted
                                           # results, to answer availability challenges
     # test_mode = "random"                # CHEATS ON PURPOSE (tests/benchmarks only):
-                                          # substitute | perturb | random | wrong-prompt
+                                          # any mode of miner/cheats.py
 
     [miner.engine_options]                # passed to the engine's constructor
     device = "cuda"

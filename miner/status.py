@@ -225,6 +225,31 @@ def withdraw_stake(q: Quarry, account: LocalAccount) -> int:
     return int(tx.event("StakeWithdrawn")["amount"])
 
 
+def request_rechallenge(q: Quarry, account: LocalAccount) -> int:
+    """Pay the re-challenge fee (burned) so the committee challenges this untrusted miner
+    again; returns the fee. MinerStateError names why it cannot, before any transaction."""
+    from market.jobs import check_funds
+
+    address = account.address
+    if not q.gpu.is_registered(address):
+        raise MinerStateError(f"{address} is not a registered miner: nothing to re-challenge")
+    info = q.gpu.miner_info(address)
+    untrusted = int(q.chain.call(q.gpu.contract.functions.untrustedBelowBps()))
+    if info.reputation_bps >= untrusted:
+        raise MinerStateError(f"reputation {info.reputation_bps} bps is not untrusted (below "
+                              f"{untrusted}): the committee already challenges this miner")
+    if info.exit_requested_at:
+        raise MinerStateError("exit requested: an exiting miner is not challenged again")
+    if q.gpu.rechallenge_pending(address):
+        raise MinerStateError("a re-challenge is already pending: the committee's next "
+                              "report on this miner decides it")
+    fee = q.gpu.rechallenge_fee()
+    check_funds(q, account, fee, q.gpu.contract.functions.requestRechallenge(),
+                "GPURegistry.requestRechallenge", "re-challenge fee")
+    q.gpu.request_rechallenge(account, fee)
+    return fee
+
+
 def request_exit(q: Quarry, account: LocalAccount) -> int:
     """Start unbonding; returns when the stake can be withdrawn (chain time)."""
     address = account.address

@@ -454,6 +454,53 @@ def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
     assert not devnet.q.gpu.is_registered(miner.address)
 
 
+def test_rechallenge_an_untrusted_miner(devnet: Any, model_dir: Path, tmp_path: Path,
+                                        deployment_file: Path, dead_market: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`miner rechallenge`: refused (one line, exit 1) while trusted; once a committee report
+    leaves the miner untrusted it pays the fee, which is burned, and is back on probation and
+    eligible for the committee's challenges only; asking twice is refused by name. A second
+    report in a row that leaves it untrusted burns 10% of its stake."""
+    from eth_utils import to_checksum_address
+
+    from market.protocol.canonical import keccak
+    from market.protocol.eip712 import Report, quorum_signatures
+
+    q = devnet.q
+    miner = anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    cfg = str(config_file(tmp_path, miner, model_dir, dead_market))
+    code, _, err = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 1 and "is not untrusted" in err and len(err.splitlines()) == 1
+
+    def report(bps: int) -> None:
+        epoch = max(q.committee.next_report_epoch(), q.committee.current_epoch())
+        if epoch > q.committee.current_epoch():
+            devnet.chain.advance_time(q.committee.epoch_start(epoch) - q.chain.timestamp())
+        rep = Report(epoch, (miner.address,), (bps,), keccak(b"evidence %d" % epoch))
+        q.committee.submit_reputation(devnet.anyone, rep, quorum_signatures(
+            rep, devnet.verifier_keys[:3], q.chain.chain_id, q.committee.address))
+
+    report(3000)
+    burn = to_checksum_address(q.chain.call(q.gpu.contract.functions.BURN()))
+    burned = q.escrow.withdrawable(burn)
+    fee = q.gpu.rechallenge_fee()
+    code, out, _ = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 0 and f"paid {fee} wei (burned)" in out
+    assert q.escrow.withdrawable(burn) == burned + fee
+    assert q.gpu.rechallenge_pending(miner.address) and q.gpu.on_probation(miner.address)
+    model = q.gpu.models_of(miner.address)[0]
+    assert q.gpu.is_eligible(miner.address, model, 0, allow_probation=True)
+    assert not q.gpu.is_eligible(miner.address, model, 0, allow_probation=False)
+    code, _, err = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 1 and "already pending" in err
+    stake = q.gpu.miner_info(miner.address).stake
+    report(2000)  # failed again: second untrusted report in a row
+    assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
+    assert q.gpu.untrusted_reports_of(miner.address) == 2
+    assert not q.gpu.rechallenge_pending(miner.address)
+
+
 # ----------------------------------------------------------------------------- with a market
 
 @pytest.fixture
