@@ -12,13 +12,14 @@ size (`VerifierConfig`: 16 requests x 64 tokens). Every mode of `miner.cheats` r
 crude ones (another model, noisy weights, random tokens, another prompt) and the rational
 ones (greedy answers to sampled requests, a colder temperature, small logit noise,
 truncation) and the selective one (honest on challenges, a cheaper model on client
-traffic). Each epoch every miner also serves `--client-shards` client shards (default 16,
+traffic). Each epoch every miner also serves `--client-shards` client shards (default 32,
 of 4 chat requests each, greedy or sampled at 0.7 or 1.0: the stated share of client
 traffic); each is audited with probability `--audit-rate-bps` (the committee's default,
 1000), and an audited shard that fails `judge` is a fault, which (as in the committee's
-reports) makes the miner's next epoch score 0. Only audited shards are generated: the
-others are never looked at, so they cannot change anything. The epoch score (10000 passed,
-0 failed) then drives
+reports) puts the miner under the untrusted line in the next epoch's update. Only audited
+shards are generated: the others are never looked at, so they cannot change anything.
+The epoch score (10000 passed, 0 failed; a failed challenge is also
+disputed at once, a fault counted the next epoch like an audit's) then drives
 `verifier.reputation.update` from the initial reputation, for each of the three penalty
 levels, with the other constants at their `ReputationParams` defaults.
 
@@ -157,10 +158,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label])
             score = 0 if label in faulted else verdict.score_bps
             epoch_bps[label].append(score)
+            fault = label in faulted  # found at fault on-chain last epoch
+            if not verdict.passed:  # a failed challenge is disputed: a fault next epoch
+                faults_now.add(label)
             evidence[label].append(round(verdict.log_evidence, 2))
             mismatches[label].append(verdict.mismatches + verdict.impossible)
             for level, p in params.items():
-                records[level][label] = update(records[level][label], score, p)
+                records[level][label] = update(records[level][label], score, p,
+                                               fault=fault)
                 trajectories[level][label].append(records[level][label].reputation_bps)
         faulted = faults_now
         say(f"epoch {epoch}: " + ", ".join(f"{k} {v[-1]}" for k, v in epoch_bps.items())
@@ -325,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=committee.challenge_max_tokens,
                         help="max_tokens per request (the committee's default, "
                         f"{committee.challenge_max_tokens})")
-    parser.add_argument("--client-shards", type=int, default=16,
-                        help="client shards per miner per epoch (16 of 4 requests)")
+    parser.add_argument("--client-shards", type=int, default=32,
+                        help="client shards per miner per epoch (32 of 4 requests)")
     parser.add_argument("--audit-rate-bps", type=int, default=1000,
                         help="share of client shards audited (the committee's default, 1000)")
     parser.add_argument("--honest-outputs", type=int, default=20_000,

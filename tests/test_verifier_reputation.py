@@ -138,13 +138,29 @@ def test_bad_update_input_is_named() -> None:
 
 
 def test_default_constants_catch_cheaters_and_spare_honest_miners() -> None:
-    """The defaults' documented behaviour (see ReputationParams and benchmarks/detection.py)."""
+    """The defaults' documented behaviour (see ReputationParams and benchmarks/detection.py):
+    epoch scores are pass (10000) or fail (0)."""
     p = ReputationParams()
-    assert not run([0], p)[-1].trusted(p)  # garbage: untrusted after one epoch
-    near = run([8500, 8500, 8500], p)  # the closest cheat measured (perturbed weights)
-    assert near[0].trusted(p) and not near[1].trusted(p)
-    escaped = run([9200, 8500, 8500], p)  # one epoch above the threshold: still by epoch 3
-    assert not escaped[2].trusted(p)
-    honest = run([9400, 10000, 9374, 9800] * 5, p)  # honest epoch scores as measured
+    assert not run([0], p)[-1].trusted(p)  # a new miner failing once: untrusted at once
+    honest = run([10000] * 12, p)
     assert all(r.abnormal(p) == 0 and r.trusted(p) for r in honest)
-    assert honest[-1].reputation_bps > 9000
+    assert [r.reputation_bps for r in honest[:3]] == [6500, 7550, 8285]
+    assert honest[-1].reputation_bps > 9900
+    # An established miner failing once stays trusted (0.7 of its reputation); twice within
+    # the window it is punished under the line.
+    assert update(honest[-1], 0, p).trusted(p)
+    assert not update(update(honest[-1], 0, p), 0, p).trusted(p)
+
+
+def test_a_fault_found_on_chain_is_untrusted_at_once() -> None:
+    """A lost dispute, an unanswered availability challenge, a proven billing fault: proof,
+    not noise, so whatever the reputation was it lands under the untrusted line, and the
+    epoch counts as a 0 in the window."""
+    p = ReputationParams()
+    best = MinerRecord(10_000, (10_000,) * 5)
+    after = update(best, 10_000, p, fault=True)
+    assert after.reputation_bps == p.untrusted_below_bps - 1 and not after.trusted(p)
+    assert after.window[-1] == 0
+    assert update(MinerRecord(1000), None, p, fault=True).reputation_bps < 1000
+    # a passing epoch afterwards (a re-challenge) makes it trusted again
+    assert update(after, 10_000, p).trusted(p)

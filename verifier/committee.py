@@ -23,7 +23,8 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
    third of the epoch's weight confirmed it, and a score of 0 for every miner found at
    fault on-chain during epoch e-1 (a dispute resolved at fault, whoever opened it: a
    client, an arbiter or an auditor of client traffic; an unanswered availability
-   challenge; a proven billing fault), read from the chain by every member alike.
+   challenge; a proven billing fault), read from the chain by every member alike: proof,
+   not noise, so its reputation lands under the untrusted line at once.
    Evidence goes to the store (evidenceRoot = its sha256).
 5. Members co-sign the report only if every score is within the tolerance of their own and
    the reputations follow from the rules; any member holding signatures of e's committee
@@ -539,9 +540,12 @@ class CommitteeMember:
             raise StoreError(f"evidence {encode_hex(root)} does not hash to its root")
         return json.loads(data)
 
-    def _next_records(self, epoch: int, scores: Mapping[str, int | None]
+    def _next_records(self, epoch: int, scores: Mapping[str, int | None],
+                      faults: Iterable[str] = ()
                       ) -> tuple[int, dict[str, MinerRecord], dict[str, MinerRecord]]:
-        """(previous epoch, every tracked miner's record after this epoch, the changed ones)."""
+        """(previous epoch, every tracked miner's record after this epoch, the changed ones);
+        miners in `faults` were found at fault on-chain (`reputation.update(fault=True)`)."""
+        faulty = set(faults)
         prev_epoch, records = self._previous(epoch)
         out = dict(records)
         changed = {}
@@ -551,7 +555,8 @@ class CommitteeMember:
             chain_rep = self.q.gpu.miner_info(miner).reputation_bps
             before = records.get(miner, MinerRecord(chain_rep, ()))
             before = MinerRecord(chain_rep, before.window)
-            out[miner] = changed[miner] = update(before, s, self.params)
+            out[miner] = changed[miner] = update(before, s, self.params,
+                                                 fault=miner in faulty)
         return prev_epoch, out, changed
 
     def _propose_report(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
@@ -559,7 +564,7 @@ class CommitteeMember:
         self._proposed_epochs.add(epoch)
         observations = self._messages(OBSERVATION, epoch, authors=snap.weights)
         scores = epoch_scores(proposal, observations, snap.weights) | self._faults(epoch)
-        prev_epoch, records, changed = self._next_records(epoch, scores)
+        prev_epoch, records, changed = self._next_records(epoch, scores, self._faults(epoch))
         doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
                "proposal": proposal, "observations": observations,
                "members": snap.members, "scores": scores,
@@ -610,7 +615,8 @@ class CommitteeMember:
                 if own is None or abs(own - s) > self.tolerance_bps:
                     raise QuarryError(f"{miner}: the leader's score {s} bps is not within "
                                       f"{self.tolerance_bps} bps of mine ({own})")
-            _, _, changed = self._next_records(epoch, scores | self._faults(epoch))
+            faults = self._faults(epoch)
+            _, _, changed = self._next_records(epoch, scores | faults, faults)
             miners = sorted(changed, key=lambda a: int(a, 16))
             expected = (tuple(miners), tuple(changed[m].reputation_bps for m in miners))
             if (report.miners, report.scores_bps) != expected or report.epoch != epoch:

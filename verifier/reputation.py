@@ -160,13 +160,19 @@ def _check_bps(name: str, value: Any) -> int:
     return int(value)
 
 
-def update(prev: MinerRecord, score_bps: int | None, params: ReputationParams) -> MinerRecord:
+def update(prev: MinerRecord, score_bps: int | None, params: ReputationParams, *,
+           fault: bool = False) -> MinerRecord:
     """The record after one epoch. `score_bps=None`: not challenged, unchanged; a confirmed
-    missing response is `score_bps=0`."""
+    missing response is `score_bps=0`. `fault`: the chain found the miner at fault (a
+    dispute lost, an availability challenge unanswered, a billing fault proven): that is
+    proof, not noise, so the epoch scores 0 and the reputation lands under the untrusted
+    line whatever it was (the miner may pay to be challenged again)."""
     if not isinstance(prev, MinerRecord):
         raise ConfigError(f"prev must be a MinerRecord, got {type(prev).__name__}")
     if not isinstance(params, ReputationParams):
         raise ConfigError(f"params must be ReputationParams, got {type(params).__name__}")
+    if fault:
+        score_bps = 0
     if score_bps is None:
         return prev
     score = _check_bps("score_bps", score_bps)
@@ -179,4 +185,7 @@ def update(prev: MinerRecord, score_bps: int | None, params: ReputationParams) -
     abnormal = sum(s < params.abnormal_below_bps for s in window)
     if Fraction(abnormal, params.window) > _exact(params.abnormal_fraction):
         value *= (1 - _exact(params.rate)) ** (abnormal - params.tolerated)
-    return MinerRecord(min(BPS, max(0, _round_half_up(value))), window)
+    reputation = min(BPS, max(0, _round_half_up(value)))
+    if fault:
+        reputation = min(reputation, max(0, params.untrusted_below_bps - 1))
+    return MinerRecord(reputation, window)
