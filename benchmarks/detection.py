@@ -4,7 +4,8 @@ flag an honest one?
 Creates the embedded tiny model, loads one engine per miner (honest ones, and one per
 declared cheating mode of `miner.cheats`) and the verifier's own reference engine, then runs
 `--epochs` epochs. Each epoch every miner gets its own challenge, drawn exactly as the
-committee draws it (`verifier.challenges.draw_challenge_set`: distinct corpus prompts,
+committee draws it (`verifier.challenges.draw_challenge_set`: private prompts, shapes drawn
+like client jobs,
 half greedy and half sampled), answers it with its engine, and the verifier scores the
 answers with `verifier.scoring.score_outputs` and `judge` (greedy mismatches and pooled
 sampled evidence, each against its own threshold). Challenges have the committee's default
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from market.engine.torch_engine import TorchEngine
     from market.model.create import create_model
-    from miner.cheats import CHEAT_MODES, cheating_engine
+    from miner.cheats import CHEAT_MODES, SELECTIVE_MODES, cheating_engine
     from verifier.challenges import SAMPLED_TEMPERATURE, draw_challenge_set
     from verifier.reputation import PENALTY_LEVELS, MinerRecord, ReputationParams, update
     from verifier.scoring import judge, score_outputs
@@ -145,7 +146,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         all_requests, all_outputs, all_finish, owners = [], [], [], []
         for challenge in cs.challenges:
             label = addresses[challenge.miner]
-            engine = engines[label]
+            # The selective cheater is given a perfect oracle: it answers every challenge
+            # honestly, as if it read the tells that remain on-chain (a fresh, freshly
+            # funded client, a directed task). Only audits can catch it.
+            engine = honest_engine if label in SELECTIVE_MODES else engines[label]
             reqs = [engine.request_from_line(line) for line in challenge.lines]
             outputs = engine.generate(reqs)
             all_requests += [verifier.request_from_line(line) for line in challenge.lines]

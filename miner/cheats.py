@@ -32,10 +32,12 @@ the way the request asks, where it is cheaper or hard to see:
   logit deviations, like a coarser quantization, that only move near-ties.
 - `truncate`: stops at half of max_tokens with a stop token and `finish_reason: "stop"`,
   saving the rest of the generation.
-- `selective`: honest on what looks like a committee challenge (a plain prompt that is a
-  passage of the public corpus in `market/model/corpus.py`, as challenge prompts are),
-  the cheaper `substitute` model on everything else: only audits of client traffic can
-  catch it.
+- `selective`: honest on what looks like a committee challenge, the cheaper `substitute`
+  model on everything else. Its test is the one that worked before challenges were
+  disguised: a prompt that is a passage of the public corpus in `market/model/corpus.py`.
+  Today's challenge prompts come from private randomness, so it fails them too;
+  `benchmarks/detection.py` gives it a perfect oracle instead (the worst case), which only
+  audits of client traffic can catch.
 
 Every mode is deterministic in (`seed`, request), so tests and benchmarks are repeatable.
 `miner run --test-mode MODE` turns one on and says so loudly; a normal `miner run` never

@@ -460,22 +460,29 @@ def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
     assert "greedy token(s) lost" in reasons["noise"]
 
 
-def test_selective_is_honest_on_challenges_only(cheats: dict[str, Any],
-                                                honest: TextEngine) -> None:
-    """On a challenge drawn as the committee draws it the selective miner is exactly
-    honest (so challenges alone never catch it); on client prompts it is the substitute."""
+def test_selective_recognises_corpus_passages_but_not_todays_challenges(
+        cheats: dict[str, Any], honest: TextEngine) -> None:
+    """The selective miner is exactly honest on prompts that are passages of the public
+    corpus (how challenges used to be drawn) and the substitute on client prompts; the
+    committee's challenges now come from private randomness, so its lookup no longer finds
+    them and it is the substitute there too."""
     import random
 
+    from market.model.corpus import CORPUS
     from verifier.challenges import draw_challenge_set
 
-    cs = draw_challenge_set(1, honest.model_id, "quarry-tiny", ["0x" + "11" * 20],
-                            requests=16, max_tokens=16, rng=random.Random(3))
-    reqs = [honest.request_from_line(line) for line in cs.challenges[0].lines]
     sel = cheats["selective"]
-    assert all(sel.looks_like_challenge(r) for r in reqs)
-    assert sel.generate(reqs) == honest.generate(reqs)
+    words = CORPUS.split()
+    passages = [GenerationRequest(honest.encode_prompt(" ".join(words[k:k + 8])), 16)
+                for k in range(0, 400, 50)]
+    assert all(sel.looks_like_challenge(r) for r in passages)
+    assert sel.generate(passages) == honest.generate(passages)
     client = [GenerationRequest(honest.encode_chat([{"role": "user", "content": p}]), 16)
               for p in ("Summarise my meeting notes from Tuesday", "Draft a polite reminder",
                         "Which of these invoices is overdue?", "Rewrite this more briefly")]
     assert not any(sel.looks_like_challenge(r) for r in client)
     assert sel.generate(client) == cheats["substitute"].generate(client)
+    cs = draw_challenge_set(1, honest.model_id, "quarry-tiny", ["0x" + "11" * 20],
+                            requests=16, max_tokens=16, rng=random.Random(3))
+    reqs = [honest.request_from_line(line) for line in cs.challenges[0].lines]
+    assert not any(sel.looks_like_challenge(r) for r in reqs)

@@ -2,12 +2,20 @@
 sends them.
 
 A challenge set names every miner eligible for the committee's model and gives each its own
-prompts (several requests, greedy and sampled, drawn like a client's from ordinary text). The
-committee signs its hash and commits it on-chain one epoch ahead; the prompts themselves
-travel only inside the committee (the relay reads are members-only), so a miner cannot
-recognise them. The leader then posts each miner's challenge as an ordinary paid task, from
-a fresh address, directed at that miner with a market offer: exactly what a client that
-picks its miner does.
+job, drawn to look like a client's (`draw_challenge_set`): prompts made from private
+randomness (never passages of the public corpus), chat or plain completions, a batch size,
+max_tokens, temperature profile (all greedy, all sampled, or mixed), top_p, seeds and
+custom ids each drawn per job as clients choose them. The committee signs its hash and
+commits it on-chain one epoch ahead; the prompts themselves travel only inside the
+committee (the relay reads are members-only). The leader then posts each miner's challenge
+as an ordinary paid task, from a fresh address, at a price a little above the miner's ask
+and with a deadline of its own, directed at that miner with a market offer: exactly what a
+client that picks its miner does.
+
+What stays distinguishable on a public chain: the client is a fresh address funded by a
+committee member shortly before; the task is always directed (an undirected challenge could
+be served by another miner); and the job's size stays within the committee's bounds. Audits
+of client traffic (`verifier.audits`) are the structural answer to a miner that acts on it.
 """
 
 from __future__ import annotations
@@ -26,7 +34,12 @@ from market.errors import QuarryError
 from market.model.corpus import CORPUS
 from market.protocol.canonical import canonical_json_bytes, keccak, request_hash
 from market.protocol.merkle import input_tree
-from market.protocol.requests import COMPLETIONS_URL, encode_jsonl, validate_request
+from market.protocol.requests import (
+    CHAT_COMPLETIONS_URL,
+    COMPLETIONS_URL,
+    encode_jsonl,
+    validate_request,
+)
 from market.protocol.results import ResultCheckFailed
 from market.store import ContentNotFound, StoreError
 
@@ -38,6 +51,15 @@ if TYPE_CHECKING:
     from market.service.api import MarketAPI
 
 SAMPLED_TEMPERATURE = 0.8
+"""The temperature a mixed or sampled job is drawn around (see TEMPERATURES)."""
+TEMPERATURES = (0.5, 0.7, 0.8, 0.9, 1.0)
+TOP_PS = (1.0, 1.0, 1.0, 0.95, 0.9)
+PROFILES = ("mixed", "mixed", "mixed", "sampled", "greedy")
+"""Per job: every line greedy, every line sampled, or each line either (a fair coin); mixed
+is the likeliest, so most epochs carry both kinds of evidence."""
+ID_STYLES = ("request-{i}", "req_{i:04d}", "row-{i}", "item{i}", "{tag}-{i}", "q{i}")
+OPENERS = ("", "", "", "Please ", "Can you ", "Quick question: ", "Summarise: ", "Rewrite: ",
+           "Translate to plain English: ", "Explain ", "List ", "Write about ")
 # Gas the fresh client address needs for createTask, an availability challenge and a dispute,
 # funded by the leader (the bonds are funded on top).
 GAS_ALLOWANCE_WEI = 10**16
@@ -125,18 +147,26 @@ def eligible_miners(q: Quarry, model_id: bytes) -> list[str]:
                   key=lambda a: int(a, 16))
 
 
+_WORDS = tuple(sorted({w.strip(".,;:!?\"'()") for w in CORPUS.split()} - {""}))
+
+
 def _prompt(rng: random.Random) -> str:
-    """A few consecutive words of ordinary text, like a user's prompt."""
-    words = CORPUS.split()
-    n = rng.randint(4, 14)
-    start = rng.randrange(0, len(words) - n)
-    return " ".join(words[start:start + n])
+    """A user-like prompt from private randomness: an opener and words of the tokenizer's
+    language in an order of its own, so it is no passage of the public corpus (a miner
+    cannot look challenges up), ending like a sentence or a question."""
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 16))]
+    text = rng.choice(OPENERS) + " ".join(words)
+    return text[0].upper() + text[1:] + rng.choice((".", "?", "", "!"))
 
 
 def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Sequence[str], *,
                        requests: int, max_tokens: int,
                        rng: random.Random | None = None) -> ChallengeSet:
-    """Fresh prompts for every miner (all distinct), half greedy and half sampled.
+    """Fresh jobs for every miner (all prompts distinct), each drawn like a client's job:
+    `requests` to 1.5x `requests` lines, chat or completions, one max_tokens between half
+    `max_tokens` and `max_tokens`, a temperature profile (PROFILES) at one temperature
+    (TEMPERATURES) and top_p (TOP_PS), random seeds (sometimes none), custom ids in one of
+    several styles.
 
     The randomness is private (the system's CSPRNG unless a test passes `rng`): anyone who
     could predict the prompts could answer challenges honestly and the rest not.
@@ -145,20 +175,35 @@ def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Seq
     used: set[str] = set()
     challenges = []
     for miner in sorted((to_checksum_address(m) for m in miners), key=lambda a: int(a, 16)):
+        n = rng.randint(requests, max(requests, requests * 3 // 2))
+        chat = rng.random() < 0.5
+        tokens = rng.randint(max(1, max_tokens // 2), max_tokens)
+        profile = rng.choice(PROFILES)
+        temperature, top_p = rng.choice(TEMPERATURES), rng.choice(TOP_PS)
+        seeded = rng.random() < 0.7
+        style, tag = rng.choice(ID_STYLES), f"{rng.getrandbits(24):06x}"
         lines = []
-        for i in range(requests):
+        for i in range(n):
             prompt = _prompt(rng)
             while prompt in used:
                 prompt = _prompt(rng)
             used.add(prompt)
-            body: dict[str, Any] = {"model": model_name, "max_tokens": max_tokens,
-                                    "prompt": prompt}
-            if i % 2:
-                body |= {"temperature": SAMPLED_TEMPERATURE, "seed": rng.randrange(2**31)}
+            body: dict[str, Any] = {"model": model_name, "max_tokens": tokens}
+            body |= ({"messages": [{"role": "user", "content": prompt}]} if chat
+                     else {"prompt": prompt})
+            sampled = profile == "sampled" or (profile == "mixed" and rng.random() < 0.5)
+            if sampled:
+                body["temperature"] = temperature
+                if top_p < 1.0:
+                    body["top_p"] = top_p
             else:
-                body |= {"temperature": 0.0, "seed": 0}
-            lines.append(validate_request({"custom_id": f"request-{i}", "method": "POST",
-                                           "url": COMPLETIONS_URL, "body": body}, line=i + 1))
+                body["temperature"] = 0.0
+            if seeded:
+                body["seed"] = rng.randrange(2**31)
+            lines.append(validate_request(
+                {"custom_id": style.format(i=i, tag=tag), "method": "POST",
+                 "url": CHAT_COMPLETIONS_URL if chat else COMPLETIONS_URL, "body": body},
+                line=i + 1))
         challenges.append(Challenge(miner, tuple(lines)))
     return ChallengeSet(epoch, model_id, tuple(challenges))
 
@@ -181,9 +226,9 @@ def check_challenge_set(cs: ChallengeSet, *, epoch: int, model_id: bytes,
                                   f"(not eligible: {extra}; left out: {left_out})")
     prompts: set[str] = set()
     for c in cs.challenges:
-        if len(c.lines) != requests:
+        if not requests <= len(c.lines) <= max(requests, requests * 3 // 2):
             raise ChallengeSetInvalid(f"miner {c.miner} has {len(c.lines)} requests, "
-                                      f"expected {requests}")
+                                      f"expected {requests} to {requests * 3 // 2}")
         for line in c.lines:
             body = line["body"]
             if int(body["max_tokens"]) > max_tokens:
@@ -215,13 +260,15 @@ class PostedChallenge:
 def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge: Challenge,
                    model_id: bytes, deadline: int) -> PostedChallenge:
     """Fund a fresh address and post `challenge` from it as an ordinary task directed at the
-    challenged miner (at that miner's own price). The task allows miners on probation, so a
-    new miner is challenged like the others; the funds cover the bonds of an availability
-    challenge and a dispute, the leader's remedies as this task's client."""
+    challenged miner, at a price 0 to 25% above that miner's ask (clients offer a maximum
+    price, rarely the exact ask). The task allows miners on probation, so a new miner is
+    challenged like the others; the funds cover the bonds of an availability challenge and
+    a dispute, the leader's remedies as this task's client."""
     from market.jobs import post_batch
 
     fresh = Account.create()
-    price = q.gpu.miner_info(challenge.miner).price_per_token
+    ask = q.gpu.miner_info(challenge.miner).price_per_token
+    price = ask + ask * secrets.randbelow(26) // 100
     payment = len(challenge.lines) * challenge.max_tokens * price
     bonds = q.arbitration.min_bond() + q.arbitration.min_availability_bond()
     q.chain.transfer(leader, fresh.address, payment + GAS_ALLOWANCE_WEI + bonds)

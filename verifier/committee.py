@@ -43,6 +43,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -434,9 +435,14 @@ class CommitteeMember:
         if key not in self.state.posted:
             posted = []
             for c in cs.challenges:
+                # A deadline of its own, past the epoch's end by up to two epochs: answers
+                # still count only until the committee collects them, but the task does not
+                # end on the epoch boundary, which would set it apart from clients' tasks.
+                duration = self.q.committee.epoch_duration()
+                own = deadline + secrets.randbelow(2 * duration + 1)
                 try:
                     posted.append(post_challenge(self.q, self.account, self.market, c,
-                                                 self.model_id, deadline).to_json())
+                                                 self.model_id, own).to_json())
                 except QuarryError as exc:
                     log.warning("epoch %d: could not post %s's challenge: %s", epoch,
                                 c.miner, exc)
