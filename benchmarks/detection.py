@@ -8,7 +8,8 @@ committee draws it (`verifier.challenges.draw_challenge_set`: private prompts, s
 like client jobs,
 half greedy and half sampled), answers it with its engine, and the verifier scores the
 answers with `verifier.scoring.score_outputs` and `judge` (greedy mismatches and pooled
-sampled evidence, each against its own threshold). Challenges have the committee's default
+sampled evidence, each against its own threshold; the sampled evidence of the miner's
+previous epoch is pooled in, as the committee does). Challenges have the committee's default
 size (`VerifierConfig`: 16 requests x 64 tokens). Every mode of `miner.cheats` runs: the
 crude ones (another model, noisy weights, random tokens, another prompt) and the rational
 ones (greedy answers to sampled requests, a colder temperature, small logit noise,
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     mismatches: dict[str, list[int]] = {label: [] for label in labels}
     audits = {label: {"audited": 0, "failed": 0} for label in labels}
     faulted: set[str] = set()  # found at fault by an audit in the previous epoch
+    carry: dict[str, tuple[float, ...]] = {}  # each miner's sampled evidence of last epoch
     rng = random.Random(args.seed)
     audit_rng = random.Random(args.seed + 2)
     for epoch in range(1, args.epochs + 1):
@@ -159,7 +161,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         scores = score_outputs(verifier, all_requests, all_outputs, all_finish)
         faults_now = audit_client_traffic(args, engines, verifier, labels, audit_rng, audits)
         for label in labels:
-            verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label])
+            verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label],
+                            prior=carry.pop(label, ()))  # last epoch's, as the committee does
+            if verdict.passed:
+                carry[label] = verdict.own
             score = 0 if label in faulted else verdict.score_bps
             epoch_bps[label].append(score)
             fault = label in faulted  # found at fault on-chain last epoch

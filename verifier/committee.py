@@ -186,6 +186,8 @@ class CommitteeMember:
         self._scored: dict[int, list[ChallengeScore]] = {}  # task id -> per-request scores
         self._snapshots: dict[int, Snapshot] = {}
         self._fault_cache: dict[int, dict[str, int | None]] = {}
+        self._carry_in: dict[int, dict[str, tuple[float, ...]]] = {}  # epoch -> prior
+        self._carry_out: dict[int, dict[str, tuple[float, ...]]] = {}  # epoch -> to carry
         self._block_times: dict[int, int] = {}
         self._said = ""  # the last membership note (logged once until it changes)
         self._clock: tuple[int, int] | None = None  # (genesis, epoch duration)
@@ -476,12 +478,17 @@ class CommitteeMember:
         scored once: the leader re-reads them as a member and to pick the request it
         disputes."""
         scores: dict[str, int] = {}
+        prior = self._carried(cs.epoch)
+        carry = self._carry_out.setdefault(cs.epoch, {})
         for a in answers:
             if a.status == "invalid":
                 scores[a.miner] = 0
             elif a.status == "answered":
-                scores[a.miner] = judge(self._request_scores(cs, a),
-                                        greedy_margin=self.greedy_margin).score_bps
+                verdict = judge(self._request_scores(cs, a), greedy_margin=self.greedy_margin,
+                                prior=prior.get(a.miner, ()))
+                scores[a.miner] = verdict.score_bps
+                if verdict.passed and any(verdict.own):
+                    carry[a.miner] = verdict.own
         return scores
 
     def _request_scores(self, cs: ChallengeSet, a: Answer) -> list[ChallengeScore]:
@@ -525,20 +532,35 @@ class CommitteeMember:
                       (f", confirms missing {missing}" if missing else ""))
 
     # ------------------------------------------------------------------ reputation
-    def _previous(self, epoch: int) -> tuple[int, dict[str, MinerRecord]]:
-        """The last reported epoch before `epoch` and the records its evidence holds; the
-        reputations themselves are read from GPURegistry (the chain is the truth)."""
+    def _last_report(self, epoch: int) -> tuple[int, dict[str, Any]]:
+        """The last reported epoch before `epoch` and its evidence document (-1, {})."""
         events = [ev for ev in self.q.committee.events("ReputationSubmitted",
                                                        self.q.deployment.deploy_block)
                   if int(ev["epoch"]) < epoch]
         if not events:
             return -1, {}
         last = max(events, key=lambda ev: int(ev["epoch"]))
-        doc = self._evidence(bytes(last["evidenceRoot"]))
+        return int(last["epoch"]), self._evidence(bytes(last["evidenceRoot"]))
+
+    def _previous(self, epoch: int) -> tuple[int, dict[str, MinerRecord]]:
+        """The last reported epoch before `epoch` and the records its evidence holds; the
+        reputations themselves are read from GPURegistry (the chain is the truth)."""
+        prev, doc = self._last_report(epoch)
         records = {to_checksum_address(m): MinerRecord(int(r["reputationBps"]),
                                                        tuple(int(x) for x in r["window"]))
                    for m, r in doc.get("records", {}).items()}
-        return int(last["epoch"]), records
+        return prev, records
+
+    def _carried(self, epoch: int) -> dict[str, tuple[float, ...]]:
+        """Each miner's sampled evidence of epoch - 1 (its log ratios per exponent, carried
+        in that epoch's report in micro-nats), pooled into this epoch's test. Nothing is
+        carried across a gap: only a report of exactly epoch - 1 counts."""
+        if epoch not in self._carry_in:
+            prev, doc = self._last_report(epoch)
+            carry = doc.get("carry", {}) if prev == epoch - 1 else {}
+            self._carry_in[epoch] = {to_checksum_address(m): tuple(int(x) / 1e6 for x in v)
+                                     for m, v in carry.items()}
+        return self._carry_in[epoch]
 
     def _evidence(self, root: bytes) -> dict[str, Any]:
         data = self.market.get("sha256:" + root.hex())
@@ -569,11 +591,14 @@ class CommitteeMember:
                         snap: Snapshot) -> None:
         self._proposed_epochs.add(epoch)
         observations = self._messages(OBSERVATION, epoch, authors=snap.weights)
-        scores = epoch_scores(proposal, observations, snap.weights) | self._faults(epoch)
-        prev_epoch, records, changed = self._next_records(epoch, scores, self._faults(epoch))
+        faults = self._faults(epoch) | dict.fromkeys(failed_challenges(proposal), 0)
+        scores = epoch_scores(proposal, observations, snap.weights) | faults
+        prev_epoch, records, changed = self._next_records(epoch, scores, faults)
+        carry = {m: [round(x * 1e6) for x in v]
+                 for m, v in sorted(self._carry_out.get(epoch, {}).items())}
         doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
                "proposal": proposal, "observations": observations,
-               "members": snap.members, "scores": scores,
+               "members": snap.members, "scores": scores, "carry": carry,
                "records": {m: {"reputationBps": r.reputation_bps, "window": list(r.window)}
                            for m, r in sorted(records.items())}}
         data = canonical_json_bytes(doc)
@@ -621,8 +646,9 @@ class CommitteeMember:
                 if own is None or abs(own - s) > self.tolerance_bps:
                     raise QuarryError(f"{miner}: the leader's score {s} bps is not within "
                                       f"{self.tolerance_bps} bps of mine ({own})")
-            faults = self._faults(epoch)
+            faults = self._faults(epoch) | dict.fromkeys(failed_challenges(proposal), 0)
             _, _, changed = self._next_records(epoch, scores | faults, faults)
+            _check_carry(doc.get("carry", {}), self._carry_out.get(epoch, {}))
             miners = sorted(changed, key=lambda a: int(a, 16))
             expected = (tuple(miners), tuple(changed[m].reputation_bps for m in miners))
             if (report.miners, report.scores_bps) != expected or report.epoch != epoch:
@@ -851,6 +877,30 @@ def chain_faults(q: Quarry, start: int, end: int, block_times: dict[int, int] | 
     found |= {q.tasks.get_shard(int(ev["taskId"]), int(ev["shard"])).miner
               for ev in arb.events("BillingFaultProven", since) if inside(ev)}
     return {to_checksum_address(m) for m in found}
+
+
+def failed_challenges(proposal: Mapping[str, Any]) -> set[str]:
+    """Miners whose answered challenge the leader scored 0: their outputs failed the
+    statistical test (members co-sign only scores they reproduce), which is proof, not
+    noise, so the report treats it as a fault (the dispute it triggers is counted too)."""
+    scores = {to_checksum_address(m): int(s) for m, s in proposal["body"]["scores"].items()}
+    return {to_checksum_address(c["miner"]) for c in proposal["body"]["challenges"]
+            if c["status"] == "answered" and scores.get(to_checksum_address(c["miner"])) == 0}
+
+
+def _check_carry(theirs: Mapping[str, Any], mine: Mapping[str, tuple[float, ...]]) -> None:
+    """Raise QuarryError unless the leader's carried evidence (micro-nats) matches this
+    member's own within rounding across hardware (1e-3 nats plus 1e-4 of the value)."""
+    theirs = {to_checksum_address(m): v for m, v in theirs.items()}
+    if set(theirs) != set(mine):
+        raise QuarryError(f"the carried evidence names {sorted(theirs)}, expected "
+                          f"{sorted(mine)}")
+    for miner, values in mine.items():
+        got = [int(x) / 1e6 for x in theirs[miner]]
+        if len(got) != len(values) or any(abs(a - b) > 1e-3 + 1e-4 * abs(b)
+                                           for a, b in zip(got, values, strict=False)):
+            raise QuarryError(f"{miner}: the carried evidence {got} is not this member's "
+                              f"{list(values)}")
 
 
 def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]],

@@ -28,6 +28,12 @@ Greedy and sampled evidence are judged separately (`judge`): an epoch's or a sha
 outputs fail if any is impossible, if any greedy token is a mismatch, or if the sampled
 outputs' pooled evidence passes the threshold. Neither can hide in the other, and the
 chance that an honest set fails is at most `FALSE_FAULT_RATE` = 1e-6 by the model above.
+Because the product is a martingale across sets as well, evidence may be pooled over more
+than one set (`judge(prior=...)`): the committee judges each epoch's challenge together
+with the same miner's sampled evidence of the previous epoch, so a subtle cheat meets twice
+the tokens, while each test is still exact at 1e-6 (an honest miner is falsely flagged in
+at most one epoch in a million, in expectation). Only one epoch is carried, so honest
+epochs cannot be banked to hide a later cheat.
 
 An output the model cannot have produced fails without a forward pass: a token id outside
 the vocabulary, more tokens than max_tokens, a stop token before the end, an output that
@@ -163,9 +169,11 @@ class Judgement:
     greedy_tokens: int
     mismatches: int
     sampled_tokens: int
-    log_evidence: float  # pooled over every sampled output
+    log_evidence: float  # pooled over every sampled output (and the prior)
     threshold: float  # log(1 / false_fault_rate)
     reason: str
+    pooled: tuple[float, ...] = ()  # per exponent: the prior plus these outputs' log ratios
+    own: tuple[float, ...] = ()  # per exponent: these outputs' log ratios alone (to carry)
 
     @property
     def passed(self) -> bool:
@@ -179,9 +187,12 @@ class Judgement:
 
 
 def judge(scores: Sequence[ChallengeScore], *, greedy_margin: float = GREEDY_MARGIN,
-          false_fault_rate: float = FALSE_FAULT_RATE) -> Judgement:
+          false_fault_rate: float = FALSE_FAULT_RATE, prior: Sequence[float] = ()
+          ) -> Judgement:
     """Judge a set of outputs: fail on any impossible output, any greedy mismatch, or
-    pooled sampled evidence of at least 1 / false_fault_rate (the module doc's model)."""
+    pooled sampled evidence of at least 1 / false_fault_rate (the module doc's model).
+    `prior`: sampled log ratios per exponent carried from an earlier set of the same miner
+    (`Judgement.own` of its last judgement)."""
     if not scores:
         raise ScoringError("no outputs to judge (a miner needs at least one)")
     if not 0 < false_fault_rate < 1:
@@ -192,8 +203,13 @@ def judge(scores: Sequence[ChallengeScore], *, greedy_margin: float = GREEDY_MAR
     greedy = [s for s in scores if s.greedy and s.possible]
     sampled = [s for s in scores if not s.greedy and s.possible and s.log_ratios]
     mismatches = sum(s.mismatches(greedy_margin) for s in greedy)
-    pooled = [math.fsum(s.log_ratios[k] for s in sampled) for k in range(len(EXPONENTS))]
-    log_evidence = _logmeanexp(pooled) if sampled else 0.0
+    if prior and len(prior) != len(EXPONENTS):
+        raise ScoringError(f"prior has {len(prior)} log ratios, the test uses "
+                           f"{len(EXPONENTS)} exponents")
+    base = [float(x) for x in prior] if prior else [0.0] * len(EXPONENTS)
+    own = [math.fsum(s.log_ratios[k] for s in sampled) for k in range(len(EXPONENTS))]
+    pooled = [math.fsum([base[k], own[k]]) for k in range(len(EXPONENTS))]
+    log_evidence = _logmeanexp(pooled) if (sampled or prior) else 0.0
     threshold = math.log(1 / false_fault_rate)
     greedy_tokens = sum(s.tokens for s in greedy)
     if impossible:
@@ -209,7 +225,8 @@ def judge(scores: Sequence[ChallengeScore], *, greedy_margin: float = GREEDY_MAR
     return Judgement(outputs=len(scores), impossible=len(impossible),
                      greedy_tokens=greedy_tokens, mismatches=mismatches,
                      sampled_tokens=sum(s.tokens for s in sampled), log_evidence=log_evidence,
-                     threshold=threshold, reason=reason)
+                     threshold=threshold, reason=reason, pooled=tuple(pooled),
+                     own=tuple(own))
 
 
 def score_bps(score: float) -> int:
