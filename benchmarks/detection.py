@@ -20,8 +20,8 @@ traffic); each is audited with probability `--audit-rate-bps` (the committee's d
 1000), and an audited shard that fails `judge` is a fault, which (as in the committee's
 reports) puts the miner under the untrusted line in the next epoch's update. Only audited
 shards are generated: the others are never looked at, so they cannot change anything.
-The epoch score (10000 passed, 0 failed; a failed challenge is also
-disputed at once, a fault counted the next epoch like an audit's) then drives
+The epoch score (10000 passed, 0 failed; a failed challenge is a fault at once, and its
+dispute one more the next epoch, like an audit's) then drives
 `verifier.reputation.update` from the initial reputation, for each of the three penalty
 levels, with the other constants at their `ReputationParams` defaults.
 
@@ -167,8 +167,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 carry[label] = verdict.own
             score = 0 if label in faulted else verdict.score_bps
             epoch_bps[label].append(score)
-            fault = label in faulted  # found at fault on-chain last epoch
-            if not verdict.passed:  # a failed challenge is disputed: a fault next epoch
+            # A failed challenge is a fault in this epoch's report, and its dispute, resolved
+            # at fault, is one in the next; an audit's dispute counts in the next.
+            fault = label in faulted or not verdict.passed
+            if not verdict.passed:
                 faults_now.add(label)
             evidence[label].append(round(verdict.log_evidence, 2))
             mismatches[label].append(verdict.mismatches + verdict.impossible)
