@@ -249,8 +249,15 @@ def test_committee_epochs_rate_miners_and_slash_a_cheater(stack: LocalStack,
         assert _signed_weight(q, resolved[0]["voters"], d.epoch) * 3 > d.total_weight * 2
         slashed = int(resolved[0]["slashed"])
         assert slashed > 0
+        # The disputes' slashes, and 10% burned for every report after the first in a row
+        # that left the cheater untrusted: to the wei.
+        burn = q.chain.call(q.gpu.contract.functions.BURN())
+        burned = [int(ev["amount"]) for ev in q.gpu.events("Slashed", q.deployment.deploy_block,
+                                                           miner=cheater)
+                  if ev["beneficiary"] == burn]
+        assert len(burned) == max(0, q.gpu.untrusted_reports_of(cheater) - 1)
         assert q.gpu.miner_info(cheater).stake == stake_before - sum(
-            int(ev["slashed"]) for ev in resolved)
+            int(ev["slashed"]) for ev in resolved) - sum(burned)
     finally:
         for p in reversed(procs):
             p.stop()
