@@ -106,9 +106,7 @@ def _verifier_config(stack: LocalStack, i: int, model_dir: Path) -> Path:
         f'state_dir = "{stack.home / "verifier-state"}"\n'
         f'stake = "{STAKES[i]}"\n'
         "scoring_workers = 1\npoll_interval_s = 0.5\n"
-        "challenge_requests = 4\nchallenge_max_tokens = 16\n"
-        # Small challenges are noisier than the 16 x 64 the default threshold is tuned for.
-        "[verifier.reputation]\nabnormal_below_bps = 6000\n")
+        "challenge_requests = 4\nchallenge_max_tokens = 16\n")
     return cfg
 
 
