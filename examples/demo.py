@@ -1,19 +1,27 @@
 """The whole marketplace on one machine, from nothing: `make demo` runs this.
 
-1. Private Redis and Anvil (the five contracts deployed), the market service and a Celery
-   worker, all on free ports under a fresh directory.
-2. The embedded tiny model, and two miners registering it (`miner register`) and serving
-   it (`miner run`) as separate processes.
-3. A client submitting a batch of prompts through the SDK, waiting, and checking every
-   receipt's signature, result-tree proof and output hash before it reads one output. The
-   miners are new identities, hence on probation (the committee has not vetted them yet),
-   so the client opts in to them (`allow_probation=True`), as any client of a fresh market
-   must.
-4. The market's settlement sweep finalizing each shard once its challenge window closes:
+1. Private Redis and Anvil (the five contracts deployed, 20 s epochs), the market service
+   and a Celery worker, all on free ports under a fresh directory.
+2. The embedded tiny model.
+3. A verifier committee: two verifiers staking (`verifier register`; their seats take
+   effect at the next epoch boundary) and running (`verifier run`, each with its own Celery
+   scoring worker on the same Redis).
+4. Two miners registering the model (`miner register`) and serving it (`miner run`).
+5. A client submitting a batch of prompts through the SDK, naming an arbiter, waiting, and
+   checking every receipt's signature, result-tree proof, output hash and finish reason
+   before it reads one output. The miners are new identities, hence on probation (the
+   committee has not vetted them yet), so the client opts in to them
+   (`allow_probation=True`), as any client of a fresh market must.
+6. The arbiter disputing one output (`verifier dispute`): the committee scores the whole
+   shard, votes through the market's relay and records a stake quorum on-chain.
+7. A challenge epoch: the committee's challenges, disguised as ordinary client jobs, reach
+   the miners; the members score the answers and submit the epoch's reputation report.
+8. The market's settlement sweep finalizing each shard once its challenge window closes:
    each miner is paid for its own tokens, the unused budget goes back to the client.
 
 Everything started here is stopped at the end, also on Ctrl-C or an error. Nothing in this
-file is special to the demo: it is what a client script and two miner operators would do.
+file is special to the demo: it is what a client script, an arbiter, two verifier operators
+and two miner operators would do.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from pathlib import Path
 
 from client import Client
 from market.chain.client import anvil_account
+from market.chain.deploy import DeployParams
 from market.errors import QuarryError
 from market.model.create import create_model
 from market.service.processes import ManagedProcess, spawn
@@ -36,8 +45,13 @@ from market.service.stack import LocalStack
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CLIENT_ACCOUNT = 1
+ARBITER_ACCOUNT = 2
 MINER_ACCOUNTS = (3, 4)
+VERIFIER_ACCOUNTS = (6, 7)
+VERIFIER_STAKES = ("0.2ether", "0.1ether")  # a quorum (> 2/3 of the stake) needs both
 PRICE_WEI = 10**9  # 1 gwei per output token
+EPOCH_S = 20
+STEPS = 8
 
 TOPICS = ["the ocean", "a small village", "prime numbers", "the market", "music", "tea",
           "the library", "history", "computers", "the weather", "a long journey", "sleep"]
@@ -56,7 +70,35 @@ def eth(wei: int) -> str:
 
 
 def step(n: int, text: str) -> None:
-    print(f"[{n}/6] {text}", flush=True)
+    print(f"[{n}/{STEPS}] {text}", flush=True)
+
+
+def verifier_config(path: Path, *, account: int, stake: str, market_url: str,
+                    redis_url: str, model_dir: Path, state_dir: Path) -> Path:
+    key = "0x" + bytes(anvil_account(account).key).hex()
+    path.write_text(
+        "[verifier]\n"
+        f'key = "{key}"\n'
+        f'market_url = "{market_url}"\n'
+        f'model_dir = "{model_dir}"\n'
+        f'redis_url = "{redis_url}"\n'
+        f'state_dir = "{state_dir}"\n'
+        f'stake = "{stake}"\n'
+        "scoring_workers = 1\n"
+        "poll_interval_s = 0.5\n"
+        "challenge_requests = 6\n"
+        "challenge_max_tokens = 16\n"
+    )
+    return path
+
+
+def run_command(home: Path, *argv: str) -> str:
+    """Run one CLI command to completion; QuarryError with its log when it fails."""
+    proc = spawn([str(BIN / argv[0]), *argv[1:]], name=" ".join(argv[:2]),
+                 log_path=home / "logs" / f"{argv[0]}-{argv[1]}-{time.monotonic_ns()}.log")
+    if proc.popen.wait(timeout=180) != 0:
+        raise QuarryError(f"{' '.join(argv[:2])} failed:\n{proc.log_tail()}")
+    return proc.log_tail()
 
 
 def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) -> Path:
@@ -79,12 +121,14 @@ def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) 
 
 def run(args: argparse.Namespace, home: Path) -> None:
     began = time.monotonic()
-    miners: list[ManagedProcess] = []
-    with LocalStack(home) as stack:
+    procs: list[ManagedProcess] = []
+    params = DeployParams(epoch_duration=EPOCH_S, challenge_window=45)
+    with LocalStack(home, deploy_params=params) as stack:
+        q = stack.quarry
         step(1, f"private Redis, Anvil, market and Celery worker up in "
                 f"{stack.timings['total']:.1f} s")
         print(f"      market {stack.market_url} (OpenAPI at {stack.market_url}/docs), "
-              f"chain {stack.deployment.chain_id} at {stack.rpc_url}")
+              f"chain {stack.deployment.chain_id} at {stack.rpc_url}, {EPOCH_S} s epochs")
 
         t = time.monotonic()
         model_dir = home / "models" / "quarry-tiny"
@@ -93,49 +137,80 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 f"{time.monotonic() - t:.1f} s")
 
         try:
+            vcfgs = [verifier_config(home / f"verifier{i}.toml", account=a, stake=stake,
+                                     market_url=stack.market_url, redis_url=stack.redis_url,
+                                     model_dir=model_dir, state_dir=home / "verifier-state")
+                     for i, (a, stake) in enumerate(zip(VERIFIER_ACCOUNTS, VERIFIER_STAKES,
+                                                        strict=True))]
+            for cfg in vcfgs:
+                run_command(home, "verifier", "register", "--config", str(cfg))
+            for cfg in vcfgs:
+                procs.append(spawn([str(BIN / "verifier"), "run", "--config", str(cfg)],
+                                   name=f"verifier run {cfg.stem}",
+                                   log_path=home / "logs" / f"{cfg.stem}.log"))
+            seated = max(q.committee.verifier_info(anvil_account(a).address).active_from
+                         for a in VERIFIER_ACCOUNTS)
+            step(3, f"committee: 2 verifiers staked {' and '.join(VERIFIER_STAKES)}, seats "
+                    f"from epoch {seated} (now {q.committee.current_epoch()}); each scores "
+                    "on its own Celery worker")
+
             configs = [miner_config(home / f"miner{i}.toml", account=a,
                                     market_url=stack.market_url, model_dir=model_dir)
                        for i, a in enumerate(MINER_ACCOUNTS)]
             for cfg in configs:
-                register = spawn([str(BIN / "miner"), "register", "--config", str(cfg)],
-                                 name=f"miner register {cfg.stem}",
-                                 log_path=home / "logs" / f"{cfg.stem}-register.log")
-                if register.popen.wait(timeout=120) != 0:
-                    raise QuarryError(f"miner register failed:\n{register.log_tail()}")
+                run_command(home, "miner", "register", "--config", str(cfg))
             for cfg in configs:
-                miners.append(spawn([str(BIN / "miner"), "run", "--config", str(cfg)],
-                                    name=f"miner run {cfg.stem}",
-                                    log_path=home / "logs" / f"{cfg.stem}.log"))
+                procs.append(spawn([str(BIN / "miner"), "run", "--config", str(cfg),
+                                    "--no-progress"],
+                                   name=f"miner run {cfg.stem}",
+                                   log_path=home / "logs" / f"{cfg.stem}.log"))
             addresses = [anvil_account(a).address for a in MINER_ACCOUNTS]
-            step(3, "two miners registered (0.5 ETH stake, 1 gwei/token) and running: "
-                    + ", ".join(addresses))
-            on_probation = [a for a in addresses if stack.quarry.gpu.on_probation(a)]
-            if on_probation:
-                print(f"      {len(on_probation)} of them on probation (new identities the "
-                      "committee has not vetted yet): the client opts in with "
-                      "allow_probation=True, or no miner could claim its task")
+            step(4, "two miners registered (0.5 ETH stake, 1 gwei/token) and running, on "
+                    "probation until the committee has vetted them: " + ", ".join(addresses))
 
+            arbiter = anvil_account(ARBITER_ACCOUNT)
             with Client(stack.rpc_url, anvil_account(CLIENT_ACCOUNT).key,
                         stack.market_url) as client:
                 job = client.submit(prompts(args.prompts), model=manifest.name,
                                     max_tokens=args.max_tokens, price=PRICE_WEI,
                                     shard_size=args.shard_size, deadline=3600,
-                                    allow_probation=bool(on_probation))
+                                    allow_probation=True, arbiter=arbiter.address)
                 status = job.status()
-                step(4, f"client {client.address} submitted task {job.task_id}: "
-                        f"{status.num_requests} prompts in {len(status.shards)} shards, "
-                        f"paid {eth(status.payment)} into escrow")
                 job.wait(progress=True, timeout=args.timeout)
                 outputs = job.results()
                 out = Path.cwd() / ".quarry" / "demo-results.jsonl"
                 out.parent.mkdir(parents=True, exist_ok=True)
                 job.write_results(out)
-                step(5, f"{len(outputs)} results verified (receipt signature, result-tree "
-                        f"proof and output hash each), written to {out}")
-                o = outputs[0]
-                print(f"      e.g. {o.custom_id}: {len(o.token_ids)} tokens, "
-                      f"finish_reason {o.finish_reason!r}, signed by {o.miner} "
-                      "(the tiny model's weights are random, so its text is noise)")
+                step(5, f"client {client.address} paid {eth(status.payment)} for task "
+                        f"{job.task_id} ({status.num_requests} prompts, {len(status.shards)} "
+                        f"shards, arbiter {arbiter.address}); {len(outputs)} results verified "
+                        f"and written to {out}")
+
+                stack.wait_until(lambda: q.committee.current_epoch() >= seated,
+                                 "the committee's seats to take effect", timeout=3 * EPOCH_S)
+                index = outputs[-1].index
+                acfg = home / "arbiter.toml"
+                acfg.write_text("[verifier]\n"
+                                f'key = "0x{bytes(arbiter.key).hex()}"\n'
+                                f'market_url = "{stack.market_url}"\n')
+                said = run_command(home, "verifier", "dispute", str(job.task_id),
+                                   str(index), "--config", str(acfg), "--timeout",
+                                   str(args.timeout))
+                verdict = said.strip().splitlines()[-1]
+                step(6, f"the arbiter disputed request {index}; the committee scored its "
+                        f"whole shard and voted: {verdict}")
+
+                def reported() -> list[dict]:
+                    return q.committee.events("ReputationSubmitted",
+                                              q.deployment.deploy_block)
+
+                first = stack.wait_until(reported, "the committee's first challenge epoch "
+                                         "report", timeout=args.timeout)[0]
+                reps = {m: q.gpu.miner_info(m).reputation_bps for m in addresses}
+                step(7, f"challenge epoch {first['epoch']}: every miner answered a challenge "
+                        "posted like a client job from a fresh address; the members "
+                        "re-scored the answers and submitted the report: reputations "
+                        + ", ".join(f"{m[:10]}... {r / 100:.0f}%" for m, r in reps.items()))
 
                 final = job.wait(progress=True, timeout=args.timeout, finalized=True)
                 paid: dict[str, int] = defaultdict(int)
@@ -144,9 +219,9 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 for s in final.shards:
                     shards[s.miner or "-"].append(s.index)
                     tokens[s.miner or "-"] += s.tokens_used
-                for e in stack.quarry.tasks.events("ShardFinalized", taskId=job.task_id):
+                for e in q.tasks.events("ShardFinalized", taskId=job.task_id):
                     paid[e["miner"]] += int(e["payment"])
-                step(6, f"settled once the {stack.deployment.params['challenge_window']} s "
+                step(8, f"settled once the {stack.deployment.params['challenge_window']} s "
                         "challenge window closed (market sweep / miners' finalizeShard):")
                 for miner in sorted(shards):
                     print(f"      miner {miner}: shards {shards[miner]}, {tokens[miner]} "
@@ -157,8 +232,8 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 print(f"      client refunded {eth(final.refunded)} of unused budget; "
                       f"{final.tokens} tokens in all")
         finally:
-            for m in miners:
-                m.stop()
+            for p in procs:
+                p.stop()
     print(f"demo done in {time.monotonic() - began:.1f} s; every process it started is "
           "stopped", flush=True)
 
