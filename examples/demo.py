@@ -93,12 +93,14 @@ def verifier_config(path: Path, *, account: int, stake: str, market_url: str,
 
 
 def run_command(home: Path, *argv: str) -> str:
-    """Run one CLI command to completion; QuarryError with its log when it fails."""
-    proc = spawn([str(BIN / argv[0]), *argv[1:]], name=" ".join(argv[:2]),
-                 log_path=home / "logs" / f"{argv[0]}-{argv[1]}-{time.monotonic_ns()}.log")
+    """Run one CLI command to completion and return the last line it printed; QuarryError
+    with its log when it fails."""
+    log = home / "logs" / f"{argv[0]}-{argv[1]}-{time.monotonic_ns()}.log"
+    proc = spawn([str(BIN / argv[0]), *argv[1:]], name=" ".join(argv[:2]), log_path=log)
     if proc.popen.wait(timeout=180) != 0:
         raise QuarryError(f"{' '.join(argv[:2])} failed:\n{proc.log_tail()}")
-    return proc.log_tail()
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) -> Path:
@@ -193,10 +195,9 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 acfg.write_text("[verifier]\n"
                                 f'key = "0x{bytes(arbiter.key).hex()}"\n'
                                 f'market_url = "{stack.market_url}"\n')
-                said = run_command(home, "verifier", "dispute", str(job.task_id),
-                                   str(index), "--config", str(acfg), "--timeout",
-                                   str(args.timeout))
-                verdict = said.strip().splitlines()[-1]
+                verdict = run_command(home, "verifier", "dispute", str(job.task_id),
+                                      str(index), "--config", str(acfg), "--timeout",
+                                      str(args.timeout))
                 step(6, f"the arbiter disputed request {index}; the committee scored its "
                         f"whole shard and voted: {verdict}")
 
