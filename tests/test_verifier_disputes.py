@@ -143,7 +143,7 @@ def register_miner(devnet: Any, index: int, model_id: bytes) -> Any:
 
 
 def post_task(devnet: Any, api: MarketAPI, model_id: bytes, data: bytes, *,
-              input_uri: str | None = None) -> int:
+              input_uri: str | None = None, max_tokens: int = MAX_TOKENS) -> int:
     """One task (one shard) for `data`; `input_uri` points the task at other bytes. Miners
     registered in these tests are on probation: the tasks allow them."""
     uri = api.put(data)
@@ -151,7 +151,7 @@ def post_task(devnet: Any, api: MarketAPI, model_id: bytes, data: bytes, *,
     task_id, _ = devnet.q.tasks.create_task(
         devnet.client, model_id=model_id, input_root=input_tree(hashes).root,
         input_uri=input_uri or uri, num_requests=len(hashes), shard_size=len(hashes),
-        max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        max_tokens_per_request=max_tokens, price_per_token=PRICE,
         deadline=devnet.chain.timestamp() + 3600, allow_probation=True)
     return task_id
 
@@ -683,3 +683,53 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     # The draw is a pure function of the submission's block: every member draws alike.
     seed_block = q.chain.w3.eth.get_block("latest")["hash"]
     assert audit_draw(seed_block, 1, 0) == audit_draw(seed_block, 1, 0) < 10_000
+
+
+# ---------------------------------------------------------------------------- rational cheats
+
+
+def mixed_batch(n: int, tag: str, max_tokens: int) -> bytes:
+    """A client job of greedy and sampled (temperature 1) requests, alternating."""
+    lines = []
+    for i in range(n):
+        body: dict[str, Any] = {"model": "quarry-dispute-test", "max_tokens": max_tokens,
+                                "prompt": f"{tag} tell a story about the sea {i}"}
+        if i % 2:
+            body |= {"temperature": 1.0, "seed": 1000 + i}
+        lines.append(json.dumps({"custom_id": f"r{i}", "method": "POST",
+                                 "url": "/v1/completions", "body": body}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize(("mode", "evidence"), [
+    ("greedy-sampled", "sampled outputs' evidence"),
+    ("cold", "sampled outputs' evidence"),
+    ("noise", "greedy token(s) lost"),
+    ("truncate", "impossible output"),
+])
+def test_rational_cheats_lose_their_disputes(devnet: Any, stack: Stack, engine: Any,
+                                             model_dir: Path, tmp_path: Path, mode: str,
+                                             evidence: str) -> None:
+    """Each way of serving the right model the wrong way, on an ordinary client shard of 12
+    requests x 48 tokens: the client disputes one output, the committee scores the whole
+    shard and finds the miner at fault (its collateral slashed, the budget refunded)."""
+    from miner.cheats import cheating_engine
+    from miner.worker import Worker
+
+    q, api, mid = devnet.q, stack.api, engine.model_id
+    miner = register_miner(devnet, 16, mid)
+    data = mixed_batch(12, mode, 48)
+    task_id = post_task(devnet, api, mid, data, max_tokens=48)
+    cheat = cheating_engine(mode, engine, model_dir, cache_dir=tmp_path)  # never closed:
+    worker = Worker(account=miner, quarry=q, engines={mid: cheat}, store=api,  # it would
+                    progress=False)                                        # close `engine`
+    assert worker.process_shard(task_id, 0).submitted
+    stake = q.gpu.miner_info(miner.address).stake
+    dispute_id = open_dispute(q, devnet.client, api, task_id, 0)
+    desks = [DisputeDesk(q, v, api, stack.scorer) for v in devnet.verifiers]
+    for desk in desks:
+        desk.step()
+    assert q.arbitration.get_dispute(dispute_id).status == DisputeStatus.MINER_AT_FAULT
+    assert evidence in desks[0].verdicts[dispute_id].reason
+    assert q.gpu.miner_info(miner.address).stake < stake
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.REFUNDED
