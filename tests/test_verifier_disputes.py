@@ -704,9 +704,9 @@ def mixed_batch(n: int, tag: str, max_tokens: int) -> bytes:
 @pytest.mark.parametrize(("mode", "evidence"), [
     ("greedy-sampled", "sampled outputs' evidence"),
     ("cold", "sampled outputs' evidence"),
-    ("noise", "greedy token(s) lost"),
-    ("truncate", "impossible output"),
-])
+    ("truncate", "greedy token(s) lost"),  # the stop token it adds is not the argmax
+])  # `noise` is caught on the default model (test_miner_cheats); on this 2-layer test model
+#     its weight noise changes no greedy token at all, so there is nothing to find
 def test_rational_cheats_lose_their_disputes(devnet: Any, stack: Stack, engine: Any,
                                              model_dir: Path, tmp_path: Path, mode: str,
                                              evidence: str) -> None:
