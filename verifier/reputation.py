@@ -61,9 +61,11 @@ class ReputationParams:
     - `alpha = 0.7`: a failed epoch takes a new miner (5000) to 3500, under the untrusted
       line, at once; an honest one climbs 5000, 6500, 7550, ...
     - `penalty_rates = (0.3, 0.5, 0.7)`, default `stricter`: the punishment for abnormal
-      epochs beyond the tolerated one. `benchmarks/detection.py` (12 epochs, 16 x 64-token
-      challenges, every mode of `miner.cheats`) has every cheat untrusted at epoch 1 on all
-      three levels and no honest epoch flagged.
+      epochs beyond the tolerated one. A fault found on-chain skips all of this and puts
+      the miner under the untrusted line (`update(fault=True)`). `benchmarks/detection.py`
+      (12 epochs of challenges drawn like client jobs, audited client traffic, every mode
+      of `miner.cheats`) has every cheat untrusted within 3 epochs on all three levels and
+      no honest epoch flagged.
     """
 
     alpha: float = 0.7
