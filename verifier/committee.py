@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from eth_account import Account
 from eth_utils import encode_hex, to_checksum_address
 
+from market import jsonsafe
 from market.chain.contracts import ChallengeStatus, ShardState
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
@@ -566,7 +567,7 @@ class CommitteeMember:
         data = self.market.get("sha256:" + root.hex())
         if hashlib.sha256(data).digest() != root:
             raise StoreError(f"evidence {encode_hex(root)} does not hash to its root")
-        return json.loads(data)
+        return jsonsafe.loads(data, what="the evidence document")
 
     def _next_records(self, epoch: int, scores: Mapping[str, int | None],
                       faults: Iterable[str] = ()

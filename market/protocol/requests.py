@@ -25,6 +25,7 @@ from typing import Any
 
 from eth_abi import encode as abi_encode
 
+from market.jsonsafe import JsonTooDeep, check_depth
 from market.protocol.canonical import keccak, request_hash
 from market.protocol.errors import ProtocolError, RequestError
 
@@ -207,7 +208,10 @@ def parse_jsonl(source: str | bytes | Iterable[str]) -> list[ParsedRequest]:
         if not text.strip():
             continue
         try:
+            check_depth(text, what="the request line")
             obj = json.loads(text, parse_constant=_reject_constant)
+        except JsonTooDeep as exc:
+            raise RequestError(str(exc), line=number) from exc
         except (json.JSONDecodeError, ValueError) as exc:
             raise RequestError(f"not valid JSON: {exc}", line=number) from exc
         validate_request(obj, line=number)

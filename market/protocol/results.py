@@ -21,6 +21,7 @@ from typing import Any
 
 from eth_utils import encode_hex, to_checksum_address
 
+from market import jsonsafe
 from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import MerkleError, ProtocolError, SignatureError
@@ -128,8 +129,8 @@ class ShardResult:
     @classmethod
     def from_bytes(cls, data: bytes) -> ShardResult:
         try:
-            d = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            d = jsonsafe.loads(data, what="the result document")
+        except (UnicodeDecodeError, json.JSONDecodeError, jsonsafe.JsonTooDeep) as exc:
             raise ResultFormatError(f"result document is not JSON: {exc}") from exc
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ResultFormatError(f"result document is not {FORMAT}")

@@ -62,6 +62,7 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 
+from market import jsonsafe
 from market.chain.deployment import Deployment
 from market.errors import QuarryError
 from market.protocol.canonical import canonical_json_bytes
@@ -205,8 +206,8 @@ class MarketAPI:
                 "running?") from exc
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
+                detail = jsonsafe.loads(response.content).get("detail", response.text)
+            except (ValueError, AttributeError, QuarryError):
                 detail = response.text
             if response.status_code == 404 and path.startswith("/store/"):
                 raise ContentNotFound(f"market {self.url} holds no {path[7:]}")
@@ -215,7 +216,11 @@ class MarketAPI:
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._request(method, path, **kwargs).json()
+        response = self._request(method, path, **kwargs)
+        try:
+            return jsonsafe.loads(response.content, what=f"the market's answer to {path}")
+        except jsonsafe.JsonTooDeep as exc:
+            raise MarketError(str(exc)) from exc
 
     # ------------------------------------------------------------------ service
     def health(self) -> dict[str, Any]:

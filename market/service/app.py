@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Body, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -47,6 +47,7 @@ from market.service.board import (
     deployment_identity,
     model_id_bytes,
 )
+from market.service.guards import JsonBodyGuard
 from market.service.matching import eligible, rank_open_shards
 from market.service.settings import MarketSettings
 from market.store import ContentNotFound, ContentTooLarge, LocalStore
@@ -56,6 +57,7 @@ HEARTBEAT_SKEW_S = 60
 SIGNED_SKEW_S = 120
 """How far an offer's or a committee reader's timestamp may be from the market's clock."""
 MAX_MESSAGE_BYTES = 1 << 20
+MAX_STATUS_BYTES = 4096  # a heartbeat's status: a few counters, not a store
 """The largest committee message the relay takes (its JSON body)."""
 MAX_TOPIC_CHARS = 256
 KIND_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
@@ -176,6 +178,7 @@ def _check_skew(what: str, timestamp: int, status: int) -> None:
 def create_app(settings: MarketSettings) -> FastAPI:
     """The market's FastAPI app over `settings` (store directory, board file, deployment)."""
     app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1")
+    app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
     board = Board(settings.db_path)
     store = LocalStore(settings.store_dir, settings.max_file_bytes)
     deployment = WatchedDeployment(settings.deployment, timeout=5.0)
@@ -292,7 +295,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         return board.jobs(client)
 
     @app.get("/jobs/{task_id}", tags=["jobs"])
-    def job(task_id: int) -> dict[str, Any]:
+    def job(task_id: int = Path(ge=0, le=I64_MAX)) -> dict[str, Any]:
         """The task with every shard (state, miner, claimExpiry, windowEnd, tokensUsed,
         resultUri, payment, refund...), its disputes (status, deadline, committee epoch and
         votes by weight, absences reported), availability challenges (status, deadline) and
@@ -330,7 +333,8 @@ def create_app(settings: MarketSettings) -> FastAPI:
         return rank_open_shards(candidates, row, at, limit)
 
     @app.post("/tasks/{task_id}/offer", tags=["jobs"])
-    def offer(task_id: int, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    def offer(task_id: int = Path(ge=0, le=I64_MAX),
+              body: dict[str, Any] = Body(...)) -> dict[str, Any]:
         """The task's client offers it to one registered miner: until the task's deadline its
         shards are shown and recommended to that miner alone (the contract still lets any
         eligible miner claim). 401 when not signed by the task's client (TaskRegistry), 404
@@ -414,7 +418,8 @@ def create_app(settings: MarketSettings) -> FastAPI:
     @app.get("/committee/messages", tags=["committee"])
     def messages(request: Request, epoch: int | None = Query(None, ge=0, le=I64_MAX),
                  kind: str | None = None, topic: str | None = None,
-                 afterId: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10000),
+                 afterId: int = Query(0, ge=0, le=I64_MAX),
+                 limit: int = Query(1000, ge=1, le=10000),
                  ) -> list[dict[str, Any]]:
         """Messages with an id above `afterId`, ascending, filtered by epoch, kind and topic
         when given; verifiers only (seated, joining or leaving, as for posting): headers
@@ -460,6 +465,10 @@ def create_app(settings: MarketSettings) -> FastAPI:
             raise HTTPException(401, f"heartbeat for {miner} is signed by {signer}")
         if not isinstance(body["status"], dict):
             raise HTTPException(400, "heartbeat status must be a JSON object")
+        size = len(json.dumps(body["status"], separators=(",", ":")))
+        if size > MAX_STATUS_BYTES:
+            raise HTTPException(413, f"heartbeat status of {size} bytes is over the "
+                                f"{MAX_STATUS_BYTES}-byte limit")
         timestamp = int(body["timestamp"])
         skew = timestamp - time.time()
         if abs(skew) > HEARTBEAT_SKEW_S:
