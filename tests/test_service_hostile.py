@@ -77,20 +77,20 @@ def test_deep_json_is_refused_and_the_market_lives(market: str, path: str) -> No
 
 
 def test_oversized_bodies_are_refused_before_parsing(market: str) -> None:
-    big = json.dumps({"pad": "x" * (2 << 20)}).encode()
+    big = json.dumps({"pad": "x" * (3 << 20)}).encode()
     r = httpx.post(f"{market}/models", content=big,
                    headers={"content-type": "application/json"}, timeout=30)
-    assert r.status_code == 413 and "over the 1048576-byte limit" in r.json()["detail"]
+    assert r.status_code == 413 and "over the 2097152-byte limit" in r.json()["detail"]
 
     def chunks() -> Iterator[bytes]:  # no content-length: cut off once past the limit
         yield b'{"pad": "'
-        for _ in range(40):
+        for _ in range(48):
             yield b"x" * 65536
         yield b'"}'
 
     r = httpx.post(f"{market}/models", content=chunks(),
                    headers={"content-type": "application/json"}, timeout=30)
-    assert r.status_code == 413 and "passed the 1048576-byte limit" in r.json()["detail"]
+    assert r.status_code == 413 and "passed the 2097152-byte limit" in r.json()["detail"]
     _alive(market)
 
 

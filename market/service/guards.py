@@ -23,8 +23,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-MAX_JSON_BYTES = 1 << 20
-"""1 MiB: committee messages are capped at this, manifests and heartbeats are far smaller."""
+MAX_JSON_BYTES = 2 << 20
+"""2 MiB: manifests and heartbeats are far smaller; committee messages have their own 1 MiB
+limit, which that endpoint enforces and names itself below this one."""
 
 
 class _Refused(Exception):
