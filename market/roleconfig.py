@@ -122,11 +122,18 @@ def parse_wei(value: Any, name: str, role: str = "miner") -> int:
     return int(wei)
 
 
+SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
 def check_key(value: str, name: str, role: str = "miner") -> str:
-    """A hex private key with its 0x prefix."""
+    """A hex private key with its 0x prefix: 64 hex digits naming a secp256k1 scalar in
+    [1, n-1] (zero and values from the curve order up sign nothing)."""
     value = value.strip()
     if not _HEX_KEY.match(value):
         raise ConfigError(f"{role} setting {name}: not a hex private key (64 hex digits)")
+    if not 0 < int(value.removeprefix("0x"), 16) < SECP256K1_ORDER:
+        raise ConfigError(f"{role} setting {name}: 64 hex digits, but not a valid secp256k1 "
+                          "private key (it must be between 1 and the curve order - 1)")
     return value if value.startswith("0x") else "0x" + value
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -612,8 +613,16 @@ def test_cli_run_first_ctrl_c_submits_the_shard_and_exits_0(
             proc.wait()
     err = "".join(lines) + rest
     assert proc.returncode == 0, err
-    assert "Ctrl-C: finishing task" in err, err
+    # Where the signal lands is the scheduler's choice, not the test's: mid-shard (the usual
+    # case) the miner names the shard it finishes, and that shard is submitted; on a busy
+    # machine the shard may be done before the signal is handled, and it says it exits.
+    # Either way no claim is left behind and no further shard is taken.
+    finishing = re.search(r"Ctrl-C: finishing task (\d+) shard (\d+)", err)
+    assert finishing or "Ctrl-C: exiting" in err, err
     states = [q.tasks.get_shard(task_id, k).state for k in range(5)]
+    if finishing:
+        assert int(finishing[1]) == task_id
+        assert states[int(finishing[2])] == ShardState.SUBMITTED
     assert ShardState.CLAIMED not in states
     assert states.count(ShardState.SUBMITTED) >= 1 and ShardState.OPEN in states
 

@@ -187,6 +187,20 @@ def test_cli_is_cheap_to_import_and_errors_in_one_line(tmp_path: Path) -> None:
         "miner: error: miner setting engine: 'tensorrt' is not one of torch, pipeline, vllm"]
 
 
+@pytest.mark.parametrize("key", ["0" * 64, "f" * 64,
+                                 "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141"])
+def test_a_key_off_the_curve_is_one_line_not_a_traceback(tmp_path: Path, key: str) -> None:
+    """64 hex digits that are no secp256k1 private key (zero, or the curve order and up)
+    used to end `miner register` in a 44-line traceback."""
+    cfg = write(tmp_path, f'[miner]\nkey = "0x{key}"\nmodel_dirs = ["m"]\n')
+    r = subprocess.run([sys.executable, "-m", "miner.cli", "register", "--config", str(cfg)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "miner: error: miner setting key: 64 hex digits, but not a valid secp256k1 private "
+        "key (it must be between 1 and the curve order - 1)"]
+
+
 def test_result_copies_live_under_quarry_home(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the miner keeps copies of submitted results (to answer availability challenges)

@@ -320,8 +320,8 @@ def test_heartbeats_and_miners(market: Market, devnet: Devnet) -> None:
     not_object = httpx.post(url, json=body(net.miner2, status=[1]))
     assert not_object.status_code == 400 and "status must be" in not_object.json()["detail"]
     assert {m["address"]: m["alive"] for m in api.miners()}[net.miner2.address] is False
-    outsider = httpx.post(url, json=body(net.outsider))  # accepted, but not a registered miner
-    assert outsider.status_code == 200 and outsider.json()["registered"] is False
+    outsider = httpx.post(url, json=body(net.outsider))  # signed, but not a registered miner
+    assert outsider.status_code == 403 and "not a registered miner" in outsider.json()["detail"]
     assert net.outsider.address not in {m["address"] for m in api.miners()}
 
 

@@ -454,8 +454,9 @@ def create_app(settings: MarketSettings) -> FastAPI:
     # -- miners ------------------------------------------------------------------------
     @app.post("/miners/heartbeat", tags=["miners"])
     def heartbeat(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
-        """A miner's signed liveness report: 401 when the signature is not the miner's, 400
-        when its timestamp is more than 60 s off the market's clock."""
+        """A registered miner's signed liveness report: 401 when the signature is not the
+        miner's, 400 when its timestamp is more than 60 s off the market's clock, 403 from a
+        key that is not a registered miner, 413 for a status over 4096 bytes."""
         try:
             signer = recover_heartbeat(body)
         except MarketError as exc:
@@ -474,9 +475,12 @@ def create_app(settings: MarketSettings) -> FastAPI:
         if abs(skew) > HEARTBEAT_SKEW_S:
             raise HTTPException(400, f"heartbeat timestamp {timestamp} is {skew:+.0f} s off "
                                 f"the market's clock (at most {HEARTBEAT_SKEW_S} s)")
+        # Only registered miners: the board (indexed a moment behind) or else the chain.
+        if board.miner(miner) is None and not deployment.quarry().gpu.is_registered(miner):
+            raise HTTPException(403, f"{miner} is not a registered miner: heartbeats come "
+                                "from miners registered in GPURegistry (`miner register`)")
         board.record_heartbeat(miner, timestamp, body["status"])
-        return {"miner": miner, "timestamp": timestamp,
-                "registered": board.miner(miner) is not None}
+        return {"miner": miner, "timestamp": timestamp, "registered": True}
 
     @app.get("/miners", tags=["miners"])
     def miners() -> list[dict[str, Any]]:
