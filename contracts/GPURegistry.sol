@@ -49,7 +49,8 @@ struct MinerInfo {
 ///
 /// Untrust has consequences beyond lost work: every committee report after the first in a
 /// row that leaves a miner untrusted burns `untrustedSlashBps` of its stake (credited to
-/// `BURN`, which no one can withdraw). An untrusted miner that believes it was wrongly
+/// `BURN`, which no one can withdraw), taken from its free stake only: collateral locked by
+/// its open shards stays whole, so their clients are still settled. An untrusted miner that believes it was wrongly
 /// judged pays `rechallengeFee` (burned too, so asking is never free) to be challenged
 /// again: it goes back on probation, eligible for the committee's challenges (tasks that
 /// allow probation) despite its reputation, until the next report that names it.
@@ -390,7 +391,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         if (bps >= untrustedBelowBps) {
             delete untrustedReportsOf[miner];
         } else if (++untrustedReportsOf[miner] > 1 && address(escrow) != address(0)) {
-            _slash(m, miner, m.stake * untrustedSlashBps / BPS, BURN);
+            uint256 burn = m.stake * untrustedSlashBps / BPS;
+            uint256 free = m.stake - m.locked;
+            _slash(m, miner, burn < free ? burn : free, BURN);
         }
         if (m.onProbation && epochStart >= m.registeredAt) {
             if (bps < probationPassBps) {

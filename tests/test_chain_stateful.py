@@ -1163,8 +1163,10 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                     continue
                 m.rep = score
                 m.untrusted = m.untrusted + 1 if score < untrusted_bps else 0
-                if m.untrusted > 1:  # a repeated untrusted report burns part of the stake
-                    self._slash(address, m.stake * untrusted_slash_bps // BPS, burn)
+                if m.untrusted > 1:  # a repeated untrusted report burns free stake
+                    locked = sum(sh.collateral for sh in self._in(*LIVE) if sh.miner == address)
+                    self._slash(address, min(m.stake * untrusted_slash_bps // BPS,
+                                             m.stake - locked), burn)
                 if not m.on_probation or epoch_start(epoch) < m.registered_at:
                     continue
                 if score < pass_bps:

@@ -299,6 +299,22 @@ describe("GPURegistry", function () {
       await gpu.connect(com).setReputation(miner, 3999, LATER);
       expect((await gpu.minerInfo(miner)).stake).to.equal(stake - burn1 - burn2); // 0 bps: none
     });
+    it("the burn takes free stake only: collateral locked by open shards stays whole and can still be unlocked", async function () {
+      const { gpu, escrow, tr, com, miner } = await loadFixture(fixture);
+      const stake = P.minStake * 2n;
+      const free = stake / 20n; // 5% free, less than the 10% burn
+      await gpu.connect(tr).lockCollateral(miner, stake - free);
+      await gpu.connect(com).setReputation(miner, 3999, LATER);
+      await gpu.connect(com).setReputation(miner, 3999, LATER);
+      const info = await gpu.minerInfo(miner);
+      expect(info.stake).to.equal(stake - free);
+      expect(info.locked).to.equal(stake - free);
+      expect(await escrow.withdrawable(BURN)).to.equal(free);
+      await gpu.connect(com).setReputation(miner, 3999, LATER); // nothing free: nothing burned
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - free);
+      await gpu.connect(tr).unlockCollateral(miner, stake - free); // the open shards settle
+      expect((await gpu.minerInfo(miner)).locked).to.equal(0);
+    });
     it("an untrusted miner pays the fee (burned) to be challenged again: back on probation, eligible for challenge-like tasks until the next report", async function () {
       const { gpu, escrow, com, miner, alice } = await loadFixture(fixture);
       const fee = await gpu.rechallengeFee();
