@@ -641,7 +641,7 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     report counts as an abnormal epoch, names the miner. A desk at rate 0 audits nothing."""
     from miner.cheats import cheating_engine
     from miner.worker import Worker
-    from verifier.audits import AuditDesk, audit_draw
+    from verifier.audits import AuditDesk, audit_draw, audit_seed
     from verifier.committee import chain_faults
 
     q, api, mid = devnet.q, stack.api, engine.model_id
@@ -658,6 +658,14 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     idle = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=0)
     idle.step()
     assert idle.cases == {} and idle.drawn >= 2
+    # The draw is a pure function of the submission's block: at half rate a desk audits
+    # exactly the shards whose draw is under 5000, as every other member does.
+    half = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=5000)
+    half._discover()
+    submitted = {(int(ev["taskId"]), int(ev["shard"])): int(ev["blockNumber"])
+                 for ev in q.tasks.events("ResultSubmitted", q.deployment.deploy_block)}
+    assert set(half.cases) == {key for key, n in submitted.items() if audit_draw(audit_seed(
+        bytes(q.chain.w3.eth.get_block(n)["hash"]), *key)) < 5000}
     auditors = [AuditDesk(q, v, api, stack.scorer, rate_bps=10_000, stagger_s=0,
                           on_event=events.append) for v in devnet.verifiers[1:]]
     for desk in auditors:
@@ -680,9 +688,6 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
     assert q.gpu.miner_info(cheat.address).stake < STAKE
     assert chain_faults(q, start, q.chain.timestamp() + 1) == {cheat.address}
-    # The draw is a pure function of the submission's block: every member draws alike.
-    seed_block = q.chain.w3.eth.get_block("latest")["hash"]
-    assert audit_draw(seed_block, 1, 0) == audit_draw(seed_block, 1, 0) < 10_000
 
 
 # ---------------------------------------------------------------------------- rational cheats

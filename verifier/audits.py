@@ -6,11 +6,11 @@ still caught on the work clients pay for.
 in the current committee it:
 
 1. reads the `ResultSubmitted` events since it last looked;
-2. draws each submitted shard: audited when `audit_draw(hash of the submission's block,
-   taskId, shard) < audit_rate_bps`. The block hash is fixed only once the submission is
-   mined, so the miner cannot know, when it decides how to serve a shard, whether it will
-   be audited (a miner that also produces the block could grind it; on a public chain use
-   a later block's RANDAO value);
+2. draws each submitted shard: audited when `audit_draw(audit_seed(hash of the
+   submission's block, taskId, shard)) < audit_rate_bps`. The block hash is fixed only
+   once the submission is mined, so the miner cannot know, when it decides how to serve a
+   shard, whether it will be audited (a miner that also produces the block could grind
+   it; on a public chain use a later block's RANDAO value);
 3. judges every drawn shard of a task over its own model with `verifier.shards.ShardJudge`
    (the miner's own document, all of the shard's outputs, `verifier.scoring.judge`);
 4. disputes a failing shard at once, as an auditor (Arbitration lets any sitting member
@@ -67,9 +67,10 @@ def audit_seed(block_hash: bytes, task_id: int, shard: int) -> bytes:
                   + int(shard).to_bytes(4, "big"))
 
 
-def audit_draw(block_hash: bytes, task_id: int, shard: int) -> int:
-    """A number in [0, 10000): the shard is audited when it is below the audit rate (bps)."""
-    return int.from_bytes(audit_seed(block_hash, task_id, shard)[:8], "big") % BPS
+def audit_draw(seed: bytes) -> int:
+    """A number in [0, 10000) from an `audit_seed`: the shard is audited when it is below
+    the audit rate (bps)."""
+    return int.from_bytes(seed[:8], "big") % BPS
 
 
 def audit_rank(seed: bytes, member: str, members: list[str]) -> int:
@@ -87,12 +88,12 @@ class AuditCase:
     shard: int
     seed: bytes
     submitted_at: int
-    window_end: int
     status: str = "pending"
     reason: str = ""
     dispute_id: int | None = None
     challenge_id: int | None = None
     answered: bool = False  # an availability challenge of ours was answered
+    verdict: ShardVerdict | None = None  # the failed judgement, kept to act on it
 
 
 class AuditDesk:
@@ -113,7 +114,6 @@ class AuditDesk:
                                 model_id=model_id)
         self.on_event = on_event or (lambda line: log.info("%s", line))
         self.cases: dict[tuple[int, int], AuditCase] = {}
-        self._verdicts: dict[tuple[int, int], ShardVerdict] = {}  # failed audits
         self.drawn = 0  # shards this desk has drawn (audited or not)
         self._scan_from = q.deployment.deploy_block
 
@@ -148,10 +148,9 @@ class AuditDesk:
             block = w3.eth.get_block(int(ev["blockNumber"]))
             seed = audit_seed(bytes(block["hash"]), *key)
             self.drawn += 1
-            if int.from_bytes(seed[:8], "big") % BPS >= self.rate_bps:
+            if audit_draw(seed) >= self.rate_bps:
                 continue
-            self.cases[key] = AuditCase(*key, seed=seed, submitted_at=int(block["timestamp"]),
-                                        window_end=int(ev["windowEnd"]))
+            self.cases[key] = AuditCase(*key, seed=seed, submitted_at=int(block["timestamp"]))
         self._scan_from = head + 1
 
     def _advance(self, case: AuditCase, now: int, epoch: int) -> None:
@@ -173,15 +172,15 @@ class AuditDesk:
                 self.on_event(f"audit of task {case.task_id} shard {case.shard} "
                               f"(miner {shard.miner}): {verdict.reason}")
                 return
-            case.status, case.reason = "failed", verdict.reason
+            case.status, case.reason, case.verdict = "failed", verdict.reason, verdict
             self.on_event(f"audit of task {case.task_id} shard {case.shard} (miner "
                           f"{shard.miner}) FAILED: {verdict.reason}")
-            self._verdicts[case.task_id, case.shard] = verdict
         members = sorted(self.q.committee.weights_at(epoch), key=lambda a: int(a, 16))
         rank = audit_rank(case.seed, self.me, members)
         if now < case.submitted_at + rank * self.stagger_s:
             return  # another member's turn first
-        self._act(case, self._verdicts[case.task_id, case.shard])
+        assert case.verdict is not None
+        self._act(case, case.verdict)
 
     def _act(self, case: AuditCase, verdict: ShardVerdict) -> None:
         try:

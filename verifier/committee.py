@@ -437,11 +437,11 @@ class CommitteeMember:
         key = str(epoch)
         if key not in self.state.posted:
             posted = []
+            duration = self.q.committee.epoch_duration()
             for c in cs.challenges:
                 # A deadline of its own, past the epoch's end by up to two epochs: answers
                 # still count only until the committee collects them, but the task does not
                 # end on the epoch boundary, which would set it apart from clients' tasks.
-                duration = self.q.committee.epoch_duration()
                 own = deadline + secrets.randbelow(2 * duration + 1)
                 try:
                     posted.append(post_challenge(self.q, self.account, self.market, c,

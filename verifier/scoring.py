@@ -229,13 +229,6 @@ def judge(scores: Sequence[ChallengeScore], *, greedy_margin: float = GREEDY_MAR
                      own=tuple(own))
 
 
-def score_bps(score: float) -> int:
-    """`score` in basis points: round(score * 10000) clipped to [0, 10000]."""
-    if isinstance(score, bool) or not isinstance(score, int | float) or math.isnan(score):
-        raise ScoringError(f"a score must be a number, got {score!r}")
-    return min(BPS, max(0, round(float(score) * BPS)))
-
-
 def _log_perplexity(result: ScoreResult) -> float:
     if not result.logprobs:
         return 0.0
