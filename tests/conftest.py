@@ -10,6 +10,7 @@ committee registered; each test runs inside an `evm_snapshot`/`evm_revert` pair.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,17 @@ def devnet(devnet_session: Devnet) -> Iterator[Devnet]:
         yield devnet_session
     finally:
         devnet_session.chain.revert_to(snapshot)
+        keep_up_with_the_wall_clock(devnet_session)
+
+
+def keep_up_with_the_wall_clock(net: Devnet) -> None:
+    """Anvil's evm_revert winds its clock back with the snapshot, so over a session of
+    reverted tests the chain falls behind the wall clock by their total duration, while the
+    market's sweeps take the later of the two clocks: on a slow machine deadlines then look
+    due minutes early. Move the clock up to the wall clock whenever it lags (never back)."""
+    now = int(time.time())
+    if net.chain.timestamp() < now:
+        net.chain.rpc("evm_setTime", [now])
 
 
 @pytest.fixture
