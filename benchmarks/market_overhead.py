@@ -170,7 +170,7 @@ class MinerProcess:
     """The miner child process and the events it reports."""
 
     def __init__(self, home: Path, config: Path, threads: int) -> None:
-        from market.service.processes import spawn
+        from market.local.processes import spawn
 
         self.events_path = home / "miner-events.jsonl"
         self.events_path.touch()
@@ -400,8 +400,8 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from market.chain.client import anvil_account
     from market.chain.deploy import DeployParams
     from market.engine.factory import load_engine
+    from market.local.stack import LocalStack
     from market.model.create import create_model
-    from market.service.stack import LocalStack
     from miner.config import MinerConfig
     from miner.register import register_miner
 

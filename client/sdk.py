@@ -71,10 +71,10 @@ from market.jobs import (
     wait_challenge,
     wait_dispute,
 )
+from market.marketapi import MarketAPI, MarketError
 from market.protocol.merkle import input_tree
 from market.protocol.requests import validate_request
 from market.protocol.results import ResultCheckFailed, check_finish_reason
-from market.service.api import MarketAPI, MarketError
 from market.store import ContentNotFound
 
 __all__ = [

@@ -38,9 +38,9 @@ from client import Client
 from market.chain.client import anvil_account
 from market.chain.deploy import DeployParams
 from market.errors import QuarryError
+from market.local.processes import ManagedProcess, spawn
+from market.local.stack import LocalStack
 from market.model.create import create_model
-from market.service.processes import ManagedProcess, spawn
-from market.service.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -18,7 +18,7 @@ from market.errors import ConfigError
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
     from market.chain.deployment import Deployment
-    from market.service.api import MarketAPI
+    from market.marketapi import MarketAPI
 
 log = logging.getLogger("quarry")
 
@@ -35,7 +35,7 @@ def resolve_deployment(cfg: RoleConfig, market: MarketAPI) -> Deployment:
     """The deployment from the market, else from the deployment file."""
     from market.chain.deployment import Deployment
     from market.config import deployment_path
-    from market.service.api import MarketError
+    from market.marketapi import MarketError
 
     try:
         deployment = market.deployment()
@@ -57,7 +57,7 @@ def connect(cfg: RoleConfig) -> tuple[Quarry, MarketAPI]:
     """The contracts (checked: the chain answers, its id matches, the code is there) and the
     market client."""
     from market.chain.deploy import Quarry
-    from market.service.api import MarketAPI
+    from market.marketapi import MarketAPI
 
     market = MarketAPI(cfg.market_url)
     try:

@@ -45,6 +45,7 @@ from market.chain.contracts import (
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
+from market.marketapi import MarketAPI
 from market.protocol.canonical import keccak
 from market.protocol.eip712 import Receipt
 from market.protocol.merkle import SumNode, input_tree
@@ -57,7 +58,6 @@ from market.protocol.results import (
     receipt_proven,
     verify_shard_result,
 )
-from market.service.api import MarketAPI
 from market.store import ContentNotFound, ContentTooLarge, StoreError, content_uri
 
 __all__ = [

@@ -22,8 +22,8 @@ from market.errors import ConfigError, QuarryError
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
+    from market.marketapi import MarketAPI
     from market.model.manifest import Manifest
-    from market.service.api import MarketAPI
     from miner.config import MinerConfig
     from miner.hardware import HardwareSpec
 
@@ -123,7 +123,7 @@ def hardware_for(cfg: MinerConfig) -> HardwareSpec:
 def post_manifests(market: MarketAPI, models: list[ServedModel]) -> tuple[bool, str]:
     """POST each manifest to the market; (posted, why not). The chain is the source of
     truth, so an unreachable market is reported, not fatal: rerun register to post later."""
-    from market.service.api import MarketError, MarketUnavailable
+    from market.marketapi import MarketError, MarketUnavailable
 
     try:
         for m in models:

@@ -58,10 +58,10 @@ from market.chain.errors import ContractRevert
 from market.engine.base import GenerationOutput, GenerationRequest
 from market.engine.text import TextEngine
 from market.errors import QuarryError
+from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
-from market.service.api import MarketAPI, MarketError, MarketUnavailable
 from market.store import StoreError
 from miner.archive import ResultArchive, default_state_dir
 

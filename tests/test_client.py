@@ -41,13 +41,13 @@ from client.sdk import (
 from market.chain.client import anvil_account
 from market.chain.contracts import ChallengeStatus, DisputeStatus, GpuSpec, ShardState
 from market.chain.errors import revert_class
+from market.marketapi import MarketAPI
 from market.protocol.canonical import json_hash
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
 from market.protocol.merkle import SumNode, receipts_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
-from market.service.api import MarketAPI
 from market.store import content_uri
 
 pytestmark = pytest.mark.chain

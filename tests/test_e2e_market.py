@@ -28,8 +28,8 @@ import pytest
 
 from market.chain.client import anvil_account
 from market.chain.contracts import ShardState
-from market.service.processes import ManagedProcess, spawn
-from market.service.stack import LocalStack
+from market.local.processes import ManagedProcess, spawn
+from market.local.stack import LocalStack
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 
@@ -177,7 +177,7 @@ def test_killed_miner_loses_claim_and_client_is_compensated(
 @pytest.mark.timeout(240)
 def test_market_and_redis_restart_lose_no_job(
         stack: LocalStack, miners: dict[str, Path], client: Any) -> None:
-    from market.service.api import MarketAPI
+    from market.marketapi import MarketAPI
 
     job = client.submit(prompts(6, "restart"), model="quarry-tiny", max_tokens=8,
                         price=PRICE, shard_size=3, deadline=3600, allow_probation=True)
@@ -207,7 +207,7 @@ def test_market_and_redis_restart_lose_no_job(
 
 
 def _job_or_none(api: Any, task_id: int) -> dict[str, Any] | None:
-    from market.service.api import MarketError
+    from market.marketapi import MarketError
 
     try:
         return api.job(task_id)

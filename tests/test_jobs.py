@@ -34,6 +34,7 @@ from market.jobs import (
     task_disputes,
     wait_dispute,
 )
+from market.marketapi import MarketAPI
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.merkle import input_tree
 from market.protocol.requests import (
@@ -49,7 +50,6 @@ from market.protocol.results import (
     ShardResult,
     build_shard_result,
 )
-from market.service.api import MarketAPI
 from market.store import content_uri
 
 pytestmark = pytest.mark.chain

@@ -33,11 +33,11 @@ import pytest
 from market.chain.client import anvil_account
 from market.chain.contracts import ShardState
 from market.chain.devnet import free_port
+from market.marketapi import MarketAPI
 from market.model.manifest import ModelFileMismatch
 from market.protocol.merkle import input_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import ShardResult, verify_shard_result
-from market.service.api import MarketAPI
 from market.store import LocalStore
 from miner import cli
 from miner.archive import ResultArchive

@@ -364,11 +364,11 @@ def test_miner_run_with_test_mode_submits_junk_under_the_registered_model(
     from market.chain.contracts import ShardState
     from market.chain.devnet import free_port
     from market.engine.torch_engine import TorchEngine
+    from market.marketapi import MarketAPI
     from market.model.create import create_model
     from market.protocol.merkle import input_tree
     from market.protocol.requests import parse_jsonl
     from market.protocol.results import ShardResult, verify_shard_result
-    from market.service.api import MarketAPI
     from market.service.app import serve_in_thread
     from market.service.board import Board
     from market.service.settings import MarketSettings

@@ -18,8 +18,9 @@ import pytest
 from eth_account.messages import encode_defunct
 
 from market.chain.devnet import free_port
+from market.marketapi import MarketAPI, MarketError
 from market.model.manifest import Manifest
-from market.service.api import MarketAPI, MarketError, heartbeat_message
+from market.protocol.messages import heartbeat_message
 from market.service.app import serve_in_thread
 from market.service.board import Board
 from market.service.settings import MarketSettings

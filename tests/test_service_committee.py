@@ -19,15 +19,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from market import marketapi as api_module
 from market.chain.devnet import free_port
-from market.service import api as api_module
-from market.service.api import (
-    MarketAPI,
-    MarketError,
-    committee_message,
-    reader_headers,
-    recover_committee_message,
-)
+from market.marketapi import MarketAPI, MarketError
+from market.protocol.messages import committee_message, reader_headers, recover_committee_message
 from market.service.app import MAX_MESSAGE_BYTES, serve_in_thread
 from market.service.board import Board, MessageConflict, deployment_identity
 from market.service.settings import MarketSettings

@@ -56,7 +56,7 @@ def test_nesting_is_measured_without_recursion() -> None:
 
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from market.service.stack import LocalStack
+    from market.local.stack import LocalStack
 
     with LocalStack(home=tmp_path_factory.mktemp("hostile"), workers=0) as stack:
         yield stack.market_url
@@ -97,7 +97,7 @@ def test_oversized_bodies_are_refused_before_parsing(market: str) -> None:
 def test_a_heartbeat_status_is_a_few_counters_not_a_store(market: str) -> None:
     from eth_account import Account
 
-    from market.service.api import MarketAPI, MarketError
+    from market.marketapi import MarketAPI, MarketError
 
     with MarketAPI(market) as api:
         with pytest.raises(MarketError, match="413.*status of 6.* bytes is over the 4096"):
@@ -123,7 +123,7 @@ def test_out_of_range_integers_are_4xx_not_5xx(market: str, method: str, path: s
 def test_hostile_documents_do_not_crash_their_readers(tmp_path: Path) -> None:
     """A miner publishing a 160 KB nested 'result document' (or a market answering with
     one) gets a named error from every reader, never a dead verifier or client."""
-    from market.service.api import MarketAPI, MarketError
+    from market.marketapi import MarketAPI, MarketError
 
     with pytest.raises(ResultFormatError):
         ShardResult.from_bytes(DEEP)

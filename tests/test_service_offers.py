@@ -19,7 +19,8 @@ import pytest
 from eth_account.messages import encode_defunct
 
 from market.chain.devnet import free_port
-from market.service.api import MarketAPI, MarketError, offer_message
+from market.marketapi import MarketAPI, MarketError
+from market.protocol.messages import offer_message
 from market.service.app import serve_in_thread
 from market.service.board import Board, deployment_identity
 from market.service.settings import MarketSettings
@@ -87,7 +88,8 @@ def run_recommend(market: Market, redis_dir: Path) -> dict[str, Any]:
     takes a Redis lock) against the app's board and deployment."""
     from dataclasses import replace
 
-    from market.service import processes, worker
+    from market.local import processes
+    from market.service import worker
 
     redis = processes.start_redis(redis_dir)
     try:

@@ -549,7 +549,7 @@ def test_silence_never_pays_on_chain(devnet: Devnet, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from market.service.processes import start_redis
+    from market.local.processes import start_redis
 
     proc = start_redis(Path(tmp_path_factory.mktemp("redis")))
     try:

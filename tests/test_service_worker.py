@@ -29,8 +29,8 @@ import pytest
 from market.chain.client import anvil_account
 from market.chain.contracts import Ballot, ChallengeStatus, DisputeStatus, GpuSpec, ShardState
 from market.chain.devnet import pid_alive
-from market.service import processes
-from market.service.stack import SETTLER_ACCOUNT, LocalStack
+from market.local import processes
+from market.local.stack import SETTLER_ACCOUNT, LocalStack
 
 pytestmark = pytest.mark.chain
 
@@ -111,8 +111,8 @@ def settler_txs(stack: LocalStack, from_block: int) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(60)
 def test_index_through_the_worker(stack: LocalStack) -> None:
+    from market.marketapi import MarketAPI
     from market.service import worker
-    from market.service.api import MarketAPI
 
     task_id = post_task(stack, shards=2)
     job = stack.wait_until(lambda: board(stack).job(task_id), f"task {task_id} on the board")
@@ -129,7 +129,7 @@ def test_index_through_the_worker(stack: LocalStack) -> None:
 
 @pytest.mark.timeout(60)
 def test_recommendations_for_alive_miners(stack: LocalStack) -> None:
-    from market.service.api import MarketAPI
+    from market.marketapi import MarketAPI
 
     alive, silent = MINERS
     stack.quarry.gpu.register(NEWCOMER, [MODEL_ID], GpuSpec("test GPU", 1024, 1),
@@ -399,7 +399,7 @@ def test_killed_parent_leaves_no_process(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from market.service import processes
+        from market.local import processes
         from market.service.settings import MarketSettings
         redis = processes.start_redis(Path({str(tmp_path)!r}) / "redis")
         settings = MarketSettings(redis_url=redis.extra["url"],

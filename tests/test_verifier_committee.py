@@ -24,8 +24,8 @@ import pytest
 from market.chain.client import anvil_account
 from market.chain.deploy import DeployParams
 from market.errors import QuarryError
-from market.service.processes import spawn
-from market.service.stack import LocalStack
+from market.local.processes import spawn
+from market.local.stack import LocalStack
 from verifier.committee import Snapshot, epoch_scores
 
 BIN = Path(sys.executable).parent
@@ -88,7 +88,7 @@ def test_a_verifier_waits_for_its_seat(devnet: Any, tmp_path: Path) -> None:
     from conftest import until_seated
 
     from market.chain.devnet import free_port
-    from market.service.api import MarketAPI
+    from market.marketapi import MarketAPI
     from verifier.committee import CommitteeMember
     from verifier.reputation import ReputationParams
 
@@ -123,9 +123,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_withholding_leader_fails_only_its_epoch(stack: LocalStack) -> None:
+    from market.marketapi import MarketAPI
     from market.model.create import create_model
     from market.model.manifest import load_manifest
-    from market.service.api import MarketAPI
     from verifier.committee import CommitteeMember, EpochTiming
     from verifier.reputation import ReputationParams
     from verifier.scoring_worker import ScoringClient, start_scoring_worker
@@ -201,7 +201,7 @@ def test_withholding_leader_fails_only_its_epoch(stack: LocalStack) -> None:
         # Equivocation: a member that signs two different reports for one epoch is slashed
         # by whoever sees both on the relay; half its stake goes to the prover.
         from market.protocol.eip712 import Report
-        from market.service.api import committee_message
+        from market.protocol.messages import committee_message
         from verifier.committee import REPORT_SIGNATURE, _report_json
 
         cheat, prover = VERIFIERS[3], members[0]

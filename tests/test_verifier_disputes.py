@@ -39,11 +39,12 @@ from market.chain.devnet import free_port
 from market.chain.errors import revert_class
 from market.errors import QuarryError
 from market.jobs import challenge_info, open_dispute, wait_dispute
+from market.marketapi import MarketAPI
 from market.protocol.eip712 import Vote
 from market.protocol.merkle import input_tree
+from market.protocol.messages import committee_message
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
-from market.service.api import MarketAPI, committee_message
 from market.store import content_uri
 from verifier.disputes import DisputeDesk, valid_votes, vote_body
 from verifier.shards import DisputeDeferred, scoring_line
@@ -85,7 +86,7 @@ class Scoring:
 def scoring(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scoring]:
     """Redis and one scoring worker; every desk in these tests shares the worker's queue
     (scores are deterministic, so sharing changes nothing)."""
-    from market.service.processes import start_redis
+    from market.local.processes import start_redis
     from verifier.scoring_worker import ScoringClient, start_scoring_worker
 
     root = tmp_path_factory.mktemp("scoring")

@@ -33,10 +33,10 @@ import pytest
 
 from market.chain.client import anvil_account
 from market.chain.deploy import DeployParams, Quarry
+from market.local.processes import ManagedProcess, ProcessError, spawn
+from market.local.stack import LocalStack
+from market.marketapi import MarketAPI
 from market.model.manifest import load_manifest
-from market.service.api import MarketAPI
-from market.service.processes import ManagedProcess, ProcessError, spawn
-from market.service.stack import LocalStack
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

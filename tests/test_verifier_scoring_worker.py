@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from market.local.processes import ManagedProcess, free_port, start_redis
 from market.model.create import create_model
 from market.protocol.requests import prompt_lines
-from market.service.processes import ManagedProcess, free_port, start_redis
 from verifier.scoring import ScoringError, judge, score_outputs
 from verifier.scoring_worker import SCORE_TASK, ScoringClient, scoring_app, start_scoring_worker
 

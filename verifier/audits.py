@@ -45,7 +45,7 @@ from market.jobs import (
     open_dispute,
     wait_challenge,
 )
-from market.service.api import MarketAPI
+from market.marketapi import MarketAPI
 from verifier.scoring import GREEDY_MARGIN
 from verifier.shards import DisputeDeferred, ShardJudge, ShardVerdict
 

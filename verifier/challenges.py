@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from market.chain.deploy import Quarry
+    from market.marketapi import MarketAPI
     from market.protocol.results import ResultItem
-    from market.service.api import MarketAPI
 
 SAMPLED_TEMPERATURE = 0.8
 """The temperature a mixed or sampled job is drawn around (see TEMPERATURES)."""

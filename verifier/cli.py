@@ -147,8 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from market.config import quarry_home
     from market.connect import connect
     from market.errors import ConfigError, QuarryError
+    from market.marketapi import MarketError
     from market.model.manifest import load_manifest
-    from market.service.api import MarketError
     from verifier.audits import AuditDesk
     from verifier.committee import CommitteeMember
     from verifier.disputes import DisputeDesk

@@ -59,8 +59,12 @@ from market.errors import QuarryError
 from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import ChallengeSet as ChallengeSetStruct
 from market.protocol.eip712 import Report, SignatureError, sort_signatures
+from market.protocol.messages import (
+    MalformedMessage,
+    committee_message,
+    recover_committee_message,
+)
 from market.protocol.results import ResultCheckFailed
-from market.service.api import MarketError, committee_message, recover_committee_message
 from market.store import ContentNotFound, StoreError
 from verifier.challenges import (
     Answer,
@@ -80,7 +84,7 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from market.chain.deploy import Quarry
-    from market.service.api import MarketAPI
+    from market.marketapi import MarketAPI
     from verifier.scoring_worker import ScoringClient
 
 log = logging.getLogger("verifier")
@@ -220,7 +224,7 @@ class CommitteeMember:
             try:  # the relay is not trusted: every message is checked against its author
                 if recover_committee_message(msg) != to_checksum_address(msg["author"]):
                     continue
-            except (MarketError, ValueError, KeyError):
+            except (MalformedMessage, KeyError):
                 continue
             msg["author"] = to_checksum_address(msg["author"])
             self._inbox.append(msg)

@@ -46,9 +46,10 @@ from eth_utils import encode_hex, to_checksum_address
 from market.chain.contracts import Ballot, Dispute, DisputeStatus
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
+from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.eip712 import Vote, sort_signatures
 from market.protocol.errors import SignatureError
-from market.service.api import MarketAPI, MarketError, MarketUnavailable, committee_message
+from market.protocol.messages import committee_message
 from verifier.scoring import GREEDY_MARGIN, ChallengeScore
 from verifier.shards import DisputeDeferred, ShardJudge
 

@@ -31,7 +31,7 @@ from verifier.scoring import ChallengeScore, ScoringError
 
 if TYPE_CHECKING:
     from market.engine.text import TextEngine
-    from market.service.processes import ManagedProcess
+    from market.local.processes import ManagedProcess
 
 __all__ = [
     "SCORE_TASK",
@@ -245,7 +245,7 @@ class ScoringClient:
 
 
 def _node_name(queue: str) -> str:
-    from market.service.processes import worker_nodename
+    from market.local.processes import worker_nodename
 
     return worker_nodename(f"scorer-{queue}-{os.getpid()}-{time.monotonic_ns()}")
 
@@ -256,7 +256,7 @@ def start_scoring_worker(redis_url: str, queue: str, log_path: Path, *, concurre
     """`python -m verifier.scoring_worker` on `queue` in its own process group, dying with
     this process; with `wait`, returns once it answers a ping (it consumes jobs)."""
     from market.config import PROJECT_ROOT
-    from market.service.processes import ProcessError, spawn, wait_worker
+    from market.local.processes import ProcessError, spawn, wait_worker
 
     scoring_app(redis_url)  # checks the URL
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 from market.chain.contracts import Task
 from market.errors import QuarryError
 from market.jobs import verified_shard
+from market.marketapi import MarketAPI, MarketError
 from market.protocol.eip712 import Receipt
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import ResultCheckFailed, ResultItem
-from market.service.api import MarketAPI, MarketError
 from market.store import ContentNotFound, StoreError, parse_uri
 from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
 

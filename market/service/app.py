@@ -3,7 +3,7 @@ task offers and the verifier committee's message relay.
 
 `create_app(settings)` builds the app that `market serve` runs. It only reads the chain (the
 head for /health) and never writes to it; the board it serves is filled by the Celery
-workers (`market.service.worker`), and every endpoint is listed in `market.service.api`,
+workers (`market.service.worker`), and every endpoint is documented at `/docs`,
 whose `MarketAPI` is its client. The deployment file is read lazily and re-read when it
 changes, so the market can start before the devnet and follow a redeploy.
 """
@@ -27,12 +27,12 @@ from starlette.concurrency import run_in_threadpool
 from market.chain.deploy import WatchedDeployment
 from market.chain.errors import ChainError, revert_class
 from market.errors import ConfigError, QuarryError
-from market.service.api import (
+from market.protocol.messages import (
     MESSAGE_FIELDS,
     READER_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    MarketError,
+    MalformedMessage,
     recover_committee_message,
     recover_heartbeat,
     recover_offer,
@@ -344,7 +344,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         newer offer replaces an older one."""
         try:
             signer = recover_offer(task_id, body)
-        except MarketError as exc:
+        except MalformedMessage as exc:
             raise HTTPException(400, str(exc)) from exc
         miner = checksum(body["miner"], "miner")
         timestamp = int(body["timestamp"])
@@ -403,7 +403,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         author = msg["author"]
         try:
             signer = recover_committee_message(msg)
-        except MarketError as exc:
+        except MalformedMessage as exc:
             raise HTTPException(401, str(exc)) from exc
         if signer != author:
             raise HTTPException(401, f"committee message from {author} is signed by {signer}")
@@ -441,7 +441,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         reader = checksum(reader_text, "reader")
         try:
             signer = recover_reader(reader_text, timestamp, signature)
-        except MarketError as exc:
+        except MalformedMessage as exc:
             raise HTTPException(401, str(exc)) from exc
         if signer != reader:
             raise HTTPException(401, f"reader headers for {reader} are signed by {signer}")
@@ -459,7 +459,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         key that is not a registered miner, 413 for a status over 4096 bytes."""
         try:
             signer = recover_heartbeat(body)
-        except MarketError as exc:
+        except MalformedMessage as exc:
             raise HTTPException(400, str(exc)) from exc
         miner = checksum(body["miner"], "miner")
         if signer != miner:

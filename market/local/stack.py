@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from market.errors import QuarryError
-from market.service import processes
-from market.service.processes import ManagedProcess, ProcessError
+from market.local import processes
+from market.local.processes import ManagedProcess, ProcessError
 from market.service.settings import MarketSettings
 
 T = TypeVar("T")
