@@ -30,10 +30,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _connect(args: argparse.Namespace) -> Any:
-    from client.config import load_config
+    from client.config import ClientConfig
+    from client.sdk import Client
 
-    return load_config(args.config, market_url=args.market_url, rpc_url=args.rpc_url,
-                       key_file=args.key_file).connect()
+    cfg = ClientConfig.load(args.config, market_url=args.market_url, rpc_url=args.rpc_url,
+                            key_file=args.key_file)
+    return Client(cfg.rpc_url, cfg.private_key(), cfg.market_url)
 
 
 def _task_id(value: str) -> int:

@@ -1,187 +1,322 @@
-"""What the role configs (`[miner]`, `[verifier]`) share: reading one TOML table plus
-`QUARRY_<ROLE>_*` variables, and typed values (keys, wei amounts, URLs, paths, numbers) with
-errors that name the setting.
+"""One settings loader for every role (market, miner, verifier, client), on pydantic-settings.
 
-Each source overrides the one before: defaults, the file's table, the environment, flags.
+Each source overrides the one before: the class's defaults, the TOML file's `[<role>]` table,
+`QUARRY_<ROLE>_<FIELD>` environment variables, then the command-line flags that were given.
+A bad value is refused with a `ConfigError` that names the setting and where it came from
+(`miner setting engine (from /etc/miner.toml [miner]): ...`), so a CLI prints one line.
+
+Typed values shared by the roles: hex private keys checked on secp256k1 (`Key`), wei
+amounts with units (`Wei`: "1500", "0.5ether", "2 gwei"), URLs (`Url`, `OptionalUrl`) and paths
+(`SettingPath`; relative ones in a config file are relative to that file).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields, replace
+import typing
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from market.errors import ConfigError
-
-T = TypeVar("T")
 
 _UNITS = {"wei": 0, "gwei": 9, "ether": 18, "eth": 18}
 _AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 _HEX_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+_URL = re.compile(r"^(https?|redis)://[^\s/]+")
+SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+KEY_FORMS = ("key", "key_file")  # two ways to give one key: the later source's form wins
 
 
-def read_table(path: Path | str | None, role: str) -> tuple[dict[str, Any], Path | None]:
-    """The `[role]` table of the TOML file at `path` (empty without a file) and the
-    directory relative paths in it are resolved against."""
-    if path is None:
-        return {}, None
-    path = Path(path).expanduser()
+# ---------------------------------------------------------------- typed values
+def wei(value: Any) -> int:
+    """An amount in wei from an integer or a string like "1500", "0.5ether", "2 gwei"."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not an amount")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value} is negative")
+        return value
+    m = _AMOUNT.match(value) if isinstance(value, str) else None
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in ("", *_UNITS):
+        raise ValueError(f"{value!r} is not an amount (give wei, or a number with a unit "
+                         f"such as \"0.5ether\": {', '.join(_UNITS)})")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {role} config {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{role} config {path} is not valid TOML: {exc}") from exc
-    if role not in data:
-        raise ConfigError(f"{role} config {path} has no [{role}] table")
-    if not isinstance(data[role], dict):
-        raise ConfigError(f"{role} config {path}: '{role}' must be a table")
-    return data[role], path.parent
-
-
-def layered(
-    role: str,
-    known: Iterable[str],
-    path: Path | str | None,
-    overrides: Mapping[str, Any],
-    from_env: Callable[[str, str], Any],
-) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
-    """(file values, environment-and-flag values, file directory), unknown names refused."""
-    table, base = read_table(path, role)
-    known = set(known)
-    prefix = f"QUARRY_{role.upper()}_"
-    later: dict[str, Any] = {}
-    for name in known:
-        env = os.environ.get(prefix + name.upper())
-        if env is not None:
-            later[name] = from_env(name, env)
-    later.update({k: v for k, v in overrides.items() if v is not None})
-    unknown = sorted((set(table) | set(later)) - known)
-    if unknown:
-        raise ConfigError(f"unknown {role} setting(s): {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(known))})")
-    return table, later, base
-
-
-def load_config(
-    cls: type[T],
-    role: str,
-    path: Path | str | None,
-    overrides: Mapping[str, Any],
-    from_env: Callable[[str, str], Any],
-    convert: Callable[[str, Any, Path | None], Any],
-) -> T:
-    """A role's frozen config dataclass from its defaults, the file, the environment and
-    flags; paths in the file are relative to the file, others to the working directory."""
-    table, later, base = layered(role, {f.name for f in fields(cls)},  # type: ignore[arg-type]
-                                 path, overrides, from_env)
-    typed = {k: convert(k, v, base) for k, v in table.items()}
-    typed.update({k: convert(k, v, None) for k, v in later.items()})
-    return replace(cls(), **typed)  # type: ignore[type-var]
-
-
-def require_settings(cfg: Any, role: str, *names: str) -> None:
-    """Raise ConfigError naming the first of `names` the command needs but `cfg` lacks."""
-    for name in names:
-        if name == "key":
-            if not cfg.key and cfg.key_file is None:
-                raise missing(role, "key", "key (hex private key) or key_file")
-            continue
-        value = getattr(cfg, name)
-        if value is None or value == "" or value == ():
-            raise missing(role, name, name)
+        amount = Decimal(m.group(1)) * (Decimal(10) ** _UNITS.get(unit, 0))
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise ValueError(f"{value!r}: {exc}") from exc
+    if amount != amount.to_integral_value():
+        raise ValueError(f"{value!r} is not a whole number of wei")
+    return int(amount)
 
 
 def parse_wei(value: Any, name: str, role: str = "miner") -> int:
-    """An amount in wei from an integer or a string like "1500", "0.5ether", "2 gwei"."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not an amount")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{role} setting {name}: {value} is negative")
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not an amount (give wei, or a "
-                          "string such as \"0.5ether\" or \"2gwei\")")
-    m = _AMOUNT.match(value)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in ("", *_UNITS):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not an amount (give wei, or a "
-                          f"number with a unit: {', '.join(_UNITS)})")
+    """`wei` for callers outside a settings class: errors name the setting."""
     try:
-        wei = Decimal(m.group(1)) * (Decimal(10) ** _UNITS.get(unit, 0))
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise ConfigError(f"{role} setting {name}: {value!r}: {exc}") from exc
-    if wei != wei.to_integral_value():
-        raise ConfigError(f"{role} setting {name}: {value!r} is not a whole number of wei")
-    return int(wei)
+        return wei(value)
+    except ValueError as exc:
+        raise ConfigError(f"{role} setting {name}: {exc}") from None
 
 
-SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
-
-
-def check_key(value: str, name: str, role: str = "miner") -> str:
+def hex_key(value: Any) -> str:
     """A hex private key with its 0x prefix: 64 hex digits naming a secp256k1 scalar in
-    [1, n-1] (zero and values from the curve order up sign nothing)."""
+    [1, n-1] (zero and values from the curve order up sign nothing); "" means not given."""
+    if not isinstance(value, str):
+        raise ValueError("must be a hex string")
     value = value.strip()
+    if not value:
+        return ""
     if not _HEX_KEY.match(value):
-        raise ConfigError(f"{role} setting {name}: not a hex private key (64 hex digits)")
+        raise ValueError("not a hex private key (64 hex digits)")
     if not 0 < int(value.removeprefix("0x"), 16) < SECP256K1_ORDER:
-        raise ConfigError(f"{role} setting {name}: 64 hex digits, but not a valid secp256k1 "
-                          "private key (it must be between 1 and the curve order - 1)")
+        raise ValueError("64 hex digits, but not a valid secp256k1 private key (it must be "
+                         "between 1 and the curve order - 1)")
     return value if value.startswith("0x") else "0x" + value
 
 
-def read_key(key: str, key_file: Path | None, role: str) -> str:
-    """The hex private key, inline or read from `key_file`."""
-    if key:
-        return check_key(key, "key", role)
-    if key_file is None:
-        raise missing(role, "key", "key (hex private key) or key_file")
+def check_key(value: str, name: str, role: str) -> str:
+    """`hex_key` for a key read from elsewhere (a key file): errors name where."""
     try:
-        text = key_file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{role} setting key_file: cannot read {key_file}: "
-                          f"{exc.strerror}") from exc
-    return check_key(text, f"key_file ({key_file})", role)
+        key = hex_key(value)
+    except ValueError as exc:
+        raise ConfigError(f"{role} setting {name}: {exc}") from None
+    if not key:
+        raise ConfigError(f"{role} setting {name}: empty, not a hex private key")
+    return key
 
 
-def missing(role: str, name: str, what: str) -> ConfigError:
-    return ConfigError(
-        f"missing {role} setting {what}: set it under [{role}] in the config file (--config), "
-        f"in QUARRY_{role.upper()}_{name.upper()}, or with its flag")
-
-
-def as_path(value: Any, name: str, base: Path | None, role: str = "miner") -> Path:
-    """A path; relative ones in a config file are relative to that file."""
-    if not isinstance(value, str | Path) or not str(value):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not a path")
-    p = Path(value).expanduser()
-    return base / p if base is not None and not p.is_absolute() else p
-
-
-def as_url(value: Any, name: str, role: str = "miner") -> str:
-    if not isinstance(value, str) or not re.match(r"^(https?|redis)://[^\s/]+", value):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not a URL")
+def url(value: Any) -> str:
+    if not isinstance(value, str) or not _URL.match(value):
+        raise ValueError(f"{value!r} is not a URL (http://, https:// or redis://)")
     return value.rstrip("/")
 
 
-def as_number(value: Any, name: str, kind: type, low: float, role: str = "miner") -> Any:
-    """An int or float of at least `low`."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not a number")
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{role} setting {name}: {value!r} is not "
-                          f"{'an integer' if kind is int else 'a number'}") from None
-    if kind is int and isinstance(value, float) and value != number:
-        raise ConfigError(f"{role} setting {name}: {value!r} is not an integer")
-    if number < low:
-        raise ConfigError(f"{role} setting {name}: {value!r} must be at least {low}")
-    return number
+def optional_url(value: Any) -> str | None:
+    """A URL, or None for nothing or an empty value (an empty variable unsets it)."""
+    return None if value is None or value == "" else url(value)
+
+
+def path(value: Any) -> Path:
+    if not isinstance(value, str | Path) or not str(value):
+        raise ValueError(f"{value!r} is not a path")
+    return Path(value).expanduser()
+
+
+class _FileRelative:
+    """Marks a path setting whose relative value in a config file is relative to the file."""
+
+
+Key = Annotated[str, BeforeValidator(hex_key)]
+Wei = Annotated[int, BeforeValidator(wei)]
+Url = Annotated[str, BeforeValidator(url)]
+OptionalUrl = Annotated[str | None, BeforeValidator(optional_url)]
+SettingPath = Annotated[Path, BeforeValidator(path), _FileRelative()]
+
+
+# ---------------------------------------------------------------- sources
+def _is_path_setting(annotation: Any) -> bool:
+    if any(isinstance(m, _FileRelative) for m in getattr(annotation, "__metadata__", ())):
+        return True
+    return any(_is_path_setting(arg) for arg in typing.get_args(annotation))
+
+
+class TableSource(PydanticBaseSettingsSource):
+    """The `[<role>]` table of a TOML file, relative paths resolved against the file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], role: str, file: Path) -> None:
+        super().__init__(settings_cls)
+        self.role, self.file = role, Path(file).expanduser()
+        self.label = f"{self.file} [{role}]"
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # pragma: no cover - __call__ reads the whole table
+
+    def __call__(self) -> dict[str, Any]:
+        role, file = self.role, self.file
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {role} config {file}: {exc.strerror}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{role} config {file} is not valid TOML: {exc}") from exc
+        if role not in data:
+            raise ConfigError(f"{role} config {file} has no [{role}] table")
+        table = data[role]
+        if not isinstance(table, dict):
+            raise ConfigError(f"{role} config {file}: '{role}' must be a table")
+        fields = self.settings_cls.model_fields
+        paths = {name for name, f in fields.items() if _is_path_setting(f.annotation)
+                 or any(isinstance(m, _FileRelative) for m in f.metadata)}
+        return {name: self._relative(value) if name in paths else value
+                for name, value in table.items()}
+
+    def _relative(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._relative(v) for v in value]
+        if not isinstance(value, str) or not value:
+            return value  # the field's validator names what is wrong
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.file.parent / p
+
+
+class EnvSource(EnvSettingsSource):
+    """`QUARRY_<ROLE>_<FIELD>` variables; a table setting takes a JSON object, a list one
+    a comma-separated value."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{self.env_prefix}{field_name.upper()} must be a JSON object: "
+                              f"{exc}") from None
+
+
+def comma_list(value: Any) -> Any:
+    """A comma-separated string (as an environment variable gives it) as a list."""
+    if isinstance(value, str):
+        return [p.strip() for p in value.split(",") if p.strip()]
+    return value
+
+
+# ---------------------------------------------------------------- the settings base
+class RoleSettings(BaseSettings):
+    """A role's settings: frozen, typed, unknown names refused. `load` layers the sources;
+    constructing the class directly reads nothing but its arguments (tests, child code)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", case_sensitive=False,
+                                      validate_default=False)
+    role: ClassVar[str] = ""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)  # `load` has merged the file, the environment and the flags
+
+    @classmethod
+    def env_prefix(cls) -> str:
+        return f"QUARRY_{cls.role.upper()}_"
+
+    @classmethod
+    def load(cls, config: Path | str | None = None, **flags: Any) -> Self:
+        """Defaults, then `[<role>]` of the TOML file at `config`, then `QUARRY_<ROLE>_*`
+        variables, then `flags` (None means "not given")."""
+        layers: list[tuple[Mapping[str, Any], Any]] = []
+        if config is not None:
+            table = TableSource(cls, cls.role, Path(config))
+            layers.append((table(), table.label))
+        env = EnvSource(cls, env_prefix=cls.env_prefix(), case_sensitive=False)
+        layers.append((env(), lambda name: f"{cls.env_prefix()}{name.upper()}"))
+        layers.append(({k: v for k, v in flags.items() if v is not None},
+                       lambda name: f"--{name.replace('_', '-')}"))
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for layer, label in layers:
+            for name, value in layer.items():
+                where = label(name) if callable(label) else label
+                if name not in cls.model_fields:
+                    raise ConfigError(f"unknown {cls.role} setting {name} (from {where}; known: "
+                                      f"{', '.join(cls.model_fields)})")
+                if name in KEY_FORMS:  # a later key or key file replaces an earlier one
+                    for form in KEY_FORMS:
+                        values.pop(form, None)
+                values[name], origin[name] = value, where
+        return cls.build(values, origin)
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any], origin: Mapping[str, str]) -> Self:
+        """Validate `values`; a ValidationError becomes one ConfigError line per problem
+        that names the setting and its source."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError("; ".join(
+                _describe(cls.role, err, origin) for err in exc.errors())) from None
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with `changes`, validated like the original."""
+        values = {name: getattr(self, name) for name in self.model_fields_set}
+        return type(self).build({**values, **changes}, {k: "replace()" for k in changes})
+
+    def require(self, *names: str) -> None:
+        """Raise ConfigError naming the first of `names` the command needs but lacks."""
+        for name in names:
+            value = getattr(self, name)
+            if value is None or value == "" or value == ():
+                raise self.missing(name, name)
+
+    def missing(self, name: str, what: str) -> ConfigError:
+        role = self.role
+        return ConfigError(
+            f"missing {role} setting {what}: set it under [{role}] in the config file "
+            f"(--config), in {self.env_prefix()}{name.upper()}, or with its flag")
+
+
+def _describe(role: str, err: Any, origin: Mapping[str, str]) -> str:
+    loc = ".".join(str(part) for part in err["loc"])
+    where = origin.get(str(err["loc"][0]) if err["loc"] else "", "default")
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, ValueError):
+        message = str(cause)
+    else:
+        message = err["msg"]
+        if err["type"] not in ("missing", "extra_forbidden"):
+            message += f", got {err['input']!r}"
+    return f"{role} setting {loc} (from {where}): {message}"
+
+
+class KeyedSettings(RoleSettings):
+    """A role that signs: its key inline (`key`) or in a file (`key_file`)."""
+
+    key: Annotated[Key, Field(repr=False)] = ""  # never in a repr or a log line
+    key_file: SettingPath | None = None
+
+    def require(self, *names: str) -> None:
+        for name in names:
+            if name == "key" and not self.key and self.key_file is None:
+                raise self.missing("key", "key (hex private key) or key_file")
+            if name != "key":
+                super().require(name)
+
+    def private_key(self) -> str:
+        """The hex private key, read from `key_file` when `key` is not given inline."""
+        if self.key:
+            return self.key
+        if self.key_file is None:
+            raise self.missing("key", "key (hex private key) or key_file")
+        try:
+            text = self.key_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{self.role} setting key_file: cannot read {self.key_file}: "
+                              f"{exc.strerror}") from exc
+        return check_key(text, f"key_file ({self.key_file})", self.role)
+
+    def account(self) -> Any:
+        """The LocalAccount (imports eth-account, so only commands that sign call it)."""
+        from eth_account import Account
+
+        return Account.from_key(self.private_key())
+
+
+class Table(BaseModel):
+    """A nested settings table: frozen, unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")

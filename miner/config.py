@@ -34,178 +34,85 @@ each command then `require`s the fields it needs, so `miner status` needs no mod
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from market.errors import ConfigError
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic_settings import NoDecode
+
 from market.roleconfig import (
-    as_number,
-    as_path,
-    as_url,
-    check_key,
-    load_config,
+    KeyedSettings,
+    OptionalUrl,
+    SettingPath,
+    Table,
+    Url,
+    Wei,
+    comma_list,
     parse_wei,
-    read_key,
-    require_settings,
 )
 
 ROLE = "miner"
-ENV_PREFIX = "QUARRY_MINER_"
 ENGINES = ("torch", "pipeline", "vllm")
 DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
+__all__ = ["ENGINES", "GpuOverride", "MinerConfig", "parse_wei"]
 
 
-@dataclass(frozen=True)
-class GpuOverride:
+class GpuOverride(Table):
     """A GPU spec given in the config instead of the one torch detects."""
 
-    name: str
-    memory_mib: int
-    count: int
+    name: Annotated[str, Field(min_length=1)]
+    memory_mib: Annotated[int, Field(ge=1)]
+    count: Annotated[int, Field(ge=1)]
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
 
 
-@dataclass(frozen=True)
-class MinerConfig:
+class MinerConfig(KeyedSettings):
     """Everything the miner commands read. Amounts are wei, intervals seconds."""
 
-    key: str = ""
-    key_file: Path | None = None
-    market_url: str = DEFAULT_MARKET_URL
-    rpc_url: str | None = None
-    deployment: Path | None = None
-    model_dirs: tuple[Path, ...] = ()
+    role = ROLE
+
+    market_url: Url = DEFAULT_MARKET_URL
+    rpc_url: OptionalUrl = None
+    deployment: SettingPath | None = None
+    model_dirs: Annotated[tuple[SettingPath, ...], NoDecode, BeforeValidator(comma_list)] = ()
     engine: str = "torch"
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    price_per_token: int | None = None
-    stake: int | None = None
-    endpoint: str = ""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    price_per_token: Annotated[Wei, Field(ge=1)] | None = None
+    stake: Wei | None = None
+    endpoint: Annotated[str, Field(min_length=1)] = ""
     gpu: GpuOverride | None = None
-    poll_interval_s: float = 2.0
-    heartbeat_interval_s: float = 5.0
-    max_batch: int = 8
+    poll_interval_s: Annotated[float, Field(gt=0)] = 2.0
+    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 5.0
+    max_batch: Annotated[int, Field(ge=1)] = 8
     auto_withdraw: bool = False
-    state_dir: Path | None = None  # None: $QUARRY_HOME/miner (miner.archive)
+    state_dir: SettingPath | None = None  # None: $QUARRY_HOME/miner (miner.archive)
     test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose
 
-    # ------------------------------------------------------------------ loading
+    @field_validator("engine", mode="before")
     @classmethod
-    def load(cls, path: Path | str | None = None, **overrides: Any) -> MinerConfig:
-        """Defaults, then `[miner]` of the TOML file at `path`, then `QUARRY_MINER_<FIELD>`
-        variables, then `overrides` (flags; None means "not given")."""
-        return load_config(cls, ROLE, path, overrides, _from_env, _convert)
-
-    # ------------------------------------------------------------------ checks
-    def require(self, *names: str) -> None:
-        """Raise ConfigError naming the first of `names` this command needs but lacks."""
-        require_settings(self, ROLE, *names)
-
-    def private_key(self) -> str:
-        """The hex private key, read from `key_file` when `key` is not given inline."""
-        return read_key(self.key, self.key_file, ROLE)
-
-    def account(self) -> Any:
-        """The miner's LocalAccount (imports eth-account, so only commands that sign call it)."""
-        from eth_account import Account
-
-        return Account.from_key(self.private_key())
-
-
-def _from_env(name: str, text: str) -> Any:
-    """An environment value in the shape the TOML would have given."""
-    if name in ("engine_options", "gpu"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be a JSON object: {exc}") from exc
-    if name == "model_dirs":
-        return [p.strip() for p in text.split(",") if p.strip()]
-    if name == "auto_withdraw":
-        low = text.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off", ""):
-            return False
-        raise ConfigError(f"{ENV_PREFIX}AUTO_WITHDRAW={text!r} is not a boolean")
-    return text
-
-
-def _convert(name: str, value: Any, base: Path | None) -> Any:
-    """One setting, typed and checked; paths in a config file are relative to that file."""
-    if name == "key":
-        if not isinstance(value, str):
-            raise ConfigError("miner setting key: must be a hex string")
-        return check_key(value, "key", ROLE) if value else ""
-    if name in ("key_file", "deployment", "state_dir"):
-        return as_path(value, name, base)
-    if name == "market_url":
-        return as_url(value, name)
-    if name == "rpc_url":
-        return as_url(value, name) if value else None
-    if name == "model_dirs":
-        if isinstance(value, str | Path):
-            value = [value]
-        if not isinstance(value, list | tuple):
-            raise ConfigError("miner setting model_dirs: must be a list of directories")
-        return tuple(as_path(v, "model_dirs", base) for v in value)
-    if name == "engine":
+    def _engine(cls, value: Any) -> str:
         kind = str(value).strip().lower()
         if kind not in ENGINES:
-            raise ConfigError(f"miner setting engine: {value!r} is not one of "
-                              f"{', '.join(ENGINES)}")
+            raise ValueError(f"{value!r} is not one of {', '.join(ENGINES)}")
         return kind
-    if name == "engine_options":
-        if not isinstance(value, dict):
-            raise ConfigError("miner setting engine_options: must be a table")
-        return dict(value)
-    if name in ("price_per_token", "stake"):
-        wei = parse_wei(value, name)
-        if name == "price_per_token" and wei == 0:
-            raise ConfigError("miner setting price_per_token: must be at least 1 wei")
-        return wei
-    if name == "endpoint":
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError("miner setting endpoint: must be a non-empty URL string")
-        return value.strip()
-    if name == "gpu":
-        return _gpu(value)
-    if name in ("poll_interval_s", "heartbeat_interval_s"):
-        number = as_number(value, name, float, 0.0)
-        if number <= 0:
-            raise ConfigError(f"miner setting {name}: must be greater than 0")
-        return number
-    if name == "max_batch":
-        return as_number(value, name, int, 1)
-    if name == "auto_withdraw":
-        if not isinstance(value, bool):
-            raise ConfigError(f"miner setting auto_withdraw: {value!r} is not true or false")
-        return value
-    if name == "test_mode":
+
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _endpoint(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("test_mode", mode="before")
+    @classmethod
+    def _test_mode(cls, value: Any) -> str | None:
         from miner.cheats import CHEAT_MODES  # only a miner asked to cheat loads this
 
-        mode = str(value).strip().lower()
+        mode = str(value).strip().lower() if value is not None else ""
         if mode == "":  # an empty variable or setting: an honest miner
             return None
         if mode not in CHEAT_MODES:
-            raise ConfigError(f"miner setting test_mode: {value!r} is not a test mode; valid "
-                              f"modes: {', '.join(CHEAT_MODES)}")
+            raise ValueError(f"{value!r} is not a test mode; valid modes: "
+                             f"{', '.join(CHEAT_MODES)}")
         return mode
-    raise ConfigError(f"unknown miner setting {name}")  # pragma: no cover - checked before
-
-
-def _gpu(value: Any) -> GpuOverride:
-    if not isinstance(value, dict):
-        raise ConfigError("miner setting gpu: must be a table {name, memory_mib, count}")
-    extra = sorted(set(value) - {"name", "memory_mib", "count"})
-    if extra:
-        raise ConfigError(f"miner setting gpu: unknown key(s) {', '.join(extra)} "
-                          "(expected name, memory_mib, count)")
-    for key in ("name", "memory_mib", "count"):
-        if key not in value:
-            raise ConfigError(f"miner setting gpu.{key}: missing")
-    name = value["name"]
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError("miner setting gpu.name: must be a non-empty string")
-    return GpuOverride(name.strip(), as_number(value["memory_mib"], "gpu.memory_mib", int, 1),
-                       as_number(value["count"], "gpu.count", int, 1))

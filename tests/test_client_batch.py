@@ -1,6 +1,6 @@
 """Client batch files and settings, without a chain: prompt lists into request lines, JSONL
-reading and size checks, the OpenAI Batch output line (re-verifiable from its own fields),
-and the [client] config precedence."""
+reading and size checks, and the OpenAI Batch output line (re-verifiable from its own
+fields). The [client] settings: tests/test_client_config.py."""
 
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ from client.batch import (
     read_batch,
     write_output_lines,
 )
-from client.config import DEFAULT_MARKET_URL, load_config
-from market.errors import ConfigError
 from market.protocol.canonical import request_hash
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import RequestError
@@ -164,30 +162,3 @@ def test_chat_output_line_and_atomic_write(tmp_path: Path) -> None:
     with pytest.raises(BatchError, match="cannot write"):
         write_output_lines(outs, tmp_path / "no-such-dir" / "out.jsonl")
 
-
-def test_config_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MARKET_URL", "RPC_URL", "KEY", "KEY_FILE"):
-        monkeypatch.delenv(f"QUARRY_CLIENT_{name}", raising=False)
-    key_file = tmp_path / "client.key"
-    key_file.write_text("0x" + "01" * 32 + "\n")
-    config = tmp_path / "client.toml"
-    config.write_text(f'[client]\nmarket_url = "http://m:1"\nkey_file = "{key_file}"\n')
-    c = load_config(config)
-    assert (c.market_url, c.rpc_url, c.private_key) == ("http://m:1", None, "0x" + "01" * 32)
-    monkeypatch.setenv("QUARRY_CLIENT_KEY", "0x" + "02" * 32)  # env beats the file's key_file
-    monkeypatch.setenv("QUARRY_CLIENT_RPC_URL", "http://r:2")
-    c = load_config(config)
-    assert (c.rpc_url, c.private_key) == ("http://r:2", "0x" + "02" * 32)
-    c = load_config(config, market_url="http://flag:3", rpc_url=None, key_file=str(key_file))
-    assert (c.market_url, c.rpc_url, c.private_key) == ("http://flag:3", "http://r:2",
-                                                        "0x" + "01" * 32)
-    monkeypatch.delenv("QUARRY_CLIENT_KEY")
-    assert load_config(key_file=str(key_file)).market_url == DEFAULT_MARKET_URL
-    with pytest.raises(ConfigError, match="no client key"):
-        load_config()
-    bad = tmp_path / "bad.toml"
-    bad.write_text('[client]\nkee = "x"\n')
-    with pytest.raises(ConfigError, match="unknown client setting 'kee'"):
-        load_config(bad)
-    with pytest.raises(ConfigError, match="cannot read client key file"):
-        load_config(key_file=str(tmp_path / "nope"))

@@ -1,5 +1,5 @@
 """Miner config (TOML, then QUARRY_MINER_* env, then flags), amounts, hardware detection,
-and the CLI's cheap import and one-line errors."""
+and the CLI's cheap import and one-line errors that name the setting and its source."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ count = 2
     assert cfg.model_dirs == (tmp_path / "models/a", Path("/abs/b"))  # file-relative paths
     assert (cfg.engine, cfg.engine_options) == ("pipeline", {"stages": 2})
     assert (cfg.price_per_token, cfg.stake) == (10**9, 5 * 10**17)
-    assert cfg.gpu == GpuOverride("NVIDIA H100", 81920, 2)
+    assert cfg.gpu == GpuOverride(name="NVIDIA H100", memory_mib=81920, count=2)
     assert (cfg.max_batch, cfg.poll_interval_s, cfg.auto_withdraw) == (4, 0.5, False)
     assert cfg.rpc_url is None
     assert cfg.state_dir == tmp_path / "state"  # file-relative, like every path
@@ -90,11 +90,16 @@ count = 2
     assert cfg.max_batch == 16 and cfg.auto_withdraw is True
     assert cfg.model_dirs == (Path("x"), Path("y"))  # env paths: relative to cwd
     assert cfg.rpc_url == "http://127.0.0.1:8545"
-    assert cfg.gpu == GpuOverride("A100", 40960, 1)
+    assert cfg.gpu == GpuOverride(name="A100", memory_mib=40960, count=1)
     assert cfg.state_dir == Path("/var/lib/quarry-miner")
 
     cfg = MinerConfig.load(cfg_file, max_batch=2, stake="1ether", engine=None)
     assert (cfg.max_batch, cfg.stake, cfg.engine) == (2, 10**18, "pipeline")
+
+    monkeypatch.setenv("QUARRY_MINER_KEY_FILE", "/run/secrets/miner.key")  # env beats the
+    cfg = MinerConfig.load(cfg_file)                                      # file's key
+    assert (cfg.key, cfg.key_file) == ("", Path("/run/secrets/miner.key"))
+    assert KEY[4:] not in repr(MinerConfig.load(key=KEY))  # a key never shows in a repr
 
 
 def test_key_file_and_require(tmp_path: Path) -> None:
@@ -152,6 +157,26 @@ def test_bad_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         MinerConfig.load()
 
 
+@pytest.mark.parametrize(("source", "message"), [
+    ("file", "miner setting max_batch (from {file} [miner]): Input should be greater than or "
+             "equal to 1, got 0"),
+    ("env", "miner setting max_batch (from QUARRY_MINER_MAX_BATCH): Input should be greater "
+            "than or equal to 1, got '0'"),
+    ("flag", "miner setting max_batch (from --max-batch): Input should be greater than or "
+             "equal to 1, got 0"),
+])
+def test_an_error_names_the_source_that_gave_the_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, message: str,
+) -> None:
+    """The same bad value from each source: the message says which one to fix."""
+    cfg = write(tmp_path, "[miner]\nmax_batch = 0\n" if source == "file" else "[miner]\n")
+    if source == "env":
+        monkeypatch.setenv("QUARRY_MINER_MAX_BATCH", "0")
+    with pytest.raises(ConfigError) as info:
+        MinerConfig.load(cfg, max_batch=0 if source == "flag" else None)
+    assert str(info.value) == message.format(file=cfg)
+
+
 def test_hardware_parsing() -> None:
     cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\n"
                "model name\t: Intel(R) Xeon(R)  CPU @ 2.20GHz\n")
@@ -184,7 +209,8 @@ def test_cli_is_cheap_to_import_and_errors_in_one_line(tmp_path: Path) -> None:
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
-        "miner: error: miner setting engine: 'tensorrt' is not one of torch, pipeline, vllm"]
+        f"miner: error: miner setting engine (from {bad} [miner]): 'tensorrt' is not one of "
+        "torch, pipeline, vllm"]
 
 
 @pytest.mark.parametrize("key", ["0" * 64, "f" * 64,
@@ -197,8 +223,8 @@ def test_a_key_off_the_curve_is_one_line_not_a_traceback(tmp_path: Path, key: st
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
-        "miner: error: miner setting key: 64 hex digits, but not a valid secp256k1 private "
-        "key (it must be between 1 and the curve order - 1)"]
+        f"miner: error: miner setting key (from {cfg} [miner]): 64 hex digits, but not a "
+        "valid secp256k1 private key (it must be between 1 and the curve order - 1)"]
 
 
 def test_result_copies_live_under_quarry_home(tmp_path: Path,

@@ -9,7 +9,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,7 @@ MODEL_HEX = "0x" + "11" * 32
 @contextmanager
 def serve(settings: MarketSettings) -> Iterator[str]:
     """Run the app in a uvicorn thread on a free port; stop it on exit."""
-    with serve_in_thread(replace(settings, port=free_port())) as url:
+    with serve_in_thread(settings.replace(port=free_port())) as url:
         yield url
 
 

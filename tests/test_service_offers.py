@@ -86,14 +86,12 @@ def offer_body(signer: LocalAccount, task_id: int, miner: str,
 def run_recommend(market: Market, redis_dir: Path) -> dict[str, Any]:
     """The worker's `quarry.recommend` task, run in this process on a private Redis (it
     takes a Redis lock) against the app's board and deployment."""
-    from dataclasses import replace
-
     from market.local import processes
     from market.service import worker
 
     redis = processes.start_redis(redis_dir)
     try:
-        worker.configure(replace(market.settings, redis_url=redis.extra["url"]))
+        worker.configure(market.settings.replace(redis_url=redis.extra["url"]))
         try:
             return dict(worker.recommend())
         finally:

@@ -29,7 +29,7 @@ def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.Mo
 @pytest.mark.parametrize(("setting", "value", "message"), [
     ("bogus", 1, "unknown verifier setting"),
     ("test_mode", "evil", "test_mode"),
-    ("tolerance_bps", 20_000, "at most 10000"),
+    ("tolerance_bps", 20_000, "tolerance_bps .*less than or equal to 10000"),
     ("stake", "lots", "not an amount"),
     ("redis_url", "localhost", "not a URL"),
 ])

@@ -26,118 +26,52 @@ variables, then command-line flags (each later source overrides the earlier).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from market.errors import ConfigError
-from market.roleconfig import (
-    as_number,
-    as_path,
-    as_url,
-    load_config,
-    parse_wei,
-    read_key,
-    require_settings,
-)
+from pydantic import Field, field_validator
+
+from market.roleconfig import KeyedSettings, OptionalUrl, SettingPath, Url, Wei
 
 ROLE = "verifier"
 DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 TEST_MODES = ("lie", "withhold")
+Bps = Annotated[int, Field(ge=0, le=10_000)]
 
 
-@dataclass(frozen=True)
-class VerifierConfig:
+class VerifierConfig(KeyedSettings):
     """Everything the verifier commands read. Amounts are wei, intervals seconds."""
 
-    key: str = ""
-    key_file: Path | None = None
-    market_url: str = DEFAULT_MARKET_URL
-    rpc_url: str | None = None
-    deployment: Path | None = None
-    model_dir: Path | None = None
-    stake: int | None = None
-    redis_url: str = DEFAULT_REDIS_URL
-    scoring_workers: int = 1
-    poll_interval_s: float = 1.0
-    challenge_requests: int = 16  # sampled evidence grows with the tokens (detection.py)
-    challenge_max_tokens: int = 64
-    tolerance_bps: int = 500
-    greedy_margin: float = 0.01  # verifier.scoring.GREEDY_MARGIN; raise it for bf16 GPUs
-    audit_rate_bps: int = 1000  # verifier.audits.DEFAULT_AUDIT_RATE_BPS
-    state_dir: Path | None = None
+    role = ROLE
+
+    market_url: Url = DEFAULT_MARKET_URL
+    rpc_url: OptionalUrl = None
+    deployment: SettingPath | None = None
+    model_dir: SettingPath | None = None
+    stake: Wei | None = None
+    redis_url: Url = DEFAULT_REDIS_URL
+    scoring_workers: Annotated[int, Field(ge=0)] = 1
+    poll_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    # sampled evidence grows with the tokens (detection.py)
+    challenge_requests: Annotated[int, Field(ge=1)] = 16
+    challenge_max_tokens: Annotated[int, Field(ge=1)] = 64
+    tolerance_bps: Bps = 500
+    # verifier.scoring.GREEDY_MARGIN; raise it for bf16 GPUs
+    greedy_margin: Annotated[float, Field(ge=0)] = 0.01
+    audit_rate_bps: Bps = 1000  # verifier.audits.DEFAULT_AUDIT_RATE_BPS
+    state_dir: SettingPath | None = None
     test_mode: str = ""
-    reputation: dict[str, Any] = field(default_factory=dict)
+    reputation: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("test_mode", mode="before")
     @classmethod
-    def load(cls, path: Path | str | None = None, **overrides: Any) -> VerifierConfig:
-        """Defaults, then `[verifier]` of the TOML file, then `QUARRY_VERIFIER_<FIELD>`
-        variables, then `overrides` (flags; None means "not given")."""
-        return load_config(cls, ROLE, path, overrides, _from_env, _convert)
-
-    def require(self, *names: str) -> None:
-        """Raise ConfigError naming the first of `names` this command needs but lacks."""
-        require_settings(self, ROLE, *names)
-
-    def account(self) -> Any:
-        from eth_account import Account
-
-        return Account.from_key(read_key(self.key, self.key_file, ROLE))
+    def _test_mode(cls, value: Any) -> str:
+        mode = str(value).strip().lower()
+        if mode and mode not in TEST_MODES:
+            raise ValueError(f"{value!r} is not one of {', '.join(TEST_MODES)}")
+        return mode
 
     def reputation_params(self) -> Any:
         from verifier.reputation import ReputationParams
 
         return ReputationParams.from_mapping(self.reputation)
-
-
-def _from_env(name: str, text: str) -> Any:
-    if name == "reputation":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"QUARRY_VERIFIER_REPUTATION must be a JSON object: {exc}") from exc
-    return text
-
-
-def _convert(name: str, value: Any, base: Path | None) -> Any:
-    if name == "key":
-        if not isinstance(value, str):
-            raise ConfigError("verifier setting key: must be a hex string")
-        return value
-    if name in ("key_file", "deployment", "model_dir", "state_dir"):
-        return as_path(value, name, base, ROLE)
-    if name in ("market_url", "redis_url"):
-        return as_url(value, name, ROLE)
-    if name == "rpc_url":
-        return as_url(value, name, ROLE) if value else None
-    if name == "stake":
-        return parse_wei(value, name, ROLE)
-    if name == "poll_interval_s":
-        number = as_number(value, name, float, 0.0, ROLE)
-        if number <= 0:
-            raise ConfigError("verifier setting poll_interval_s: must be greater than 0")
-        return number
-    if name in ("scoring_workers",):
-        return as_number(value, name, int, 0, ROLE)
-    if name in ("challenge_requests", "challenge_max_tokens"):
-        return as_number(value, name, int, 1, ROLE)
-    if name == "greedy_margin":
-        return as_number(value, name, float, 0.0, ROLE)
-    if name in ("tolerance_bps", "audit_rate_bps"):
-        number = as_number(value, name, int, 0, ROLE)
-        if number > 10_000:
-            raise ConfigError(f"verifier setting {name}: {value!r} must be at most 10000")
-        return number
-    if name == "test_mode":
-        mode = str(value).strip().lower()
-        if mode and mode not in TEST_MODES:
-            raise ConfigError(f"verifier setting test_mode: {value!r} is not one of "
-                              f"{', '.join(TEST_MODES)}")
-        return mode
-    if name == "reputation":
-        if not isinstance(value, dict):
-            raise ConfigError("verifier setting reputation: must be a table")
-        return dict(value)
-    raise ConfigError(f"unknown verifier setting {name}")  # pragma: no cover - checked before

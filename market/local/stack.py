@@ -164,8 +164,6 @@ class LocalStack:
 
     def _start_market_with_retry(self) -> ManagedProcess:
         """The free port picked for the market can be taken before it binds: try others."""
-        from dataclasses import replace
-
         for attempt in range(3):
             try:
                 return processes.start_market(self.settings, log_path=self.logs / "market.log",
@@ -173,7 +171,7 @@ class LocalStack:
             except ProcessError as exc:
                 if attempt == 2 or "address already in use" not in str(exc).lower():
                     raise
-                self.settings = replace(self.settings, port=processes.free_port())
+                self.settings = self.settings.replace(port=processes.free_port())
         raise AssertionError("unreachable")
 
     def _spawn_worker(self, *, wait: bool, concurrency: int | None = None) -> ManagedProcess:

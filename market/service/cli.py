@@ -1,8 +1,8 @@
 """`market serve` (the market's HTTP API plus the ticker that schedules its background work)
 and `market worker` (a Celery worker that does that work).
 
-Both read the same settings (`--config FILE`'s `[market]` table, then `QUARRY_*`, then
-flags), so one market's processes share one store, one board and one Redis. Cheap to
+Both read the same settings (`--config FILE`'s `[market]` table, then `QUARRY_MARKET_*`,
+then flags), so one market's processes share one store, one board and one Redis. Cheap to
 import: uvicorn, Celery and web3 load inside the handlers.
 """
 
@@ -138,16 +138,43 @@ class Ticker(threading.Thread):
             self.stopped.wait(max(0.05, step))
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The bound socket the API will serve on. Bound first, so a busy port ends `serve`
+    with one line before it creates the board or starts the ticker."""
+    from market.errors import ConfigError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on port {port} of {host}: {exc.strerror} (another "
+                          "process holds it; pick another with --port)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def _serve(args: argparse.Namespace) -> int:
+    settings = _load(args, host=args.host, port=args.port)
+    sock = listen(settings.host, settings.port)
+    try:
+        return _serve_on(sock, settings, args)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from market.errors import ConfigError
     from market.service import worker
     from market.service.app import create_app
 
-    if args.port is not None and not 0 < args.port < 65536:
-        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
-    settings = _load(args, host=args.host, port=args.port)
     app = create_app(settings)
     ticker: Ticker | None = None
     if not args.no_ticker:
@@ -164,7 +191,9 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"market: serving {settings.url} (API docs {settings.url}/docs), board "
           f"{settings.db_path}, Redis {settings.redis_url}", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port,
+                                log_level=args.log_level)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         if ticker is not None:
             ticker.stop()

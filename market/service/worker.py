@@ -13,7 +13,7 @@ Each takes a Redis lock without blocking (`quarry:lock:index`, `quarry:lock:swee
 never do the same work twice. Every step is idempotent, so acks-late redelivery after a
 crash or a broker restart is harmless.
 
-Settings come from `MarketSettings.load()` (the `QUARRY_*` environment that
+Settings come from `MarketSettings.load()` (the `QUARRY_MARKET_*` environment that
 `processes.start_worker` or `market worker --config` sets) at import, or from `configure()`.
 """
 
