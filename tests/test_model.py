@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from market.engine.text import request_from_body, request_from_line
 from market.errors import QuarryError
 from market.model.create import create_model
 from market.model.loading import load_model
@@ -28,8 +29,6 @@ from market.model.prompts import (
     encode_chat,
     encode_prompt,
     format_chat,
-    request_from_body,
-    request_from_line,
 )
 from market.model.tokenizer import BOS_ID, EOS_ID, train_bpe
 

@@ -14,7 +14,69 @@ from market.engine.base import Engine, GenerationRequest
 from market.engine.sampling import validate_sampling
 from market.errors import QuarryError
 from market.model.manifest import Manifest
-from market.model.prompts import encode_chat, encode_prompt, request_from_body, request_from_line
+from market.model.prompts import PromptError, encode_chat, encode_prompt
+from market.protocol.requests import sampling_params
+
+
+def _number(body: Mapping[str, Any], key: str, default: float) -> float:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PromptError(f"body.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def request_from_body(
+    tokenizer: Any, body: Mapping[str, Any], *, default_max_tokens: int = 16
+) -> GenerationRequest:
+    """An OpenAI-style body (`prompt` or `messages`, max_tokens, temperature, top_p, seed).
+
+    Defaults follow the protocol: greedy (temperature 0), top_p 1, seed 0.
+    """
+    if not isinstance(body, Mapping):
+        raise PromptError("request body must be an object")
+    if "messages" in body and "prompt" in body:
+        raise PromptError("request body has both 'prompt' and 'messages'; give one")
+    if "messages" in body:
+        ids = encode_chat(tokenizer, body["messages"])
+    elif "prompt" in body:
+        ids = encode_prompt(tokenizer, body["prompt"])
+    else:
+        raise PromptError("request body needs 'prompt' (completions) or 'messages' (chat)")
+    max_tokens = body.get("max_tokens", default_max_tokens)
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise PromptError(f"body.max_tokens must be a non-negative integer, got {max_tokens!r}")
+    seed = body.get("seed", 0)
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise PromptError(f"body.seed must be an integer, got {seed!r}")
+    return GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0),
+        top_p=_number(body, "top_p", 1.0),
+        seed=seed,
+    )
+
+
+def request_from_line(tokenizer: Any, line: Mapping[str, Any]) -> GenerationRequest:
+    """A full batch request line, validated by the protocol, as a GenerationRequest."""
+    params = sampling_params(line)
+    if params.messages is not None:
+        ids = encode_chat(tokenizer, [{"role": r, "content": c} for r, c in params.messages])
+    else:
+        ids = encode_prompt(tokenizer, params.prompt or "")
+    return GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+    )
 
 
 class EngineError(QuarryError):

@@ -1,4 +1,4 @@
-"""Turn text and chat prompts (OpenAI Batch request bodies) into token ids and requests.
+"""Turn text and chat prompts (OpenAI Batch request bodies) into token ids.
 
 Completions (`prompt`): the tokenizer's own special tokens are added (for the embedded
 tokenizer, a leading `<|bos|>`).
@@ -11,7 +11,8 @@ is also the embedded tokenizer's template:
 
 Roles are `system`, `user` and `assistant`; `content` is a string or a list of
 `{"type": "text", "text": ...}` parts (joined without separators). An assistant turn ends
-with EOS, so a model's natural stop also ends its turn.
+with EOS, so a model's natural stop also ends its turn. Whole request bodies become
+`GenerationRequest`s in `market.engine.text`, which owns that type's construction.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from market.engine.base import GenerationRequest
 from market.errors import QuarryError
 
 ROLES = ("system", "user", "assistant")
@@ -87,66 +87,3 @@ def encode_chat(tokenizer: Any, messages: Any) -> tuple[int, ...]:
         return tuple(int(t) for t in ids)
     text = format_chat(msgs)
     return tuple(int(t) for t in tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
-def _number(body: Mapping[str, Any], key: str, default: float) -> float:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PromptError(f"body.{key} must be a number, got {value!r}")
-    return float(value)
-
-
-def request_from_body(
-    tokenizer: Any, body: Mapping[str, Any], *, default_max_tokens: int = 16
-) -> GenerationRequest:
-    """An OpenAI-style body (`prompt` or `messages`, max_tokens, temperature, top_p, seed).
-
-    Defaults follow the protocol: greedy (temperature 0), top_p 1, seed 0.
-    """
-    if not isinstance(body, Mapping):
-        raise PromptError("request body must be an object")
-    if "messages" in body and "prompt" in body:
-        raise PromptError("request body has both 'prompt' and 'messages'; give one")
-    if "messages" in body:
-        ids = encode_chat(tokenizer, body["messages"])
-    elif "prompt" in body:
-        ids = encode_prompt(tokenizer, body["prompt"])
-    else:
-        raise PromptError("request body needs 'prompt' (completions) or 'messages' (chat)")
-    max_tokens = body.get("max_tokens", default_max_tokens)
-    if max_tokens is None:
-        max_tokens = default_max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise PromptError(f"body.max_tokens must be a non-negative integer, got {max_tokens!r}")
-    seed = body.get("seed", 0)
-    if seed is None:
-        seed = 0
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise PromptError(f"body.seed must be an integer, got {seed!r}")
-    return GenerationRequest(
-        prompt_ids=ids,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0),
-        top_p=_number(body, "top_p", 1.0),
-        seed=seed,
-    )
-
-
-def request_from_line(tokenizer: Any, line: Mapping[str, Any]) -> GenerationRequest:
-    """A full batch request line, validated by the protocol, as a GenerationRequest."""
-    from market.protocol.requests import sampling_params
-
-    params = sampling_params(line)
-    if params.messages is not None:
-        ids = encode_chat(tokenizer, [{"role": r, "content": c} for r, c in params.messages])
-    else:
-        ids = encode_prompt(tokenizer, params.prompt or "")
-    return GenerationRequest(
-        prompt_ids=ids,
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        seed=params.seed,
-    )
