@@ -453,7 +453,7 @@ class Client:
         wrong is checked before any transaction is sent.
         """
         if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
-            batch = read_batch(requests)
+            batch = read_batch(requests, max_bytes=self.market.limits()["maxFileBytes"])
             offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
         elif requests and all(isinstance(r, str) for r in requests):
             if model is None:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,7 +49,7 @@ from market.protocol.errors import RequestError
 from market.protocol.merkle import SumNode, receipts_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
-from market.store import content_uri
+from market.store import ContentTooLarge, content_uri
 
 pytestmark = pytest.mark.chain
 
@@ -401,6 +402,41 @@ def test_bad_inputs_fail_before_any_money_moves(
     assert devnet.chain.balance(c.address) == balance  # not a wei, not even gas
     assert devnet.q.tasks.task_count() == tasks
     assert devnet.chain.block_number() == start_block  # no transaction was even mined
+
+
+def test_submit_refuses_a_file_over_the_store_limit_without_reading_it(
+        devnet: Any, market: Market, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect 5: a 113 MiB file was read and parsed whole (28 s, 955 MiB) before the store's
+    limit refused it. Now its size alone refuses it: nothing is parsed, nothing held."""
+    limit = market.api.limits()["maxFileBytes"]
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(encode_jsonl(prompt_lines(["hi"], model=MODEL, max_tokens=4)))
+        f.truncate(limit + 1)  # sparse: one byte over, the rest a hole never written
+
+    def parsed(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the over-limit batch file was parsed")
+
+    monkeypatch.setattr("client.batch.parse_batch", parsed)
+    tasks = devnet.q.tasks.task_count()
+    c = connect(devnet, market)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ContentTooLarge, match=rf"batch file .*big\.jsonl is {limit + 1} "
+                           rf"bytes, over the store's limit of {limit} bytes"):
+            c.submit(big)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < limit // 16  # the file was never read into memory
+
+    capsys.readouterr()
+    assert client_main(["submit", str(big), *key_flags(devnet, market, tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("client: error: batch file ") and err.count("\n") == 1
+    assert f"over the store's limit of {limit} bytes" in err
+    assert devnet.q.tasks.task_count() == tasks
 
 
 def test_client_refuses_a_chain_the_market_is_not_on(devnet: Any, market: Market) -> None:
