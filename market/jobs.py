@@ -44,6 +44,7 @@ from market.chain.contracts import (
 )
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert
+from market.chain.errors import InsufficientFunds as ChainInsufficientFunds
 from market.errors import QuarryError
 from market.marketapi import MarketAPI
 from market.protocol.canonical import keccak
@@ -115,8 +116,9 @@ class DeadlineExpired(JobError):
     """The deadline is not in the future (by the chain's clock)."""
 
 
-class InsufficientFunds(JobError):
-    """The account cannot pay the task (or bond) plus gas."""
+class InsufficientFunds(JobError, ChainInsufficientFunds):
+    """The account cannot pay the task (or bond) plus gas (checked before sending; the chain
+    client raises its parent for any other transaction)."""
 
 
 class PaymentTooLow(JobError):
