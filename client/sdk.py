@@ -66,6 +66,7 @@ from market.jobs import (
     open_dispute,
     post_batch,
     prove_billing_fault,
+    shard_changes,
     task_disputes,
     verified_shard,
     wait_challenge,
@@ -685,46 +686,57 @@ class Job:
         Raises `JobFailed` as soon as a shard is refunded (cancelled, past the deadline,
         dispute upheld) or the deadline passes with shards nobody claimed, and `JobTimeout`
         after `timeout` seconds. The bar (on a terminal's stderr) counts shards done.
+
+        Each shard is read once; after that, each poll asks the chain for TaskRegistry's
+        events of this task since the last block seen (one `eth_getLogs`), so a poll costs
+        the same for 5 shards or 5,000.
         """
         t = self.task()
         target = {ShardState.FINALIZED} if finalized else HAS_RESULTS
         what = "finalized" if finalized else "with results"
-        pending = set(range(t.num_shards))
         started = time.monotonic()
+        seen = self._q.chain.block_number()  # events after this block are read as they come
+        states = {k: self._q.tasks.get_shard(self.task_id, k).state
+                  for k in range(t.num_shards)}
+        pending = {k for k, s in states.items() if s not in target}
         with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar:
+            bar.update(t.num_shards - len(pending))
             while True:
-                states: dict[int, ShardState] = {}
-                for k in sorted(pending):
-                    state = self._q.tasks.get_shard(self.task_id, k).state
-                    if state in target:
-                        pending.discard(k)
-                        bar.update(1)
-                    else:
-                        states[k] = state
                 if not pending:
                     return self.status()
-                refunded = sorted(k for k, s in states.items() if s == ShardState.REFUNDED)
+                refunded = sorted(k for k in pending if states[k] == ShardState.REFUNDED)
                 if refunded:
                     raise JobFailed(f"task {self.task_id}: shard(s) {_ks(refunded)} were "
                                     f"refunded ({self._refund_reason()}); they will have no "
                                     "results")
-                now = self._q.chain.timestamp()
-                unclaimed = sorted(k for k, s in states.items() if s == ShardState.OPEN)
-                if unclaimed and now >= t.deadline:
+                unclaimed = sorted(k for k in pending if states[k] == ShardState.OPEN)
+                if unclaimed and self._q.chain.timestamp() >= t.deadline:
                     raise JobFailed(f"task {self.task_id}: the deadline ({t.deadline}) passed "
                                     f"with shard(s) {_ks(unclaimed)} never claimed; they will "
                                     "be refunded")
                 if timeout is not None and time.monotonic() - started >= timeout:
-                    counts: dict[str, int] = {}
-                    for s in states.values():
-                        counts[s.name] = counts.get(s.name, 0) + 1
-                    left = ", ".join(f"{n} {name.lower()}" for name, n in sorted(counts.items()))
+                    left = ", ".join(f"{n} {s.name.lower()}" for s, n in
+                                     _count(states[k] for k in pending))
                     raise JobTimeout(f"task {self.task_id}: timed out after {timeout:g} s with "
                                      f"{t.num_shards - len(pending)}/{t.num_shards} shards "
                                      f"{what} ({left})")
                 bar.set_postfix_str(", ".join(
-                    f"{n} {s.name.lower()}" for s, n in _count(states.values())))
+                    f"{n} {s.name.lower()}" for s, n in _count(states[k] for k in pending)))
                 time.sleep(poll_s)
+                head = self._q.chain.block_number()
+                if head <= seen:
+                    continue
+                changed, cancelled = shard_changes(self._q, self.task_id, seen + 1, head)
+                seen = head
+                if cancelled:  # Open shards now read Refunded: ask the contract for all
+                    changed = {k: self._q.tasks.get_shard(self.task_id, k).state
+                               for k in pending}
+                for k, state in changed.items():
+                    if k in pending:
+                        states[k] = state
+                        if state in target:
+                            pending.discard(k)
+                            bar.update(1)
 
     def _refund_reason(self) -> str:
         t = self.task()

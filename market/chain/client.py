@@ -302,6 +302,20 @@ class Chain:
             out.append((name, plain(decoded["args"])))
         return out
 
+    def log_topics(self, address: str, from_block: int, to_block: int,
+                   topics: Sequence[str | None]) -> list[tuple[str | None, list[bytes]]]:
+        """One `eth_getLogs` over `address`'s logs in [from_block, to_block] matching `topics`
+        (None: any): each log's event name (None when its ABI is not bound here) and its
+        topics, undecoded. For following a few indexed fields cheaply, without decoding."""
+        address = to_checksum_address(address)
+        logs = self.rpc("eth_getLogs", [{"address": address, "fromBlock": hex(from_block),
+                                         "toBlock": hex(to_block), "topics": list(topics)}])
+        out: list[tuple[str | None, list[bytes]]] = []
+        for log in logs or []:
+            raw = [bytes.fromhex(str(t)[2:]) for t in log["topics"]]
+            out.append((self._topics.get((address, raw[0])) if raw else None, raw))
+        return out
+
     # -- devnet controls (Anvil, Hardhat) -------------------------------------------------
 
     def rpc(self, method: str, params: Sequence[Any] = ()) -> Any:
