@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 import tracemalloc
@@ -37,12 +38,17 @@ from client.sdk import (
     PaymentTooLow,
     ResultCheckFailed,
     ResultsNotReady,
+    ShardUnservable,
     UnknownModel,
 )
 from market.chain.client import anvil_account
 from market.chain.contracts import ChallengeStatus, DisputeStatus, GpuSpec, ShardState
 from market.chain.errors import revert_class
+from market.jobs import post_batch
 from market.marketapi import MarketAPI
+from market.model.context import publish_tokenizer
+from market.model.manifest import Manifest, sha256_file
+from market.model.tokenizer import TOKENIZER_FILES, write_tokenizer
 from market.protocol.canonical import json_hash
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
@@ -63,11 +69,25 @@ NEWCOMER = anvil_account(11)  # registered by the module's market, on probation
 NEWCOMER_PRICE = 10**9 // 2  # cheaper than every established miner: must not set the price
 
 
+CONTEXT = 64  # positions of the "tiny-ctx" model
+
+
 @dataclasses.dataclass
 class Market:
     url: str
     api: MarketAPI
     named_model: bytes  # a model with a manifest ("tiny-test"), served by `devnet.outsider`
+    ctx_model: bytes  # "tiny-ctx": CONTEXT positions, its tokenizer in the store (outsider)
+    ctx_dir: Path  # its tokenizer files
+
+
+def ctx_manifest(model_dir: Path) -> Manifest:
+    """A manifest with a context length and the embedded tokenizer's files (no weights:
+    the client reads only these)."""
+    write_tokenizer(model_dir)
+    return Manifest("tiny-ctx", {"model_type": "llama", "max_position_embeddings": CONTEXT,
+                                 "eos_token_id": 2},
+                    {name: sha256_file(model_dir / name) for name in TOKENIZER_FILES})
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +106,12 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("market")
     deployment = net.deployment.save(root / "deployment.json")
     named = json_hash(MANIFEST)
+    ctx_dir = root / "tiny-ctx"
+    ctx_dir.mkdir()
+    ctx = ctx_manifest(ctx_dir)
     probation = net.q.gpu.probation_params()
     net.q.gpu.set_probation(net.deployer, 0, probation[1])
-    net.q.gpu.register(net.outsider, [named], GpuSpec("NVIDIA L4", 24576, 1),
+    net.q.gpu.register(net.outsider, [named, ctx.model_id], GpuSpec("NVIDIA L4", 24576, 1),
                        "http://127.0.0.1:9199", NAMED_PRICE_FACTOR * net.PRICE, net.MINER_STAKE)
     net.q.gpu.set_probation(net.deployer, *probation)
     net.q.gpu.register(NEWCOMER, [net.MODEL_ID, net.OTHER_MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
@@ -101,9 +124,11 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         with serve_in_thread(settings):
             api.register_model(MANIFEST)
+            api.register_model(ctx.to_dict())
+            publish_tokenizer(api, ctx_dir, ctx)
             for miner in (net.miner, net.miner2, NEWCOMER):
                 api.heartbeat(miner, {"models": ["0x" + net.MODEL_ID.hex()]})
-            yield Market(settings.url, api, named)
+            yield Market(settings.url, api, named, ctx.model_id, ctx_dir)
     finally:
         api.close()
         net.chain.revert_to(snapshot)
@@ -467,6 +492,63 @@ def test_submit_refuses_a_file_over_the_store_limit_without_reading_it(
     assert err.startswith("client: error: batch file ") and err.count("\n") == 1
     assert f"over the store's limit of {limit} bytes" in err
     assert devnet.q.tasks.task_count() == tasks
+
+
+def test_requests_over_the_model_context_are_refused_before_paying(
+        devnet: Any, market: Market) -> None:
+    """A 60 KB prompt for a 1,024-position model was accepted, paid into escrow and skipped
+    by every miner. The manifest gives the context, the store its tokenizer."""
+    c = connect(devnet, market)
+    balance, tasks = devnet.chain.balance(c.address), devnet.q.tasks.task_count()
+    long_prompt = "the market " * 40
+    with pytest.raises(RequestError, match=r"^line 2: \d+ prompt tokens \+ max_tokens 8 = "
+                       rf"\d+ is over the {CONTEXT}-position context of model tiny-ctx") as info:
+        c.submit(["short", long_prompt], model="tiny-ctx", max_tokens=8)
+    assert info.value.line == 2
+    with pytest.raises(RequestError, match=rf"line 1: \d+ prompt tokens \+ max_tokens {CONTEXT} "
+                       "= "):
+        c.submit(["hi"], model="tiny-ctx", max_tokens=CONTEXT)
+    chat = [{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "tiny-ctx", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": long_prompt}]}}]
+    with pytest.raises(RequestError, match="line 1: .* over the 64-position context"):
+        c.submit(chat)
+    assert devnet.chain.balance(c.address) == balance  # not a wei, not even gas
+    assert devnet.q.tasks.task_count() == tasks
+
+    job = c.submit(["a short prompt"], model="tiny-ctx", max_tokens=8)  # fits: posted
+    assert job.cancel() == job.payment
+
+
+def test_a_shard_a_miner_reports_unservable_fails_the_wait_at_once(
+        devnet: Any, market: Market) -> None:
+    """A shard nobody can serve (posted around the SDK's check) is skipped by every miner;
+    the client learns it from the miners' heartbeats instead of waiting for the deadline."""
+    c = connect(devnet, market)
+    data = encode_jsonl(prompt_lines(["short", "the market " * 40], model="tiny-ctx",
+                                     max_tokens=8))
+    task_id, _ = post_batch(
+        devnet.q, devnet.client, market.api, data, [r.request_hash for r in parse_jsonl(data)],
+        model_id=market.ctx_model, shard_size=1, max_tokens=8,
+        price=NAMED_PRICE_FACTOR * devnet.PRICE, deadline=devnet.chain.timestamp() + 3600)
+    job = c.job(task_id)
+    with pytest.raises(JobTimeout):  # nothing reported yet: an ordinary wait
+        job.wait(progress=False, timeout=0.3, poll_s=0.05, unservable_s=0.05)
+    reason = "request 1: 121 prompt tokens + 8 max_tokens > 64 positions"
+    market.api.heartbeat(devnet.miner, {
+        "models": [MODEL],
+        "unservable": [{"taskId": task_id + 1000, "shardId": 1, "reason": "another task"},
+                       {"taskId": task_id, "shardId": 1, "reason": reason}]})
+    try:
+        expected = (rf"task {task_id}: shard 1 cannot be served: miner "
+                    rf"{devnet.miner.address} reports {re.escape(repr(reason))}")
+        with pytest.raises(ShardUnservable, match=expected) as info:
+            job.wait(progress=False, timeout=60, poll_s=0.05)
+        assert (info.value.shard, info.value.reason) == (1, reason)
+        assert isinstance(info.value, JobFailed)
+    finally:
+        market.api.heartbeat(devnet.miner, {"models": [MODEL]})
+        job.cancel()
 
 
 def test_client_refuses_a_chain_the_market_is_not_on(devnet: Any, market: Market) -> None:
