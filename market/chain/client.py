@@ -193,7 +193,7 @@ class Chain:
         }
         if gas is not None:
             tx["gas"] = int(gas)
-        built: dict[str, Any] = {}
+        built: Any = {}  # TxParams once built; {} if estimating failed
         with self._send_lock:
             try:
                 tx["nonce"] = self._rpc(
