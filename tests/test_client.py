@@ -126,12 +126,18 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
             api.register_model(MANIFEST)
             api.register_model(ctx.to_dict())
             publish_tokenizer(api, ctx_dir, ctx)
-            for miner in (net.miner, net.miner2, NEWCOMER):
-                api.heartbeat(miner, {"models": ["0x" + net.MODEL_ID.hex()]})
+            heartbeats(net, api)
             yield Market(settings.url, api, named, ctx.model_id, ctx_dir)
     finally:
         api.close()
         net.chain.revert_to(snapshot)
+
+
+def heartbeats(devnet: Any, api: MarketAPI) -> None:
+    """The fixture's miners beat (alive for the market's 30 s TTL): tests that count alive
+    miners beat first, since the module's earlier tests may take longer than the TTL."""
+    for miner in (devnet.miner, devnet.miner2, NEWCOMER):
+        api.heartbeat(miner, {"models": ["0x" + devnet.MODEL_ID.hex()]})
 
 
 def connect(devnet: Any, market: Market, account: Any = None) -> Client:
@@ -404,6 +410,7 @@ def test_result_document_for_another_shard_fails_the_header_check(
 
 def test_bad_inputs_fail_before_any_money_moves(
         devnet: Any, market: Market, tmp_path: Path) -> None:
+    heartbeats(devnet, market.api)
     c = connect(devnet, market)
     balance = devnet.chain.balance(c.address)
     tasks = devnet.q.tasks.task_count()
@@ -547,7 +554,7 @@ def test_a_shard_a_miner_reports_unservable_fails_the_wait_at_once(
         assert (info.value.shard, info.value.reason) == (1, reason)
         assert isinstance(info.value, JobFailed)
     finally:
-        market.api.heartbeat(devnet.miner, {"models": [MODEL]})
+        heartbeats(devnet, market.api)
         job.cancel()
 
 
@@ -988,6 +995,7 @@ def test_miners_on_probation_only_serve_clients_that_allow_them(
         devnet: Any, market: Market, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     q, flags = devnet.q, key_flags(devnet, market, tmp_path)
+    heartbeats(devnet, market.api)
     c = connect(devnet, market)
     assert q.gpu.on_probation(NEWCOMER.address)
     [offer] = [o for o in c.offers() if o.model_id == devnet.MODEL_ID]
