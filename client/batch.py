@@ -9,6 +9,7 @@ dispute it) without trusting whoever handed it over.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from market.protocol.requests import (
     prompt_lines,
     request_line_sizes,
 )
+from market.store import ContentTooLarge
 
 __all__ = [  # the request-line helpers live in market.protocol.requests (verifiers use them)
     "Batch", "BatchError", "Output", "RequestTooLarge", "chat_lines", "encode_jsonl",
@@ -86,14 +88,31 @@ def parse_batch(data: bytes, source: str | None = None) -> Batch:
     return Batch(data, tuple(requests), sizes)
 
 
-def read_batch(path: str | Path) -> Batch:
-    """A JSONL batch file, read once: its bytes are what gets uploaded and hashed."""
+def read_batch(path: str | Path, max_bytes: int | None = None) -> Batch:
+    """A JSONL batch file, read once: its bytes are what gets uploaded and hashed.
+
+    With `max_bytes` (the store's `maxFileBytes`), a larger file is refused from its size
+    alone, before a byte is read or parsed, and the read itself stops one byte past the limit
+    (a file still growing cannot slip through): a file the store would refuse costs neither
+    the time nor the memory of parsing it.
+    """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            if max_bytes is None:
+                data = f.read()
+            else:
+                _check_file_size(os.fstat(f.fileno()).st_size, max_bytes, path)
+                data = f.read(max_bytes + 1)
+                _check_file_size(len(data), max_bytes, path)
     except OSError as exc:
         raise RequestError(f"cannot read batch file {path}: {exc.strerror}") from exc
     return parse_batch(data, str(path))
+
+
+def _check_file_size(size: int, limit: int, path: Path) -> None:
+    if size > limit:
+        raise ContentTooLarge(size, limit, f"batch file {path}")
 
 
 @dataclass(frozen=True)

@@ -66,12 +66,15 @@ from market.jobs import (
     open_dispute,
     post_batch,
     prove_billing_fault,
+    shard_changes,
     task_disputes,
     verified_shard,
     wait_challenge,
     wait_dispute,
 )
 from market.marketapi import MarketAPI, MarketError
+from market.model.context import ContextCheck, context_length, store_tokenizer
+from market.model.manifest import Manifest, ModelError
 from market.protocol.merkle import input_tree
 from market.protocol.requests import validate_request
 from market.protocol.results import ResultCheckFailed, check_finish_reason
@@ -96,6 +99,7 @@ __all__ = [
     "DeadlineExpired",
     "InsufficientFunds",
     "JobFailed",
+    "ShardUnservable",
     "JobTimeout",
     "ResultsNotReady",
     "InputsMismatch",
@@ -127,6 +131,18 @@ class JobFailed(ClientError):
 
 class InputsMismatch(ClientError):
     """The stored request file does not match the task's on-chain input root."""
+
+
+class ShardUnservable(JobFailed):
+    """A registered miner reports that it cannot serve one of the job's open shards (a
+    request over the model's context, say): nobody will, and the shard would wait until the
+    deadline. `shard`, `reason` and `miner` say which, why and who."""
+
+    def __init__(self, message: str, *, shard: int, reason: str, miner: str) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.reason = reason
+        self.miner = miner
 
 
 
@@ -453,7 +469,7 @@ class Client:
         wrong is checked before any transaction is sent.
         """
         if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
-            batch = read_batch(requests)
+            batch = read_batch(requests, max_bytes=self.market.limits()["maxFileBytes"])
             offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
         elif requests and all(isinstance(r, str) for r in requests):
             if model is None:
@@ -534,6 +550,7 @@ class Client:
                     f"for model {offer.label()} (lowest ask: {ask} wei/token)")
         if price is None:
             price = ask
+        self.check_context(batch, offer)
         deadline_ts = self._deadline(deadline, self.chain.timestamp())
         if shard_size is None:  # two shards per miner that could take them, within the limit
             shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, miners)))))
@@ -548,6 +565,28 @@ class Client:
         job._batch = batch
         job.submission = tx
         return job
+
+    def manifest(self, model_id: bytes) -> Manifest | None:
+        """The model's manifest from the market, checked to hash to `model_id` (None when the
+        market has none, or one for another model)."""
+        try:
+            m = Manifest.from_dict(self.market.model("0x" + model_id.hex()))
+        except (MarketError, ModelError):
+            return None
+        return m if m.model_id == model_id else None
+
+    def check_context(self, batch: Batch, offer: ModelOffer) -> None:
+        """Refuse (`RequestError` naming the line) a request whose prompt tokens plus
+        `max_tokens` exceed the model's context: no miner could serve it, and the client
+        would pay into escrow for a shard that waits until the deadline. Needs the model's
+        manifest on the market; prompts are counted with its tokenizer when its files are
+        in the store (see `market.model.context`)."""
+        manifest = self.manifest(offer.model_id)
+        positions = None if manifest is None else context_length(manifest)
+        if manifest is None or positions is None:
+            return
+        check = ContextCheck(offer.label(), positions, store_tokenizer(self.market, manifest))
+        check.check((r.line, r.request) for r in batch.requests)
 
     def _directed_ask(self, miner: str, model_id: bytes, min_reputation_bps: int,
                       allow_probation: bool) -> int:
@@ -679,52 +718,94 @@ class Job:
         timeout: float | None = None,
         finalized: bool = False,
         poll_s: float = 0.25,
+        unservable_s: float = 1.0,
     ) -> JobStatus:
         """Block until every shard has a result (or, with `finalized`, is paid out).
 
         Raises `JobFailed` as soon as a shard is refunded (cancelled, past the deadline,
-        dispute upheld) or the deadline passes with shards nobody claimed, and `JobTimeout`
-        after `timeout` seconds. The bar (on a terminal's stderr) counts shards done.
+        dispute upheld) or the deadline passes with shards nobody claimed, its subclass
+        `ShardUnservable` as soon as a registered miner reports an open shard unservable
+        (its heartbeat's `unservable` list, read from the market every `unservable_s`
+        seconds while shards are open), and `JobTimeout` after `timeout` seconds. The bar
+        (on a terminal's stderr) counts shards done.
+
+        Each shard is read once; after that, each poll asks the chain for TaskRegistry's
+        events of this task since the last block seen (one `eth_getLogs`), so a poll costs
+        the same for 5 shards or 5,000.
         """
         t = self.task()
         target = {ShardState.FINALIZED} if finalized else HAS_RESULTS
         what = "finalized" if finalized else "with results"
-        pending = set(range(t.num_shards))
         started = time.monotonic()
+        seen = self._q.chain.block_number()  # events after this block are read as they come
+        states = {k: self._q.tasks.get_shard(self.task_id, k).state
+                  for k in range(t.num_shards)}
+        pending = {k for k, s in states.items() if s not in target}
+        next_report = time.monotonic()
         with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar:
+            bar.update(t.num_shards - len(pending))
             while True:
-                states: dict[int, ShardState] = {}
-                for k in sorted(pending):
-                    state = self._q.tasks.get_shard(self.task_id, k).state
-                    if state in target:
-                        pending.discard(k)
-                        bar.update(1)
-                    else:
-                        states[k] = state
                 if not pending:
                     return self.status()
-                refunded = sorted(k for k, s in states.items() if s == ShardState.REFUNDED)
+                refunded = sorted(k for k in pending if states[k] == ShardState.REFUNDED)
                 if refunded:
                     raise JobFailed(f"task {self.task_id}: shard(s) {_ks(refunded)} were "
                                     f"refunded ({self._refund_reason()}); they will have no "
                                     "results")
-                now = self._q.chain.timestamp()
-                unclaimed = sorted(k for k, s in states.items() if s == ShardState.OPEN)
-                if unclaimed and now >= t.deadline:
+                unclaimed = sorted(k for k in pending if states[k] == ShardState.OPEN)
+                if unclaimed and self._q.chain.timestamp() >= t.deadline:
                     raise JobFailed(f"task {self.task_id}: the deadline ({t.deadline}) passed "
                                     f"with shard(s) {_ks(unclaimed)} never claimed; they will "
                                     "be refunded")
+                if unclaimed and time.monotonic() >= next_report:
+                    next_report = time.monotonic() + unservable_s
+                    self._raise_unservable(set(unclaimed))
                 if timeout is not None and time.monotonic() - started >= timeout:
-                    counts: dict[str, int] = {}
-                    for s in states.values():
-                        counts[s.name] = counts.get(s.name, 0) + 1
-                    left = ", ".join(f"{n} {name.lower()}" for name, n in sorted(counts.items()))
+                    left = ", ".join(f"{n} {s.name.lower()}" for s, n in
+                                     _count(states[k] for k in pending))
                     raise JobTimeout(f"task {self.task_id}: timed out after {timeout:g} s with "
                                      f"{t.num_shards - len(pending)}/{t.num_shards} shards "
                                      f"{what} ({left})")
                 bar.set_postfix_str(", ".join(
-                    f"{n} {s.name.lower()}" for s, n in _count(states.values())))
+                    f"{n} {s.name.lower()}" for s, n in _count(states[k] for k in pending)))
                 time.sleep(poll_s)
+                head = self._q.chain.block_number()
+                if head <= seen:
+                    continue
+                changed, cancelled = shard_changes(self._q, self.task_id, seen + 1, head)
+                seen = head
+                if cancelled:  # Open shards now read Refunded: ask the contract for all
+                    changed = {k: self._q.tasks.get_shard(self.task_id, k).state
+                               for k in pending}
+                for k, state in changed.items():
+                    if k in pending:
+                        states[k] = state
+                        if state in target:
+                            pending.discard(k)
+                            bar.update(1)
+
+    def _raise_unservable(self, shards: set[int]) -> None:
+        """Raise `ShardUnservable` when a miner's last heartbeat (as the market lists it)
+        reports one of `shards` of this task unservable and the chain says it is
+        registered."""
+        for row in self.client.market.miners():
+            status = row.get("status")
+            reports = status.get("unservable") if isinstance(status, dict) else None
+            for r in reports if isinstance(reports, list) else []:
+                if not isinstance(r, dict) or r.get("taskId") != self.task_id or \
+                        r.get("shardId") not in shards:
+                    continue
+                miner = to_checksum_address(row["address"])
+                if not self._q.gpu.is_registered(miner):
+                    continue
+                shard = int(r["shardId"])
+                reason = str(r.get("reason") or "no reason given")[:300]
+                raise ShardUnservable(
+                    f"task {self.task_id}: shard {shard} cannot be served: miner {miner} "
+                    f"reports {reason!r}; no miner will take it, so it would wait until the "
+                    f"deadline ({self._task.deadline if self._task else '?'}): cancel the job "
+                    "to get the open shards' budget back, and resubmit what fits",
+                    shard=shard, reason=reason, miner=miner)
 
     def _refund_reason(self) -> str:
         t = self.task()
@@ -795,15 +876,8 @@ class Job:
         task's modelId (None when the market has no manifest for it: finish reasons are then
         checked against lengths only)."""
         if t.model_id not in self._stops:
-            from market.model.manifest import Manifest, ModelError
-
-            self._stops[t.model_id] = None
-            try:
-                m = Manifest.from_dict(self.client.market.model("0x" + t.model_id.hex()))
-                if m.model_id == t.model_id:
-                    self._stops[t.model_id] = m.stop_token_ids
-            except (MarketError, ModelError):
-                pass
+            m = self.client.manifest(t.model_id)
+            self._stops[t.model_id] = None if m is None else m.stop_token_ids
         return self._stops[t.model_id]
 
     def _with_remedy(self, exc: ResultCheckFailed, k: int) -> ResultCheckFailed:

@@ -44,6 +44,7 @@ from market.chain.contracts import (
 )
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert
+from market.chain.errors import InsufficientFunds as ChainInsufficientFunds
 from market.errors import QuarryError
 from market.marketapi import MarketAPI
 from market.protocol.canonical import keccak
@@ -78,6 +79,7 @@ __all__ = [
     "post_batch",
     "miner_ask",
     "max_shards",
+    "shard_changes",
     "check_funds",
     "fetch_result_document",
     "verified_shard",
@@ -115,8 +117,9 @@ class DeadlineExpired(JobError):
     """The deadline is not in the future (by the chain's clock)."""
 
 
-class InsufficientFunds(JobError):
-    """The account cannot pay the task (or bond) plus gas."""
+class InsufficientFunds(JobError, ChainInsufficientFunds):
+    """The account cannot pay the task (or bond) plus gas (checked before sending; the chain
+    client raises its parent for any other transaction)."""
 
 
 class PaymentTooLow(JobError):
@@ -314,6 +317,41 @@ def post_batch(
                               "(cancel it to get the open shards' budget back)",
                               task_id, tx) from exc
     return task_id, tx
+
+
+# ---------------------------------------------------------------------------- following
+
+
+SHARD_EVENTS = {
+    "ShardClaimed": ShardState.CLAIMED,
+    "ResultSubmitted": ShardState.SUBMITTED,
+    "ClaimReclaimed": ShardState.OPEN,  # not reopened: a ShardRefunded follows
+    "ShardDisputed": ShardState.DISPUTED,
+    "ShardDisputeResolved": ShardState.SUBMITTED,  # miner at fault: a ShardRefunded follows
+    "ShardFinalized": ShardState.FINALIZED,
+    "ShardRefunded": ShardState.REFUNDED,
+}
+"""TaskRegistry's events that change one shard's state (task id and shard indexed), and the
+state each leaves the shard in. Every stored state change emits one, in order; cancelling
+emits `TaskCancelled` instead (the task's Open shards then read Refunded)."""
+
+
+def shard_changes(q: Quarry, task_id: int, from_block: int,
+                  to_block: int) -> tuple[dict[int, ShardState], bool]:
+    """The new state of every shard of `task_id` that changed in blocks [from_block,
+    to_block] (its last event's), from one `eth_getLogs` call, and whether the task was
+    cancelled in them. Following these instead of reading every pending shard keeps a wait's
+    cost to one call per poll, whatever the job's size."""
+    topic = "0x" + int(task_id).to_bytes(32, "big").hex()
+    states: dict[int, ShardState] = {}
+    cancelled = False
+    for name, topics in q.chain.log_topics(q.tasks.address, from_block, to_block,
+                                           [None, topic]):
+        if name == "TaskCancelled":
+            cancelled = True
+        elif name in SHARD_EVENTS and len(topics) > 2:
+            states[int.from_bytes(topics[2], "big")] = SHARD_EVENTS[name]
+    return states, cancelled
 
 
 # ---------------------------------------------------------------------------- results

@@ -1,18 +1,28 @@
-"""Revert decoding, artifact loading and the deployment file, without a chain."""
+"""Revert decoding, artifact loading and the deployment file (without a chain), and the
+error an account that cannot pay its transaction gets (on the devnet)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from eth_abi import encode as abi_encode
+from eth_account import Account
 
 from market.chain.artifacts import all_error_abis, load_artifact
 from market.chain.client import Chain, anvil_account
+from market.chain.contracts import GpuSpec
 from market.chain.deploy import Quarry
 from market.chain.deployment import CONTRACT_NAMES, Deployment
-from market.chain.errors import ChainError, ContractRevert, ErrorDecoder, revert_class
+from market.chain.errors import (
+    ChainError,
+    ContractRevert,
+    ErrorDecoder,
+    InsufficientFunds,
+    revert_class,
+)
 from market.errors import ConfigError, QuarryError
 from market.protocol import keccak
 
@@ -118,3 +128,34 @@ def test_anvil_accounts_are_the_well_known_ones() -> None:
     assert anvil_account(1).address == "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
     with pytest.raises(ChainError):
         anvil_account(-1)
+
+
+@pytest.mark.chain
+@pytest.mark.parametrize("funded", ["nothing", "the stake but no gas"])
+def test_unfunded_key_is_told_its_address_balance_and_need(devnet: Any, funded: str) -> None:
+    """Defect 5: a key with no ETH (or too little for value + gas) was told "the chain did
+    not answer". Every role sends through `Chain.send`, so a miner's register stands for all."""
+    fresh = Account.create()
+    stake = devnet.MINER_STAKE
+    balance = 0 if funded == "nothing" else stake
+    devnet.chain.set_balance(fresh.address, balance)
+    with pytest.raises(InsufficientFunds) as info:
+        devnet.q.gpu.register(fresh, [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
+                              "http://127.0.0.1:9", devnet.PRICE, stake)
+    err = info.value
+    assert (err.address, err.balance) == (fresh.address, balance)
+    assert err.needed > balance and err.needed >= stake
+    text = str(err)
+    assert text.startswith(f"GPURegistry.register: account {fresh.address} cannot pay")
+    assert f"holds {balance} wei" in text and f"needs {err.needed} wei" in text
+    assert "did not answer" not in text
+    assert devnet.chain.balance(fresh.address) == balance
+
+
+@pytest.mark.chain
+def test_unfunded_transfer_names_the_gas_it_needs(devnet: Any) -> None:
+    fresh = Account.create()
+    with pytest.raises(InsufficientFunds, match=rf"transfer to .*: account {fresh.address} "
+                       r"cannot pay .* holds 0 wei .* 1 wei of value plus up to \d+ wei of "
+                       r"gas \(21000 gas at \d+ wei\)"):
+        devnet.chain.transfer(fresh, devnet.anyone.address, 1)

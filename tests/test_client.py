@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,19 +38,24 @@ from client.sdk import (
     PaymentTooLow,
     ResultCheckFailed,
     ResultsNotReady,
+    ShardUnservable,
     UnknownModel,
 )
 from market.chain.client import anvil_account
 from market.chain.contracts import ChallengeStatus, DisputeStatus, GpuSpec, ShardState
 from market.chain.errors import revert_class
+from market.jobs import post_batch
 from market.marketapi import MarketAPI
+from market.model.context import publish_tokenizer
+from market.model.manifest import Manifest, sha256_file
+from market.model.tokenizer import TOKENIZER_FILES, write_tokenizer
 from market.protocol.canonical import json_hash
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
 from market.protocol.merkle import SumNode, receipts_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
-from market.store import content_uri
+from market.store import ContentTooLarge, content_uri
 
 pytestmark = pytest.mark.chain
 
@@ -62,11 +69,25 @@ NEWCOMER = anvil_account(11)  # registered by the module's market, on probation
 NEWCOMER_PRICE = 10**9 // 2  # cheaper than every established miner: must not set the price
 
 
+CONTEXT = 64  # positions of the "tiny-ctx" model
+
+
 @dataclasses.dataclass
 class Market:
     url: str
     api: MarketAPI
     named_model: bytes  # a model with a manifest ("tiny-test"), served by `devnet.outsider`
+    ctx_model: bytes  # "tiny-ctx": CONTEXT positions, its tokenizer in the store (outsider)
+    ctx_dir: Path  # its tokenizer files
+
+
+def ctx_manifest(model_dir: Path) -> Manifest:
+    """A manifest with a context length and the embedded tokenizer's files (no weights:
+    the client reads only these)."""
+    write_tokenizer(model_dir)
+    return Manifest("tiny-ctx", {"model_type": "llama", "max_position_embeddings": CONTEXT,
+                                 "eos_token_id": 2},
+                    {name: sha256_file(model_dir / name) for name in TOKENIZER_FILES})
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +106,12 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("market")
     deployment = net.deployment.save(root / "deployment.json")
     named = json_hash(MANIFEST)
+    ctx_dir = root / "tiny-ctx"
+    ctx_dir.mkdir()
+    ctx = ctx_manifest(ctx_dir)
     probation = net.q.gpu.probation_params()
     net.q.gpu.set_probation(net.deployer, 0, probation[1])
-    net.q.gpu.register(net.outsider, [named], GpuSpec("NVIDIA L4", 24576, 1),
+    net.q.gpu.register(net.outsider, [named, ctx.model_id], GpuSpec("NVIDIA L4", 24576, 1),
                        "http://127.0.0.1:9199", NAMED_PRICE_FACTOR * net.PRICE, net.MINER_STAKE)
     net.q.gpu.set_probation(net.deployer, *probation)
     net.q.gpu.register(NEWCOMER, [net.MODEL_ID, net.OTHER_MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
@@ -100,12 +124,20 @@ def market(devnet_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         with serve_in_thread(settings):
             api.register_model(MANIFEST)
-            for miner in (net.miner, net.miner2, NEWCOMER):
-                api.heartbeat(miner, {"models": ["0x" + net.MODEL_ID.hex()]})
-            yield Market(settings.url, api, named)
+            api.register_model(ctx.to_dict())
+            publish_tokenizer(api, ctx_dir, ctx)
+            heartbeats(net, api)
+            yield Market(settings.url, api, named, ctx.model_id, ctx_dir)
     finally:
         api.close()
         net.chain.revert_to(snapshot)
+
+
+def heartbeats(devnet: Any, api: MarketAPI) -> None:
+    """The fixture's miners beat (alive for the market's 30 s TTL): tests that count alive
+    miners beat first, since the module's earlier tests may take longer than the TTL."""
+    for miner in (devnet.miner, devnet.miner2, NEWCOMER):
+        api.heartbeat(miner, {"models": ["0x" + devnet.MODEL_ID.hex()]})
 
 
 def connect(devnet: Any, market: Market, account: Any = None) -> Client:
@@ -285,6 +317,36 @@ def test_submit_wait_results_verified_and_settled(devnet: Any, market: Market) -
     assert c.withdraw() == settled.refunded and c.withdrawable() == 0
 
 
+def test_wait_follows_the_task_events_not_every_pending_shard(
+        devnet: Any, market: Market, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job.wait read every pending shard on every poll (client CPU 2 s -> 22 s between 5,000
+    and 20,000 requests). Now each shard is read once, then followed through the task's
+    events: however many polls run while the shards are served, the reads stay the same."""
+    c = connect(devnet, market)
+    job = c.submit([f"p{i}" for i in range(6)], model=MODEL, max_tokens=4, shard_size=1)
+    reads: list[int] = []
+    get_shard = c.q.tasks.get_shard
+    monkeypatch.setattr(c.q.tasks, "get_shard",
+                        lambda task_id, k: reads.append(k) or get_shard(task_id, k))
+    polls: list[int] = []
+    head = c.chain.block_number
+    monkeypatch.setattr(c.chain, "block_number", lambda: polls.append(1) or head())
+
+    def serve_slowly() -> None:
+        for k in range(6):
+            serve_shard(devnet, market, job.task_id, k, devnet.miner)
+            time.sleep(0.05)
+
+    join = when(lambda: len(polls) > 1, serve_slowly)
+    try:
+        status = job.wait(progress=False, timeout=120, poll_s=0.01)
+    finally:
+        join()
+    assert status.counts == {"SUBMITTED": 6}
+    assert len(polls) > 6  # it polled while shards were still pending...
+    assert sorted(reads) == sorted([*range(6), *range(6)])  # ...but read each once, +status
+
+
 def test_name_resolution_and_prompt_defaults(devnet: Any, market: Market) -> None:
     c = connect(devnet, market)
     offer = c.resolve_model("tiny-test")
@@ -348,6 +410,7 @@ def test_result_document_for_another_shard_fails_the_header_check(
 
 def test_bad_inputs_fail_before_any_money_moves(
         devnet: Any, market: Market, tmp_path: Path) -> None:
+    heartbeats(devnet, market.api)
     c = connect(devnet, market)
     balance = devnet.chain.balance(c.address)
     tasks = devnet.q.tasks.task_count()
@@ -401,6 +464,98 @@ def test_bad_inputs_fail_before_any_money_moves(
     assert devnet.chain.balance(c.address) == balance  # not a wei, not even gas
     assert devnet.q.tasks.task_count() == tasks
     assert devnet.chain.block_number() == start_block  # no transaction was even mined
+
+
+def test_submit_refuses_a_file_over_the_store_limit_without_reading_it(
+        devnet: Any, market: Market, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect 5: a 113 MiB file was read and parsed whole (28 s, 955 MiB) before the store's
+    limit refused it. Now its size alone refuses it: nothing is parsed, nothing held."""
+    limit = market.api.limits()["maxFileBytes"]
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(encode_jsonl(prompt_lines(["hi"], model=MODEL, max_tokens=4)))
+        f.truncate(limit + 1)  # sparse: one byte over, the rest a hole never written
+
+    def parsed(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the over-limit batch file was parsed")
+
+    monkeypatch.setattr("client.batch.parse_batch", parsed)
+    tasks = devnet.q.tasks.task_count()
+    c = connect(devnet, market)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ContentTooLarge, match=rf"batch file .*big\.jsonl is {limit + 1} "
+                           rf"bytes, over the store's limit of {limit} bytes"):
+            c.submit(big)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < limit // 16  # the file was never read into memory
+
+    capsys.readouterr()
+    assert client_main(["submit", str(big), *key_flags(devnet, market, tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("client: error: batch file ") and err.count("\n") == 1
+    assert f"over the store's limit of {limit} bytes" in err
+    assert devnet.q.tasks.task_count() == tasks
+
+
+def test_requests_over_the_model_context_are_refused_before_paying(
+        devnet: Any, market: Market) -> None:
+    """A 60 KB prompt for a 1,024-position model was accepted, paid into escrow and skipped
+    by every miner. The manifest gives the context, the store its tokenizer."""
+    c = connect(devnet, market)
+    balance, tasks = devnet.chain.balance(c.address), devnet.q.tasks.task_count()
+    long_prompt = "the market " * 40
+    with pytest.raises(RequestError, match=r"^line 2: \d+ prompt tokens \+ max_tokens 8 = "
+                       rf"\d+ is over the {CONTEXT}-position context of model tiny-ctx") as info:
+        c.submit(["short", long_prompt], model="tiny-ctx", max_tokens=8)
+    assert info.value.line == 2
+    with pytest.raises(RequestError, match=rf"line 1: \d+ prompt tokens \+ max_tokens {CONTEXT} "
+                       "= "):
+        c.submit(["hi"], model="tiny-ctx", max_tokens=CONTEXT)
+    chat = [{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "tiny-ctx", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": long_prompt}]}}]
+    with pytest.raises(RequestError, match="line 1: .* over the 64-position context"):
+        c.submit(chat)
+    assert devnet.chain.balance(c.address) == balance  # not a wei, not even gas
+    assert devnet.q.tasks.task_count() == tasks
+
+    job = c.submit(["a short prompt"], model="tiny-ctx", max_tokens=8)  # fits: posted
+    assert job.cancel() == job.payment
+
+
+def test_a_shard_a_miner_reports_unservable_fails_the_wait_at_once(
+        devnet: Any, market: Market) -> None:
+    """A shard nobody can serve (posted around the SDK's check) is skipped by every miner;
+    the client learns it from the miners' heartbeats instead of waiting for the deadline."""
+    c = connect(devnet, market)
+    data = encode_jsonl(prompt_lines(["short", "the market " * 40], model="tiny-ctx",
+                                     max_tokens=8))
+    task_id, _ = post_batch(
+        devnet.q, devnet.client, market.api, data, [r.request_hash for r in parse_jsonl(data)],
+        model_id=market.ctx_model, shard_size=1, max_tokens=8,
+        price=NAMED_PRICE_FACTOR * devnet.PRICE, deadline=devnet.chain.timestamp() + 3600)
+    job = c.job(task_id)
+    with pytest.raises(JobTimeout):  # nothing reported yet: an ordinary wait
+        job.wait(progress=False, timeout=0.3, poll_s=0.05, unservable_s=0.05)
+    reason = "request 1: 121 prompt tokens + 8 max_tokens > 64 positions"
+    market.api.heartbeat(devnet.miner, {
+        "models": [MODEL],
+        "unservable": [{"taskId": task_id + 1000, "shardId": 1, "reason": "another task"},
+                       {"taskId": task_id, "shardId": 1, "reason": reason}]})
+    try:
+        expected = (rf"task {task_id}: shard 1 cannot be served: miner "
+                    rf"{devnet.miner.address} reports {re.escape(repr(reason))}")
+        with pytest.raises(ShardUnservable, match=expected) as info:
+            job.wait(progress=False, timeout=60, poll_s=0.05)
+        assert (info.value.shard, info.value.reason) == (1, reason)
+        assert isinstance(info.value, JobFailed)
+    finally:
+        heartbeats(devnet, market.api)
+        job.cancel()
 
 
 def test_client_refuses_a_chain_the_market_is_not_on(devnet: Any, market: Market) -> None:
@@ -840,6 +995,7 @@ def test_miners_on_probation_only_serve_clients_that_allow_them(
         devnet: Any, market: Market, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     q, flags = devnet.q, key_flags(devnet, market, tmp_path)
+    heartbeats(devnet, market.api)
     c = connect(devnet, market)
     assert q.gpu.on_probation(NEWCOMER.address)
     [offer] = [o for o in c.offers() if o.model_id == devnet.MODEL_ID]

@@ -28,6 +28,7 @@ from market.protocol.errors import RequestError
 from market.protocol.merkle import SumNode, input_tree
 from market.protocol.requests import output_hash
 from market.protocol.results import Completion, build_shard_result, receipt_proven
+from market.store import ContentNotFound, content_uri
 
 REGISTRY = "0x" + "ab" * 20
 CHAIN_ID = 31337
@@ -162,3 +163,56 @@ def test_chat_output_line_and_atomic_write(tmp_path: Path) -> None:
     with pytest.raises(BatchError, match="cannot write"):
         write_output_lines(outs, tmp_path / "no-such-dir" / "out.jsonl")
 
+
+class _DictStore:
+    """A content store in memory (the market's `put`/`get` by sha256 address)."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+
+    def put(self, data: bytes) -> str:
+        uri = content_uri(data)
+        self.blobs[uri] = data
+        return uri
+
+    def get(self, uri: str) -> bytes:
+        if uri not in self.blobs:
+            raise ContentNotFound(uri)
+        return self.blobs[uri]
+
+
+def test_prompt_counts_from_the_store_match_the_miners_tokenizer(tmp_path: Path) -> None:
+    """The client counts prompt tokens from tokenizer.json and the chat template alone (no
+    transformers import); a miner encodes with AutoTokenizer. They must agree."""
+    from transformers import AutoTokenizer
+
+    from market.engine.text import request_from_line
+    from market.model.context import ContextCheck, publish_tokenizer, store_tokenizer
+    from market.model.manifest import Manifest, sha256_file
+    from market.model.tokenizer import TOKENIZER_FILES, write_tokenizer
+
+    write_tokenizer(tmp_path)
+    manifest = Manifest("m", {"max_position_embeddings": 32},
+                        {n: sha256_file(tmp_path / n) for n in TOKENIZER_FILES})
+    store = _DictStore()
+    assert store_tokenizer(store, manifest) is None  # not published yet: no counter
+    publish_tokenizer(store, tmp_path, manifest)
+    counter = store_tokenizer(store, manifest)
+    assert counter is not None
+    miner = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    chat = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": 4, "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Tell me about the market, é ✓."}]}}
+    requests = [*prompt_lines(["Hello", "the market " * 9, "日本語 ✓"], model="m",
+                              max_tokens=4), chat]
+    for r in requests:
+        assert counter.count(r) == len(request_from_line(miner, r).prompt_ids)
+    fits = [r for r in requests if counter.count(r) + 4 <= 32]
+    ContextCheck("m", 32, counter).check(enumerate(fits, start=1))
+    with pytest.raises(RequestError, match=r"line 1: \d+ prompt tokens \+ max_tokens 4 = \d+ "
+                       r"is over the 8-position context of model m"):
+        ContextCheck("m", 8, counter).check([(1, requests[1])])
+    with pytest.raises(RequestError, match=r"line 3: at least 1 prompt token \+ max_tokens 4 "
+                       r"= 5 is over the 4-position"):
+        ContextCheck("m", 4, None).check([(3, requests[0])])

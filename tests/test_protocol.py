@@ -31,8 +31,9 @@ from market.protocol import (
     sampling_params,
     validate_request,
 )
+from market.protocol.canonical import UnsafeInteger
 from market.protocol.eip712 import TYPE_STRINGS, TYPES, domain, domain_separator, typed_digest
-from market.protocol.requests import token_ids_hash
+from market.protocol.requests import MAX_SEED, token_ids_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 JS = ROOT / "tests" / "js"
@@ -65,9 +66,34 @@ def test_canonical_json_sorted_compact_utf8() -> None:
 
 
 def test_canonical_json_numbers() -> None:
-    assert canonical_json([1, 10**30, 1.0, 0.7, -0.0, 1e21, 1e-7, 1e20]) == (
-        "[1,1000000000000000000000000000000,1,0.7,0,1e+21,1e-7,100000000000000000000]"
+    assert canonical_json([1, 2**53 - 1, -(2**53 - 1), 1.0, 0.7, -0.0, 1e21, 1e-7, 1e20]) == (
+        "[1,9007199254740991,-9007199254740991,1,0.7,0,1e+21,1e-7,100000000000000000000]"
     )
+
+
+@pytest.mark.parametrize("big", [2**53, -(2**53), 2**64 - 1, 10**30])
+def test_canonical_json_refuses_integers_other_implementations_would_round(big: int) -> None:
+    with pytest.raises(UnsafeInteger, match=rf"body\.seed: integer {big} is outside") as info:
+        request_hash(completion(seed=big))
+    assert isinstance(info.value, CanonicalJSONError)
+    assert (info.value.path, info.value.value) == ("body.seed", big)
+
+
+@needs_node
+def test_integers_past_2_53_do_not_survive_javascript() -> None:
+    """Why they are refused: JavaScript (like any RFC 8785 implementation) parses 2**53+1
+    and 2**64-1 into the nearest double, so it would hash other bytes than Python did."""
+    assert run_js("canonical_json.js", [2**53 + 1, 2**64 - 1]) == [
+        "9007199254740992", "18446744073709552000"]
+
+
+@needs_node
+def test_largest_seed_hashes_the_same_in_javascript() -> None:
+    line = validate_request(completion(temperature=0.7, seed=MAX_SEED), line=1)
+    [js_text] = run_js("canonical_json.js", [line])  # type: ignore[misc]
+    assert js_text == canonical_json(line)
+    assert keccak(js_text.encode()) == request_hash(line)
+    assert '"seed":9007199254740991' in js_text
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, b"x", {1, 2}, object()])
@@ -147,6 +173,8 @@ def test_validate_accepts_both_endpoints_and_does_not_rewrite() -> None:
         (lambda r: r["body"].update(top_p=0), "body.top_p"),
         (lambda r: r["body"].update(seed=-1), "body.seed"),
         (lambda r: r["body"].update(seed=1.5), "body.seed"),
+        (lambda r: r["body"].update(seed=2**53), "body.seed"),
+        (lambda r: r["body"].update(seed=2**64 - 1), "body.seed"),
         (lambda r: r["body"].update(n=2), "body.n"),
     ],
 )
@@ -157,6 +185,15 @@ def test_validate_names_the_bad_field(mutate, field: str) -> None:
         validate_request(req)
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
+
+
+def test_seed_past_2_53_is_refused_naming_the_line() -> None:
+    good = json.dumps(completion(seed=MAX_SEED))
+    bad = json.dumps({**completion(seed=2**64 - 1), "custom_id": "r2"})
+    with pytest.raises(RequestError, match=r"^line 2: body\.seed: must be an integer in "
+                       r"\[0, 2\*\*53-1\]"):
+        parse_jsonl(good + "\n" + bad + "\n")
+    assert parse_jsonl(good)[0].request["body"]["seed"] == 2**53 - 1
 
 
 def test_chat_message_errors_name_the_message() -> None:

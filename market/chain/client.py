@@ -18,7 +18,14 @@ from web3.contract.contract import ContractFunction
 from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception
 
 from market.chain.artifacts import Artifact
-from market.chain.errors import ChainError, ErrorDecoder, default_decoder
+from market.chain.errors import (
+    ChainError,
+    ErrorDecoder,
+    InsufficientFunds,
+    default_decoder,
+    format_wei,
+    is_insufficient_funds,
+)
 
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
 
@@ -186,6 +193,7 @@ class Chain:
         }
         if gas is not None:
             tx["gas"] = int(gas)
+        built: Any = {}  # TxParams once built; {} if estimating failed
         with self._send_lock:
             try:
                 tx["nonce"] = self._rpc(
@@ -194,10 +202,15 @@ class Chain:
                 built = self._rpc(lambda: fn.build_transaction(tx))  # estimates gas: may revert
                 if gas is None:
                     built["gas"] = gas_limit(int(built["gas"]))
+                signed = sender.sign_transaction(built)
+                tx_hash = self._rpc(
+                    lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
             except ContractLogicError as exc:
                 raise self._revert(exc, where) from None
-            signed = sender.sign_transaction(built)
-            tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
+            except ChainError as exc:
+                if is_insufficient_funds(exc):
+                    raise self._unfunded(sender.address, int(value), built, where) from None
+                raise
         try:
             receipt = self.w3.eth.wait_for_transaction_receipt(
                 tx_hash, timeout=self.timeout, poll_latency=0.05
@@ -232,12 +245,38 @@ class Chain:
                 "maxPriorityFeePerGas": 1,
             }
             signed = sender.sign_transaction(tx)
-            tx_hash = self._rpc(lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
+            try:
+                tx_hash = self._rpc(
+                    lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction))
+            except ChainError as exc:
+                if is_insufficient_funds(exc):
+                    raise self._unfunded(sender.address, int(value), tx,
+                                         f"transfer to {to}") from None
+                raise
         receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=self.timeout,
                                                            poll_latency=0.05)
         return TxResult("0x" + bytes(tx_hash).hex(), int(receipt["blockNumber"]),
                         int(receipt["gasUsed"]),
                         int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]))
+
+    def _unfunded(self, address: str, value: int, tx: dict[str, Any],
+                  where: str) -> InsufficientFunds:
+        """The error for a sender that cannot pay `value` plus gas: its address, balance and
+        what is needed (value plus the gas limit at the fee cap, when the node estimated it)."""
+        balance = self.balance(address)
+        fee = int(tx.get("maxFeePerGas") or tx.get("gasPrice") or 0)
+        gas = int(tx.get("gas") or 0)
+        if gas and fee:
+            needed = value + gas * fee
+            need = (f"{format_wei(needed)}: {value} wei of value plus up to {gas * fee} wei of "
+                    f"gas ({gas} gas at {fee} wei)")
+        else:  # the node refused to estimate: value alone is more than the balance
+            needed = value
+            need = f"{format_wei(value)} of value plus its gas"
+        return InsufficientFunds(
+            f"{where}: account {address} cannot pay for the transaction: it holds "
+            f"{format_wei(balance)} and needs {need}; fund the account first",
+            address=address, balance=balance, needed=needed)
 
     def _revert(self, exc: ContractLogicError, where: str) -> Exception:
         data = exc.data
@@ -261,6 +300,20 @@ class Chain:
             contract = self._contracts[address][1]
             decoded = contract.events[name]().process_log(log)
             out.append((name, plain(decoded["args"])))
+        return out
+
+    def log_topics(self, address: str, from_block: int, to_block: int,
+                   topics: Sequence[str | None]) -> list[tuple[str | None, list[bytes]]]:
+        """One `eth_getLogs` over `address`'s logs in [from_block, to_block] matching `topics`
+        (None: any): each log's event name (None when its ABI is not bound here) and its
+        topics, undecoded. For following a few indexed fields cheaply, without decoding."""
+        address = to_checksum_address(address)
+        logs = self.rpc("eth_getLogs", [{"address": address, "fromBlock": hex(from_block),
+                                         "toBlock": hex(to_block), "topics": list(topics)}])
+        out: list[tuple[str | None, list[bytes]]] = []
+        for log in logs or []:
+            raw = [bytes.fromhex(str(t)[2:]) for t in log["topics"]]
+            out.append((self._topics.get((address, raw[0])) if raw else None, raw))
         return out
 
     # -- devnet controls (Anvil, Hardhat) -------------------------------------------------

@@ -30,6 +30,34 @@ class DeploymentMismatch(ChainError):
     chain id, or no contract code at the deployment's addresses)."""
 
 
+class InsufficientFunds(ChainError):
+    """An account cannot pay a transaction's value plus its gas. The node answers such a
+    transaction with an RPC error, which once read as "the chain did not answer"; this names
+    the account, its balance and what the transaction needs (`needed`: 0 when unknown)."""
+
+    def __init__(self, message: str, *, address: str = "", balance: int = 0,
+                 needed: int = 0) -> None:
+        super().__init__(message)
+        self.address = address
+        self.balance = balance
+        self.needed = needed
+
+
+def is_insufficient_funds(exc: BaseException | None) -> bool:
+    """Whether a node's error says the sender cannot pay value + gas (geth, Anvil, Hardhat
+    and Erigon all say "insufficient funds")."""
+    while exc is not None:
+        if "insufficient funds" in str(exc).lower():
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def format_wei(wei: int) -> str:
+    """`wei` as wei and ETH, for messages about money."""
+    return f"{wei} wei ({wei / 10**18:.9g} ETH)"
+
+
 class ContractRevert(ChainError):
     """A contract call or transaction reverted. `error` is the custom error's name ("Error" for
     `require` strings, "Panic" for compiler checks, "" for a bare revert), `args_dict` its

@@ -7,7 +7,10 @@ which any language can reproduce:
 - object keys sorted by their UTF-16 code units (the same as code-point order for the
   ASCII keys Quarry uses), no whitespace anywhere;
 - strings as UTF-8, not ASCII-escaped; only `"`, `\\` and control characters are escaped;
-- integers as integers (Python ints of any size, never `1.0` or `1e3`);
+- integers as integers (never `1.0` or `1e3`), and only those a JavaScript number or any
+  RFC 8785 implementation holds exactly: [-(2**53-1), 2**53-1] (`MAX_SAFE_INTEGER`). A
+  larger one (a seed near 2**64, say) would be rounded by every other implementation, so
+  its hash could not be reproduced: it is refused with `UnsafeInteger`, naming the path;
 - finite floats in ECMAScript `Number.prototype.toString` form: the shortest digits that
   round-trip, so `0.7` stays `0.7` and an integral float such as `1.0` becomes `1`;
 - NaN, infinities, bytes, sets, non-string keys and other non-JSON values are rejected.
@@ -25,7 +28,29 @@ from eth_hash.auto import keccak as _keccak
 
 from market.protocol.errors import CanonicalJSONError
 
-__all__ = ["canonical_json", "canonical_json_bytes", "keccak", "request_hash", "json_hash"]
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "UnsafeInteger",
+    "canonical_json",
+    "canonical_json_bytes",
+    "keccak",
+    "request_hash",
+    "json_hash",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+"""The largest integer an IEEE double (a JavaScript number, an RFC 8785 value) holds exactly."""
+
+
+class UnsafeInteger(CanonicalJSONError):
+    """An integer outside [-(2**53-1), 2**53-1]: other canonical JSON implementations would
+    round it, so a hash over it could not be reproduced outside Python."""
+
+    def __init__(self, path: str, value: int) -> None:
+        self.path = path
+        self.value = value
+        super().__init__(f"{path or 'value'}: integer {value} is outside the range canonical "
+                         f"JSON holds exactly, [-(2**53-1), 2**53-1]")
 
 
 def keccak(data: bytes) -> bytes:
@@ -65,6 +90,8 @@ def _encode(value: Any, path: str, out: list[str]) -> None:
     elif value is False:
         out.append("false")
     elif isinstance(value, int):
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise UnsafeInteger(path, int(value))
         out.append(str(int(value)))
     elif isinstance(value, float):
         out.append(_format_float(float(value), path))

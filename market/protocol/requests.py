@@ -26,7 +26,7 @@ from typing import Any
 from eth_abi import encode as abi_encode
 
 from market.jsonsafe import JsonTooDeep, check_depth
-from market.protocol.canonical import keccak, request_hash
+from market.protocol.canonical import MAX_SAFE_INTEGER, keccak, request_hash
 from market.protocol.errors import ProtocolError, RequestError
 
 __all__ = [
@@ -54,7 +54,9 @@ CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 _TOP_KEYS = {"custom_id", "method", "url", "body"}
 _BODY_KEYS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed"}
 _ROLES = {"system", "user", "assistant"}
-MAX_SEED = 2**64 - 1
+MAX_SEED = MAX_SAFE_INTEGER
+"""Seeds stop at 2**53-1: the request line is hashed as canonical JSON, which holds no larger
+integer exactly (a larger seed's requestHash could not be reproduced outside Python)."""
 MAX_TOKEN_ID = 2**32 - 1
 
 
@@ -171,7 +173,8 @@ def validate_request(obj: Any, *, line: int | None = None) -> dict[str, Any]:
     if "top_p" in body and not (_is_number(body["top_p"]) and 0 < body["top_p"] <= 1):
         raise fail("body.top_p", "must be a number in (0, 1]")
     if "seed" in body and not (_is_int(body["seed"]) and 0 <= body["seed"] <= MAX_SEED):
-        raise fail("body.seed", "must be an integer in [0, 2**64-1]")
+        raise fail("body.seed", "must be an integer in [0, 2**53-1] (the largest integer "
+                   "canonical JSON, and so requestHash, holds exactly)")
     return obj  # type: ignore[return-value]
 
 
