@@ -8,8 +8,10 @@ content store (the market's, or any object with `get(uri)` and `put(bytes)`, suc
    market does not answer, from `TaskCreated` events for the served models and `getShard`;
 2. before claiming (which locks collateral), the input file is fetched by the task's
    `inputURI`, parsed, and its Merkle root must equal `inputRoot`; every request of the shard
-   must fit the model (prompt + max_tokens within its positions). A task that fails is
-   remembered and never claimed;
+   must fit the model (prompt + max_tokens within its positions). A task whose input fails
+   is remembered and never claimed; a shard with a request the model cannot serve is
+   remembered and reported in the heartbeat's `unservable` (what `Job.wait` shows the client),
+   while the task's other shards are still served;
 3. claim; a revert (`NotEligible`, `ShardNotOpen`, `DeadlinePassed`...) skips the shard:
    a reverted claim fails at gas estimation, so it costs nothing;
 4. generate in batches of `max_batch` (progress bar on stderr), sign one EIP-712 Receipt per
@@ -62,7 +64,7 @@ from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
-from market.store import StoreError
+from market.store import StoreError, parse_uri
 from miner.archive import ResultArchive, default_state_dir
 
 if TYPE_CHECKING:
@@ -78,6 +80,13 @@ CHALLENGE_CHECK_S = 2.0
 """Between batches and candidates, look for availability challenges at most this often
 (every poll of `run` looks regardless): far inside any response window."""
 INPUT_CACHE_SIZE = 8
+"""Verified task inputs kept in memory (a task's shards are usually claimed together)."""
+UNSERVABLE_KEPT = 5
+"""Unservable shards the heartbeat reports (the latest): the market caps a heartbeat's
+status at 4096 bytes."""
+UNSERVABLE_REASON_CHARS = 200
+UNSERVABLE_REMEMBERED = 1000
+"""Unservable shards remembered (not checked again); the oldest are forgotten."""
 # Claim reverts that mean "not this task for this miner" (remembered), not "try later".
 _TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask"}
 
@@ -91,12 +100,15 @@ class ContentStore(Protocol):
 
 
 class _Skip(Exception):
-    """Internal: this shard is not taken; `task_wide` means no shard of the task will be."""
+    """Internal: this shard is not taken; `task_wide` means no shard of the task will be,
+    `unservable` that this shard never will be (a request the model cannot serve)."""
 
-    def __init__(self, reason: str, *, task_wide: bool = False) -> None:
+    def __init__(self, reason: str, *, task_wide: bool = False,
+                 unservable: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.task_wide = task_wide
+        self.unservable = unservable
 
 
 @dataclass(frozen=True)
@@ -186,13 +198,17 @@ class Worker:
         self.listener = listener
         self.engine_kind = engine_kind
         self.skipped_tasks: dict[int, str] = {}  # task id -> why none of its shards is taken
+        # (task id, shard) -> why this model cannot serve it (e.g. a request over its
+        # context); never tried again, and the latest are in the heartbeat for the client.
+        self.unservable: OrderedDict[tuple[int, int], str] = OrderedDict()
         self.pending: set[tuple[int, int]] = set()  # submitted, not yet finalized
         # Window ends already read from the chain: no call for a shard until its end passes.
         self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
         self.current: ActiveClaim | None = None
         self.summary = RunSummary()
-        self._inputs: OrderedDict[str, list[ParsedRequest]] = OrderedDict()
+        # Verified inputs: (inputURI, inputRoot, numRequests) -> parsed requests.
+        self._inputs: OrderedDict[tuple[str, bytes, int], list[ParsedRequest]] = OrderedDict()
         self._known_tasks: dict[int, tuple[int, int]] = {}  # task id -> (deadline, num shards)
         self._task_scan_from = quarry.deployment.deploy_block
         self._submitted_scan_from = quarry.deployment.deploy_block
@@ -289,6 +305,8 @@ class Worker:
             "shardsFailed": len(self.failed),
             "openChallenges": sorted(self.open_challenges),
             "challengesAnswered": self.summary.challenges_answered,
+            "unservable": [{"taskId": t, "shardId": k, "reason": r[:UNSERVABLE_REASON_CHARS]}
+                           for (t, k), r in list(self.unservable.items())[-UNSERVABLE_KEPT:]],
         }
 
     # ------------------------------------------------------------------ discovery
@@ -303,8 +321,9 @@ class Worker:
                 if self._market_down:
                     log.info("market at %s answers again", self.market.url)
                     self._market_down = False
-                return [(int(r["taskId"]), int(r["shard"])) for r in rows
-                        if int(r["taskId"]) not in self.skipped_tasks]
+                found = [(int(r["taskId"]), int(r["shard"])) for r in rows]
+                return [c for c in found
+                        if c[0] not in self.skipped_tasks and c not in self.unservable]
             except MarketError as exc:
                 if not self._market_down:
                     log.warning("market gave no open shards (%s); reading them from chain "
@@ -332,6 +351,8 @@ class Worker:
             if task_id in self.skipped_tasks:
                 continue
             for k in range(num_shards):
+                if (task_id, k) in self.unservable:
+                    continue
                 sh = tasks.get_shard(task_id, k)
                 if sh.state == ShardState.OPEN or (
                         sh.state == ShardState.CLAIMED and sh.claim_expiry <= now
@@ -357,9 +378,6 @@ class Worker:
 
     # ------------------------------------------------------------------ inputs
     def _fetch_requests(self, uri: str) -> list[ParsedRequest]:
-        if uri in self._inputs:
-            self._inputs.move_to_end(uri)
-            return self._inputs[uri]
         try:
             data = self.store.get(uri)
         except (MarketUnavailable, OSError) as exc:
@@ -367,19 +385,22 @@ class Worker:
         except StoreError as exc:
             raise _Skip(f"cannot fetch the input file {uri}: {exc}") from exc
         try:
-            parsed = parse_jsonl(data)
+            return parse_jsonl(data)
         except QuarryError as exc:
             raise _Skip(f"input file {uri} is not a valid batch: {exc}", task_wide=True) from exc
-        self._inputs[uri] = parsed
-        while len(self._inputs) > INPUT_CACHE_SIZE:
-            self._inputs.popitem(last=False)
-        return parsed
 
     def task_requests(self, task_id: int, task: Any) -> list[ParsedRequest]:
-        """The task's requests, checked against its on-chain `numRequests` and `inputRoot`."""
-        try:
-            from market.store import parse_uri
+        """The task's requests, checked against its on-chain `numRequests` and `inputRoot`.
 
+        Fetched, parsed and verified once per input (the last `INPUT_CACHE_SIZE` are kept,
+        keyed by URI, root and count): rebuilding the Merkle tree over the whole task for
+        every shard made a task's total work grow with the square of its size."""
+        key = (task.input_uri, bytes(task.input_root), int(task.num_requests))
+        cached = self._inputs.get(key)
+        if cached is not None:
+            self._inputs.move_to_end(key)
+            return cached
+        try:
             parse_uri(task.input_uri)
         except StoreError as exc:
             raise _Skip(f"inputURI: {exc}", task_wide=True) from exc
@@ -391,12 +412,16 @@ class Worker:
         if root != task.input_root:
             raise _Skip(f"input file's Merkle root 0x{root.hex()} does not match the task's "
                         f"inputRoot 0x{task.input_root.hex()}", task_wide=True)
+        self._inputs[key] = requests
+        while len(self._inputs) > INPUT_CACHE_SIZE:
+            self._inputs.popitem(last=False)
         return requests
 
     def prepare(self, engine: TextEngine, task: Any,
                 requests: Sequence[ParsedRequest]) -> list[GenerationRequest]:
         """Generation requests for the shard; _Skip naming the first one the model cannot
-        serve (checked before claiming, so nothing is locked for work that cannot be done)."""
+        serve (checked before claiming, so nothing is locked for work that cannot be done).
+        Only this shard is given up: the task's other shards may well fit."""
         out = []
         for r in requests:
             try:
@@ -406,7 +431,7 @@ class Worker:
                 engine.validate_request(r.index, g)
             except QuarryError as exc:
                 raise _Skip(f"request {r.index} ({r.custom_id!r}) cannot be served: {exc}",
-                            task_wide=True) from exc
+                            unservable=True) from exc
             out.append(g)
         return out
 
@@ -419,6 +444,10 @@ class Worker:
         except _Skip as skip:
             if skip.task_wide:
                 self.skipped_tasks[task_id] = skip.reason
+            if skip.unservable:
+                self.unservable[(task_id, shard)] = skip.reason
+                while len(self.unservable) > UNSERVABLE_REMEMBERED:
+                    self.unservable.popitem(last=False)
             log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
             self.summary.skipped += 1
             self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
@@ -445,6 +474,8 @@ class Worker:
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
+        if (task_id, shard) in self.unservable:
+            raise _Skip(self.unservable[(task_id, shard)], unservable=True)
         try:
             task = q.tasks.get_task(task_id)
             sh = q.tasks.get_shard(task_id, shard)

@@ -571,6 +571,57 @@ def test_register_and_run_through_the_market(
     api.close()
 
 
+def test_unservable_shard_is_skipped_alone_and_shown_in_the_heartbeat(
+        devnet: Any, model_dir: Path, engine: Any, live_market: tuple[str, Path]) -> None:
+    """A request over the model's context (256 positions) makes its shard unservable: it is
+    skipped before any transaction and never tried again, the task's other shard is still
+    served, and the shard is listed in the signed heartbeat's status, which `GET /miners`
+    shows (what the client's `Job.wait` reads), the latest few only."""
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, url)
+    lines = batch(6).decode().splitlines()
+    long_prompt = json.loads(lines[4])
+    long_prompt["body"]["prompt"] = "the river " * 400
+    lines[4] = json.dumps(long_prompt)
+    api = MarketAPI(url)
+    task_id = post_task(devnet, api, engine.model_id,  # type: ignore[arg-type]
+                        ("\n".join(lines) + "\n").encode())
+    Board(db_path).index(q)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=api,
+                    market=api, progress=False)
+    assert worker.status()["unservable"] == []
+    before = q.gpu.miner_info(miner.address).locked
+    skipped = worker.process_shard(task_id, 1)
+    assert skipped.status == "skipped"
+    assert "request 4 ('r4') cannot be served" in skipped.reason
+    assert "positions" in skipped.reason
+    assert q.tasks.get_shard(task_id, 1).state == ShardState.OPEN
+    assert q.gpu.miner_info(miner.address).locked == before
+    assert task_id not in worker.skipped_tasks  # the other shard fits
+    assert worker.find_open_shards() == [(task_id, 0)]
+    assert worker.process_shard(task_id, 0).submitted
+    assert worker.process_shard(task_id, 1).reason == skipped.reason  # not re-tokenized
+
+    api.heartbeat(miner, worker.status())
+    row = next(m for m in api.miners() if m["address"] == miner.address)
+    assert row["status"]["unservable"] == [
+        {"taskId": task_id, "shardId": 1, "reason": skipped.reason[:200]}]
+
+    # Many unservable shards: the heartbeat keeps the latest few, within the market's cap.
+    for k in range(40):
+        worker.unservable[(task_id + 1000, k)] = "x" * 1000
+    status = worker.status()
+    assert [u["shardId"] for u in status["unservable"]] == [35, 36, 37, 38, 39]
+    assert len(json.dumps(status)) < 4096
+    api.heartbeat(miner, status)
+    row = next(m for m in api.miners() if m["address"] == miner.address)
+    assert row["status"]["unservable"] == status["unservable"]
+    api.close()
+
+
 def test_cli_run_first_ctrl_c_submits_the_shard_and_exits_0(
         devnet: Any, model_dir: Path, tmp_path: Path, live_market: tuple[str, Path]) -> None:
     """The real `miner run` process: Ctrl-C once it has claimed a shard; it submits that
