@@ -152,8 +152,9 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
 def sizes(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--requests wants sizes like 1000,20000, got {text!r}")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--requests wants sizes like 1000,20000, got {text!r}") from exc
     if len(out) < 2 or min(out) < 1:
         raise argparse.ArgumentTypeError("--requests wants at least two sizes, each >= 1")
     return out

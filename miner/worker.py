@@ -40,6 +40,7 @@ engine failure mid-shard is logged and the loop carries on; the claim then expir
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import signal
 import sys
@@ -47,6 +48,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,6 +78,10 @@ log = logging.getLogger("miner")
 
 CLAIM_MARGIN_S = 5
 """Stop generating when the claim has less than this left: a late submit only reverts."""
+LONG_POLL_S = 5.0
+"""How long an idle miner lets the market hold an empty `GET /shards/open` (a new shard
+answers it at once). Short enough that challenges and payments are still looked at often,
+and that a first Ctrl-C while idle exits within it."""
 CHALLENGE_CHECK_S = 2.0
 """Between batches and candidates, look for availability challenges at most this often
 (every poll of `run` looks regardless): far inside any response window."""
@@ -206,6 +212,10 @@ class Worker:
         self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
         self.current: ActiveClaim | None = None
+        # The shard being signed, uploaded and submitted in the background (`run` only).
+        self._inflight: tuple[ActiveClaim, Future[ShardOutcome]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._emit_lock = threading.Lock()
         self.summary = RunSummary()
         # Verified inputs: (inputURI, inputRoot, numRequests) -> parsed requests.
         self._inputs: OrderedDict[tuple[str, bytes, int], list[ParsedRequest]] = OrderedDict()
@@ -275,6 +285,8 @@ class Worker:
                    auto_withdraw=cfg.auto_withdraw, engine_kind=cfg.engine, **kwargs)
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         for e in self.engines.values():
             e.close()
         if self.market is not None:
@@ -283,7 +295,8 @@ class Worker:
     # ------------------------------------------------------------------ helpers
     def _emit(self, event: str, **info: Any) -> None:
         if self.listener is not None:
-            self.listener(event, info)
+            with self._emit_lock:  # the submitting thread emits too
+                self.listener(event, info)
 
     def chain_now(self) -> int:
         return self.q.chain.timestamp()
@@ -310,14 +323,18 @@ class Worker:
         }
 
     # ------------------------------------------------------------------ discovery
-    def find_open_shards(self, limit: int = 20) -> list[tuple[int, int]]:
+    def find_open_shards(self, limit: int = 20, wait_s: float = 0.0) -> list[tuple[int, int]]:
         """(taskId, shard) candidates, best first: the market's recommendation, or the
-        chain's own events when the market is unreachable."""
+        chain's own events when the market is unreachable. `wait_s`: a miner of one model
+        lets the market hold an empty answer that long, until a shard opens (a long poll;
+        with several models it would delay the others', so they are asked at once)."""
         if self.market is not None:
             try:
                 rows: list[dict[str, Any]] = []
+                wait = wait_s if len(self.engines) == 1 else 0.0
                 for model_id in self.engines:
-                    rows += self.market.open_shards("0x" + model_id.hex(), self.address, limit)
+                    rows += self.market.open_shards("0x" + model_id.hex(), self.address, limit,
+                                                    wait_seconds=wait)
                 if self._market_down:
                     log.info("market at %s answers again", self.market.url)
                     self._market_down = False
@@ -436,11 +453,17 @@ class Worker:
         return out
 
     # ------------------------------------------------------------------ one shard
-    def process_shard(self, task_id: int, shard: int) -> ShardOutcome:
+    def process_shard(self, task_id: int, shard: int, *,
+                      pipelined: bool = False) -> ShardOutcome:
         """Check, claim, generate, sign, upload and submit one shard; never raises for a
-        shard it cannot or should not take (see the outcome's status and reason)."""
+        shard it cannot or should not take (see the outcome's status and reason).
+
+        `pipelined` (what `run` does): once generated, the shard is signed, uploaded and
+        submitted in the background while the caller goes on to the next shard, and the
+        outcome says "submitting"; `drain()` waits for it (one at a time: a shard waits for
+        the previous one's submission before its own starts)."""
         try:
-            outcome = self._process(task_id, shard)
+            outcome = self._process(task_id, shard, pipelined)
         except _Skip as skip:
             if skip.task_wide:
                 self.skipped_tasks[task_id] = skip.reason
@@ -457,20 +480,48 @@ class Worker:
         except Exception as exc:  # an engine or upload failure must not stop the miner
             reason = f"{type(exc).__name__}: {exc}"
             if self.current is not None:
-                self.failed.add((task_id, shard))
-                self.summary.failed += 1
-                log.error("task %d shard %d failed after claiming (%s); the claim expires at "
-                          "%s", task_id, shard, reason, _utc(self.current.claim_expiry))
-                outcome = ShardOutcome(task_id, shard, "failed", reason)
+                outcome = self._failed(self.current, reason)
             else:
                 self.summary.skipped += 1
                 log.error("task %d shard %d not taken: %s", task_id, shard, reason)
                 outcome = ShardOutcome(task_id, shard, "skipped", reason)
-            self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
+                self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
         self.current = None
         return outcome
 
-    def _process(self, task_id: int, shard: int) -> ShardOutcome:
+    def _failed(self, claim: ActiveClaim, reason: str) -> ShardOutcome:
+        """A claimed shard that cannot be submitted: said loudly (the claim will expire)."""
+        key = (claim.task_id, claim.shard)
+        self.failed.add(key)
+        self.summary.failed += 1
+        log.error("task %d shard %d failed after claiming (%s); the claim expires at %s",
+                  *key, reason, _utc(claim.claim_expiry))
+        self._emit("failed", task_id=claim.task_id, shard=claim.shard, reason=reason)
+        return ShardOutcome(claim.task_id, claim.shard, "failed", reason)
+
+    def drain(self) -> ShardOutcome | None:
+        """Wait for the shard being submitted in the background, if any; its outcome. While
+        waiting it is `current` again, so a Ctrl-C names it and an abort says what it
+        leaves behind."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return None
+        claim, future = inflight
+        generating, self.current = self.current, claim
+        try:
+            return future.result()
+        finally:
+            self.current = generating
+
+    def _finish_safely(self, claim: ActiveClaim, finish: Callable[[], ShardOutcome],
+                       ) -> ShardOutcome:
+        """`finish` in the background thread: a failure is an outcome, never raised."""
+        try:
+            return finish()
+        except Exception as exc:
+            return self._failed(claim, f"{type(exc).__name__}: {exc}")
+
+    def _process(self, task_id: int, shard: int, pipelined: bool = False) -> ShardOutcome:
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
@@ -528,6 +579,26 @@ class Worker:
                    collateral=claim.collateral)
 
         outputs = self._generate(engine, gen, claim)
+        self.drain()  # the previous shard's submission, overlapped with this generation
+
+        def finish() -> ShardOutcome:
+            return self._finish(task, claim, shard_requests, gen, outputs)
+
+        if not pipelined:
+            return finish()
+        self._inflight = (claim, self._submitter().submit(self._finish_safely, claim, finish))
+        return ShardOutcome(task_id, shard, "submitting", "", len(gen))
+
+    def _submitter(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="miner-submit")
+        return self._executor
+
+    def _finish(self, task: Any, claim: ActiveClaim, shard_requests: Sequence[ParsedRequest],
+                gen: Sequence[GenerationRequest],
+                outputs: Sequence[GenerationOutput]) -> ShardOutcome:
+        """Sign one receipt per output, keep, upload and submit the shard's result."""
+        q, task_id, shard = self.q, claim.task_id, claim.shard
         completions = [
             Completion(index=r.index, custom_id=r.custom_id, request_hash=r.request_hash,
                        text=o.text, token_ids=tuple(o.token_ids), finish_reason=o.finish_reason,
@@ -536,7 +607,7 @@ class Worker:
         ]
         result = build_shard_result(
             task_id=task_id, shard=shard, model_id=task.model_id, completions=completions,
-            private_key=self.account.key, miner=me, chain_id=q.chain_id,
+            private_key=self.account.key, miner=self.address, chain_id=q.chain_id,
             task_registry=q.tasks.address)
         uri = self._submit(result)
         outcome = ShardOutcome(task_id, shard, "submitted", "", len(completions),
@@ -920,12 +991,20 @@ class Worker:
             hb.start()
         try:
             resume = self._safely("finding this miner's open claims", self.own_open_claims, [])
+            idle = False
             while not self._stop.is_set():
+                self.drain()
                 self._safely("answering availability challenges", self.answer_challenges, 0)
                 self._safely("checking probation", self._check_probation, None)
                 self._safely("collecting payments", self.collect, 0)
-                candidates = resume or self._safely("finding open shards",
-                                                    self.find_open_shards, [])
+                # Idle, ask the market to hold the answer until a shard opens (a long poll);
+                # one that answers sooner with nothing (an older market) gets the usual
+                # poll interval of sleep instead.
+                asked = time.monotonic()
+                wait_s = LONG_POLL_S if idle and not stop_when_idle else 0.0
+                candidates = resume or self._safely(
+                    "finding open shards", functools.partial(self.find_open_shards,
+                                                             wait_s=wait_s), [])
                 resume = []
                 worked = False
                 for task_id, shard in candidates:
@@ -933,13 +1012,19 @@ class Worker:
                         break
                     self._maybe_answer_challenges()
                     # Each candidate is re-checked on-chain before it is claimed, so a
-                    # ranking a shard old is still safe to walk to its end.
-                    if self.process_shard(task_id, shard).submitted:
-                        worked = True
+                    # ranking a shard old is still safe to walk to its end. The shard is
+                    # submitted in the background while the next one is claimed and run.
+                    outcome = self.process_shard(task_id, shard, pipelined=True)
+                    worked |= outcome.status in ("submitted", "submitting")
                 if self._stop.is_set() or (not worked and stop_when_idle):
                     break
-                if not worked:
+                idle = not worked
+                if idle and not candidates:
+                    self._stop.wait(max(0.0, self.poll_interval_s
+                                        - (time.monotonic() - asked)))
+                elif idle:
                     self._stop.wait(self.poll_interval_s)
+            self.drain()
         except KeyboardInterrupt:
             msg = self.abort_message()
             log.error("%s", msg)

@@ -38,7 +38,7 @@ from market.model.manifest import ModelFileMismatch
 from market.protocol.merkle import input_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import ShardResult, verify_shard_result
-from market.store import LocalStore
+from market.store import LocalStore, StoreError
 from miner import cli
 from miner.archive import ResultArchive
 from miner.config import MinerConfig
@@ -394,6 +394,61 @@ def test_engine_failure_mid_shard_does_not_stop_the_loop(
     assert q.tasks.get_shard(task_id, 0).state == ShardState.SUBMITTED
     assert len(q.tasks.events("ShardClaimed", devnet.deployment.deploy_block,
                               taskId=task_id)) == 2
+
+
+class OverlapProbe:
+    """Wraps the engine and the store: the first upload (shard 0's result) waits until the
+    next shard's generation has begun, and fails if it never does. A miner that submits
+    before claiming the next shard deadlocks on it; a pipelined one does not."""
+
+    def __init__(self, engine: Any, store: LocalStore) -> None:
+        self._engine, self._store = engine, store
+        self.generations = 0
+        self.second_generation = threading.Event()
+        self.puts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self.generations += 1
+        if self.generations == 2:
+            self.second_generation.set()
+        return self._engine.generate(requests)
+
+    def get(self, uri: str) -> bytes:
+        return self._store.get(uri)
+
+    def put(self, data: bytes) -> str:
+        self.puts += 1
+        if self.puts == 1 and not self.second_generation.wait(60):
+            raise StoreError("shard 0 was uploaded only after shard 1 was generated")
+        return self._store.put(data)
+
+
+def test_run_submits_a_shard_while_generating_the_next(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """`run` pipelines: shard 0 is signed, uploaded and submitted in the background while
+    shard 1 is claimed and generated; both end submitted, with their outcomes and events."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(6), shard_size=3)
+    probe = OverlapProbe(engine, store)
+    events: list[tuple[str, int]] = []
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: probe}, store=probe,
+                    progress=False, poll_interval_s=0.1,
+                    listener=lambda name, info: events.append((name, info.get("shard", -1))))
+    summary = worker.run(stop_when_idle=True)
+    assert summary.failed == 0
+    assert sorted((o.task_id, o.shard) for o in summary.submitted) == [(task_id, 0), (task_id, 1)]
+    assert [e for e in events if e[0] in ("claimed", "submitted")].index(("claimed", 1)) < [
+        e for e in events if e[0] in ("claimed", "submitted")].index(("submitted", 0))
+    for k in (0, 1):
+        sh = q.tasks.get_shard(task_id, k)
+        assert (sh.state, sh.miner) == (ShardState.SUBMITTED, miner.address)
+    assert worker.current is None and worker.drain() is None
+    assert worker.status()["shardsSubmitted"] == 2
+    worker.close()
 
 
 def test_first_ctrl_c_finishes_the_shard_second_aborts(
