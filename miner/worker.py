@@ -4,8 +4,9 @@ One `Worker` holds the account, the contracts, one loaded engine per served mode
 content store (the market's, or any object with `get(uri)` and `put(bytes)`, such as
 `market.store.LocalStore`). Everything it is told is rechecked against the chain:
 
-1. candidates come from the market (`GET /shards/open`, ranked for this miner) or, when the
-   market does not answer, from `TaskCreated` events for the served models and `getShard`;
+1. candidates come from the market (`GET /shards/open`, ranked for this miner; an idle
+   miner long-polls it) or, when the market does not answer, from `TaskCreated` events for
+   the served models and `getShard`;
 2. before claiming (which locks collateral), the input file is fetched by the task's
    `inputURI`, parsed, and its Merkle root must equal `inputRoot`; every request of the shard
    must fit the model (prompt + max_tokens within its positions). A task whose input fails
@@ -16,7 +17,9 @@ content store (the market's, or any object with `get(uri)` and `put(bytes)`, suc
    a reverted claim fails at gas estimation, so it costs nothing;
 4. generate in batches of `max_batch` (progress bar on stderr), sign one EIP-712 Receipt per
    output (`build_shard_result`), keep the document on local disk (`miner.archive`), upload
-   it, `submitResult` before the claim expires;
+   it, `submitResult` before the claim expires. In `run` these last steps go to a background
+   thread while the next shard is checked, claimed and generated (a pipeline one shard
+   deep: a shard's submission waits for the previous one's);
 5. `answer_challenges()`: a task's client may challenge a submitted shard's availability;
    the miner shows the named request's receipt and proof on-chain within Arbitration's
    response window (devnet 60 s) from its local copy (or the store), or it is slashed. It
@@ -32,7 +35,8 @@ are skipped before any transaction, until a committee report ends the probation.
 A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
 task's limit: the contract never pays beyond it (`TooManyTokens`).
 
-Ctrl-C in `run()`: the first finishes (submits) the current shard and returns; the second
+Ctrl-C in `run()`: the first finishes (submits) the current shard, and the one being
+submitted in the background, and returns; the second
 aborts at once and says when the claim expires and how much collateral is at stake. An
 engine failure mid-shard is logged and the loop carries on; the claim then expires.
 """
