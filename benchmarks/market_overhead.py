@@ -115,8 +115,8 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
 
     find = worker.find_open_shards
 
-    def find_open_shards(limit: int = 20) -> list[tuple[int, int]]:
-        found = find(limit)
+    def find_open_shards(limit: int = 20, wait_s: float = 0.0) -> list[tuple[int, int]]:
+        found = find(limit, wait_s=wait_s)
         if found:
             emit("found", {"tasks": sorted({t for t, _ in found})})
         return found
