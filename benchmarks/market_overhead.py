@@ -39,6 +39,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,7 +50,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "out" / "market_overhead.json"
 PRICE_WEI = 10**9  # 1 gwei per output token
 CLIENT_ACCOUNT = 1
 MINER_ACCOUNT = 3
-TARGET_RATIO = 0.7
+TARGET_RATIO = 0.85
+MULTI_TARGET_RATIO = 0.8  # several shards, run one after another by the one miner
 HEARTBEAT_S = 2.0  # the miner's heartbeat interval, as in the demo
 
 TOPICS = ["the ocean", "a small village", "prime numbers", "the market", "music", "tea",
@@ -113,8 +115,8 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
 
     find = worker.find_open_shards
 
-    def find_open_shards(limit: int = 20) -> list[tuple[int, int]]:
-        found = find(limit)
+    def find_open_shards(limit: int = 20, wait_s: float = 0.0) -> list[tuple[int, int]]:
+        found = find(limit, wait_s=wait_s)
         if found:
             emit("found", {"tasks": sorted({t for t, _ in found})})
         return found
@@ -122,7 +124,18 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
     worker.find_open_shards = find_open_shards
     for e in worker.engines.values():
         e.generate = timed("generate", e.generate)
-    worker.store.put = timed("upload", worker.store.put)
+    # The upload runs in the miner's submitting thread, beside the next shard's generation:
+    # its task is the one whose result that thread is submitting.
+    submitting = threading.local()
+    submit = worker._submit
+
+    def _submit(result: Any) -> str:
+        submitting.task_id = result.task_id
+        return str(submit(result))
+
+    worker._submit = _submit
+    worker.store.put = timed("upload", worker.store.put,
+                             lambda a, k: getattr(submitting, "task_id", None))
     worker.collect = timed("collect", worker.collect, lambda a, k: None)  # every loop turn
     worker.q.tasks.claim_shard = timed("claim_tx", worker.q.tasks.claim_shard, by_arg)
     worker.q.tasks.submit_result = timed("submit_tx", worker.q.tasks.submit_result, by_arg)
@@ -270,8 +283,10 @@ def market_run(client: Any, miner: MinerProcess, lines: list[dict[str, Any]], mo
     parts = {
         "submit": t1 - t0,
         "discover": found - t1,
-        "pre_claim": sum(c - b for c, b in zip(claim_starts, [found, *submit_ends],
-                                                  strict=False)),
+        # The miner claims the next shard while the previous one is being submitted: only
+        # the time before a claim that waited on nothing else counts.
+        "pre_claim": sum(max(0.0, c - b) for c, b in zip(claim_starts, [found, *submit_ends],
+                                                         strict=False)),
         "claim_tx": total("claim_tx"),
         "generate": total("generate"),
         "sign": total("sign"),
@@ -515,8 +530,11 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                                  "median": round(median(collects), 4),
                                  "last": round(collects[-1], 4)}
     if multi:
-        result["multi_shard"] = {"shard_size": args.multi_shard_size,
-                                 **summarize(multi, raw_times, n),
+        summary = summarize(multi, raw_times, n)
+        result["multi_shard"] = {"shard_size": args.multi_shard_size, **summary,
+                                 "target_ratio": MULTI_TARGET_RATIO,
+                                 "meets_target": summary["market_vs_engine_throughput_ratio"]
+                                 >= MULTI_TARGET_RATIO,
                                  "outputs_identical": multi_identical}
     return result
 

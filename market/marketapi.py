@@ -127,9 +127,19 @@ class MarketAPI:
     def job(self, task_id: int) -> dict[str, Any]:
         return dict(self._json("GET", f"/jobs/{task_id}"))
 
-    def open_shards(self, model_id: str, miner: str, limit: int = 20) -> list[dict[str, Any]]:
-        return list(self._json("GET", "/shards/open",
-                               params={"modelId": model_id, "miner": miner, "limit": limit}))
+    def open_shards(self, model_id: str, miner: str, limit: int = 20, *,
+                    wait_seconds: float = 0.0) -> list[dict[str, Any]]:
+        """The open shards the market recommends to `miner` for a model, best first. With
+        `wait_seconds` > 0 (a long poll) a market with none holds the answer up to that long
+        and answers as soon as one opens; an older market ignores it and answers at once."""
+        if wait_seconds < 0:
+            raise QuarryError(f"wait_seconds must be >= 0, got {wait_seconds}")
+        params: dict[str, Any] = {"modelId": model_id, "miner": miner, "limit": limit}
+        kwargs: dict[str, Any] = {}
+        if wait_seconds > 0:
+            params["waitSeconds"] = wait_seconds
+            kwargs["timeout"] = (self._http.timeout.read or 30.0) + wait_seconds
+        return list(self._json("GET", "/shards/open", params=params, **kwargs))
 
     def offer(self, client: LocalAccount, task_id: int, miner: str) -> None:
         """Offer task `task_id` (whose client is `client`) to `miner` alone: until the task's

@@ -4,17 +4,22 @@ One `Worker` holds the account, the contracts, one loaded engine per served mode
 content store (the market's, or any object with `get(uri)` and `put(bytes)`, such as
 `market.store.LocalStore`). Everything it is told is rechecked against the chain:
 
-1. candidates come from the market (`GET /shards/open`, ranked for this miner) or, when the
-   market does not answer, from `TaskCreated` events for the served models and `getShard`;
+1. candidates come from the market (`GET /shards/open`, ranked for this miner; an idle
+   miner long-polls it) or, when the market does not answer, from `TaskCreated` events for
+   the served models and `getShard`;
 2. before claiming (which locks collateral), the input file is fetched by the task's
    `inputURI`, parsed, and its Merkle root must equal `inputRoot`; every request of the shard
-   must fit the model (prompt + max_tokens within its positions). A task that fails is
-   remembered and never claimed;
+   must fit the model (prompt + max_tokens within its positions). A task whose input fails
+   is remembered and never claimed; a shard with a request the model cannot serve is
+   remembered and reported in the heartbeat's `unservable` (what `Job.wait` shows the client),
+   while the task's other shards are still served;
 3. claim; a revert (`NotEligible`, `ShardNotOpen`, `DeadlinePassed`...) skips the shard:
    a reverted claim fails at gas estimation, so it costs nothing;
 4. generate in batches of `max_batch` (progress bar on stderr), sign one EIP-712 Receipt per
    output (`build_shard_result`), keep the document on local disk (`miner.archive`), upload
-   it, `submitResult` before the claim expires;
+   it, `submitResult` before the claim expires. In `run` these last steps go to a background
+   thread while the next shard is checked, claimed and generated (a pipeline one shard
+   deep: a shard's submission waits for the previous one's);
 5. `answer_challenges()`: a task's client may challenge a submitted shard's availability;
    the miner shows the named request's receipt and proof on-chain within Arbitration's
    response window (devnet 60 s) from its local copy (or the store), or it is slashed. It
@@ -30,7 +35,8 @@ are skipped before any transaction, until a committee report ends the probation.
 A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
 task's limit: the contract never pays beyond it (`TooManyTokens`).
 
-Ctrl-C in `run()`: the first finishes (submits) the current shard and returns; the second
+Ctrl-C in `run()`: the first finishes (submits) the current shard, and the one being
+submitted in the background, and returns; the second
 aborts at once and says when the claim expires and how much collateral is at stake. An
 engine failure mid-shard is logged and the loop carries on; the claim then expires.
 """
@@ -38,6 +44,7 @@ engine failure mid-shard is logged and the loop carries on; the claim then expir
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import signal
 import sys
@@ -45,6 +52,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,7 +70,7 @@ from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
-from market.store import StoreError
+from market.store import StoreError, parse_uri
 from miner.archive import ResultArchive, default_state_dir
 
 if TYPE_CHECKING:
@@ -74,10 +82,21 @@ log = logging.getLogger("miner")
 
 CLAIM_MARGIN_S = 5
 """Stop generating when the claim has less than this left: a late submit only reverts."""
+LONG_POLL_S = 5.0
+"""How long an idle miner lets the market hold an empty `GET /shards/open` (a new shard
+answers it at once). Short enough that challenges and payments are still looked at often,
+and that a first Ctrl-C while idle exits within it."""
 CHALLENGE_CHECK_S = 2.0
 """Between batches and candidates, look for availability challenges at most this often
 (every poll of `run` looks regardless): far inside any response window."""
 INPUT_CACHE_SIZE = 8
+"""Verified task inputs kept in memory (a task's shards are usually claimed together)."""
+UNSERVABLE_KEPT = 5
+"""Unservable shards the heartbeat reports (the latest): the market caps a heartbeat's
+status at 4096 bytes."""
+UNSERVABLE_REASON_CHARS = 200
+UNSERVABLE_REMEMBERED = 1000
+"""Unservable shards remembered (not checked again); the oldest are forgotten."""
 # Claim reverts that mean "not this task for this miner" (remembered), not "try later".
 _TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask"}
 
@@ -91,12 +110,15 @@ class ContentStore(Protocol):
 
 
 class _Skip(Exception):
-    """Internal: this shard is not taken; `task_wide` means no shard of the task will be."""
+    """Internal: this shard is not taken; `task_wide` means no shard of the task will be,
+    `unservable` that this shard never will be (a request the model cannot serve)."""
 
-    def __init__(self, reason: str, *, task_wide: bool = False) -> None:
+    def __init__(self, reason: str, *, task_wide: bool = False,
+                 unservable: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.task_wide = task_wide
+        self.unservable = unservable
 
 
 @dataclass(frozen=True)
@@ -186,13 +208,21 @@ class Worker:
         self.listener = listener
         self.engine_kind = engine_kind
         self.skipped_tasks: dict[int, str] = {}  # task id -> why none of its shards is taken
+        # (task id, shard) -> why this model cannot serve it (e.g. a request over its
+        # context); never tried again, and the latest are in the heartbeat for the client.
+        self.unservable: OrderedDict[tuple[int, int], str] = OrderedDict()
         self.pending: set[tuple[int, int]] = set()  # submitted, not yet finalized
         # Window ends already read from the chain: no call for a shard until its end passes.
         self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
         self.current: ActiveClaim | None = None
+        # The shard being signed, uploaded and submitted in the background (`run` only).
+        self._inflight: tuple[ActiveClaim, Future[ShardOutcome]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._emit_lock = threading.Lock()
         self.summary = RunSummary()
-        self._inputs: OrderedDict[str, list[ParsedRequest]] = OrderedDict()
+        # Verified inputs: (inputURI, inputRoot, numRequests) -> parsed requests.
+        self._inputs: OrderedDict[tuple[str, bytes, int], list[ParsedRequest]] = OrderedDict()
         self._known_tasks: dict[int, tuple[int, int]] = {}  # task id -> (deadline, num shards)
         self._task_scan_from = quarry.deployment.deploy_block
         self._submitted_scan_from = quarry.deployment.deploy_block
@@ -259,6 +289,8 @@ class Worker:
                    auto_withdraw=cfg.auto_withdraw, engine_kind=cfg.engine, **kwargs)
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
         for e in self.engines.values():
             e.close()
         if self.market is not None:
@@ -267,7 +299,8 @@ class Worker:
     # ------------------------------------------------------------------ helpers
     def _emit(self, event: str, **info: Any) -> None:
         if self.listener is not None:
-            self.listener(event, info)
+            with self._emit_lock:  # the submitting thread emits too
+                self.listener(event, info)
 
     def chain_now(self) -> int:
         return self.q.chain.timestamp()
@@ -289,22 +322,29 @@ class Worker:
             "shardsFailed": len(self.failed),
             "openChallenges": sorted(self.open_challenges),
             "challengesAnswered": self.summary.challenges_answered,
+            "unservable": [{"taskId": t, "shardId": k, "reason": r[:UNSERVABLE_REASON_CHARS]}
+                           for (t, k), r in list(self.unservable.items())[-UNSERVABLE_KEPT:]],
         }
 
     # ------------------------------------------------------------------ discovery
-    def find_open_shards(self, limit: int = 20) -> list[tuple[int, int]]:
+    def find_open_shards(self, limit: int = 20, wait_s: float = 0.0) -> list[tuple[int, int]]:
         """(taskId, shard) candidates, best first: the market's recommendation, or the
-        chain's own events when the market is unreachable."""
+        chain's own events when the market is unreachable. `wait_s`: a miner of one model
+        lets the market hold an empty answer that long, until a shard opens (a long poll;
+        with several models it would delay the others', so they are asked at once)."""
         if self.market is not None:
             try:
                 rows: list[dict[str, Any]] = []
+                wait = wait_s if len(self.engines) == 1 else 0.0
                 for model_id in self.engines:
-                    rows += self.market.open_shards("0x" + model_id.hex(), self.address, limit)
+                    rows += self.market.open_shards("0x" + model_id.hex(), self.address, limit,
+                                                    wait_seconds=wait)
                 if self._market_down:
                     log.info("market at %s answers again", self.market.url)
                     self._market_down = False
-                return [(int(r["taskId"]), int(r["shard"])) for r in rows
-                        if int(r["taskId"]) not in self.skipped_tasks]
+                found = [(int(r["taskId"]), int(r["shard"])) for r in rows]
+                return [c for c in found
+                        if c[0] not in self.skipped_tasks and c not in self.unservable]
             except MarketError as exc:
                 if not self._market_down:
                     log.warning("market gave no open shards (%s); reading them from chain "
@@ -332,6 +372,8 @@ class Worker:
             if task_id in self.skipped_tasks:
                 continue
             for k in range(num_shards):
+                if (task_id, k) in self.unservable:
+                    continue
                 sh = tasks.get_shard(task_id, k)
                 if sh.state == ShardState.OPEN or (
                         sh.state == ShardState.CLAIMED and sh.claim_expiry <= now
@@ -357,9 +399,6 @@ class Worker:
 
     # ------------------------------------------------------------------ inputs
     def _fetch_requests(self, uri: str) -> list[ParsedRequest]:
-        if uri in self._inputs:
-            self._inputs.move_to_end(uri)
-            return self._inputs[uri]
         try:
             data = self.store.get(uri)
         except (MarketUnavailable, OSError) as exc:
@@ -367,19 +406,22 @@ class Worker:
         except StoreError as exc:
             raise _Skip(f"cannot fetch the input file {uri}: {exc}") from exc
         try:
-            parsed = parse_jsonl(data)
+            return parse_jsonl(data)
         except QuarryError as exc:
             raise _Skip(f"input file {uri} is not a valid batch: {exc}", task_wide=True) from exc
-        self._inputs[uri] = parsed
-        while len(self._inputs) > INPUT_CACHE_SIZE:
-            self._inputs.popitem(last=False)
-        return parsed
 
     def task_requests(self, task_id: int, task: Any) -> list[ParsedRequest]:
-        """The task's requests, checked against its on-chain `numRequests` and `inputRoot`."""
-        try:
-            from market.store import parse_uri
+        """The task's requests, checked against its on-chain `numRequests` and `inputRoot`.
 
+        Fetched, parsed and verified once per input (the last `INPUT_CACHE_SIZE` are kept,
+        keyed by URI, root and count): rebuilding the Merkle tree over the whole task for
+        every shard made a task's total work grow with the square of its size."""
+        key = (task.input_uri, bytes(task.input_root), int(task.num_requests))
+        cached = self._inputs.get(key)
+        if cached is not None:
+            self._inputs.move_to_end(key)
+            return cached
+        try:
             parse_uri(task.input_uri)
         except StoreError as exc:
             raise _Skip(f"inputURI: {exc}", task_wide=True) from exc
@@ -391,12 +433,16 @@ class Worker:
         if root != task.input_root:
             raise _Skip(f"input file's Merkle root 0x{root.hex()} does not match the task's "
                         f"inputRoot 0x{task.input_root.hex()}", task_wide=True)
+        self._inputs[key] = requests
+        while len(self._inputs) > INPUT_CACHE_SIZE:
+            self._inputs.popitem(last=False)
         return requests
 
     def prepare(self, engine: TextEngine, task: Any,
                 requests: Sequence[ParsedRequest]) -> list[GenerationRequest]:
         """Generation requests for the shard; _Skip naming the first one the model cannot
-        serve (checked before claiming, so nothing is locked for work that cannot be done)."""
+        serve (checked before claiming, so nothing is locked for work that cannot be done).
+        Only this shard is given up: the task's other shards may well fit."""
         out = []
         for r in requests:
             try:
@@ -406,19 +452,29 @@ class Worker:
                 engine.validate_request(r.index, g)
             except QuarryError as exc:
                 raise _Skip(f"request {r.index} ({r.custom_id!r}) cannot be served: {exc}",
-                            task_wide=True) from exc
+                            unservable=True) from exc
             out.append(g)
         return out
 
     # ------------------------------------------------------------------ one shard
-    def process_shard(self, task_id: int, shard: int) -> ShardOutcome:
+    def process_shard(self, task_id: int, shard: int, *,
+                      pipelined: bool = False) -> ShardOutcome:
         """Check, claim, generate, sign, upload and submit one shard; never raises for a
-        shard it cannot or should not take (see the outcome's status and reason)."""
+        shard it cannot or should not take (see the outcome's status and reason).
+
+        `pipelined` (what `run` does): once generated, the shard is signed, uploaded and
+        submitted in the background while the caller goes on to the next shard, and the
+        outcome says "submitting"; `drain()` waits for it (one at a time: a shard waits for
+        the previous one's submission before its own starts)."""
         try:
-            outcome = self._process(task_id, shard)
+            outcome = self._process(task_id, shard, pipelined)
         except _Skip as skip:
             if skip.task_wide:
                 self.skipped_tasks[task_id] = skip.reason
+            if skip.unservable:
+                self.unservable[(task_id, shard)] = skip.reason
+                while len(self.unservable) > UNSERVABLE_REMEMBERED:
+                    self.unservable.popitem(last=False)
             log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
             self.summary.skipped += 1
             self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
@@ -428,23 +484,53 @@ class Worker:
         except Exception as exc:  # an engine or upload failure must not stop the miner
             reason = f"{type(exc).__name__}: {exc}"
             if self.current is not None:
-                self.failed.add((task_id, shard))
-                self.summary.failed += 1
-                log.error("task %d shard %d failed after claiming (%s); the claim expires at "
-                          "%s", task_id, shard, reason, _utc(self.current.claim_expiry))
-                outcome = ShardOutcome(task_id, shard, "failed", reason)
+                outcome = self._failed(self.current, reason)
             else:
                 self.summary.skipped += 1
                 log.error("task %d shard %d not taken: %s", task_id, shard, reason)
                 outcome = ShardOutcome(task_id, shard, "skipped", reason)
-            self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
+                self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
         self.current = None
         return outcome
 
-    def _process(self, task_id: int, shard: int) -> ShardOutcome:
+    def _failed(self, claim: ActiveClaim, reason: str) -> ShardOutcome:
+        """A claimed shard that cannot be submitted: said loudly (the claim will expire)."""
+        key = (claim.task_id, claim.shard)
+        self.failed.add(key)
+        self.summary.failed += 1
+        log.error("task %d shard %d failed after claiming (%s); the claim expires at %s",
+                  *key, reason, _utc(claim.claim_expiry))
+        self._emit("failed", task_id=claim.task_id, shard=claim.shard, reason=reason)
+        return ShardOutcome(claim.task_id, claim.shard, "failed", reason)
+
+    def drain(self) -> ShardOutcome | None:
+        """Wait for the shard being submitted in the background, if any; its outcome. While
+        waiting it is `current` again, so a Ctrl-C names it and an abort says what it
+        leaves behind."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return None
+        claim, future = inflight
+        generating, self.current = self.current, claim
+        try:
+            return future.result()
+        finally:
+            self.current = generating
+
+    def _finish_safely(self, claim: ActiveClaim, finish: Callable[[], ShardOutcome],
+                       ) -> ShardOutcome:
+        """`finish` in the background thread: a failure is an outcome, never raised."""
+        try:
+            return finish()
+        except Exception as exc:
+            return self._failed(claim, f"{type(exc).__name__}: {exc}")
+
+    def _process(self, task_id: int, shard: int, pipelined: bool = False) -> ShardOutcome:
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
+        if (task_id, shard) in self.unservable:
+            raise _Skip(self.unservable[(task_id, shard)], unservable=True)
         try:
             task = q.tasks.get_task(task_id)
             sh = q.tasks.get_shard(task_id, shard)
@@ -497,6 +583,26 @@ class Worker:
                    collateral=claim.collateral)
 
         outputs = self._generate(engine, gen, claim)
+        self.drain()  # the previous shard's submission, overlapped with this generation
+
+        def finish() -> ShardOutcome:
+            return self._finish(task, claim, shard_requests, gen, outputs)
+
+        if not pipelined:
+            return finish()
+        self._inflight = (claim, self._submitter().submit(self._finish_safely, claim, finish))
+        return ShardOutcome(task_id, shard, "submitting", "", len(gen))
+
+    def _submitter(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="miner-submit")
+        return self._executor
+
+    def _finish(self, task: Any, claim: ActiveClaim, shard_requests: Sequence[ParsedRequest],
+                gen: Sequence[GenerationRequest],
+                outputs: Sequence[GenerationOutput]) -> ShardOutcome:
+        """Sign one receipt per output, keep, upload and submit the shard's result."""
+        q, task_id, shard = self.q, claim.task_id, claim.shard
         completions = [
             Completion(index=r.index, custom_id=r.custom_id, request_hash=r.request_hash,
                        text=o.text, token_ids=tuple(o.token_ids), finish_reason=o.finish_reason,
@@ -505,7 +611,7 @@ class Worker:
         ]
         result = build_shard_result(
             task_id=task_id, shard=shard, model_id=task.model_id, completions=completions,
-            private_key=self.account.key, miner=me, chain_id=q.chain_id,
+            private_key=self.account.key, miner=self.address, chain_id=q.chain_id,
             task_registry=q.tasks.address)
         uri = self._submit(result)
         outcome = ShardOutcome(task_id, shard, "submitted", "", len(completions),
@@ -889,12 +995,20 @@ class Worker:
             hb.start()
         try:
             resume = self._safely("finding this miner's open claims", self.own_open_claims, [])
+            idle = False
             while not self._stop.is_set():
+                self.drain()
                 self._safely("answering availability challenges", self.answer_challenges, 0)
                 self._safely("checking probation", self._check_probation, None)
                 self._safely("collecting payments", self.collect, 0)
-                candidates = resume or self._safely("finding open shards",
-                                                    self.find_open_shards, [])
+                # Idle, ask the market to hold the answer until a shard opens (a long poll);
+                # one that answers sooner with nothing (an older market) gets the usual
+                # poll interval of sleep instead.
+                asked = time.monotonic()
+                wait_s = LONG_POLL_S if idle and not stop_when_idle else 0.0
+                candidates = resume or self._safely(
+                    "finding open shards", functools.partial(self.find_open_shards,
+                                                             wait_s=wait_s), [])
                 resume = []
                 worked = False
                 for task_id, shard in candidates:
@@ -902,13 +1016,19 @@ class Worker:
                         break
                     self._maybe_answer_challenges()
                     # Each candidate is re-checked on-chain before it is claimed, so a
-                    # ranking a shard old is still safe to walk to its end.
-                    if self.process_shard(task_id, shard).submitted:
-                        worked = True
+                    # ranking a shard old is still safe to walk to its end. The shard is
+                    # submitted in the background while the next one is claimed and run.
+                    outcome = self.process_shard(task_id, shard, pipelined=True)
+                    worked |= outcome.status in ("submitted", "submitting")
                 if self._stop.is_set() or (not worked and stop_when_idle):
                     break
-                if not worked:
+                idle = not worked
+                if idle and not candidates:
+                    self._stop.wait(max(0.0, self.poll_interval_s
+                                        - (time.monotonic() - asked)))
+                elif idle:
                     self._stop.wait(self.poll_interval_s)
+            self.drain()
         except KeyboardInterrupt:
             msg = self.abort_message()
             log.error("%s", msg)

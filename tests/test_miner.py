@@ -38,7 +38,7 @@ from market.model.manifest import ModelFileMismatch
 from market.protocol.merkle import input_tree
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import ShardResult, verify_shard_result
-from market.store import LocalStore
+from market.store import LocalStore, StoreError
 from miner import cli
 from miner.archive import ResultArchive
 from miner.config import MinerConfig
@@ -396,6 +396,61 @@ def test_engine_failure_mid_shard_does_not_stop_the_loop(
                               taskId=task_id)) == 2
 
 
+class OverlapProbe:
+    """Wraps the engine and the store: the first upload (shard 0's result) waits until the
+    next shard's generation has begun, and fails if it never does. A miner that submits
+    before claiming the next shard deadlocks on it; a pipelined one does not."""
+
+    def __init__(self, engine: Any, store: LocalStore) -> None:
+        self._engine, self._store = engine, store
+        self.generations = 0
+        self.second_generation = threading.Event()
+        self.puts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self.generations += 1
+        if self.generations == 2:
+            self.second_generation.set()
+        return self._engine.generate(requests)
+
+    def get(self, uri: str) -> bytes:
+        return self._store.get(uri)
+
+    def put(self, data: bytes) -> str:
+        self.puts += 1
+        if self.puts == 1 and not self.second_generation.wait(60):
+            raise StoreError("shard 0 was uploaded only after shard 1 was generated")
+        return self._store.put(data)
+
+
+def test_run_submits_a_shard_while_generating_the_next(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """`run` pipelines: shard 0 is signed, uploaded and submitted in the background while
+    shard 1 is claimed and generated; both end submitted, with their outcomes and events."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(6), shard_size=3)
+    probe = OverlapProbe(engine, store)
+    events: list[tuple[str, int]] = []
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: probe}, store=probe,
+                    progress=False, poll_interval_s=0.1,
+                    listener=lambda name, info: events.append((name, info.get("shard", -1))))
+    summary = worker.run(stop_when_idle=True)
+    assert summary.failed == 0
+    assert sorted((o.task_id, o.shard) for o in summary.submitted) == [(task_id, 0), (task_id, 1)]
+    assert [e for e in events if e[0] in ("claimed", "submitted")].index(("claimed", 1)) < [
+        e for e in events if e[0] in ("claimed", "submitted")].index(("submitted", 0))
+    for k in (0, 1):
+        sh = q.tasks.get_shard(task_id, k)
+        assert (sh.state, sh.miner) == (ShardState.SUBMITTED, miner.address)
+    assert worker.current is None and worker.drain() is None
+    assert worker.status()["shardsSubmitted"] == 2
+    worker.close()
+
+
 def test_first_ctrl_c_finishes_the_shard_second_aborts(
         devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -568,6 +623,57 @@ def test_register_and_run_through_the_market(
     row = next(m for m in api.miners() if m["address"] == miner.address)
     assert row["alive"] and row["status"]["models"] == ["0x" + model_id.hex()]
     assert api.open_shards("0x" + model_id.hex(), miner.address) == []
+    api.close()
+
+
+def test_unservable_shard_is_skipped_alone_and_shown_in_the_heartbeat(
+        devnet: Any, model_dir: Path, engine: Any, live_market: tuple[str, Path]) -> None:
+    """A request over the model's context (256 positions) makes its shard unservable: it is
+    skipped before any transaction and never tried again, the task's other shard is still
+    served, and the shard is listed in the signed heartbeat's status, which `GET /miners`
+    shows (what the client's `Job.wait` reads), the latest few only."""
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, url)
+    lines = batch(6).decode().splitlines()
+    long_prompt = json.loads(lines[4])
+    long_prompt["body"]["prompt"] = "the river " * 400
+    lines[4] = json.dumps(long_prompt)
+    api = MarketAPI(url)
+    task_id = post_task(devnet, api, engine.model_id,  # type: ignore[arg-type]
+                        ("\n".join(lines) + "\n").encode())
+    Board(db_path).index(q)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=api,
+                    market=api, progress=False)
+    assert worker.status()["unservable"] == []
+    before = q.gpu.miner_info(miner.address).locked
+    skipped = worker.process_shard(task_id, 1)
+    assert skipped.status == "skipped"
+    assert "request 4 ('r4') cannot be served" in skipped.reason
+    assert "positions" in skipped.reason
+    assert q.tasks.get_shard(task_id, 1).state == ShardState.OPEN
+    assert q.gpu.miner_info(miner.address).locked == before
+    assert task_id not in worker.skipped_tasks  # the other shard fits
+    assert worker.find_open_shards() == [(task_id, 0)]
+    assert worker.process_shard(task_id, 0).submitted
+    assert worker.process_shard(task_id, 1).reason == skipped.reason  # not re-tokenized
+
+    api.heartbeat(miner, worker.status())
+    row = next(m for m in api.miners() if m["address"] == miner.address)
+    assert row["status"]["unservable"] == [
+        {"taskId": task_id, "shardId": 1, "reason": skipped.reason[:200]}]
+
+    # Many unservable shards: the heartbeat keeps the latest few, within the market's cap.
+    for k in range(40):
+        worker.unservable[(task_id + 1000, k)] = "x" * 1000
+    status = worker.status()
+    assert [u["shardId"] for u in status["unservable"]] == [35, 36, 37, 38, 39]
+    assert len(json.dumps(status)) < 4096
+    api.heartbeat(miner, status)
+    row = next(m for m in api.miners() if m["address"] == miner.address)
+    assert row["status"]["unservable"] == status["unservable"]
     api.close()
 
 
