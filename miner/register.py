@@ -121,9 +121,12 @@ def hardware_for(cfg: MinerConfig) -> HardwareSpec:
 
 
 def post_manifests(market: MarketAPI, models: list[ServedModel]) -> tuple[bool, str]:
-    """POST each manifest to the market; (posted, why not). The chain is the source of
-    truth, so an unreachable market is reported, not fatal: rerun register to post later."""
+    """POST each manifest, and the tokenizer files it lists (clients count prompt tokens
+    against the context with them before paying), to the market; (posted, why not). The
+    chain is the source of truth, so an unreachable market is reported, not fatal: rerun
+    register to post later."""
     from market.marketapi import MarketError, MarketUnavailable
+    from market.model.context import publish_tokenizer
 
     try:
         for m in models:
@@ -131,6 +134,7 @@ def post_manifests(market: MarketAPI, models: list[ServedModel]) -> tuple[bool, 
             if got.lower() != m.manifest.model_id_hex:
                 raise RegistrationError(f"market computed modelId {got} for {m.path}, expected "
                                         f"{m.manifest.model_id_hex}: different manifest rules?")
+            publish_tokenizer(market, m.path, m.manifest)
     except MarketUnavailable as exc:
         log.warning("%s", exc)
         return False, str(exc)
