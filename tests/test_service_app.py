@@ -317,9 +317,14 @@ def test_heartbeats_and_miners(market: Market, devnet: Devnet) -> None:
     future = httpx.post(url, json=body(net.miner2, timestamp=int(time.time()) + 120))
     assert future.status_code == 400
     malformed = httpx.post(url, json={"miner": net.miner2.address})
-    assert malformed.status_code == 400 and "malformed heartbeat" in malformed.json()["detail"]
+    assert malformed.status_code == 422
+    assert "timestamp: Field required" in malformed.json()["detail"]
+    bad_signature = httpx.post(url, json={**body(net.miner2), "signature": "0x12"})
+    assert bad_signature.status_code == 400
+    assert "malformed heartbeat" in bad_signature.json()["detail"]
     not_object = httpx.post(url, json=body(net.miner2, status=[1]))
-    assert not_object.status_code == 400 and "status must be" in not_object.json()["detail"]
+    assert not_object.status_code == 422 and "status: Input should be a valid dictionary" in \
+        not_object.json()["detail"]
     assert {m["address"]: m["alive"] for m in api.miners()}[net.miner2.address] is False
     outsider = httpx.post(url, json=body(net.outsider))  # signed, but not a registered miner
     assert outsider.status_code == 403 and "not a registered miner" in outsider.json()["detail"]
