@@ -40,20 +40,22 @@ class IndexWatch:
         self._waiters = 0
         self.cursor = -1
 
-    async def wait(self, timeout: float) -> bool:
-        """Wait until the cursor moves or `timeout` passes; returns whether it moved."""
+    async def wait(self, since: int, timeout: float) -> bool:
+        """Wait until the cursor differs from `since` (read before the caller's query, so
+        an index between the query and this call is not missed) or `timeout` passes;
+        returns whether it moved."""
         if self._cond is None:
             self._cond = asyncio.Condition()
         cond = self._cond
         self._waiters += 1
-        if self._task is None or self._task.done():
-            self.cursor = await run_in_threadpool(self.board.cursor)
-            self._task = asyncio.get_running_loop().create_task(self._watch())
         try:
+            if self._task is None or self._task.done():
+                self.cursor = await run_in_threadpool(self.board.cursor)
+                self._task = asyncio.get_running_loop().create_task(self._watch())
             async with cond:
-                seen = self.cursor
                 try:
-                    await asyncio.wait_for(cond.wait_for(lambda: self.cursor != seen), timeout)
+                    await asyncio.wait_for(cond.wait_for(lambda: self.cursor != since),
+                                           timeout)
                 except TimeoutError:
                     return False
                 return True

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from starlette.concurrency import run_in_threadpool
 
 from market.service.board import I64_MAX, checksum, model_id_bytes
-from market.service.deps import BoardDep, MarketDep
+from market.service.deps import BoardDep, Market, MarketDep
 from market.service.http import errors
 from market.service.matching import eligible, rank_open_shards
 from market.service.schemas import JobOut, JobSummaryOut, OpenShardOut
@@ -38,9 +38,16 @@ def job(board: BoardDep, task_id: int = Path(ge=0, le=I64_MAX)) -> dict[str, Any
     return found
 
 
-def _open_shards(market: Any, model_bytes: bytes | None, miner: str | None,
-                 limit: int) -> list[dict[str, Any]]:
+def _open_shards(market: Market, model_bytes: bytes | None, miner: str | None,
+                 limit: int) -> tuple[int, list[dict[str, Any]]]:
+    """The board's cursor, then the open shards (see `open_shards`) as of at least it."""
     board, at = market.board, market.now()
+    return board.cursor(), _matching(market, model_bytes, miner, limit, at)
+
+
+def _matching(market: Market, model_bytes: bytes | None, miner: str | None,
+              limit: int, at: int) -> list[dict[str, Any]]:
+    board = market.board
     candidates = board.open_shards(model_bytes, at)
     if miner is None:
         candidates = [s for s in candidates if s["offeredTo"] is None]
@@ -74,8 +81,9 @@ async def open_shards(market: MarketDep, modelId: str | None = None,
     model_bytes = model_id_bytes(modelId) if modelId else None
     deadline = time.monotonic() + waitSeconds
     while True:
-        found = await run_in_threadpool(_open_shards, market, model_bytes, miner, limit)
+        since, found = await run_in_threadpool(_open_shards, market, model_bytes, miner,
+                                               limit)
         left = deadline - time.monotonic()
         if found or left <= 0:
             return found
-        await market.watch.wait(left)
+        await market.watch.wait(since, left)
