@@ -31,7 +31,7 @@ def _redis_workers(url: str) -> tuple[bool, list[str]]:
         return False, []
 
 
-@router.get("/health", response_model=HealthOut)
+@router.get("/health", response_model=HealthOut, response_model_exclude_unset=True)
 def health(market: MarketDep, board: BoardDep, settings: SettingsDep) -> dict[str, Any]:
     """`ok` when the deployment is loaded and its chain answers; `status` is `degraded` when
     no worker is alive (a worker's liveness key lapses within 10 s of its death) or Redis
