@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -43,7 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         yield s
 
 
-def _health(stack: LocalStack) -> dict[str, object]:
+def _health(stack: LocalStack) -> dict[str, Any]:
     return dict(httpx.get(f"{stack.market_url}/health", timeout=10).json())
 
 
@@ -61,7 +62,7 @@ def _freeze_while_holding_the_index_lock(stack: LocalStack, redis: Redis) -> int
     raise AssertionError("no worker was ever caught holding the index lock")
 
 
-def _still_held(redis: Redis, token: bytes) -> bool:
+def _still_held(redis: Redis, token: Any) -> bool:
     """Whether `token` keeps the lock while its (probably frozen) holder cannot move: a lock
     held by a running worker is released within a tick or two of its indexing."""
     for _ in range(20):
@@ -73,9 +74,9 @@ def _still_held(redis: Redis, token: bytes) -> bool:
 
 def test_a_killed_worker_is_seen_dead_and_its_lock_freed_within_10_s(stack: LocalStack) -> None:
     redis = Redis.from_url(stack.redis_url)
-    names = stack.wait_until(lambda: (h := _health(stack)) and h["workers"] == 2 and h,
-                             "both workers in /health")
-    assert names["status"] == "ok" and len(names["workerNames"]) == 2  # type: ignore[arg-type]
+    stack.wait_until(lambda: _health(stack)["workers"] == 2, "both workers in /health")
+    both = _health(stack)
+    assert both["status"] == "ok" and len(both["workerNames"]) == 2
 
     pid = _freeze_while_holding_the_index_lock(stack, redis)
     victim = next(p for p in stack.workers if p.pid == pid)
@@ -89,7 +90,7 @@ def test_a_killed_worker_is_seen_dead_and_its_lock_freed_within_10_s(stack: Loca
     assert 0 < lock_ttl <= DEAD_WITHIN_MS, f"the index lock outlives its holder by {lock_ttl} ms"
     assert alive_ttl <= DEAD_WITHIN_MS, f"the dead worker looks alive for {alive_ttl} ms more"
 
-    stack.wait_until(lambda: node not in _health(stack)["workerNames"],  # type: ignore[operator]
+    stack.wait_until(lambda: node not in _health(stack)["workerNames"],
                      "the dead worker gone from /health", timeout=60)
     health = _health(stack)
     assert health["workers"] == 1 and health["status"] == "ok"
