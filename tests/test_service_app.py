@@ -6,6 +6,7 @@ unknown addresses and jobs, bad manifests, forged or stale heartbeats, no deploy
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,6 +232,33 @@ def test_jobs_and_open_shards(market: Market, devnet: Devnet) -> None:
 
 
 @pytest.mark.chain
+def test_open_shards_long_poll_answers_when_a_matching_shard_is_indexed(
+        market: Market, devnet: Devnet) -> None:
+    """`waitSeconds`: with nothing open, the request waits until the board indexes a
+    matching shard (here the test indexes, as a worker would) instead of answering [] at
+    once; without a match it answers [] when its time is up; over 30 s is refused."""
+    net, url = devnet, f"{market.url}/shards/open"
+    query = {"modelId": MODEL_HEX, "miner": net.miner.address, "waitSeconds": 30}
+    market.board.index(net.q)
+    assert httpx.get(url, params={**query, "waitSeconds": 0}).json() == []
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: answers.append(httpx.get(url, params=query,
+                                                                        timeout=60)))
+    waiting.start()
+    task_id = post_task(net, 2, 1)
+    market.board.index(net.q)
+    waiting.join(timeout=25)  # well inside the 30 s it would otherwise wait
+    assert answers, "the long poll did not answer when the shard was indexed"
+    assert answers[0].status_code == 200
+    assert sorted((s["taskId"], s["shard"]) for s in answers[0].json()) == [(task_id, 0),
+                                                                             (task_id, 1)]
+    other = {**query, "modelId": "0x" + "99" * 32, "waitSeconds": 0.5}
+    assert httpx.get(url, params=other, timeout=30).json() == []
+    too_long = httpx.get(url, params={**query, "waitSeconds": 31})
+    assert too_long.status_code == 422 and "waitSeconds" in too_long.json()["detail"]
+
+
+@pytest.mark.chain
 def test_a_miner_on_probation_is_shown_and_served_as_such(market: Market,
                                                           devnet: Devnet) -> None:
     """A miner registered now is on probation: `/miners` says so, `/models` counts it apart,
@@ -317,9 +345,14 @@ def test_heartbeats_and_miners(market: Market, devnet: Devnet) -> None:
     future = httpx.post(url, json=body(net.miner2, timestamp=int(time.time()) + 120))
     assert future.status_code == 400
     malformed = httpx.post(url, json={"miner": net.miner2.address})
-    assert malformed.status_code == 400 and "malformed heartbeat" in malformed.json()["detail"]
+    assert malformed.status_code == 422
+    assert "timestamp: Field required" in malformed.json()["detail"]
+    bad_signature = httpx.post(url, json={**body(net.miner2), "signature": "0x12"})
+    assert bad_signature.status_code == 400
+    assert "malformed heartbeat" in bad_signature.json()["detail"]
     not_object = httpx.post(url, json=body(net.miner2, status=[1]))
-    assert not_object.status_code == 400 and "status must be" in not_object.json()["detail"]
+    assert not_object.status_code == 422 and "status: Input should be a valid dictionary" in \
+        not_object.json()["detail"]
     assert {m["address"]: m["alive"] for m in api.miners()}[net.miner2.address] is False
     outsider = httpx.post(url, json=body(net.outsider))  # signed, but not a registered miner
     assert outsider.status_code == 403 and "not a registered miner" in outsider.json()["detail"]

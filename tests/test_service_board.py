@@ -8,6 +8,7 @@ migrated. Plus the board's market-only tables and the matching order."""
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from market.service.board import (
     CHALLENGE_STATUS,
     DISPUTE_STATUS,
     STATE_NAMES,
+    STATE_VERSION,
     Board,
     BoardError,
 )
@@ -644,8 +646,14 @@ def test_schema_mismatch_and_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "b.sqlite"
     Board(path)
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value='0' WHERE key='schema'")
-    with pytest.raises(BoardError, match="has schema 2?0.*delete it"):
+        conn.execute("UPDATE meta SET value='3' WHERE key='schema'")
+    with pytest.raises(BoardError, match="has chain layout 3, newer than this market's 2"):
+        Board(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value='2' WHERE key='schema'")
+        conn.execute(f"PRAGMA user_version = {STATE_VERSION + 1}")
+    with pytest.raises(BoardError, match=f"market state of version {STATE_VERSION + 1}, "
+                       "newer than"):
         Board(path)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database" * 100)
@@ -682,6 +690,74 @@ def test_an_older_board_is_rebuilt_keeping_what_only_the_market_knows(
     assert migrated.offer("dep", 3) is not None
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
+    Board(path)  # opening it again changes nothing
+    assert Board(path).messages("dep")[0]["body"] == {"x": 1}
+
+
+# The market's state as the last market without migrations wrote it (user_version 0).
+LEGACY_STATE = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '2');
+CREATE TABLE models (model_id TEXT PRIMARY KEY, name TEXT NOT NULL, manifest TEXT NOT NULL,
+    added_at REAL NOT NULL);
+CREATE TABLE heartbeats (miner TEXT PRIMARY KEY, timestamp INTEGER NOT NULL,
+    status TEXT NOT NULL, received_at REAL NOT NULL);
+CREATE TABLE committee_messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+    deployment TEXT NOT NULL, author TEXT NOT NULL, kind TEXT NOT NULL,
+    epoch INTEGER NOT NULL, topic TEXT NOT NULL, body TEXT NOT NULL, signature TEXT NOT NULL,
+    received_at REAL NOT NULL, UNIQUE (deployment, author, kind, epoch, topic));
+CREATE TABLE offers (deployment TEXT NOT NULL, task_id INTEGER NOT NULL, client TEXT NOT NULL,
+    miner TEXT NOT NULL, until INTEGER NOT NULL, timestamp INTEGER NOT NULL,
+    signature TEXT NOT NULL, received_at REAL NOT NULL, PRIMARY KEY (deployment, task_id));
+"""
+
+
+def test_market_state_of_an_older_version_is_migrated_with_no_data_lost(
+        tmp_path: Path) -> None:
+    """A file at market-state version 0 (written before migrations), holding a manifest, a
+    heartbeat, a committee message and an offer, opens at the current version with every
+    row intact and the later migrations' indexes present; the file is never deleted."""
+    import sqlite3
+
+    from market.service.state import MIGRATIONS
+
+    path = tmp_path / "old.sqlite"
+    manifest = tiny_manifest()
+    author = "0x" + "aB" * 20
+    with sqlite3.connect(path) as conn:
+        conn.executescript(LEGACY_STATE)
+        scratch = Board(tmp_path / "scratch.sqlite")
+        model_id = scratch.put_model(manifest)
+        stored = scratch.model(model_id)
+        conn.execute("INSERT INTO models VALUES (?, ?, ?, 1.0)",
+                     (model_id, manifest["name"], json.dumps(stored, sort_keys=True)))
+        conn.execute("INSERT INTO heartbeats VALUES (?, 7, '{\"load\": 1}', 2.0)", (author,))
+        conn.execute("INSERT INTO committee_messages (deployment, author, kind, epoch, topic, "
+                     "body, signature, received_at) VALUES ('dep', ?, 'vote', 1, '7', "
+                     "'{\"x\":1}', '0x00', 3.0)", (author,))
+        conn.execute("INSERT INTO offers VALUES ('dep', 3, ?, ?, 99, 1, '0x00', 4.0)",
+                     (author, author))
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    inode = path.stat().st_ino
+
+    board = Board(path)
+    assert path.stat().st_ino == inode
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == \
+            STATE_VERSION
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master "
+                                              "WHERE type='index'")}
+        assert {"offers_until", "committee_messages_topic"} <= indexes
+        assert conn.execute("SELECT miner, timestamp, status FROM heartbeats").fetchall() == [
+            (author, 7, '{"load": 1}')]
+    assert stored is not None and board.model(model_id) == stored
+    assert [m["modelId"] for m in board.models()] == [model_id]
+    assert [(m["id"], m["body"]) for m in board.messages("dep")] == [(1, {"x": 1})]
+    assert board.offer("dep", 3) == {"taskId": 3, "client": author, "miner": author,
+                                     "until": 99, "timestamp": 1, "signature": "0x00",
+                                     "receivedAt": 4.0}
+    # The chain tables of the old file were created empty; the next index fills them.
+    assert board.cursor() == -1 and board.jobs() == []
     Board(path)  # opening it again changes nothing
     assert Board(path).messages("dep")[0]["body"] == {"x": 1}
 

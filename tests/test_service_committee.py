@@ -23,8 +23,9 @@ from market import marketapi as api_module
 from market.chain.devnet import free_port
 from market.marketapi import MarketAPI, MarketError
 from market.protocol.messages import committee_message, reader_headers, recover_committee_message
-from market.service.app import MAX_MESSAGE_BYTES, serve_in_thread
+from market.service.app import serve_in_thread
 from market.service.board import Board, MessageConflict, deployment_identity
+from market.service.routers.committee import MAX_MESSAGE_BYTES
 from market.service.settings import MarketSettings
 
 if TYPE_CHECKING:

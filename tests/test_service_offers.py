@@ -184,7 +184,11 @@ def test_refused_offers_change_nothing(market: Market, devnet: Devnet) -> None:
                                                       when))
         assert stale.status_code == 400 and "off the market's clock" in stale.json()["detail"]
     malformed = market.http.post(url, json={"miner": net.miner.address})
-    assert malformed.status_code == 400 and "malformed offer" in malformed.json()["detail"]
+    assert malformed.status_code == 422
+    assert "timestamp: Field required" in malformed.json()["detail"]
+    bad_signature = market.http.post(url, json={**offer_body(net.client, task, net.miner.address),
+                                                "signature": "0x12"})
+    assert bad_signature.status_code == 400 and "malformed offer" in bad_signature.json()["detail"]
     bad_miner = market.http.post(url, json=offer_body(net.client, task, "0x1234"))
     assert bad_miner.status_code == 400 and "is not an address" in bad_miner.json()["detail"]
     assert shards_for(market, None) == everyone

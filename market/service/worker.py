@@ -10,8 +10,13 @@ Tasks (enqueued by `market serve`'s ticker; any number of workers may run them):
 
 Each takes a Redis lock without blocking (`quarry:lock:index`, `quarry:lock:sweep`,
 `quarry:lock:recommend`): a worker that cannot take it returns at once, so several workers
-never do the same work twice. Every step is idempotent, so acks-late redelivery after a
-crash or a broker restart is harmless.
+never do the same work twice. A lock lives `LOCK_TTL_S` (10 s) and its holder extends it
+while it works, so a worker killed while holding one (SIGKILL, OOM) stalls the others at
+most that long. Every step is idempotent, so acks-late redelivery after a crash or a broker
+restart is harmless.
+
+Every worker also heartbeats `quarry:worker:<node>` with a `ALIVE_TTL_S` TTL; `/health`
+counts those keys, so a dead worker disappears from it within 10 s (`live_workers`).
 
 Settings come from `MarketSettings.load()` (the `QUARRY_MARKET_*` environment that
 `processes.start_worker` or `market worker --config` sets) at import, or from `configure()`.
@@ -20,6 +25,7 @@ Settings come from `MarketSettings.load()` (the `QUARRY_MARKET_*` environment th
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from market.service.settings import MarketSettings
 
@@ -42,9 +48,14 @@ log = logging.getLogger("quarry.worker")
 INDEX_LOCK = "quarry:lock:index"
 SWEEP_LOCK = "quarry:lock:sweep"
 RECOMMEND_LOCK = "quarry:lock:recommend"
-# A lock outlives a crashed holder by at most this long; the work under it is idempotent, so
-# an overlong run that loses its lock costs only duplicate reads.
-LOCK_TTL_S = 120
+# A lock outlives a crashed holder by at most this long; a live holder extends it every
+# third of it. The work under it is idempotent, so a run that loses its lock anyway (frozen
+# longer than the TTL) costs only duplicate reads.
+LOCK_TTL_S = 10
+ALIVE_PREFIX = "quarry:worker:"
+ALIVE_TTL_S = 8
+"""A worker's liveness key lives this long; the worker refreshes it every `ALIVE_EVERY_S`."""
+ALIVE_EVERY_S = 2.0
 RECOMMEND_LIMIT = 50
 QUEUE = "quarry"
 
@@ -139,20 +150,102 @@ def _quarry() -> Quarry:
 
 
 @contextmanager
-def redis_lock(name: str, ttl_s: int = LOCK_TTL_S) -> Iterator[bool]:
-    """Take `name` without waiting; yields whether this caller holds it."""
-    from redis.exceptions import LockError
+def redis_lock(name: str, ttl_s: int = LOCK_TTL_S,
+               client: redis.Redis | None = None) -> Iterator[bool]:
+    """Take `name` without waiting; yields whether this caller holds it. While the caller
+    works a thread extends the lock every third of `ttl_s`, so it never lapses under a live
+    holder and lapses within `ttl_s` of a dead one."""
+    from redis.exceptions import LockError, RedisError
 
-    lock = _redis().lock(name, timeout=ttl_s, blocking=False)
+    lock = (client or _redis()).lock(name, timeout=ttl_s, blocking=False)
     held = bool(lock.acquire(blocking=False))
+    done = threading.Event()
+
+    def keep() -> None:
+        while not done.wait(ttl_s / 3):
+            try:
+                lock.reacquire()
+            except (LockError, RedisError) as exc:  # lost it (frozen past the TTL) or Redis down
+                log.warning("lock %s could not be extended: %s", name, exc)
+                return
+
+    keeper = threading.Thread(target=keep, daemon=True, name=f"keep {name}")
+    if held:
+        keeper.start()
     try:
         yield held
     finally:
         if held:
+            done.set()
+            keeper.join()
             try:
                 lock.release()
             except LockError:  # expired while we worked; someone else may hold it now
                 log.warning("lock %s expired before release", name)
+
+
+def live_workers(client: redis.Redis) -> list[str]:
+    """The node names of the workers whose liveness key has not expired, sorted."""
+    keys = client.scan_iter(match=f"{ALIVE_PREFIX}*", count=100)
+    return sorted(k.decode()[len(ALIVE_PREFIX):] if isinstance(k, bytes)
+                  else str(k)[len(ALIVE_PREFIX):] for k in keys)
+
+
+class AliveBeacon:
+    """Refreshes `quarry:worker:<node>` every `ALIVE_EVERY_S` in a daemon thread; the key
+    expires `ALIVE_TTL_S` after the last refresh, i.e. soon after the process dies."""
+
+    def __init__(self, client: redis.Redis, node: str) -> None:
+        self.client, self.key = client, f"{ALIVE_PREFIX}{node}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="alive beacon")
+
+    def start(self) -> AliveBeacon:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from redis.exceptions import RedisError
+
+        while True:
+            try:
+                self.client.set(self.key, str(time.time()), ex=ALIVE_TTL_S)
+            except RedisError as exc:  # Redis restarting: the next beat retries
+                log.debug("alive beacon: %s", exc)
+            if self._stop.wait(ALIVE_EVERY_S):
+                return
+
+    def stop(self) -> None:
+        """A clean exit: stop beating and remove the key (the worker is gone now)."""
+        from redis.exceptions import RedisError
+
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            self.client.delete(self.key)
+        except RedisError:
+            pass
+
+
+@worker_ready.connect
+def _beacon_on(sender: Any = None, **_: Any) -> None:
+    """The worker's main process announces itself once it consumes tasks."""
+    import redis
+
+    node = str(getattr(sender, "hostname", None) or "worker")
+    client = redis.Redis.from_url(settings().redis_url, socket_timeout=5,
+                                  socket_connect_timeout=2)
+    _beacon["beacon"] = AliveBeacon(client, node).start()
+
+
+@worker_shutdown.connect
+def _beacon_off(**_: Any) -> None:
+    beacon = _beacon.pop("beacon", None)
+    if beacon is not None:
+        beacon.stop()
+
+
+_beacon: dict[str, AliveBeacon] = {}
 
 
 @celery_app.task(name=TASK_INDEX)

@@ -1,0 +1,152 @@
+"""What the board's three parts share: the SQLite file's connections (WAL, one connection
+per call, IMMEDIATE write transactions), the small `meta` table, the board's errors and the
+value helpers (addresses, modelIds, clamped times).
+
+SQLite runs in WAL mode with a busy timeout and one connection per call, so any number of
+processes (the FastAPI app, every Celery worker) and threads share the file safely. Wei
+amounts are stored as decimal text (they overflow SQLite's 64-bit integers); times are
+integers (uint64 values beyond 2**63-1 are clamped, which changes no comparison with a real
+clock).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from market.errors import QuarryError
+
+if TYPE_CHECKING:
+    from market.chain.deploy import Quarry
+
+STATE_NAMES = ("Open", "Claimed", "Submitted", "Disputed", "Finalized", "Refunded")
+"""TaskRegistry's ShardState names, by value (market.chain.contracts.ShardState)."""
+OPEN, CLAIMED, SUBMITTED, DISPUTED, FINALIZED, REFUNDED = range(6)
+DISPUTE_STATUS = ("None", "Open", "MinerAtFault", "MinerNotAtFault", "Expired")
+CHALLENGE_STATUS = ("None", "Open", "Answered", "Unanswered")
+"""Arbitration's ChallengeStatus names, by value (market.chain.contracts.ChallengeStatus)."""
+D_OPEN, D_EXPIRED = 1, 4
+C_OPEN, C_ANSWERED, C_UNANSWERED = 1, 2, 3
+ZERO_ADDRESS = "0x" + "00" * 20
+I64_MAX = 2**63 - 1
+
+
+class BoardError(QuarryError):
+    """The board cannot follow the chain (reset, another deployment) or got bad input."""
+
+
+class MessageConflict(BoardError):
+    """A committee message under an (author, kind, epoch, topic) already holding another."""
+
+
+def deployment_identity(q: Quarry) -> str:
+    """What tells one deployment from another: chain id, contract addresses, deploy block.
+    The board is built for one; messages and offers are filed under theirs."""
+    return (f"{q.deployment.chain_id}:{q.tasks.address}:{q.gpu.address}:"
+            f"{q.arbitration.address}:{q.deployment.deploy_block}")
+
+
+def _i64(value: int) -> int:
+    return min(int(value), I64_MAX)
+
+
+def _hex(value: bytes) -> str:
+    return "0x" + bytes(value).hex()
+
+
+def _addr(value: str | None) -> str | None:
+    """A checksummed address, or None for the zero address."""
+    from eth_utils import to_checksum_address
+
+    if not value or int(value, 16) == 0:
+        return None
+    return str(to_checksum_address(value))
+
+
+def checksum(address: str, what: str = "address") -> str:
+    """`address` checksummed; BoardError naming `what` when it is not an address."""
+    from eth_utils import is_address, to_checksum_address
+
+    if not isinstance(address, str) or not is_address(address):
+        raise BoardError(f"{what} {address!r} is not an address (0x + 40 hex digits)")
+    return str(to_checksum_address(address))
+
+
+def model_id_bytes(model_id: str | bytes) -> bytes:
+    """A modelId as 32 bytes from `0x` + 64 hex digits; BoardError naming a malformed one."""
+    if isinstance(model_id, bytes):
+        raw = model_id
+    else:
+        text = str(model_id).lower().removeprefix("0x")
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raw = b""
+    if len(raw) != 32:
+        raise BoardError(f"modelId {model_id!r} is not 32 bytes (0x + 64 hex digits)")
+    return raw
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return _hex(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _range(task: sqlite3.Row, shard: int) -> tuple[int, int]:
+    start = shard * task["shard_size"]
+    return start, min(start + task["shard_size"], task["num_requests"])
+
+
+class BoardBase:
+    """The SQLite file at `db_path` and its connections; `Board` opens (and migrates) it."""
+
+    db_path: Path
+
+    # ------------------------------------------------------------------ connections
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connect()
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: writers queue on the file lock instead of failing."""
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _meta(conn: sqlite3.Connection, key: str) -> str | None:
+        row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def _set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))

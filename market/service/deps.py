@@ -1,0 +1,130 @@
+"""What the routers share, handed to them through FastAPI's `Depends`: the settings, the
+board, the store, the watched deployment and the index watch behind the long polls.
+
+`create_app` builds one `Market` and keeps it on `app.state.market`; every dependency below
+reads it from the request's app, so two apps in one process (tests) never share state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from market.chain.deploy import Quarry, WatchedDeployment
+from market.service.board import Board
+from market.service.settings import MarketSettings
+from market.store import LocalStore
+
+WATCH_EVERY_S = 0.2
+"""How often the one index watcher of an app reads the board's cursor while requests wait."""
+
+
+class IndexWatch:
+    """Wakes long-polling requests when the board's cursor moves (a worker indexed blocks).
+
+    The workers index in other processes, so the app cannot be told in-process; instead one
+    asyncio task per app reads the cursor (one small SQLite read) every `WATCH_EVERY_S`
+    while any request waits, and wakes them all when it changes. Requests never poll SQLite
+    themselves, however many wait."""
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self._cond: asyncio.Condition | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiters = 0
+        self.cursor = -1
+
+    async def wait(self, since: int, timeout: float) -> bool:
+        """Wait until the cursor differs from `since` (read before the caller's query, so
+        an index between the query and this call is not missed) or `timeout` passes;
+        returns whether it moved."""
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        cond = self._cond
+        self._waiters += 1
+        try:
+            if self._task is None or self._task.done():
+                self.cursor = await run_in_threadpool(self.board.cursor)
+                self._task = asyncio.get_running_loop().create_task(self._watch())
+            async with cond:
+                try:
+                    await asyncio.wait_for(cond.wait_for(lambda: self.cursor != since),
+                                           timeout)
+                except TimeoutError:
+                    return False
+                return True
+        finally:
+            self._waiters -= 1
+
+    async def _watch(self) -> None:
+        assert self._cond is not None
+        while self._waiters > 0:
+            await asyncio.sleep(WATCH_EVERY_S)
+            try:
+                cursor = await run_in_threadpool(self.board.cursor)
+            except Exception:  # a locked or vanished file: the next read retries
+                continue
+            if cursor != self.cursor:
+                async with self._cond:
+                    self.cursor = cursor
+                    self._cond.notify_all()
+
+
+@dataclass
+class Market:
+    """One market's shared resources (see the module doc)."""
+
+    settings: MarketSettings
+    board: Board
+    store: LocalStore
+    deployment: WatchedDeployment
+    watch: IndexWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watch = IndexWatch(self.board)
+
+    @property
+    def manifests_dir(self) -> Path:
+        """Uploaded manifests, beside the store's files: the chain holds only modelIds, so
+        they refill a rebuilt board."""
+        return self.settings.store_dir / "manifests"
+
+    def now(self) -> int:
+        """The later of the wall clock and the last indexed block's time (a devnet's clock
+        may run ahead), for deadlines."""
+        return max(int(time.time()), self.board.cursor_time())
+
+
+def get_market(request: Request) -> Market:
+    market: Market = request.app.state.market
+    return market
+
+
+def get_board(request: Request) -> Board:
+    return get_market(request).board
+
+
+def get_settings(request: Request) -> MarketSettings:
+    return get_market(request).settings
+
+
+def get_store(request: Request) -> LocalStore:
+    return get_market(request).store
+
+
+def get_quarry(request: Request) -> Quarry:
+    """The deployment's contracts (ConfigError -> 503 while there is no usable file)."""
+    return get_market(request).deployment.quarry()
+
+
+MarketDep = Annotated[Market, Depends(get_market)]
+BoardDep = Annotated[Board, Depends(get_board)]
+SettingsDep = Annotated[MarketSettings, Depends(get_settings)]
+StoreDep = Annotated[LocalStore, Depends(get_store)]
+QuarryDep = Annotated[Quarry, Depends(get_quarry)]

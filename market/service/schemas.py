@@ -1,0 +1,280 @@
+"""The market API's request and response bodies, as pydantic models: what `/openapi.json`
+and `/docs` publish and what the schemathesis run checks every response against.
+
+The JSON keys are the ones `MarketAPI` and the roles read (camelCase). Response models allow
+extra keys (`extra="allow"`) so a field added on the board is never silently dropped by the
+framework's response filtering; the documented ones are always there. Wei amounts are JSON
+integers of any size (they pass 2^64).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+I64_MAX = 2**63 - 1
+
+
+class Out(BaseModel):
+    """A response body: documented keys, extra keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorOut(BaseModel):
+    """Every error: one line naming the problem."""
+
+    detail: str
+
+
+# -- service ---------------------------------------------------------------------------
+class HealthOut(Out):
+    ok: bool = Field(description="the deployment is loaded and its chain answers")
+    status: str = Field(description="`ok`; `degraded` with no live worker or no Redis (the "
+                        "board stops following the chain); `down` when `ok` is false")
+    chainId: int | None
+    indexedBlock: int | None = Field(description="the board's cursor (null before indexing)")
+    headBlock: int | None
+    redis: bool = Field(description="whether the broker answers")
+    workers: int = Field(description="Celery workers whose liveness key is fresh (< 10 s)")
+    workerNames: list[str]
+    detail: str | None = None
+
+
+class DeploymentOut(Out):
+    chainId: int
+    rpcUrl: str
+    addresses: dict[str, str]
+    deployBlock: int
+    deployer: str | None = None
+    params: dict[str, Any] | None = None
+    anvilPid: int | None = None
+    anvilLog: str | None = None
+
+
+class LimitsOut(Out):
+    maxFileBytes: int
+    maxRequestBytes: int
+
+
+# -- store -----------------------------------------------------------------------------
+class StoredOut(Out):
+    uri: str = Field(description="`sha256:` + the content's hex digest")
+    size: int
+
+
+# -- models ----------------------------------------------------------------------------
+class ModelRegisteredOut(Out):
+    modelId: str
+    name: str
+
+
+class ModelOut(Out):
+    modelId: str
+    name: str | None
+    miners: int = Field(description="registered miners that may claim an ordinary task")
+    minPricePerToken: int | None
+    probationMiners: int
+    hasManifest: bool
+
+
+# -- jobs and shards -------------------------------------------------------------------
+class ShardOut(Out):
+    shard: int
+    start: int
+    end: int
+    state: str
+    miner: str | None
+    claimExpiry: int
+    windowEnd: int
+    collateral: int
+    tokensUsed: int
+    resultRoot: str | None
+    resultUri: str | None
+    payment: int
+    refund: int
+    budget: int
+    reclaims: int
+    penalty: int
+
+
+class DisputeOut(Out):
+    disputeId: int
+    shard: int
+    index: int
+    opener: str
+    miner: str
+    bond: int
+    deadline: int
+    evidenceUri: str
+    status: str
+    slashed: int
+    openedBlock: int
+    epoch: int
+    totalWeight: int
+    faultWeight: int
+    noFaultWeight: int
+    votes: int
+    absent: int
+    absentSlashed: int
+
+
+class ChallengeOut(Out):
+    challengeId: int
+    shard: int
+    index: int
+    challenger: str
+    miner: str
+    bond: int
+    deadline: int
+    status: str
+    windowEnd: int
+    slashed: int
+    openedBlock: int
+
+
+class BillingFaultOut(Out):
+    shard: int
+    index: int
+    prover: str
+    slashed: int
+    provenBlock: int
+
+
+class JobSummaryOut(Out):
+    taskId: int
+    client: str
+    arbiter: str | None
+    modelId: str
+    inputRoot: str
+    inputUri: str
+    numRequests: int
+    shardSize: int
+    numShards: int
+    maxTokensPerRequest: int
+    pricePerToken: int
+    minReputationBps: int
+    allowProbation: bool
+    payment: int
+    deadline: int
+    createdAt: int
+    cancelled: bool
+    createdBlock: int
+    shardStates: dict[str, int]
+    tokensUsed: int
+    paid: int
+    refunded: int
+    done: bool
+
+
+class JobOut(JobSummaryOut):
+    shards: list[ShardOut]
+    disputes: list[DisputeOut]
+    challenges: list[ChallengeOut]
+    billingFaults: list[BillingFaultOut]
+
+
+class OpenShardOut(Out):
+    taskId: int
+    shard: int
+    modelId: str
+    pricePerToken: int
+    deadline: int
+    inputUri: str
+    inputRoot: str
+    start: int
+    end: int
+    maxTokensPerRequest: int
+    minReputationBps: int
+    allowProbation: bool
+    budget: int
+    offeredTo: str | None
+
+
+# -- tasks and offers ------------------------------------------------------------------
+class OfferIn(BaseModel):
+    """A task's client offering the task to one miner, signed (EIP-191) over the canonical
+    JSON of {taskId, miner, timestamp}."""
+
+    miner: str
+    timestamp: int = Field(ge=0, le=I64_MAX)
+    signature: str
+
+
+class OfferOut(Out):
+    taskId: int
+    miner: str
+    until: int
+
+
+# -- miners ----------------------------------------------------------------------------
+class HeartbeatIn(BaseModel):
+    """A miner's liveness report, signed (EIP-191) over the canonical JSON of {miner,
+    timestamp, status}; `status` is a few counters (at most 4096 bytes)."""
+
+    miner: str
+    timestamp: int = Field(ge=0, le=I64_MAX)
+    status: dict[str, Any]
+    signature: str
+
+
+class HeartbeatOut(Out):
+    miner: str
+    timestamp: int
+    registered: bool
+
+
+class GpuOut(Out):
+    name: str | None
+    memoryMiB: int
+    count: int
+
+
+class MinerOut(Out):
+    address: str
+    endpoint: str
+    models: list[str]
+    gpu: GpuOut
+    pricePerToken: int
+    stake: int
+    locked: int
+    slashed: int
+    reputationBps: int
+    exiting: bool
+    withdrawableAt: int
+    onProbation: bool
+    eligible: bool
+    eligibleAllowingProbation: bool
+    registeredBlock: int
+    lastSeen: int | None
+    status: dict[str, Any] | None
+    alive: bool
+
+
+# -- committee -------------------------------------------------------------------------
+class CommitteeMessageIn(BaseModel):
+    """A verifier's message, signed (EIP-191) over the canonical JSON of the other fields;
+    `author` checksummed (EIP-55)."""
+
+    author: str
+    kind: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
+    epoch: int = Field(ge=0, le=I64_MAX)
+    topic: str = Field(max_length=256)
+    body: dict[str, Any]
+    signature: str
+
+
+class MessageIdOut(Out):
+    id: int
+
+
+class CommitteeMessageOut(Out):
+    id: int
+    author: str
+    kind: str
+    epoch: int
+    topic: str
+    body: dict[str, Any]
+    signature: str
+    receivedAt: float

@@ -1,0 +1,200 @@
+"""The market's own state: what only the market knows and the chain cannot give back
+(uploaded model manifests, miner heartbeats, clients' task offers, the verifier committee's
+relayed messages).
+
+Because it cannot be rebuilt, its layout is never dropped: it is versioned by SQLite's
+`PRAGMA user_version` and upgraded at open by `MIGRATIONS`, an ordered list applied from
+the file's version to the last one, each in the same transaction as the version bump.
+(Files written before migrations existed are version 0 with the first migration's tables
+already there, which it creates only if missing.) Messages and offers only mean something
+on the deployment they were made for (epochs and task ids restart on a new one), so each
+row carries its deployment's identity and is only read back on that deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+from market.service.boarddb import (
+    BoardBase,
+    BoardError,
+    MessageConflict,
+    _hex,
+    _i64,
+    checksum,
+    model_id_bytes,
+)
+
+
+def _v1_baseline(conn: sqlite3.Connection) -> None:
+    """The four tables as they were before migrations (kept as they are in older files)."""
+    for statement in STATE_BASELINE:
+        conn.execute(statement)
+
+
+def _v2_lookup_indexes(conn: sqlite3.Connection) -> None:
+    """Indexes for the reads that scan these tables: the open-shards join on live offers
+    and the relay's reads by topic."""
+    conn.execute("CREATE INDEX IF NOT EXISTS offers_until ON offers (deployment, until)")
+    conn.execute("CREATE INDEX IF NOT EXISTS committee_messages_topic "
+                 "ON committee_messages (deployment, topic)")
+
+
+STATE_BASELINE = (
+    """CREATE TABLE IF NOT EXISTS models (
+        model_id TEXT PRIMARY KEY, name TEXT NOT NULL, manifest TEXT NOT NULL,
+        added_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS heartbeats (
+        miner TEXT PRIMARY KEY, timestamp INTEGER NOT NULL, status TEXT NOT NULL,
+        received_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS committee_messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, deployment TEXT NOT NULL, author TEXT NOT NULL,
+        kind TEXT NOT NULL, epoch INTEGER NOT NULL, topic TEXT NOT NULL, body TEXT NOT NULL,
+        signature TEXT NOT NULL, received_at REAL NOT NULL,
+        UNIQUE (deployment, author, kind, epoch, topic))""",
+    """CREATE INDEX IF NOT EXISTS committee_messages_epoch
+        ON committee_messages (deployment, epoch, kind)""",
+    """CREATE TABLE IF NOT EXISTS offers (
+        deployment TEXT NOT NULL, task_id INTEGER NOT NULL, client TEXT NOT NULL,
+        miner TEXT NOT NULL, until INTEGER NOT NULL, timestamp INTEGER NOT NULL,
+        signature TEXT NOT NULL, received_at REAL NOT NULL,
+        PRIMARY KEY (deployment, task_id))""",
+)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1_baseline, _v2_lookup_indexes)
+"""Migration k takes the market state from version k to k + 1; append, never edit."""
+STATE_VERSION = len(MIGRATIONS)
+
+
+def migrate_state(conn: sqlite3.Connection, path: object) -> int:
+    """Apply the migrations `conn`'s file lacks (inside the caller's transaction); returns
+    the version it had. BoardError for a file written by a newer market."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > STATE_VERSION:
+        raise BoardError(f"board database {path} holds market state of version {version}, "
+                         f"newer than this market's {STATE_VERSION}: upgrade the market")
+    for step in MIGRATIONS[version:]:
+        step(conn)
+    conn.execute(f"PRAGMA user_version = {STATE_VERSION}")
+    return version
+
+
+class MarketState(BoardBase):
+    """Manifests, heartbeats, offers and committee messages (see the module doc)."""
+
+
+    def record_heartbeat(self, miner: str, timestamp: int, status: dict[str, Any]) -> None:
+        """Store a (verified) heartbeat; an older one than the stored never replaces it."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO heartbeats VALUES (?, ?, ?, ?) ON CONFLICT (miner) DO UPDATE SET "
+                "timestamp=excluded.timestamp, status=excluded.status, "
+                "received_at=excluded.received_at WHERE excluded.timestamp >= timestamp",
+                (checksum(miner, "miner"), int(timestamp), json.dumps(status), time.time()))
+
+    # ------------------------------------------------------------------ models
+    def put_model(self, manifest: dict[str, Any]) -> str:
+        """Store a model manifest under its modelId (keccak of its canonical JSON) and return
+        the id as 0x hex. A `modelId` field in the body must match what the manifest hashes
+        to."""
+        from market.model.manifest import Manifest, ModelError
+
+        try:
+            m = Manifest.from_dict(manifest, "model manifest")
+        except ModelError as exc:
+            raise BoardError(str(exc)) from exc
+        model_id = m.model_id_hex
+        claimed = manifest.get("modelId")
+        if claimed is not None and str(claimed).lower() != model_id:
+            raise BoardError(f"model manifest says modelId {claimed} but hashes to {model_id}")
+        with self._write() as conn:
+            conn.execute("INSERT OR IGNORE INTO models VALUES (?, ?, ?, ?)",
+                         (model_id, m.name, json.dumps(m.to_dict(), sort_keys=True),
+                          time.time()))
+        return model_id
+
+    def model(self, model_id_hex: str) -> dict[str, Any] | None:
+        """The manifest stored for a modelId, or None."""
+        key = _hex(model_id_bytes(model_id_hex))
+        with self._read() as conn:
+            row = conn.execute("SELECT manifest FROM models WHERE model_id=?",
+                               (key,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    # ------------------------------------------------------------------ offers
+    def put_offer(self, deployment: str, task_id: int, client: str, miner: str, until: int,
+                  timestamp: int, signature: str) -> bool:
+        """Store a (verified) offer of `task_id` to `miner` until chain time `until`; it
+        replaces a stored one unless that one is newer. Returns whether it was stored."""
+        with self._write() as conn:
+            return conn.execute(
+                "INSERT INTO offers VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (deployment, task_id) DO UPDATE SET client=excluded.client, "
+                "miner=excluded.miner, until=excluded.until, timestamp=excluded.timestamp, "
+                "signature=excluded.signature, received_at=excluded.received_at "
+                "WHERE excluded.timestamp >= timestamp",
+                (deployment, int(task_id), checksum(client, "client"), checksum(miner, "miner"),
+                 _i64(until), int(timestamp), signature, time.time())).rowcount > 0
+
+    def offer(self, deployment: str, task_id: int) -> dict[str, Any] | None:
+        """The offer stored for `task_id` on `deployment`, or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM offers WHERE deployment=? AND task_id=?",
+                               (deployment, int(task_id))).fetchone()
+        if row is None:
+            return None
+        return {"taskId": row["task_id"], "client": row["client"], "miner": row["miner"],
+                "until": row["until"], "timestamp": row["timestamp"],
+                "signature": row["signature"], "receivedAt": row["received_at"]}
+
+    # ------------------------------------------------------------------ committee relay
+    def put_message(self, deployment: str, msg: dict[str, Any]) -> tuple[int, bool]:
+        """Store a (verified) committee message on `deployment`; returns (id, created).
+        Reposting the same body (and signature) returns the stored id; another one under the
+        same (author, kind, epoch, topic) raises MessageConflict: a member cannot take back or
+        change what it said."""
+        from market.protocol.canonical import canonical_json
+
+        key = (deployment, checksum(msg["author"], "author"), str(msg["kind"]),
+               int(msg["epoch"]), str(msg["topic"]))
+        body = canonical_json(msg["body"])
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT id, body, signature FROM committee_messages WHERE deployment=? AND "
+                "author=? AND kind=? AND epoch=? AND topic=?", key).fetchone()
+            if row is not None:
+                if row["body"] != body:
+                    raise MessageConflict(
+                        f"{key[1]} already posted another {key[2]!r} message for epoch "
+                        f"{key[3]} topic {key[4]!r} (id {row['id']}); a message cannot be "
+                        "changed")
+                return int(row["id"]), False
+            cur = conn.execute(
+                "INSERT INTO committee_messages (deployment, author, kind, epoch, topic, body, "
+                "signature, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (*key, body, str(msg["signature"]), time.time()))
+            return int(cur.lastrowid or 0), True
+
+    def messages(self, deployment: str, *, epoch: int | None = None, kind: str | None = None,
+                 topic: str | None = None, after_id: int = 0,
+                 limit: int | None = None) -> list[dict[str, Any]]:
+        """The committee messages of `deployment` with an id above `after_id`, filtered by
+        epoch, kind and topic when given, ascending by id (at most `limit`)."""
+        sql = "SELECT * FROM committee_messages WHERE deployment=? AND id>?"
+        params: list[Any] = [deployment, int(after_id)]
+        for column, value in (("epoch", epoch), ("kind", kind), ("topic", topic)):
+            if value is not None:
+                sql += f" AND {column}=?"
+                params.append(value)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [{"id": r["id"], "author": r["author"], "kind": r["kind"], "epoch": r["epoch"],
+                 "topic": r["topic"], "body": json.loads(r["body"]),
+                 "signature": r["signature"], "receivedAt": r["received_at"]} for r in rows]
