@@ -84,6 +84,8 @@ def test_wheel_installed_outside_the_repo_loads_every_abi_and_runs_the_clis(
     fresh venv, and run it from a directory outside the repository with the shared venv's
     site-packages on PYTHONPATH for its dependencies (a path entry, so the repo's editable
     install, a .pth hook there, is not loaded)."""
+    # No PYTHONPATH from the caller: the repo (with its quarry.egg-info) must stay out of sight.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("QUARRY_", "PYTHON"))}
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(ROOT / "pyproject.toml", src)
@@ -92,7 +94,7 @@ def test_wheel_installed_outside_the_repo_loads_every_abi_and_runs_the_clis(
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "--no-index", "--quiet", "-w", str(wheels), str(src)],
-                   check=True, timeout=300, capture_output=True)
+                   env=clean, check=True, timeout=300, capture_output=True)
     (wheel,) = wheels.glob("quarry-*.whl")
 
     venv = tmp_path / "venv"
@@ -101,12 +103,11 @@ def test_wheel_installed_outside_the_repo_loads_every_abi_and_runs_the_clis(
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                     "--no-deps", "--no-index", "--quiet", str(wheel)],
-                   check=True, timeout=300, capture_output=True)
+                   env=clean, check=True, timeout=300, capture_output=True)
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUARRY_", "PYTHON"))}
-    env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
+    env = {**clean, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
     probe = (
         "import json, market, importlib.resources as r\n"
         "from market.chain.artifacts import load_artifact, all_error_abis\n"
@@ -117,8 +118,9 @@ def test_wheel_installed_outside_the_repo_loads_every_abi_and_runs_the_clis(
         "  'typed': [r.files(p).joinpath('py.typed').is_file()\n"
         "            for p in ('market', 'miner', 'verifier', 'client')]}))\n"
     )
-    out = subprocess.run([str(python), "-c", probe], cwd=outside, env=env, check=True,
-                         timeout=120, capture_output=True, text=True)
+    out = subprocess.run([str(python), "-c", probe], cwd=outside, env=env, timeout=120,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     installed = venv.resolve()
     assert Path(got["market"]).resolve().is_relative_to(installed)
