@@ -57,9 +57,9 @@ typecheck: $(PY_STAMP)
 	$(VENV)/bin/mypy
 
 # pip's resolver against the package index: 'quarry[vllm]' must resolve with pyproject's ranges
-# (about a minute; the timeout bounds a slow index).
+# (2 to 3.5 minutes measured on a loaded 2-core machine; the script gives up after 7).
 check-deps: $(PY_STAMP)
-	timeout 300 $(PY) .ci/check_deps.py vllm
+	$(PY) .ci/check_deps.py vllm --timeout 420
 
 test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test

@@ -7,6 +7,7 @@ Prints one line with the versions chosen; exits non-zero with one line when it c
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -19,13 +20,24 @@ WATCHED = ("vllm", "torch", "transformers", "tokenizers", "fastapi", "pydantic")
 
 
 def main() -> int:
-    extra = sys.argv[1] if len(sys.argv) > 1 else "vllm"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("extra", nargs="?", default="vllm", help="the extra to resolve")
+    parser.add_argument("--timeout", type=float, default=420.0,
+                        help="seconds before giving up (default 420; 2 to 3.5 min measured)")
+    args = parser.parse_args()
+    extra = args.extra
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
                "--quiet", "--report", str(report), f".[{extra}]"]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"check-deps: resolving '.[{extra}]' took over {args.timeout:.0f} s "
+                  "(is the package index slow or unreachable?)", file=sys.stderr)
+            return 1
         if proc.returncode != 0:
             reason = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
             print(f"check-deps: '.[{extra}]' does not resolve: "
