@@ -24,11 +24,14 @@ log = logging.getLogger("quarry")
 
 
 class RoleConfig(Protocol):
-    """What connecting needs from a role's config."""
+    """What connecting needs from a role's config (read-only, so frozen configs fit)."""
 
-    market_url: str
-    rpc_url: str | None
-    deployment: Path | None
+    @property
+    def market_url(self) -> str: ...
+    @property
+    def rpc_url(self) -> str | None: ...
+    @property
+    def deployment(self) -> Path | None: ...
 
 
 def resolve_deployment(cfg: RoleConfig, market: MarketAPI) -> Deployment:

@@ -56,7 +56,7 @@ import tempfile
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.text import TextEngine
@@ -339,6 +339,17 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
     return data
 
 
+class _Shape(TypedDict):
+    """The substitute's `create_model` options copied from the real model's config.json."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab_size: int
+    max_positions: int
+
+
 def substitute_model(model_dir: Path, *, seed: int = 0, cache_dir: Path | None = None) -> Path:
     """The directory of the cheaper sibling of `model_dir`, created on first use.
 
@@ -354,7 +365,7 @@ def substitute_model(model_dir: Path, *, seed: int = 0, cache_dir: Path | None =
     cfg = _read_config(model_dir)
     try:
         layers = int(cfg["num_hidden_layers"])
-        options = {
+        options: _Shape = {
             "hidden": int(cfg["hidden_size"]),
             "heads": int(cfg["num_attention_heads"]),
             "kv_heads": int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])),

@@ -161,7 +161,7 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
     if registered and info.exit_requested_at:
         withdrawable_at = info.exit_requested_at + unbonding_period(q)
     challenges = challenges_of(q, address)
-    open_claims = []
+    open_claims: list[dict[str, Any]] = []
     for ev in claimed:
         t, s = int(ev["taskId"]), int(ev["shard"])
         sh = tasks.get_shard(t, s)

@@ -9,7 +9,6 @@ committee registered; each test runs inside an `evm_snapshot`/`evm_revert` pair.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,19 +87,6 @@ def until_seated(q: Quarry) -> int:
     return at
 
 
-def _ensure_artifacts() -> None:
-    """Compile once when the artifacts are missing (compiling is idempotent and offline)."""
-    import subprocess
-
-    from market.config import artifacts_dir
-
-    if (artifacts_dir() / "contracts" / "Arbitration.sol" / "Arbitration.json").exists():
-        return
-    if os.environ.get("QUARRY_ARTIFACTS"):
-        return  # the caller chose a directory; let the loader report what is missing
-    subprocess.run(["npx", "hardhat", "compile", "--quiet"], cwd=ROOT, check=True, timeout=300)
-
-
 @pytest.fixture(scope="session")
 def devnet_session() -> Iterator[Devnet]:
     from market.chain.client import Chain, anvil_account
@@ -108,7 +94,6 @@ def devnet_session() -> Iterator[Devnet]:
     from market.chain.deploy import Quarry, deploy
     from market.chain.devnet import start_anvil
 
-    _ensure_artifacts()
     anvil = start_anvil(silent=True, die_with_parent=True)
     try:
         chain = Chain(anvil.rpc_url)

@@ -440,7 +440,7 @@ class CommitteeMember:
     def _lead(self, epoch: int, into: float, cs: ChallengeSet, deadline: int) -> None:
         key = str(epoch)
         if key not in self.state.posted:
-            posted = []
+            sent: list[dict[str, Any]] = []
             duration = self.q.committee.epoch_duration()
             for c in cs.challenges:
                 # A deadline of its own, past the epoch's end by up to two epochs: answers
@@ -448,20 +448,25 @@ class CommitteeMember:
                 # end on the epoch boundary, which would set it apart from clients' tasks.
                 own = deadline + secrets.randbelow(2 * duration + 1)
                 try:
-                    posted.append(post_challenge(self.q, self.account, self.market, c,
-                                                 self.model_id, own).to_json())
+                    sent.append(post_challenge(self.q, self.account, self.market, c,
+                                               self.model_id, own).to_json())
                 except QuarryError as exc:
                     log.warning("epoch %d: could not post %s's challenge: %s", epoch,
                                 c.miner, exc)
-            self.state.posted[key] = posted
+            self.state.posted[key] = sent
             self._save_state()
-            self.on_event(f"epoch {epoch}: leader, sent {len(posted)} challenges")
+            self.on_event(f"epoch {epoch}: leader, sent {len(sent)} challenges")
             return
         if self._messages(EPOCH_PROPOSAL, epoch, authors={self.me}):
             return
         posted = [PostedChallenge.from_json(p) for p in self.state.posted[key]]
-        answers = [collect_answer(self.q, self.market, cs.challenge_for(p.miner), p.task_id)
-                   for p in posted]  # type: ignore[arg-type]
+        answers = []
+        for p in posted:
+            challenge = cs.challenge_for(p.miner)
+            if challenge is None:  # posted from this very set: the state file is not ours
+                raise ChallengeSetInvalid(f"epoch {epoch}: posted a challenge to {p.miner}, "
+                                          "who is not in the epoch's challenge set")
+            answers.append(collect_answer(self.q, self.market, challenge, p.task_id))
         self.challenge_withheld(epoch, posted, answers)
         if any(a.status == "missing" for a in answers) and into < self.timing.collect_until:
             return
@@ -551,9 +556,10 @@ class CommitteeMember:
         """The last reported epoch before `epoch` and the records its evidence holds; the
         reputations themselves are read from GPURegistry (the chain is the truth)."""
         prev, doc = self._last_report(epoch)
-        records = {to_checksum_address(m): MinerRecord(int(r["reputationBps"]),
-                                                       tuple(int(x) for x in r["window"]))
-                   for m, r in doc.get("records", {}).items()}
+        records: dict[str, MinerRecord] = {
+            to_checksum_address(m): MinerRecord(int(r["reputationBps"]),
+                                                tuple(int(x) for x in r["window"]))
+            for m, r in doc.get("records", {}).items()}
         return prev, records
 
     def _carried(self, epoch: int) -> dict[str, tuple[float, ...]]:

@@ -19,6 +19,7 @@ verifier does not run) raises `DisputeDeferred`: nothing is decided, it is tried
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,20 +117,20 @@ class ShardJudge:
         document must also hold exactly that receipt."""
         task = self.q.tasks.get_task(task_id)
         start, end = self.q.tasks.shard_range(task_id, shard)
-        base = {"task_id": task_id, "shard": shard, "start": start}
+        verdict_of = functools.partial(ShardVerdict, task_id=task_id, shard=shard, start=start)
         try:
             requests = self.task_requests(task)
         except _ClientSide as exc:
-            return ShardVerdict(**base, fault=False, reason=f"task input unusable: {exc}",
+            return verdict_of(fault=False, reason=f"task input unusable: {exc}",
                                 inputs_unusable=True)
         try:
             items = self._items(task_id, shard, task, start, requests[start:end], receipt)
         except _Withheld as exc:
-            return ShardVerdict(**base, fault=True, reason=f"data withheld: {exc}",
+            return verdict_of(fault=True, reason=f"data withheld: {exc}",
                                 withheld=True)
         over = [it for it in items if len(it.token_ids) > task.max_tokens_per_request]
         if over:
-            return ShardVerdict(**base, fault=True, items=items, reason=(
+            return verdict_of(fault=True, items=items, reason=(
                 f"request {over[0].index}: {len(over[0].token_ids)} output tokens, over the "
                 f"task's {task.max_tokens_per_request}"))
         if task.model_id != self.model_id:
@@ -153,7 +154,7 @@ class ShardJudge:
             f"passes (no impossible output, no greedy mismatch in {verdict.greedy_tokens} "
             f"tokens, sampled evidence e^{verdict.log_evidence:.1f} < "
             f"e^{verdict.threshold:.1f})")
-        return ShardVerdict(**base, fault=not verdict.passed, reason=reason, scores=scores,
+        return verdict_of(fault=not verdict.passed, reason=reason, scores=scores,
                             items=items)
 
     def task_requests(self, task: Task) -> list[ParsedRequest]:

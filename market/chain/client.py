@@ -7,15 +7,17 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_typing import ABIEvent
 from eth_utils import event_abi_to_log_topic, to_checksum_address
 from web3 import Web3
 from web3.contract import Contract
 from web3.contract.contract import ContractFunction
 from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception
+from web3.types import BlockIdentifier, RPCEndpoint
 
 from market.chain.artifacts import Artifact
 from market.chain.errors import (
@@ -148,7 +150,8 @@ class Chain:
         self._contracts[address] = (name, contract)
         for item in abi:
             if item.get("type") == "event" and not item.get("anonymous"):
-                self._topics[(address, event_abi_to_log_topic(item))] = item["name"]
+                topic = event_abi_to_log_topic(cast(ABIEvent, item))
+                self._topics[(address, topic)] = item["name"]
         return contract
 
     def deploy(
@@ -167,7 +170,7 @@ class Chain:
         name = self._contracts.get(address, ("contract", None))[0] if address else "contract"
         return f"{name}.{getattr(fn, 'fn_name', '?')}"
 
-    def call(self, fn: ContractFunction, *, block: int | str = "latest") -> Any:
+    def call(self, fn: ContractFunction, *, block: BlockIdentifier = "latest") -> Any:
         """Run a view (or simulate a transaction) and decode its reverts."""
         try:
             return self._rpc(lambda: fn.call(block_identifier=block))
@@ -320,7 +323,8 @@ class Chain:
 
     def rpc(self, method: str, params: Sequence[Any] = ()) -> Any:
         """A raw JSON-RPC call; errors become ChainError."""
-        response = self._rpc(lambda: self.w3.provider.make_request(method, list(params)))
+        response = self._rpc(
+            lambda: self.w3.provider.make_request(RPCEndpoint(method), list(params)))
         if "error" in response:
             raise ChainError(f"{method} failed: {response['error']}")
         return response.get("result")

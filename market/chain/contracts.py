@@ -18,6 +18,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
 from web3.contract import Contract
 from web3.exceptions import ABIFunctionNotFound, MismatchedABI, Web3ValidationError
+from web3.types import BlockIdentifier
 
 from market.chain.artifacts import load_artifact
 from market.chain.client import Chain, TxResult, plain
@@ -479,7 +480,7 @@ class VerifierCommittee(QuarryContract):
     def genesis_time(self) -> int:
         return int(self._call("genesisTime"))
 
-    def leader_of(self, epoch: int, block: int | str = "latest") -> str:
+    def leader_of(self, epoch: int, block: BlockIdentifier = "latest") -> str:
         """`leaderOf(epoch)` as of `block`: it moves with lastCommitHash, so an epoch's
         leader is read at the block that committed its challenge set."""
         return to_checksum_address(self.chain.call(self._fn("leaderOf", epoch), block=block))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
-from eth_utils import is_address
+from eth_utils import is_address, to_checksum_address
 
 from market.chain.artifacts import load_artifact
 from market.chain.client import Chain, TxResult
@@ -106,7 +106,7 @@ def deploy(
                                         *params.constructor_args(name))
         contracts[name] = contract
         txs.append(result)
-    a = {name: c.address for name, c in contracts.items()}
+    a: dict[str, str] = {name: c.address for name, c in contracts.items()}
     wiring = [
         ("PaymentEscrow", "setTaskRegistry", "TaskRegistry"),
         ("PaymentEscrow", "setArbitration", "Arbitration"),
@@ -185,7 +185,7 @@ class Quarry:
             )
         for name in CONTRACT_NAMES:
             address = self.address(name)
-            if not self.chain.w3.eth.get_code(address):
+            if not self.chain.w3.eth.get_code(to_checksum_address(address)):
                 raise DeploymentMismatch(
                     f"no {name} code at {address} on the chain at {url}: the deployment is not "
                     "on this chain (was the devnet restarted without redeploying? run `market "

@@ -241,7 +241,9 @@ class TorchEngine(TextEngine):
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        rows, cols, targets = [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        targets: list[int] = []
         for r, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
             seq = p + o
             ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)

@@ -8,7 +8,7 @@ from the file: a missing or unexpected tensor is an error, never a silent random
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from market.model.manifest import Manifest, ModelError, load_manifest
 
@@ -90,7 +90,8 @@ def load_model(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        # With output_loading_info the call returns (model, info), which its stubs do not say.
+        loaded = AutoModelForCausalLM.from_pretrained(
             model_dir,
             **{_dtype_kwarg(): torch_dtype},
             local_files_only=True,
@@ -98,6 +99,7 @@ def load_model(
             trust_remote_code=False,
             output_loading_info=True,
         )
+        model, info = cast(tuple[Any, dict[str, list[Any]]], loaded)
         tokenizer = AutoTokenizer.from_pretrained(
             model_dir, local_files_only=True, trust_remote_code=False
         )

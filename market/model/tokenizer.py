@@ -121,8 +121,8 @@ def tokenizer_json(vocab_size: int = DEFAULT_VOCAB_SIZE) -> dict[str, Any]:
     byte_map = bytes_to_unicode()
     for b in range(256):
         vocab[byte_map[b]] = len(vocab)
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
     byte_level = {"add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     return {
         "version": "1.0",

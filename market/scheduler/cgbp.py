@@ -159,7 +159,8 @@ def upper_bound(
         srv = cluster.server(name)
         m = p.blocks[name]
         if averaged:
-            links = [client] if client is not None else (list(cluster.clients) or [None])
+            links: list[str | None] = (
+                [client] if client is not None else (list(cluster.clients) or [None]))
             t_star = max(
                 (
                     routing.prompt_rtt(cluster, c, name, l_in)

@@ -78,10 +78,11 @@ class Cluster:
             return explicit
         if self.region_links:
             region = {s.name: s.region for s in self.servers}
-            ra, rb = region.get(a), region.get(b)
-            regional = self.region_links.get((ra, rb)) or self.region_links.get((rb, ra))
-            if regional is not None:
-                return regional
+            ra, rb = region.get(a), region.get(b)  # None for a client: no regional link
+            if ra is not None and rb is not None:
+                regional = self.region_links.get((ra, rb)) or self.region_links.get((rb, ra))
+                if regional is not None:
+                    return regional
         return self.default_link
 
     def rtt(self, a: str, b: str) -> float:

@@ -184,7 +184,7 @@ class PipelineEngine(TextEngine):
         self._data: DelayedSender | None = None
         self._logdir: tempfile.TemporaryDirectory | None = None
 
-        self.model_dir = str(model_dir)
+        self.model_dir = Path(model_dir)
         if not (isinstance(link_latency_ms, int | float) and 0 <= link_latency_ms < 60_000):
             raise PipelineError(f"link_latency_ms must be in [0, 60000), got {link_latency_ms!r}")
         if microbatch_size is not None and microbatch_size < 1:
@@ -342,7 +342,7 @@ class PipelineEngine(TextEngine):
                 "-m",
                 "market.engine.pipeline.stage",
                 "--model",
-                self.model_dir,
+                str(self.model_dir),
                 "--layers",
                 f"{a}:{b}",
                 "--listen",

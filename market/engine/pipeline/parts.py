@@ -46,7 +46,7 @@ def split_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def load_config(model_dir: str):  # -> LlamaConfig
+def load_config(model_dir: str | os.PathLike[str]):  # -> LlamaConfig
     from transformers import AutoConfig
 
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
@@ -198,7 +198,7 @@ class StageModel(nn.Module):
         return DynamicCache(config=self.config)
 
     @torch.inference_mode()
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         x: torch.Tensor,
         attention_mask: torch.Tensor,
@@ -213,7 +213,7 @@ class StageModel(nn.Module):
         """
         from transformers.masking_utils import create_causal_mask
 
-        if self.spec.first:
+        if self.embed_tokens is not None:  # the first stage embeds token ids
             h = self.embed_tokens(x.to(self.device))
         else:
             h = x.to(device=self.device, dtype=self.dtype)
@@ -238,7 +238,7 @@ class StageModel(nn.Module):
                 cache_position=cache_position,
                 position_embeddings=pe,
             )
-        if self.spec.last:
+        if self.norm is not None:  # the last stage
             h = self.norm(h)
         return h
 

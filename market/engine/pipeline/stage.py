@@ -96,7 +96,7 @@ class StageServer:
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
     ) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)

@@ -37,7 +37,7 @@ def encode(header: dict[str, Any], tensors: list[torch.Tensor] | tuple = ()) -> 
         t = t.detach().to("cpu").contiguous()
         specs.append([_NAMES[t.dtype], list(t.shape)])
         # A uint8 view keeps bf16 sendable (numpy has no bf16) and avoids a copy.
-        frames.append(memoryview(t.view(torch.uint8).numpy()) if t.numel() else b"")
+        frames.append(t.view(torch.uint8).numpy().data if t.numel() else b"")
     frames[0] = json.dumps({**header, "tensors": specs}, separators=(",", ":")).encode()
     return frames
 
