@@ -67,7 +67,7 @@ test-contracts: $(ARTIFACTS_STAMP)
 test-python: setup $(ARTIFACTS_STAMP)
 	$(PY) -m pytest -q
 
-test: setup lint typecheck check-deps test-contracts test-python
+test: setup lint typecheck test-contracts test-python
 
 bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/*.py; do \

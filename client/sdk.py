@@ -485,17 +485,17 @@ class Client:
                 raise BatchError("the batch is empty")
             lines = []
             for i, r in enumerate(requests):
-                if isinstance(r, str):
+                if not isinstance(r, Mapping):
                     raise BatchError(f"request {i} is a string among request objects")
                 lines.append(validate_request(dict(r), line=i + 1))
             batch = parse_batch(encode_jsonl(lines))
             offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
         if max_tokens is not None:
-            for r in batch.requests:
-                if int(r.request["body"]["max_tokens"]) > max_tokens:
-                    raise BatchError(f"line {r.line}: body.max_tokens "
-                                     f"{r.request['body']['max_tokens']} is over max_tokens "
-                                     f"{max_tokens}")
+            for parsed in batch.requests:
+                if int(parsed.request["body"]["max_tokens"]) > max_tokens:
+                    raise BatchError(f"line {parsed.line}: body.max_tokens "
+                                     f"{parsed.request['body']['max_tokens']} is over "
+                                     f"max_tokens {max_tokens}")
         return self._submit_batch(batch, offer, price=price, deadline=deadline,
                                   shard_size=shard_size, arbiter=arbiter,
                                   min_reputation_bps=min_reputation_bps,
