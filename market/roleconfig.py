@@ -13,7 +13,10 @@ amounts with units (`Wei`: "1500", "0.5ether", "2 gwei"), URLs (`Url`, `Optional
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import sys
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -31,6 +34,8 @@ from pydantic_settings import (
 )
 
 from market.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _UNITS = {"wei": 0, "gwei": 9, "ether": 18, "eth": 18}
 _AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
@@ -158,6 +163,8 @@ class TableSource(PydanticBaseSettingsSource):
         if not isinstance(table, dict):
             raise ConfigError(f"{role} config {file}: '{role}' must be a table")
         fields = self.settings_cls.model_fields
+        if table.get("key"):
+            warn_if_shared(file, "a raw private key (`key`)")
         paths = {name for name, f in fields.items() if _is_path_setting(f.annotation)
                  or any(isinstance(m, _FileRelative) for m in f.metadata)}
         return {name: self._relative(value) if name in paths else value
@@ -297,7 +304,9 @@ class KeyedSettings(RoleSettings):
                 super().require(name)
 
     def private_key(self) -> str:
-        """The hex private key, read from `key_file` when `key` is not given inline."""
+        """The hex private key: `key` inline, or `key_file`, which holds either a hex key or
+        an encrypted Ethereum keystore (eth-account's `Account.encrypt` JSON, as wallets
+        export them), unlocked with `QUARRY_<ROLE>_KEY_PASSPHRASE` or a prompt."""
         if self.key:
             return self.key
         if self.key_file is None:
@@ -307,6 +316,9 @@ class KeyedSettings(RoleSettings):
         except OSError as exc:
             raise ConfigError(f"{self.role} setting key_file: cannot read {self.key_file}: "
                               f"{exc.strerror}") from exc
+        if text.lstrip().startswith("{"):
+            return unlock_keystore(self.key_file, text, self.role)
+        warn_if_shared(self.key_file, "a raw private key")
         return check_key(text, f"key_file ({self.key_file})", self.role)
 
     def account(self) -> Any:
@@ -314,6 +326,63 @@ class KeyedSettings(RoleSettings):
         from eth_account import Account
 
         return Account.from_key(self.private_key())
+
+
+PASSPHRASE_VAR = "QUARRY_{role}_KEY_PASSPHRASE"
+"""Where a role finds its keystore's passphrase; without it a terminal is prompted. It is
+not a setting: a passphrase never belongs in a config file."""
+_unlocked: dict[tuple[Path, str], str] = {}
+
+
+def unlock_keystore(path: Path, text: str, role: str) -> str:
+    """The hex key in the encrypted keystore `text` (read from `path`); ConfigError on a
+    malformed file, a missing or wrong passphrase. Unlocked once per process (scrypt is slow
+    by design)."""
+    import getpass
+
+    from eth_account import Account
+
+    cached = _unlocked.get((path.resolve(), text))
+    if cached is not None:
+        return cached
+    try:
+        keystore = json.loads(text)
+        if not isinstance(keystore, dict) or "crypto" not in {k.lower() for k in keystore}:
+            raise ValueError("no 'crypto' section")
+    except ValueError as exc:
+        raise ConfigError(f"{role} setting key_file: {path} is neither a hex key nor an "
+                          f"Ethereum keystore ({exc})") from None
+    var = PASSPHRASE_VAR.format(role=role.upper())
+    passphrase = os.environ.get(var)
+    if passphrase is None:
+        if not sys.stdin.isatty():
+            raise ConfigError(f"{role} setting key_file: {path} is an encrypted keystore; set "
+                              f"{var} or run from a terminal to be asked for its passphrase")
+        passphrase = getpass.getpass(f"passphrase for {path}: ")
+    try:
+        key = "0x" + bytes(Account.decrypt(keystore, passphrase)).hex()
+    except ValueError as exc:
+        reason = ("wrong passphrase" if "MAC mismatch" in str(exc) else str(exc))
+        raise ConfigError(f"{role} setting key_file: cannot unlock keystore {path}: "
+                          f"{reason}") from None
+    _unlocked[(path.resolve(), text)] = key
+    return key
+
+
+def warn_if_shared(path: Path, what: str) -> None:
+    """Warn (once per path) when a file holding a secret is readable by other users: fine
+    on a devnet, not for a key that holds real funds."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077 and path not in _warned:
+        _warned.add(path)
+        log.warning("%s holds %s and is readable by other users: chmod 600 it, or use an "
+                    "encrypted keystore for a key that holds real funds", path, what)
+
+
+_warned: set[Path] = set()
 
 
 class Table(BaseModel):
