@@ -37,6 +37,20 @@ def one_torch_thread() -> Iterator[None]:
     yield
     torch.set_num_threads(before)
 
+
+@pytest.fixture(autouse=True)
+def sigint_handler_restored() -> Iterator[None]:
+    """Tests that press Ctrl-C (a real SIGINT, or `_thread.interrupt_main`, which does
+    nothing unless Python's own handler is installed) start from Python's default handler
+    and leave it, whatever a test before them did with a late signal."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
+
+
 MODEL_ID = bytes.fromhex("11" * 32)  # the model the test miners serve
 OTHER_MODEL_ID = bytes.fromhex("22" * 32)
 MINER_STAKE = 10**18
