@@ -13,13 +13,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+import openai
 import pytest
 
 from client.batch import encode_jsonl, output_line
@@ -29,8 +31,6 @@ from market.chain.devnet import free_port
 from market.local.processes import ManagedProcess, spawn
 from market.local.stack import LocalStack
 
-openai = pytest.importorskip("openai")
-
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
@@ -39,7 +39,7 @@ TOKEN = "gateway-test-token"
 CLIENT = anvil_account(1)
 MINERS = {name: anvil_account(i) for name, i in (("a", 3), ("b", 4))}
 MODEL = "quarry-tiny"
-CHAT = "/v1/chat/completions"
+CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 
 
 class Gateway:
@@ -85,7 +85,7 @@ def miners(stack: LocalStack) -> Iterator[dict[str, Path]]:
 
     model_dir = stack.home / "model"
     create_model(model_dir, layers=2, hidden=64)
-    configs = {}
+    configs: dict[str, Path] = {}
     for name, account in MINERS.items():
         cfg = stack.home / f"miner-{name}.toml"
         cfg.write_text(
@@ -162,10 +162,20 @@ def _in(gw: Gateway, batch_id: str, states: tuple[str, ...]) -> Any:
     return b if b.status in states else None
 
 
+def _counts(gw: Gateway, batch_id: str) -> Any:
+    return gw.sdk.batches.retrieve(batch_id).request_counts
+
+
 def lines(gw: Gateway, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [json.loads(x) for x in gw.sdk.files.content(file_id).content.splitlines()]
+
+
+def quarry(obj: Any) -> Any:
+    """The gateway's `quarry` extension object on a batch or model (kept by the SDK as an
+    extra field)."""
+    return obj.model_extra["quarry"]
 
 
 def task_created(stack: LocalStack) -> list[dict[str, Any]]:
@@ -179,7 +189,7 @@ def test_demo_sized_batch_completes_with_the_sdks_verified_outputs(
     byte for byte what the SDK's verified `results()` give for the same task."""
     models = gateway.sdk.models.list().data
     assert [m.id for m in models] == [MODEL]
-    assert models[0].quarry["lowest_ask_wei_per_token"] == PRICE  # type: ignore[attr-defined]
+    assert quarry(models[0])["lowest_ask_wei_per_token"] == PRICE
     proc_b = start_miner(stack, miners["b"])
     try:
         started = time.monotonic()
@@ -195,7 +205,7 @@ def test_demo_sized_batch_completes_with_the_sdks_verified_outputs(
     assert done.request_counts.total == done.request_counts.completed == 60
     assert done.request_counts.failed == 0 and done.error_file_id is None
     assert done.in_progress_at and done.finalizing_at and done.completed_at
-    task_id = done.quarry["task_id"]  # type: ignore[attr-defined]
+    task_id = quarry(done)["task_id"]
     content = gateway.sdk.files.content(done.output_file_id).content
     expected = encode_jsonl([output_line(o) for o in sdk_client.job(task_id).results()])
     assert content == expected
@@ -240,19 +250,19 @@ def test_cancel_mid_batch_refunds_the_open_shards_to_the_wei(
     batch = create(gateway, chat_lines(20, "cancel"), quarry_shard_size="2",
                    quarry_miner=MINERS["a"].address)
     wait_status(gateway, batch.id, "in_progress", timeout=120)
-    stack.wait_until(lambda: gateway.sdk.batches.retrieve(batch.id).request_counts.completed,
+    stack.wait_until(lambda: _counts(gateway, batch.id).completed,
                      "a first shard with results", timeout=180)
     cancelling = gateway.sdk.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = wait_status(gateway, batch.id, "cancelled", timeout=240)
-    task_id = done.quarry["task_id"]  # type: ignore[attr-defined]
+    task_id = quarry(done)["task_id"]
     [ev] = q.tasks.events("TaskCancelled", taskId=task_id)
     refunded = [k for k in range(10)
                 if q.tasks.get_shard(task_id, k).state == ShardState.REFUNDED]
     assert refunded, "the cancel came before every shard was taken"
     budget = 2 * 24 * PRICE
     assert int(ev["refund"]) == len(refunded) * budget
-    assert done.quarry["cancel_refund"] == int(ev["refund"])  # type: ignore[attr-defined]
+    assert quarry(done)["cancel_refund"] == int(ev["refund"])
     # Every wei that reached the client's escrow balance meanwhile is accounted for: the
     # cancel's refund, and the earlier tasks' unused budgets as their windows closed.
     released = [e for e in q.escrow.events("Released", first_block)
@@ -276,12 +286,12 @@ def test_gateway_restart_mid_batch_resumes_the_same_task(
     batch = create(gateway, chat_lines(8, "restart"), quarry_shard_size="2",
                    quarry_miner=MINERS["a"].address)
     running = wait_status(gateway, batch.id, "in_progress", "completed", timeout=120)
-    task_id = running.quarry["task_id"]  # type: ignore[attr-defined]
+    task_id = quarry(running)["task_id"]
     gateway.stop()
     created = len(task_created(stack))
     gateway.start()
     done = wait_status(gateway, batch.id, "completed", timeout=240)
-    assert done.quarry["task_id"] == task_id  # type: ignore[attr-defined]
+    assert quarry(done)["task_id"] == task_id
     assert len(task_created(stack)) == created  # followed, not submitted again
     assert lines(gateway, done.output_file_id) == [
         output_line(o) for o in sdk_client.job(task_id).results()]
@@ -317,14 +327,14 @@ def test_batches_page_newest_first(gateway: Gateway) -> None:
 @pytest.mark.timeout(300)
 def test_expired_batch_refunds_the_unused_budget(
         stack: LocalStack, gateway: Gateway, sdk_client: Any) -> None:
-    """Runs last: it moves the chain's clock past the 24 h window (so the earlier tasks'
+    """The last stack test: it moves the chain's clock past the 24 h window (so the earlier tasks'
     windows close too, and their unused budgets reach escrow: only this task's releases are
     counted)."""
     q = stack.quarry
     batch = create(gateway, chat_lines(4, "expire"), quarry_shard_size="2",
                    quarry_miner=MINERS["b"].address)  # "b" is not running
     running = wait_status(gateway, batch.id, "in_progress", timeout=120)
-    task_id = running.quarry["task_id"]  # type: ignore[attr-defined]
+    task_id = quarry(running)["task_id"]
     q.chain.advance_time(24 * 3600 + 5)
     done = wait_status(gateway, batch.id, "expired", timeout=120)
     payment = 4 * 24 * PRICE
@@ -333,9 +343,128 @@ def test_expired_batch_refunds_the_unused_budget(
     assert [(e["to"], int(e["amount"])) for e in released] == [(CLIENT.address, payment // 2)
                                                                 ] * 2  # both shards
     assert sdk_client.job(task_id).status().refunded == payment
-    assert done.quarry["refunded_wei"] == payment  # type: ignore[attr-defined]
+    assert quarry(done)["refunded_wei"] == payment
     assert done.expired_at and done.output_file_id is None
     assert done.request_counts.failed == 4 and done.request_counts.completed == 0
     errors = lines(gateway, done.error_file_id)
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
         (f"expire-{i}", "batch_expired") for i in range(4)]
+
+
+# ---------------------------------------------------------------------------- units
+# The translation, options and store logic on their own (no stack; they run in milliseconds).
+
+
+def _line(**body: Any) -> dict[str, Any]:
+    return {"custom_id": "c", "method": "POST", "url": CHAT,
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}}
+
+
+def test_translation_rewrites_what_users_write_into_quarry_lines() -> None:
+    from client.gateway.translate import translate_line
+    from client.sdk import DEFAULT_MAX_TOKENS
+
+    line = translate_line(_line(max_completion_tokens=7, n=1, user="u", stream=False,
+                                frequency_penalty=0.0, top_p=0.5, seed=3,
+                                messages=[{"role": "developer", "content": "be brief"},
+                                          {"role": "user", "content": [
+                                              {"type": "text", "text": "a"},
+                                              {"type": "text", "text": "b"}]}]), CHAT, 1)
+    assert line["body"] == {"model": MODEL, "max_tokens": 7, "top_p": 0.5, "seed": 3,
+                            "messages": [{"role": "system", "content": "be brief"},
+                                         {"role": "user", "content": "ab"}]}
+    assert translate_line(_line(), CHAT, 1)["body"]["max_tokens"] == DEFAULT_MAX_TOKENS
+    prompt = {"custom_id": "c", "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL, "prompt": ["once"], "max_tokens": 4, "echo": False}}
+    assert translate_line(prompt, "/v1/completions", 1)["body"] == {
+        "model": MODEL, "prompt": "once", "max_tokens": 4}
+
+
+@pytest.mark.parametrize(("body", "field", "says"), [
+    ({"n": 2}, "body.n", "only 1"),
+    ({"n": True}, "body.n", "only 1"),
+    ({"logprobs": True}, "body.logprobs", "not supported by Quarry"),
+    ({"presence_penalty": 0.5}, "body.presence_penalty", "not supported by Quarry"),
+    ({"tools": []}, "body.tools", "not supported by Quarry (supported: messages"),
+    ({"response_format": {"type": "json_object"}}, "body.response_format", "not supported"),
+    ({"max_tokens": 4, "max_completion_tokens": 5}, "body.max_completion_tokens", "differs"),
+    ({"user": 5}, "body.user", "must be a string"),
+    ({"messages": [{"role": "user", "content": "x", "name": "n"}]}, "body.messages[0].name",
+     "only role and content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "body.messages[0].content[0]", "'image_url' is not supported"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "body.messages[0].role", "one of"),
+    ({"temperature": 3}, "body.temperature", "[0, 2]"),
+])
+def test_translation_refuses_what_quarry_cannot_do_naming_the_field(
+        body: dict[str, Any], field: str, says: str) -> None:
+    from client.gateway.translate import translate_line
+    from market.protocol.errors import RequestError
+
+    with pytest.raises(RequestError) as exc:
+        translate_line(_line(**body), CHAT, 4)
+    assert exc.value.field == field and exc.value.line == 4
+    assert says in str(exc.value)
+
+
+def test_translated_file_errors_name_every_bad_line() -> None:
+    from client.gateway.translate import translate_file
+
+    good = json.dumps(_line())
+    other = json.dumps({**_line(), "custom_id": "d", "body": {**_line()["body"], "model": "x"}})
+    errors = translate_file(f"{good}\n\n{good}\n{other}\n[1]\n".encode(), CHAT)
+    assert isinstance(errors, list)
+    assert [(e.line, e.code) for e in errors] == [
+        (3, "duplicate_custom_id"), (4, "model_mismatch"), (5, "invalid_request")]
+    assert [e.code for e in translate_file(b"\n\n", CHAT)] == ["empty_file"]  # type: ignore[union-attr]
+    assert [e.code for e in translate_file(b"\xff\n", CHAT)] == ["invalid_file"]  # type: ignore[union-attr]
+    ok = translate_file(f"{good}\n".encode(), CHAT)
+    assert not isinstance(ok, list) and ok.model == MODEL and ok.line_numbers == (1,)
+
+
+def test_quarry_options_in_metadata() -> None:
+    from client.gateway.runner import OptionError, Options, parse_options
+
+    a = MINERS["a"].address
+    assert parse_options({"team": "x"}) == Options()
+    assert parse_options({"quarry_max_price_per_token": "2 gwei", "quarry_miner": a.lower(),
+                          "quarry_min_reputation_bps": "500", "quarry_allow_probation": "TRUE",
+                          "quarry_shard_size": "15", "quarry_arbiter": a}) == Options(
+        price=2 * 10**9, miner=a, arbiter=a, min_reputation_bps=500, allow_probation=True,
+        shard_size=15)
+    for key, value, says in [("quarry_price", "1", "unknown Quarry option"),
+                             ("quarry_miner", "0x12", "not an address"),
+                             ("quarry_min_reputation_bps", "10001", "[0, 10000]"),
+                             ("quarry_shard_size", "0", "[1, "),
+                             ("quarry_allow_probation", "yes", '"true" or "false"'),
+                             ("quarry_max_price_per_token", "lots", "not an amount")]:
+        with pytest.raises(OptionError, match=re.escape(says)) as exc:
+            parse_options({key: value})
+        assert exc.value.key == key
+
+
+def test_store_pages_migrates_and_guards_state_changes(tmp_path: Path) -> None:
+    import sqlite3
+
+    from client.gateway.store import VERSION, GatewayStore, StoreError
+
+    path = tmp_path / "g.sqlite"
+    store = GatewayStore(path)
+    ids = [store.add_batch(endpoint=CHAT, input_file_id="f", completion_window="24h",
+                           expires_at=0)["id"] for _ in range(5)]
+    rows, more = store.batches(after=None, limit=2)
+    assert [r["id"] for r in rows] == ids[::-1][:2] and more
+    rows, more = store.batches(after=ids[1], limit=2)
+    assert [r["id"] for r in rows] == [ids[0]] and not more
+    assert store.update_batch(ids[0], only_if="validating", status="cancelling")
+    assert not store.update_batch(ids[0], only_if="validating", status="in_progress")
+    assert [r["id"] for r in store.active_batches()] == ids
+    store.close()
+    reopened = GatewayStore(path)  # a restart reads back everything
+    assert reopened.batch(ids[0])["status"] == "cancelling"  # type: ignore[index]
+    reopened.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == VERSION
+        conn.execute(f"PRAGMA user_version = {VERSION + 1}")
+    with pytest.raises(StoreError, match="newer than this gateway"):
+        GatewayStore(path)
