@@ -264,12 +264,15 @@ def _gateway(args: argparse.Namespace) -> int:
     from client.gateway.app import create_app
     from client.gateway.store import GatewayStore
     from client.sdk import Client
+    from market.errors import ConfigError
 
     cfg = ClientConfig.load(args.config, market_url=args.market_url, rpc_url=args.rpc_url,
                             key_file=args.key_file)
     cfg.require("key")
-    if not cfg.gateway_token:
-        raise cfg.missing("gateway_token", "gateway_token (the bearer token callers send)")
+    if not cfg.gateway_token:  # no flag: a token on the command line shows in `ps`
+        raise ConfigError("missing client setting gateway_token (the bearer token callers "
+                          "send): set it under [client] in the config file (--config) or in "
+                          "QUARRY_CLIENT_GATEWAY_TOKEN")
     account = cfg.account()
 
     def connect() -> Client:

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -79,8 +80,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 @pytest.fixture(scope="module")
 def miners(stack: LocalStack) -> Iterator[dict[str, Path]]:
     """Two registered miners of a small tiny model (config files); "a" runs throughout."""
-    import subprocess
-
     from market.model.create import create_model
 
     model_dir = stack.home / "model"
@@ -209,6 +208,13 @@ def test_demo_sized_batch_completes_with_the_sdks_verified_outputs(
     content = gateway.sdk.files.content(done.output_file_id).content
     expected = encode_jsonl([output_line(o) for o in sdk_client.job(task_id).results()])
     assert content == expected
+    cli_out = stack.home / "cli-results.jsonl"
+    r = subprocess.run([str(BIN / "client"), "results", str(task_id), "--out", str(cli_out),
+                        "--market-url", stack.market_url],
+                       env={**os.environ, "QUARRY_CLIENT_KEY": "0x" + bytes(CLIENT.key).hex()},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert cli_out.read_bytes() == content  # what `client results` writes for the task
     out = [json.loads(x) for x in content.splitlines()]
     assert [o["custom_id"] for o in out] == [f"demo-{i}" for i in range(60)]
     body = out[0]["response"]["body"]
@@ -308,6 +314,19 @@ def test_wrong_or_missing_token_gets_openais_401(gateway: Gateway) -> None:
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error"
+
+
+def test_gateway_without_a_token_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "QUARRY_HOME": str(tmp_path),
+           "QUARRY_CLIENT_KEY": "0x" + bytes(CLIENT.key).hex()}
+    env.pop("QUARRY_CLIENT_GATEWAY_TOKEN", None)
+    r = subprocess.run([str(BIN / "client"), "gateway"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "client: error: missing client setting gateway_token (the bearer token callers send): "
+        "set it under [client] in the config file (--config) or in "
+        "QUARRY_CLIENT_GATEWAY_TOKEN"]
 
 
 def test_batches_page_newest_first(gateway: Gateway) -> None:
