@@ -122,6 +122,7 @@ class Runner:
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._seen: dict[str, int] = {}  # batch id -> the chain head its task was read at
 
     @property
     def client(self) -> Client:
@@ -231,6 +232,10 @@ class Runner:
 
     # ------------------------------------------------------------------ follow, settle
     def _follow(self, b: dict[str, Any]) -> None:
+        head = self.client.chain.block_number()
+        if self._seen.get(b["id"]) == head and b["status"] == "in_progress":
+            return  # no new block: nothing on-chain changed since the last read
+        self._seen[b["id"]] = head
         job = self.client.job(b["task_id"])
         quarry = dict(b["quarry"] or {})
         if b["status"] == "cancelling" and "cancel_refund" not in quarry:
