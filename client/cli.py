@@ -257,6 +257,35 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from client.config import ClientConfig
+    from client.gateway.app import create_app
+    from client.gateway.store import GatewayStore
+    from client.sdk import Client
+    from market.errors import ConfigError
+
+    cfg = ClientConfig.load(args.config, market_url=args.market_url, rpc_url=args.rpc_url,
+                            key_file=args.key_file)
+    cfg.require("key")
+    if not cfg.gateway_token:  # no flag: a token on the command line shows in `ps`
+        raise ConfigError("missing client setting gateway_token (the bearer token callers "
+                          "send): set it under [client] in the config file (--config) or in "
+                          "QUARRY_CLIENT_GATEWAY_TOKEN")
+    account = cfg.account()
+
+    def connect() -> Client:
+        return Client(cfg.rpc_url, account, cfg.market_url)
+
+    connect().close()  # a wrong market, chain or key ends the command here, in one line
+    app = create_app(GatewayStore(), connect, cfg.gateway_token)
+    print(f"OpenAI Batch gateway for {account.address} on http://{args.host}:{args.port}/v1",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser
 
 
@@ -388,6 +417,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "(miners on probation apart)")
     _common(p)
     p.set_defaults(func=_models)
+
+    p = sub.add_parser("gateway", help="serve the OpenAI Batch API (files, batches, models) "
+                       "over Quarry, paying with this key",
+                       description="An OpenAI-compatible Files/Batches/Models API on HOST:PORT: "
+                       "point the openai SDK's base_url at http://HOST:PORT/v1 and its api_key "
+                       "at gateway_token. Files and batches live in $QUARRY_HOME/gateway.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8700, help="port to bind (8700)")
+    _common(p)
+    p.set_defaults(func=_gateway)
     return parser
 
 

@@ -4,13 +4,19 @@
     market_url = "http://127.0.0.1:8600"
     rpc_url = "http://127.0.0.1:8545"     # optional: default is the market deployment's RPC
     key_file = "~/.quarry/client.key"     # or: key = "0x..." (a file keeps it out of ps)
+    gateway_token = "..."                 # `client gateway`: the bearer token it requires
 
 Environment: QUARRY_CLIENT_MARKET_URL, QUARRY_CLIENT_RPC_URL, QUARRY_CLIENT_KEY,
-QUARRY_CLIENT_KEY_FILE. A key given by a later source replaces a key or key file from an
-earlier one. Kept free of web3 (and of `client.sdk`) so the CLI starts fast.
+QUARRY_CLIENT_KEY_FILE, QUARRY_CLIENT_GATEWAY_TOKEN. A key given by a later source replaces
+a key or key file from an earlier one. Kept free of web3 (and of `client.sdk`) so the CLI
+starts fast.
 """
 
 from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
 
 from market.roleconfig import KeyedSettings, OptionalUrl, Url
 
@@ -30,3 +36,4 @@ class ClientConfig(KeyedSettings):
 
     market_url: Url = DEFAULT_MARKET_URL
     rpc_url: OptionalUrl = None
+    gateway_token: Annotated[str, Field(repr=False)] = ""  # `client gateway`'s bearer token

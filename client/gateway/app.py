@@ -1,0 +1,366 @@
+"""The gateway's HTTP API: OpenAI's Files, Batches and Models endpoints over Quarry.
+
+Shapes follow the `openai` SDK's types (`FileObject`, `FileDeleted`, `Batch`,
+`BatchRequestCounts`, `BatchError`, `Model`, cursor pages); Quarry's extras ride in fields the
+SDK keeps (`quarry` on a batch and a model). Every error, including a wrong token and a body
+FastAPI refuses, is OpenAI's error object `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from email.message import Message
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from client.gateway.runner import WINDOW_S, OptionError, Runner, parse_options
+from client.gateway.store import GatewayStore
+from client.gateway.translate import ENDPOINTS
+from client.sdk import Client
+
+MAX_UPLOAD_BYTES = 200 * 1024 * 1024
+"""OpenAI's limit for a batch input file; the market's `maxFileBytes` is checked at submit."""
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            status, message, param, code, type)
+
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse({"error": {"message": self.message, "type": self.type,
+                                       "param": self.param, "code": self.code}},
+                            status_code=self.status, headers=headers)
+
+
+def not_found(what: str, ident: str) -> APIError:
+    return APIError(404, f"No such {what}: '{ident}'", param="id", code="not_found")
+
+
+# ---------------------------------------------------------------------------- bodies
+
+
+class BatchCreate(BaseModel):
+    """`POST /v1/batches` (OpenAI's `BatchCreateParams`, `output_expires_after` refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+# ---------------------------------------------------------------------------- views
+
+
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"],
+            "created_at": row["created_at"], "filename": row["filename"],
+            "purpose": row["purpose"], "status": "processed", "expires_at": None,
+            "status_details": None}
+
+
+def batch_object(row: dict[str, Any]) -> dict[str, Any]:
+    quarry = dict(row["quarry"] or {})
+    usage = quarry.pop("usage", None)
+    out = {k: row[k] for k in (
+        "id", "endpoint", "input_file_id", "completion_window", "status", "output_file_id",
+        "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
+        "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+        "metadata", "model", "errors")}
+    out["object"] = "batch"
+    out["request_counts"] = {"total": row["total"], "completed": row["completed"],
+                             "failed": row["failed"]}
+    out["usage"] = None if usage is None else {
+        "input_tokens": usage["input_tokens"], "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage["output_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
+    out["quarry"] = quarry or None
+    return out
+
+
+def page(rows: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": rows, "first_id": rows[0]["id"] if rows else None,
+            "last_id": rows[-1]["id"] if rows else None, "has_more": has_more}
+
+
+# ---------------------------------------------------------------------------- app
+
+
+class Gateway:
+    """What the routes share: the store, the runner, a read-only client and the token."""
+
+    def __init__(self, store: GatewayStore, runner: Runner, connect: Callable[[], Client],
+                 token: str) -> None:
+        self.store, self.runner, self.token = store, runner, token
+        self._connect = connect
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Client:
+        """A second `Client` for reads (`/v1/models`), apart from the runner's."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+            return self._client
+
+
+def create_app(store: GatewayStore, connect: Callable[[], Client], token: str, *,
+               poll_s: float = 0.5) -> FastAPI:
+    """The gateway app; its lifespan starts and stops the runner. `token` must be set."""
+    if not token:
+        raise ValueError("the gateway needs a bearer token (gateway_token)")
+    gw = Gateway(store, Runner(store, connect, poll_s), connect, token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gw.runner.start()
+        try:
+            yield
+        finally:
+            gw.runner.stop()
+
+    app = FastAPI(title="Quarry OpenAI Batch gateway", lifespan=lifespan)
+    app.state.gateway = gw
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"] if p not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+        message = f"{param}: {err['msg']}" if param else err["msg"]
+        return APIError(400, message, param=param, code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "Unknown request URL" if exc.status_code == 404 else str(exc.detail)
+        return APIError(exc.status_code, f"{message}: {request.method} {request.url.path}",
+                        code="unknown_url" if exc.status_code == 404 else None).response()
+
+    for router in (files, batches, models):
+        app.include_router(router)
+    return app
+
+
+def authorized(request: Request) -> Gateway:
+    """The app's `Gateway`, for a request that carries its bearer token (401 otherwise)."""
+    gw: Gateway = request.app.state.gateway
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                              gw.token.encode()):
+        raise APIError(401, "Incorrect API key provided. The gateway takes the gateway_token "
+                       "of its [client] settings (QUARRY_CLIENT_GATEWAY_TOKEN) as the bearer "
+                       "token.", code="invalid_api_key")
+    return gw
+
+
+Auth = Annotated[Gateway, Depends(authorized)]
+
+
+files = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+@files.post("")
+async def create_file(request: Request, gw: Auth) -> dict[str, Any]:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_UPLOAD_BYTES:
+        raise APIError(413, f"the upload is {size} bytes, over the limit of "
+                       f"{MAX_UPLOAD_BYTES}", code="file_too_large")
+    body = await request.body()
+    if len(body) > MAX_UPLOAD_BYTES:
+        raise APIError(413, f"the upload is {len(body)} bytes, over the limit of "
+                       f"{MAX_UPLOAD_BYTES}", code="file_too_large")
+    fields, filename, data = _multipart(request.headers.get("content-type", ""), body)
+    purpose = fields.get("purpose")
+    if purpose != "batch":
+        raise APIError(400, "purpose: only 'batch' files are accepted by this gateway, "
+                       f"got {purpose!r}", param="purpose", code="invalid_value")
+    return file_object(gw.store.add_file(filename, purpose, data))
+
+
+@files.get("")
+def list_files(gw: Auth, purpose: str | None = None, after: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+               order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc"
+               ) -> dict[str, Any]:
+    try:
+        rows, more = gw.store.files(purpose=purpose, after=after, limit=limit,
+                                    ascending=order == "asc")
+    except KeyError:
+        raise not_found("file", str(after)) from None
+    return page([file_object(r) for r in rows], more)
+
+
+@files.get("/{file_id}")
+def retrieve_file(file_id: str, gw: Auth) -> dict[str, Any]:
+    row = gw.store.file(file_id)
+    if row is None:
+        raise not_found("file", file_id)
+    return file_object(row)
+
+
+@files.get("/{file_id}/content")
+def file_content(file_id: str, gw: Auth) -> Response:
+    data = gw.store.file_data(file_id)
+    if data is None:
+        raise not_found("file", file_id)
+    return Response(data, media_type="application/octet-stream")
+
+
+@files.delete("/{file_id}")
+def delete_file(file_id: str, gw: Auth) -> dict[str, Any]:
+    if not gw.store.delete_file(file_id):
+        raise not_found("file", file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], str, bytes]:
+    """The text fields, the file's name and the file's bytes of a multipart/form-data body
+    (parsed with the standard library's MIME parser)."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise APIError(400, "the upload must be multipart/form-data with a 'file' and a "
+                       "'purpose' field", code="invalid_value")
+    msg = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    fields: dict[str, str] = {}
+    upload: tuple[str, bytes] | None = None
+    payload = msg.get_payload() if msg.is_multipart() else []
+    parts: list[Message] = [p for p in payload if isinstance(p, Message)] \
+        if isinstance(payload, list) else []
+    for part in parts:
+        name = part.get_param("name", header="content-disposition")
+        raw = part.get_payload(decode=True)
+        data = raw if isinstance(raw, bytes) else b""
+        if name == "file":
+            upload = (part.get_filename() or "upload.jsonl", data)
+        elif isinstance(name, str):
+            fields[name] = data.decode("utf-8", errors="replace")
+    if upload is None:
+        raise APIError(400, "file: missing (send the JSONL file as the 'file' field)",
+                       param="file", code="invalid_value")
+    return fields, upload[0], upload[1]
+
+
+batches = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+@batches.post("")
+def create_batch(body: BatchCreate, gw: Auth) -> dict[str, Any]:
+    if body.endpoint not in ENDPOINTS:
+        raise APIError(400, f"endpoint: {body.endpoint!r} is not supported by Quarry "
+                       f"(supported: {', '.join(ENDPOINTS)})", param="endpoint",
+                       code="invalid_value")
+    if body.completion_window not in WINDOW_S:
+        raise APIError(400, f"completion_window: {body.completion_window!r} is not "
+                       f"supported (supported: {', '.join(WINDOW_S)})",
+                       param="completion_window", code="invalid_value")
+    _check_metadata(body.metadata)
+    row = gw.store.file(body.input_file_id)
+    if row is None:
+        raise not_found("file", body.input_file_id)
+    if row["purpose"] != "batch":
+        raise APIError(400, f"input_file_id: file {body.input_file_id} has purpose "
+                       f"{row['purpose']!r}, not 'batch'", param="input_file_id",
+                       code="invalid_value")
+    now = int(time.time())
+    return batch_object(gw.store.add_batch(
+        endpoint=body.endpoint, input_file_id=body.input_file_id,
+        completion_window=body.completion_window, metadata=body.metadata,
+        expires_at=now + WINDOW_S[body.completion_window]))
+
+
+@batches.get("")
+def list_batches(gw: Auth, after: str | None = None,
+                 limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, Any]:
+    try:
+        rows, more = gw.store.batches(after=after, limit=limit)
+    except KeyError:
+        raise not_found("batch", str(after)) from None
+    return page([batch_object(r) for r in rows], more)
+
+
+@batches.get("/{batch_id}")
+def retrieve_batch(batch_id: str, gw: Auth) -> dict[str, Any]:
+    row = gw.store.batch(batch_id)
+    if row is None:
+        raise not_found("batch", batch_id)
+    return batch_object(row)
+
+
+@batches.post("/{batch_id}/cancel")
+def cancel_batch(batch_id: str, gw: Auth) -> dict[str, Any]:
+    row = gw.store.batch(batch_id)
+    if row is None:
+        raise not_found("batch", batch_id)
+    if row["status"] not in ("validating", "in_progress", "cancelling"):
+        raise APIError(409, f"Cannot cancel a batch with status '{row['status']}'",
+                       code="batch_not_cancellable")
+    for state in ("validating", "in_progress"):
+        if gw.store.update_batch(batch_id, only_if=state, status="cancelling",
+                                 cancelling_at=int(time.time())):
+            break
+    return batch_object(gw.store.batch(batch_id) or row)
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's metadata limits, then the `quarry_*` knobs' values."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_PAIRS:
+        raise APIError(400, f"metadata: at most {METADATA_PAIRS} pairs, got {len(metadata)}",
+                       param="metadata", code="invalid_value")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY or len(value) > METADATA_VALUE:
+            raise APIError(400, f"metadata.{key}: keys are at most {METADATA_KEY} characters, "
+                           f"values at most {METADATA_VALUE}", param=f"metadata.{key}",
+                           code="invalid_value")
+    try:
+        parse_options(metadata)
+    except OptionError as exc:
+        raise APIError(400, str(exc), param=f"metadata.{exc.key}",
+                       code="invalid_value") from None
+
+
+models = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+@models.get("")
+def list_models(gw: Auth) -> dict[str, Any]:
+    data = []
+    for o in gw.client().offers(allow_probation=True):
+        established = o.established
+        data.append({
+            "id": o.name or "0x" + o.model_id.hex(), "object": "model", "created": 0,
+            "owned_by": "quarry",
+            "quarry": {"model_id": "0x" + o.model_id.hex(),
+                       "lowest_ask_wei_per_token": o.min_price,
+                       "lowest_established_ask_wei_per_token":
+                           min(m.price_per_token for m in established)
+                           if established else None,
+                       "miners": len(o.miners), "alive": o.alive,
+                       "on_probation": len(o.on_probation)}})
+    return {"object": "list", "data": data}
+
