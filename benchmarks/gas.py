@@ -12,6 +12,10 @@
   verifiers of 1 ETH, registered and seated here.
 - proveBillingFault on a receipt billing more than maxTokensPerRequest (proven by the receipt
   alone), and VerifierCommittee.register of a fifth verifier.
+- Swarms: registerSwarm of four members (four EIP-712 consents checked on-chain), then a
+  10-request shard claimed by the head for the swarm (collateral locked from four members),
+  submitted, and finalized (the payment credited to four members), next to the same steps
+  for a single miner; an unanswered challenge on a swarm shard (four members slashed).
 
 The roots are real: the input tree over the requests' hashes and the result sum tree over
 the receipts, built by `market.protocol`; tokensUsed is the tree's sum. The miner registers
@@ -44,6 +48,7 @@ from market.protocol import (
     receipts_tree,
     request_hash,
 )
+from market.protocol.eip712 import SwarmConsent
 
 MODEL_ID = keccak(b"benchmark model manifest")
 MAX_TOKENS = 16
@@ -54,6 +59,8 @@ ETHER = 10**18
 DEPLOYER, CLIENT, MINER, ANYONE = (anvil_account(i) for i in (0, 1, 2, 3))
 VERIFIERS = [anvil_account(i) for i in (6, 7, 8, 9)]
 NEWCOMER = anvil_account(10)
+SWARM = sorted((anvil_account(i) for i in (11, 12, 13, 14)), key=lambda a: int(a.address, 16))
+SWARM_LAYERS = (3, 2, 2, 1)  # layers of an 8-layer model per member
 
 
 def requests(n: int, tag: str) -> list[dict]:
@@ -76,9 +83,10 @@ class Submitted:
 
 
 def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
-                    over_cap: bool = False) -> Submitted:
+                    over_cap: bool = False, swarm_id: int = 0) -> Submitted:
     """A task of n requests in one shard, claimed and submitted with its result sum tree
-    (`over_cap`: receipt 0 bills maxTokensPerRequest + 1 tokens)."""
+    (`over_cap`: receipt 0 bills maxTokensPerRequest + 1 tokens; `swarm_id`: claimed by
+    that swarm's head, SWARM[0], for the swarm)."""
     hashes = [request_hash(r) for r in requests(n, tag)]
     root = input_tree(hashes).root
     task_id, create = q.tasks.create_task(
@@ -86,7 +94,9 @@ def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
         num_requests=n, shard_size=n, max_tokens_per_request=MAX_TOKENS,
         price_per_token=PRICE, deadline=chain.timestamp() + 3600,
     )
-    claim = q.tasks.claim_shard(MINER, task_id, 0)
+    miner = SWARM[0] if swarm_id else MINER
+    claim = (q.tasks.claim_shard_for_swarm(miner, task_id, 0, swarm_id) if swarm_id
+             else q.tasks.claim_shard(miner, task_id, 0))
     receipts = []
     for i, h in enumerate(hashes):
         ids = [(i * 7 + k) % 50_000 for k in range(1 + i % MAX_TOKENS)]
@@ -94,13 +104,13 @@ def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
         receipts.append(Receipt(task_id, 0, i, h, output_hash(f"{2 * i}", ids), count,
                                 MODEL_ID))
     tree = receipts_tree(receipts)
-    submit = q.tasks.submit_result(MINER, task_id, 0, tree.root,
+    submit = q.tasks.submit_result(miner, task_id, 0, tree.root,
                                    f"store://results/{tree.root.hex()}", tree.total)
     return Submitted(task_id, receipts, tree, create, claim, submit)
 
 
-def lifecycle(q: Quarry, chain: Chain, n: int) -> dict[str, int]:
-    s = submitted_shard(q, chain, n, f"life{n}")
+def lifecycle(q: Quarry, chain: Chain, n: int, swarm_id: int = 0) -> dict[str, int]:
+    s = submitted_shard(q, chain, n, f"life{n}-{swarm_id}", swarm_id=swarm_id)
     chain.advance_time(q.tasks.params()["challenge_window"])
     finalize = q.tasks.finalize_shard(ANYONE, s.task_id, 0)
     steps = {"createTask": s.create.gas_used, "claimShard": s.claim.gas_used,
@@ -121,8 +131,19 @@ def availability(q: Quarry, chain: Chain, n: int) -> dict[str, int]:
             "proof_nodes": len(proof)}
 
 
-def unanswered(q: Quarry, chain: Chain) -> int:
-    s = submitted_shard(q, chain, 10, "unanswered")
+def form_swarm(q: Quarry, chain: Chain) -> tuple[int, int]:
+    """The four SWARM miners consent to one swarm (head SWARM[0]); returns (id, gas)."""
+    consent = SwarmConsent.for_plan(
+        MODEL_ID, SWARM[0].address, dict(zip((m.address for m in SWARM), SWARM_LAYERS,
+                                             strict=True)),
+        PRICE, chain.timestamp() + 600)
+    sigs = [q.gpu.sign_swarm_consent(consent, m) for m in SWARM]
+    swarm_id, tx = q.gpu.register_swarm(ANYONE, consent, sigs)
+    return swarm_id, tx.gas_used
+
+
+def unanswered(q: Quarry, chain: Chain, swarm_id: int = 0) -> int:
+    s = submitted_shard(q, chain, 10, f"unanswered{swarm_id}", swarm_id=swarm_id)
     bond = q.arbitration.min_availability_bond()
     challenge_id, _ = q.arbitration.challenge_availability(CLIENT, s.task_id, 0, 3, bond)
     chain.advance_time(q.arbitration.response_window())
@@ -168,6 +189,9 @@ def main() -> int:
         q.gpu.set_probation(DEPLOYER, 0, probation[1])  # an established miner
         q.gpu.register(MINER, [MODEL_ID], GpuSpec("NVIDIA H100", 81920, 1),
                        "http://127.0.0.1:9100", PRICE, 10**18)
+        for i, m in enumerate(SWARM):  # swarm members serve layers, not the whole model
+            q.gpu.register(m, [keccak(b"stage")], GpuSpec("RTX 4090", 24576, 1),
+                           f"http://127.0.0.1:{9200 + i}", PRICE, 10**18)
         q.gpu.set_probation(DEPLOYER, *probation)
         seat(q, chain, VERIFIERS)
 
@@ -178,6 +202,8 @@ def main() -> int:
         availability(q, chain, 2)
         dispute(q, chain, True, "warm-dispute")
         billing_fault(q, chain, "warm-billing")
+        form_swarm(q, chain)
+        lifecycle(q, chain, 2, swarm_id=1)
 
         results = {}
         for n in SIZES:
@@ -192,6 +218,12 @@ def main() -> int:
         no_fault = dispute(q, chain, False, "no-fault")
         billing = billing_fault(q, chain, "billing")
         register = q.committee.register(NEWCOMER, ETHER).gas_used
+        swarm_id, swarm_register = form_swarm(q, chain)
+        single = lifecycle(q, chain, 10)
+        swarm = lifecycle(q, chain, 10, swarm_id=swarm_id)
+        swarm_settle = unanswered(q, chain, swarm_id)
+        print(f"swarm of {len(SWARM)}: registerSwarm {swarm_register}; 10 requests {swarm} "
+              f"(single miner {single}); settleUnanswered {swarm_settle}")
         print(f"settleUnanswered {settle}; dispute, fault {fault}; no fault {no_fault}; "
               f"proveBillingFault {billing}; VerifierCommittee.register {register}")
     finally:
@@ -218,6 +250,14 @@ def main() -> int:
         "gas_dispute_fault_total": fault["openDispute"] + fault["castVotes"],
         "gas_prove_billing_fault_cap": billing,
         "gas_verifier_register": register,
+        "swarm_members": len(SWARM),
+        "gas_register_swarm": swarm_register,
+        "gas_claim_shard_single": single["claimShard"],
+        "gas_claim_shard_swarm": swarm["claimShard"],
+        "gas_finalize_shard_single": single["finalizeShard"],
+        "gas_finalize_shard_swarm": swarm["finalizeShard"],
+        "gas_lifecycle_swarm_10": swarm["total"],
+        "gas_settle_unanswered_swarm": swarm_settle,
     }))
     return 0 if abs(ratio - 1) <= 0.05 else 1
 

@@ -80,6 +80,12 @@ struct AvailabilityChallenge {
     uint64 deadline;
 }
 
+/// @notice Who answers for a shard's fault: its miner, or (swarmId != 0) its swarm's members.
+struct Liable {
+    address miner;
+    uint256 swarmId;
+}
+
 /// @title Arbitration
 /// @notice Disputes over receipts, resolved by stake-weighted committee votes; availability
 /// challenges that make withheld results a fault; on-chain proofs of over-billing
@@ -95,7 +101,8 @@ struct AvailabilityChallenge {
 ///   fault): the client gets the whole shard budget back (TaskRegistry), the miner loses
 ///   `collateral * faultSlashBps / 10000` of its stake, of which `verifierRewardBps` is split
 ///   among the voters (if any) in proportion to their weight and the rest goes to the client;
-///   a bond returns to the opener.
+///   a bond returns to the opener. A swarm's shard (TaskRegistry.shardSwarm) is slashed from its
+///   members by their shares (GPURegistry.slashSwarm); bonds owed to the miner go to its head.
 /// - No fault: `minerBondShareBps` of the bond goes to the miner and the rest is split among
 ///   the voters in proportion to their weight (rounding dust to the miner); the shard can be
 ///   finalized at once. Paying by weight, not per head, leaves nothing to gain by splitting a
@@ -681,15 +688,34 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     ) private returns (uint256 slashed) {
         (address miner, uint256 collateral, address client) =
             taskRegistry.resolveDispute(taskId, shard, true, uint64(block.timestamp));
-        uint256 slashAmount = collateral * faultSlashBps / BPS;
+        Liable memory liable = Liable(miner, taskRegistry.shardSwarm(taskId, shard));
+        return _slashFault(liable, collateral * faultSlashBps / BPS, client, voters, weights, total);
+    }
+
+    /// @dev Takes `slashAmount` from the liable miner (or swarm): `verifierRewardBps` of it to
+    /// `voters` by weight, the rest to `client`.
+    function _slashFault(
+        Liable memory liable,
+        uint256 slashAmount,
+        address client,
+        address[] memory voters,
+        uint256[] memory weights,
+        uint256 total
+    ) private returns (uint256 slashed) {
         uint256 reward = voters.length == 0 ? 0 : slashAmount * verifierRewardBps / BPS;
         uint256 paid = 0;
         for (uint256 i = 0; i < voters.length; ++i) {
             uint256 share = reward * weights[i] / total;
             paid += share;
-            slashed += gpuRegistry.slash(miner, share, voters[i]);
+            slashed += _slash(liable, share, voters[i]);
         }
-        slashed += gpuRegistry.slash(miner, slashAmount - paid, client);
+        slashed += _slash(liable, slashAmount - paid, client);
+    }
+
+    /// @dev Slashes the shard's miner, or its swarm's members by their shares (GPURegistry).
+    function _slash(Liable memory liable, uint256 amount, address beneficiary) private returns (uint256) {
+        if (liable.swarmId == 0) return gpuRegistry.slash(liable.miner, amount, beneficiary);
+        return gpuRegistry.slashSwarm(liable.swarmId, amount, beneficiary);
     }
 
     function _emitOpened(uint256 disputeId, Dispute storage d) private {

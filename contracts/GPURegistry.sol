@@ -4,6 +4,9 @@ pragma solidity ^0.8.24;
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {Nonces} from "@openzeppelin/contracts/utils/Nonces.sol";
+import {SigLib} from "./lib/QuarryTypes.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
 import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
@@ -33,6 +36,35 @@ struct MinerInfo {
     uint16 passedEpochs;
 }
 
+/// @notice A swarm: miners serving one model together, each paid and liable by its share.
+/// Immutable once registered except `active` (see GPURegistry's swarm notice).
+struct Swarm {
+    bytes32 modelId;
+    /// @dev The member that claims shards for the group and signs its receipts.
+    address head;
+    /// @dev Least task price (wei per token) every member agreed to work for.
+    uint256 pricePerToken;
+    /// @dev Strictly ascending addresses, each a registered miner.
+    address[] members;
+    /// @dev Each member's weight (e.g. the layers it serves), in `members` order, all > 0.
+    uint32[] shares;
+    uint64 totalShares;
+    /// @dev Index of `head` in `members`: it gets every rounding remainder.
+    uint8 headIndex;
+    /// @dev False once any member left: no new claims (open ones run to their end).
+    bool active;
+}
+
+/// @notice What every member of a swarm signs (with its own nonce) to form it.
+struct SwarmTerms {
+    bytes32 modelId;
+    address head;
+    address[] members;
+    uint32[] shares;
+    uint256 pricePerToken;
+    uint64 deadline;
+}
+
 /// @title GPURegistry
 /// @notice Miners: staked registration, served models, collateral locked by open shards,
 /// slashing, committee-written reputation and probation.
@@ -54,7 +86,32 @@ struct MinerInfo {
 /// judged pays `rechallengeFee` (burned too, so asking is never free) to be challenged
 /// again: it goes back on probation, eligible for the committee's challenges (tasks that
 /// allow probation) despite its reputation, until the next report that names it.
-contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
+///
+/// Swarms (one model served across several miners' GPUs). Rules:
+/// - Formation: {registerSwarm} takes the terms (`SwarmTerms`): the model, the head, the members (2..MAX_SWARM_MEMBERS
+///   registered, non-exiting miners, strictly ascending), each member's share (a positive
+///   weight, e.g. the layers it serves), the swarm's least price per token, a deadline, and one
+///   EIP-712 `SwarmConsent` signature per member over exactly those terms and the member's own
+///   current nonce ({nonces}) in this contract's domain. Registering uses every member's nonce,
+///   so no consent can be replayed (and a member revokes its outstanding consents with
+///   {cancelSwarmConsent}). Anyone may submit the signatures; no one can change the terms.
+/// - A swarm never changes: a re-plan (other members, shares or head) is a new swarm with new
+///   consents. A claim names its swarm, so the shares in force for a shard are those of the
+///   swarm that claimed it (the snapshot), whatever happens to the plan later.
+/// - Eligibility: a swarm may claim a task only while active, through its head, for its model,
+///   at a task price at least its `pricePerToken`, and only if every member is eligible as a
+///   single miner would be (registered, not exiting, stake >= minStake, reputation at the task's
+///   floor and above the untrusted line, on probation only where the task allows it; a member
+///   need not list the model, it serves only part of it).
+/// - Money: collateral is locked from, payment paid to, and faults slashed from the members in
+///   proportion to their shares: each member gets `floor(amount * share / totalShares)` and the
+///   head also the remainder, so the parts add up to the amount to the wei ({swarmSplit}).
+///   Each member's payment is credited to its own address in PaymentEscrow.
+/// - Leaving: any member may leave ({leaveSwarm}); the swarm then takes no new claims (re-form it
+///   as a new swarm). Shards it claimed before run to their end under their snapshot: the
+///   leaver keeps its locked collateral, its pay and its liability for them, and loses nothing
+///   else for leaving.
+contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, OneTimeWiring {
     /// @notice Most models one miner may list.
     uint256 public constant MAX_MODELS = 16;
     /// @notice 100% in basis points.
@@ -80,6 +137,12 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     uint256 public rechallengeFee = 0.01 ether;
     /// @notice Where burned stake and fees are credited: no key exists for it.
     address public constant BURN = address(0xdEaD);
+    /// @notice Most members one swarm may have (bounds every per-member loop).
+    uint256 public constant MAX_SWARM_MEMBERS = 16;
+    /// @notice EIP-712 type hash of a member's consent to a swarm's terms.
+    bytes32 public constant SWARM_CONSENT_TYPEHASH = keccak256(
+        "SwarmConsent(bytes32 modelId,address head,address[] members,uint32[] shares,uint256 pricePerToken,uint256 nonce,uint64 deadline)"
+    );
 
     address public taskRegistry;
     address public arbitration;
@@ -93,6 +156,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     mapping(address miner => uint16) public untrustedReportsOf;
     /// @notice True from {requestRechallenge} until the next report naming the miner.
     mapping(address miner => bool) public rechallengePending;
+    /// @notice Number of swarms registered; ids run from 1 to `swarmCount`.
+    uint256 public swarmCount;
+    mapping(uint256 swarmId => Swarm) private _swarms;
 
     event TaskRegistrySet(address taskRegistry);
     event ArbitrationSet(address arbitration);
@@ -121,6 +187,19 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     event UntrustedPenaltySet(uint16 slashBps, uint256 rechallengeFee);
     /// @notice An untrusted miner paid `fee` to be challenged again.
     event RechallengeRequested(address indexed miner, uint256 fee);
+    /// @notice Every member consented to a swarm with these terms.
+    event SwarmRegistered(
+        uint256 indexed swarmId,
+        bytes32 indexed modelId,
+        address indexed head,
+        address[] members,
+        uint32[] shares,
+        uint256 pricePerToken
+    );
+    /// @notice `member` left; the swarm takes no new claims.
+    event SwarmLeft(uint256 indexed swarmId, address indexed member);
+    /// @notice `member` used nonce `nonce`, revoking every consent it signed with it.
+    event SwarmConsentCancelled(address indexed member, uint256 nonce);
 
     error Unauthorized(address caller);
     error NotWired();
@@ -150,11 +229,37 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     error RechallengeAlreadyPending(address miner);
     /// @notice `msg.value` differs from `rechallengeFee`.
     error WrongFee(uint256 required, uint256 got);
+    /// @notice A swarm needs 2..MAX_SWARM_MEMBERS members.
+    error InvalidSwarmSize(uint256 got);
+    /// @notice Members, shares and signatures must have one entry per member.
+    error SwarmLengthMismatch();
+    /// @notice Members must be strictly ascending by address (no duplicates).
+    error MembersNotSorted();
+    error ZeroShare(address member);
+    error HeadNotMember(address head);
+    /// @notice The consent's deadline passed.
+    error ConsentExpired(uint64 deadline);
+    /// @notice The signature is not `member`'s consent to these terms at its current nonce.
+    error InvalidConsent(address member);
+    error UnknownSwarm(uint256 swarmId);
+    /// @notice The swarm lost a member and takes no new claims.
+    error SwarmInactive(uint256 swarmId);
+    error NotSwarmMember(uint256 swarmId, address account);
+    /// @notice Only the swarm's head may claim for it.
+    error NotSwarmHead(uint256 swarmId, address caller);
+    error SwarmModelMismatch(bytes32 swarmModel, bytes32 taskModel);
+    /// @notice The task pays less per token than the members agreed to.
+    error AskAboveTaskPrice(uint256 ask, uint256 taskPrice);
+    /// @notice A member is not eligible for the task, so the swarm is not.
+    error MemberNotEligible(address member);
 
     /// @param minStake_ Least stake (wei) to register.
     /// @param unbondingPeriod_ Seconds from {requestExit} to {withdrawStake}.
     /// @param initialReputationBps_ Reputation of a new miner (basis points, <= 10000).
-    constructor(uint256 minStake_, uint64 unbondingPeriod_, uint16 initialReputationBps_) Ownable(msg.sender) {
+    constructor(uint256 minStake_, uint64 unbondingPeriod_, uint16 initialReputationBps_)
+        Ownable(msg.sender)
+        EIP712("Quarry", "1")
+    {
         if (initialReputationBps_ > BPS) revert InvalidBps(initialReputationBps_);
         minStake = minStake_;
         unbondingPeriod = unbondingPeriod_;
@@ -326,22 +431,36 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
 
     /// @notice Locks `amount` of `miner`'s free stake as shard collateral. TaskRegistry only.
     function lockCollateral(address miner, uint256 amount) external {
-        if (msg.sender != taskRegistry || msg.sender == address(0)) revert Unauthorized(msg.sender);
-        MinerInfo storage m = _miners[miner];
-        if (!m.active) revert NotRegistered(miner);
-        uint256 free = m.stake - m.locked;
-        if (free < amount) revert InsufficientFreeStake(free, amount);
-        m.locked += amount;
-        emit CollateralLocked(miner, amount, m.locked);
+        _onlyTaskRegistry();
+        _lock(miner, amount);
     }
 
     /// @notice Unlocks `amount` of `miner`'s collateral. TaskRegistry only.
     function unlockCollateral(address miner, uint256 amount) external {
-        if (msg.sender != taskRegistry || msg.sender == address(0)) revert Unauthorized(msg.sender);
-        MinerInfo storage m = _miners[miner];
-        if (amount > m.locked) revert UnlockExceedsLocked(m.locked, amount);
-        m.locked -= amount;
-        emit CollateralUnlocked(miner, amount, m.locked);
+        _onlyTaskRegistry();
+        _unlock(miner, amount);
+    }
+
+    /// @notice Locks `amount` of shard collateral from the swarm's members, split by their
+    /// shares ({swarmSplit}). TaskRegistry only.
+    function lockSwarmCollateral(uint256 swarmId, uint256 amount) external {
+        _onlyTaskRegistry();
+        Swarm storage w = _swarm(swarmId);
+        uint256[] memory parts = _split(w, amount);
+        for (uint256 i = 0; i < parts.length; ++i) {
+            _lock(w.members[i], parts[i]);
+        }
+    }
+
+    /// @notice Unlocks `amount` of shard collateral from the swarm's members, split as it was
+    /// locked. TaskRegistry only.
+    function unlockSwarmCollateral(uint256 swarmId, uint256 amount) external {
+        _onlyTaskRegistry();
+        Swarm storage w = _swarm(swarmId);
+        uint256[] memory parts = _split(w, amount);
+        for (uint256 i = 0; i < parts.length; ++i) {
+            _unlock(w.members[i], parts[i]);
+        }
     }
 
     /// @notice Takes up to `amount` wei of `miner`'s stake and credits it to `beneficiary` in
@@ -356,6 +475,29 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         if (address(escrow) == address(0)) revert NotWired();
         MinerInfo storage m = _miners[miner];
         slashed = _slash(m, miner, amount, beneficiary);
+    }
+
+    /// @notice Takes up to `amount` wei from the swarm's members, split by their shares
+    /// ({swarmSplit}; each member loses at most its stake), and credits it to `beneficiary` in
+    /// PaymentEscrow. TaskRegistry or Arbitration only.
+    /// @return slashed The wei actually taken from all members together.
+    function slashSwarm(uint256 swarmId, uint256 amount, address beneficiary)
+        external
+        nonReentrant
+        returns (uint256 slashed)
+    {
+        if (msg.sender == address(0) || (msg.sender != taskRegistry && msg.sender != arbitration)) {
+            revert Unauthorized(msg.sender);
+        }
+        if (beneficiary == address(0)) revert ZeroAddress();
+        if (address(escrow) == address(0)) revert NotWired();
+        Swarm storage w = _swarm(swarmId);
+        uint256[] memory parts = _split(w, amount);
+        for (uint256 i = 0; i < parts.length; ++i) {
+            address member = w.members[i];
+            slashed += _deduct(_miners[member], member, parts[i], beneficiary);
+        }
+        if (slashed > 0) escrow.credit{value: slashed}(beneficiary);
     }
 
     /// @notice Pays `rechallengeFee` (burned) to be challenged again: an untrusted miner,
@@ -411,12 +553,144 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         private
         returns (uint256 slashed)
     {
-        slashed = amount < m.stake ? amount : m.stake;
-        if (slashed == 0) return 0;
-        m.stake -= slashed;
+        slashed = _deduct(m, miner, amount, beneficiary);
+        if (slashed > 0) escrow.credit{value: slashed}(beneficiary);
+    }
+
+    /// @dev Removes up to `amount` from `m`'s stake (the caller credits it); returns what it took.
+    function _deduct(MinerInfo storage m, address miner, uint256 amount, address beneficiary)
+        private
+        returns (uint256 taken)
+    {
+        taken = amount < m.stake ? amount : m.stake;
+        if (taken == 0) return 0;
+        m.stake -= taken;
         if (m.locked > m.stake) m.locked = m.stake;
-        emit Slashed(miner, slashed, beneficiary, msg.sender);
-        escrow.credit{value: slashed}(beneficiary);
+        emit Slashed(miner, taken, beneficiary, msg.sender);
+    }
+
+    // ------------------------------------------------------------------ swarms
+
+    /// @notice Registers a swarm that every member consented to (see the contract's notice).
+    /// Each `sigs[i]` is `terms.members[i]`'s EIP-712 `SwarmConsent` over exactly `terms` and
+    /// its current {nonces} ({hashSwarmConsent}); registering uses every member's nonce.
+    /// Anyone may submit.
+    /// @param terms Model, head, members (2..16 registered, non-exiting miners, strictly
+    /// ascending), shares (> 0 each), least price per token, consent deadline.
+    /// @param sigs One consent signature per member, in `terms.members` order.
+    /// @return swarmId The new swarm's id (from 1).
+    function registerSwarm(SwarmTerms calldata terms, bytes[] calldata sigs) external returns (uint256 swarmId) {
+        uint256 n = terms.members.length;
+        if (n < 2 || n > MAX_SWARM_MEMBERS) revert InvalidSwarmSize(n);
+        if (terms.shares.length != n || sigs.length != n) revert SwarmLengthMismatch();
+        if (block.timestamp > terms.deadline) revert ConsentExpired(terms.deadline);
+        swarmId = ++swarmCount;
+        Swarm storage w = _swarms[swarmId];
+        uint256 total = 0;
+        bool headFound = false;
+        for (uint256 i = 0; i < n; ++i) {
+            address member = terms.members[i];
+            if (i > 0 && member <= terms.members[i - 1]) revert MembersNotSorted();
+            if (terms.shares[i] == 0) revert ZeroShare(member);
+            MinerInfo storage m = _miners[member];
+            if (!m.active) revert NotRegistered(member);
+            if (m.exitRequestedAt != 0) revert AlreadyExiting(member);
+            if (member == terms.head) {
+                headFound = true;
+                w.headIndex = uint8(i);
+            }
+            total += terms.shares[i];
+            bytes32 digest = hashSwarmConsent(terms, _useNonce(member));
+            if (SigLib.recover(digest, sigs[i]) != member) revert InvalidConsent(member);
+        }
+        if (!headFound) revert HeadNotMember(terms.head);
+        w.modelId = terms.modelId;
+        w.head = terms.head;
+        w.pricePerToken = terms.pricePerToken;
+        w.members = terms.members;
+        w.shares = terms.shares;
+        w.totalShares = uint64(total);
+        w.active = true;
+        emit SwarmRegistered(swarmId, terms.modelId, terms.head, terms.members, terms.shares, terms.pricePerToken);
+    }
+
+    /// @notice EIP-712 digest of `SwarmConsent(terms, nonce)` in this contract's domain: what
+    /// a member signs to consent to `terms` at its nonce `nonce`.
+    function hashSwarmConsent(SwarmTerms calldata terms, uint256 nonce) public view returns (bytes32) {
+        return _hashTypedDataV4(
+            keccak256(
+                abi.encode(
+                    SWARM_CONSENT_TYPEHASH,
+                    terms.modelId,
+                    terms.head,
+                    keccak256(abi.encodePacked(terms.members)),
+                    keccak256(abi.encodePacked(terms.shares)),
+                    terms.pricePerToken,
+                    nonce,
+                    terms.deadline
+                )
+            )
+        );
+    }
+
+    /// @notice This contract's EIP-712 domain separator (swarm consents).
+    function domainSeparator() external view returns (bytes32) {
+        return _domainSeparatorV4();
+    }
+
+    /// @notice The caller leaves the swarm, which then takes no new claims. Shards it claimed
+    /// before run to their end: the caller keeps its collateral, pay and liability for them.
+    /// @param swarmId The swarm.
+    function leaveSwarm(uint256 swarmId) external {
+        Swarm storage w = _swarm(swarmId);
+        if (!_isMember(w, msg.sender)) revert NotSwarmMember(swarmId, msg.sender);
+        if (!w.active) revert SwarmInactive(swarmId);
+        w.active = false;
+        emit SwarmLeft(swarmId, msg.sender);
+    }
+
+    /// @notice Uses the caller's current swarm-consent nonce, so no consent signed with it can
+    /// register a swarm.
+    function cancelSwarmConsent() external {
+        emit SwarmConsentCancelled(msg.sender, _useNonce(msg.sender));
+    }
+
+    /// @notice Reverts with the reason unless `head` may claim a shard of a task for
+    /// (`modelId`, `minRepBps`, `allowProbation`, `taskPrice`) for swarm `swarmId` (see the
+    /// contract's notice: active, its head, its model, price, every member eligible).
+    function checkSwarmClaim(
+        uint256 swarmId,
+        address head,
+        bytes32 modelId,
+        uint16 minRepBps,
+        bool allowProbation,
+        uint256 taskPrice
+    ) external view {
+        Swarm storage w = _swarm(swarmId);
+        if (!w.active) revert SwarmInactive(swarmId);
+        if (head != w.head) revert NotSwarmHead(swarmId, head);
+        if (modelId != w.modelId) revert SwarmModelMismatch(w.modelId, modelId);
+        if (taskPrice < w.pricePerToken) revert AskAboveTaskPrice(w.pricePerToken, taskPrice);
+        for (uint256 i = 0; i < w.members.length; ++i) {
+            address member = w.members[i];
+            if (!_eligible(member, minRepBps, allowProbation)) revert MemberNotEligible(member);
+        }
+    }
+
+    /// @notice `amount` split over the swarm's members by share: `floor(amount * share /
+    /// totalShares)` each, plus the remainder to the head, so the parts sum to `amount`.
+    function swarmSplit(uint256 swarmId, uint256 amount)
+        external
+        view
+        returns (address[] memory members, uint256[] memory parts)
+    {
+        Swarm storage w = _swarm(swarmId);
+        return (w.members, _split(w, amount));
+    }
+
+    /// @notice The swarm's terms and whether it still takes claims.
+    function swarmInfo(uint256 swarmId) external view returns (Swarm memory) {
+        return _swarm(swarmId);
     }
 
     // ------------------------------------------------------------------ views
@@ -429,13 +703,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
         view
         returns (bool)
     {
-        MinerInfo storage m = _miners[miner];
-        if (!m.active || m.exitRequestedAt != 0 || m.stake < minStake) return false;
-        if (m.onProbation && !allowProbation) return false;
-        if (!_serves[miner][modelId]) return false;
-        if (rechallengePending[miner] && allowProbation && minRepBps == 0) return true;
-        uint16 floor = minRepBps > untrustedBelowBps ? minRepBps : untrustedBelowBps;
-        return m.reputationBps >= floor;
+        return _serves[miner][modelId] && _eligible(miner, minRepBps, allowProbation);
     }
 
     /// @notice True while `miner` is on probation (see the contract's notice).
@@ -464,6 +732,62 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, OneTimeWiring {
     }
 
     // ------------------------------------------------------------------ internal
+
+    function _onlyTaskRegistry() private view {
+        if (msg.sender != taskRegistry || msg.sender == address(0)) revert Unauthorized(msg.sender);
+    }
+
+    function _lock(address miner, uint256 amount) private {
+        MinerInfo storage m = _miners[miner];
+        if (!m.active) revert NotRegistered(miner);
+        uint256 free = m.stake - m.locked;
+        if (free < amount) revert InsufficientFreeStake(free, amount);
+        m.locked += amount;
+        emit CollateralLocked(miner, amount, m.locked);
+    }
+
+    function _unlock(address miner, uint256 amount) private {
+        MinerInfo storage m = _miners[miner];
+        if (amount > m.locked) revert UnlockExceedsLocked(m.locked, amount);
+        m.locked -= amount;
+        emit CollateralUnlocked(miner, amount, m.locked);
+    }
+
+    /// @dev {isEligible} without the model: registered, not exiting, stake >= minStake,
+    /// reputation floor, probation only where allowed.
+    function _eligible(address miner, uint16 minRepBps, bool allowProbation) private view returns (bool) {
+        MinerInfo storage m = _miners[miner];
+        if (!m.active || m.exitRequestedAt != 0 || m.stake < minStake) return false;
+        if (m.onProbation && !allowProbation) return false;
+        if (rechallengePending[miner] && allowProbation && minRepBps == 0) return true;
+        uint16 floor = minRepBps > untrustedBelowBps ? minRepBps : untrustedBelowBps;
+        return m.reputationBps >= floor;
+    }
+
+    function _swarm(uint256 swarmId) private view returns (Swarm storage w) {
+        if (swarmId == 0 || swarmId > swarmCount) revert UnknownSwarm(swarmId);
+        return _swarms[swarmId];
+    }
+
+    function _isMember(Swarm storage w, address account) private view returns (bool) {
+        for (uint256 i = 0; i < w.members.length; ++i) {
+            if (w.members[i] == account) return true;
+        }
+        return false;
+    }
+
+    /// @dev floor(amount * share / total) per member, the remainder to the head.
+    function _split(Swarm storage w, uint256 amount) private view returns (uint256[] memory parts) {
+        uint256 n = w.members.length;
+        uint256 total = w.totalShares;
+        parts = new uint256[](n);
+        uint256 given = 0;
+        for (uint256 i = 0; i < n; ++i) {
+            parts[i] = amount * w.shares[i] / total;
+            given += parts[i];
+        }
+        parts[w.headIndex] += amount - given;
+    }
 
     function _setProfile(address miner, bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint)
         private

@@ -34,6 +34,12 @@ import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 ///   - arb.setTaskRegistry(task), arb.setGPURegistry(gpu), arb.setCommittee(committee),
 ///     arb.setEscrow(escrow)
 ///
+/// Swarms (GPURegistry's swarm notice): a swarm's head claims with {claimShardForSwarm}; the
+/// shard's `miner` is then the head (it submits and signs the receipts, and Arbitration checks
+/// them against it) and {shardSwarm} names the swarm, whose fixed shares are the shard's
+/// snapshot. Collateral is locked from, the payment credited to, and a reclaim penalty or a
+/// fault slashed from its members by those shares, floor each and the remainder to the head.
+///
 /// Money: the whole payment `numRequests * maxTokensPerRequest * pricePerToken` sits in
 /// PaymentEscrow under the task id. A shard's budget is `requests * maxTokensPerRequest *
 /// pricePerToken`; the budgets add up to the payment exactly.
@@ -64,6 +70,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     uint256 public taskCount;
     mapping(uint256 taskId => Task) private _tasks;
     mapping(uint256 taskId => mapping(uint32 shard => Shard)) private _shards;
+    /// @notice The swarm that holds (or last held) the shard's claim; 0 for a single miner.
+    mapping(uint256 taskId => mapping(uint32 shard => uint256 swarmId)) public shardSwarm;
 
     event GPURegistrySet(address gpuRegistry);
     event EscrowSet(address escrow);
@@ -87,6 +95,10 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     event ShardClaimed(
         uint256 indexed taskId, uint32 indexed shard, address indexed miner, uint64 claimExpiry, uint256 collateral
     );
+    /// @notice The claim of `shard` (its `miner` the swarm's head) is held by swarm `swarmId`.
+    event SwarmShardClaimed(uint256 indexed taskId, uint32 indexed shard, uint256 indexed swarmId);
+    /// @notice A swarm shard's payment was credited to the members, `amounts[i]` to `members[i]`.
+    event SwarmPaid(uint256 indexed taskId, uint32 indexed shard, uint256 indexed swarmId, address[] members, uint256[] amounts);
     event ResultSubmitted(
         uint256 indexed taskId,
         uint32 indexed shard,
@@ -300,24 +312,17 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     /// @param taskId The task.
     /// @param shard The shard index.
     function claimShard(uint256 taskId, uint32 shard) external nonReentrant {
-        Task storage t = _task(taskId);
-        Shard storage s = _shard(taskId, t, shard);
-        ShardState st = _stateOf(t, s);
-        if (st != ShardState.Open) revert ShardNotOpen(st);
-        if (block.timestamp >= t.deadline) revert DeadlinePassed(t.deadline);
-        if (!gpuRegistry.isEligible(msg.sender, t.modelId, t.minReputationBps, t.allowProbation)) {
-            revert NotEligible(msg.sender);
-        }
-        uint256 budget = _budget(t, shard);
-        uint256 collateral = budget * collateralBps / BPS;
-        uint64 expiry = uint64(block.timestamp) + claimTimeout;
-        s.state = ShardState.Claimed;
-        s.miner = msg.sender;
-        s.claimExpiry = expiry;
-        s.collateral = collateral;
-        t.committed += budget;
-        emit ShardClaimed(taskId, shard, msg.sender, expiry, collateral);
-        gpuRegistry.lockCollateral(msg.sender, collateral);
+        _claim(taskId, shard, 0);
+    }
+
+    /// @notice Claims an Open shard for swarm `swarmId`, whose head must be the caller; as
+    /// {claimShard}, but the swarm must be eligible (GPURegistry.checkSwarmClaim reverts with the
+    /// reason) and the collateral is locked from its members by their shares.
+    /// @param taskId The task.
+    /// @param shard The shard index.
+    /// @param swarmId The swarm (GPURegistry).
+    function claimShardForSwarm(uint256 taskId, uint32 shard, uint256 swarmId) external nonReentrant {
+        _claim(taskId, shard, swarmId);
     }
 
     /// @notice Submits the shard's result before the claim expires and opens the challenge window.
@@ -386,10 +391,19 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         s.state = ShardState.Finalized;
         t.committed -= budget;
         address miner = s.miner;
+        uint256 swarmId = shardSwarm[taskId][shard];
         emit ShardFinalized(taskId, shard, miner, payment, refund);
-        escrow.release(taskId, miner, payment);
+        if (swarmId == 0) {
+            escrow.release(taskId, miner, payment);
+        } else {
+            (address[] memory members, uint256[] memory parts) = gpuRegistry.swarmSplit(swarmId, payment);
+            emit SwarmPaid(taskId, shard, swarmId, members, parts);
+            for (uint256 i = 0; i < members.length; ++i) {
+                escrow.release(taskId, members[i], parts[i]);
+            }
+        }
         escrow.release(taskId, t.client, refund);
-        gpuRegistry.unlockCollateral(miner, s.collateral);
+        _unlock(taskId, shard, miner, s.collateral);
     }
 
     // ------------------------------------------------------------------ Arbitration hooks
@@ -431,7 +445,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             t.committed -= budget;
             emit ShardRefunded(taskId, shard, budget);
             escrow.release(taskId, client, budget);
-            gpuRegistry.unlockCollateral(miner, collateral);
+            _unlock(taskId, shard, miner, collateral);
         } else {
             s.state = ShardState.Submitted;
             s.windowEnd = windowEnd;
@@ -515,23 +529,70 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         );
     }
 
+    function _claim(uint256 taskId, uint32 shard, uint256 swarmId) private {
+        Task storage t = _task(taskId);
+        Shard storage s = _shard(taskId, t, shard);
+        ShardState st = _stateOf(t, s);
+        if (st != ShardState.Open) revert ShardNotOpen(st);
+        if (block.timestamp >= t.deadline) revert DeadlinePassed(t.deadline);
+        if (swarmId == 0) {
+            if (!gpuRegistry.isEligible(msg.sender, t.modelId, t.minReputationBps, t.allowProbation)) {
+                revert NotEligible(msg.sender);
+            }
+        } else {
+            gpuRegistry.checkSwarmClaim(
+                swarmId, msg.sender, t.modelId, t.minReputationBps, t.allowProbation, t.pricePerToken
+            );
+        }
+        uint256 budget = _budget(t, shard);
+        uint256 collateral = budget * collateralBps / BPS;
+        uint64 expiry = uint64(block.timestamp) + claimTimeout;
+        s.state = ShardState.Claimed;
+        s.miner = msg.sender;
+        s.claimExpiry = expiry;
+        s.collateral = collateral;
+        t.committed += budget;
+        emit ShardClaimed(taskId, shard, msg.sender, expiry, collateral);
+        if (swarmId == 0) {
+            gpuRegistry.lockCollateral(msg.sender, collateral);
+        } else {
+            shardSwarm[taskId][shard] = swarmId;
+            emit SwarmShardClaimed(taskId, shard, swarmId);
+            gpuRegistry.lockSwarmCollateral(swarmId, collateral);
+        }
+    }
+
+    /// @dev Unlocks the claim's collateral from its miner, or from its swarm's members.
+    function _unlock(uint256 taskId, uint32 shard, address miner, uint256 collateral) private {
+        uint256 swarmId = shardSwarm[taskId][shard];
+        if (swarmId == 0) gpuRegistry.unlockCollateral(miner, collateral);
+        else gpuRegistry.unlockSwarmCollateral(swarmId, collateral);
+    }
+
     function _reclaim(uint256 taskId, Task storage t, uint32 shard, Shard storage s) private {
         if (block.timestamp < s.claimExpiry) revert ClaimNotExpired(s.claimExpiry);
         address miner = s.miner;
         uint256 collateral = s.collateral;
+        uint256 swarmId = shardSwarm[taskId][shard];
         uint256 penalty = collateral * reclaimPenaltyBps / BPS;
         uint256 budget = _budget(t, shard);
         bool reopen = !t.cancelled && block.timestamp < t.deadline;
         t.committed -= budget;
         delete _shards[taskId][shard];
+        delete shardSwarm[taskId][shard];
         if (!reopen) _shards[taskId][shard].state = ShardState.Refunded;
         emit ClaimReclaimed(taskId, shard, miner, penalty, reopen);
         if (!reopen) {
             emit ShardRefunded(taskId, shard, budget);
             escrow.release(taskId, t.client, budget);
         }
-        gpuRegistry.unlockCollateral(miner, collateral);
-        gpuRegistry.slash(miner, penalty, t.client);
+        if (swarmId == 0) {
+            gpuRegistry.unlockCollateral(miner, collateral);
+            gpuRegistry.slash(miner, penalty, t.client);
+        } else {
+            gpuRegistry.unlockSwarmCollateral(swarmId, collateral);
+            gpuRegistry.slashSwarm(swarmId, penalty, t.client);
+        }
     }
 
     function _task(uint256 taskId) private view returns (Task storage t) {

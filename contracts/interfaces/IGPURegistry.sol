@@ -12,4 +12,19 @@ interface IGPURegistry {
         view
         returns (bool);
     function isRegistered(address miner) external view returns (bool);
+    function lockSwarmCollateral(uint256 swarmId, uint256 amount) external;
+    function unlockSwarmCollateral(uint256 swarmId, uint256 amount) external;
+    function slashSwarm(uint256 swarmId, uint256 amount, address beneficiary) external returns (uint256 slashed);
+    function checkSwarmClaim(
+        uint256 swarmId,
+        address head,
+        bytes32 modelId,
+        uint16 minRepBps,
+        bool allowProbation,
+        uint256 taskPrice
+    ) external view;
+    function swarmSplit(uint256 swarmId, uint256 amount)
+        external
+        view
+        returns (address[] memory members, uint256[] memory parts);
 }

@@ -55,6 +55,7 @@ struct Shard {
 interface ITaskRegistry {
     function getTask(uint256 taskId) external view returns (Task memory);
     function getShard(uint256 taskId, uint32 shard) external view returns (Shard memory);
+    function shardSwarm(uint256 taskId, uint32 shard) external view returns (uint256 swarmId);
     function shardRange(uint256 taskId, uint32 shard) external view returns (uint32 start, uint32 end);
     function hashReceipt(Receipt calldata receipt) external view returns (bytes32);
     function receiptStructHash(Receipt calldata receipt) external pure returns (bytes32);

@@ -10,13 +10,16 @@
 //   - Arbitration balance == bonds of open disputes + bonds of open availability challenges;
 //   - VerifierCommittee balance == sum of verifierInfo.stake over every verifier registered and
 //     not withdrawn; each verifier's record, strikes, seats and the weight snapshots per epoch;
-//   - every shard's state, miner, times, collateral and tokens.
+//   - every shard's state, miner, times, collateral and tokens, and the swarm that claimed it;
+//   - swarms (formed by the miners' EIP-712 consents): whether each still takes claims, every
+//     miner's consent nonce; a swarm shard's collateral, pay and slashes split over its members
+//     by share (floor each, the remainder to the head), counted in each member's locked stake.
 // Every transaction's block timestamp is pinned to latest + 1, so the model knows the exact
 // `block.timestamp` (and epoch) each call runs at.
 const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
-const { P, MODEL, deployQuarry, resultTree, signVotes, signReport, gasCost } = require("./helpers");
+const { P, MODEL, deployQuarry, domainOf, resultTree, signVotes, signReport, gasCost } = require("./helpers");
 
 const S = { Open: 0, Claimed: 1, Submitted: 2, Disputed: 3, Finalized: 4, Refunded: 5 };
 const DS = { open: 1n, fault: 2n, nofault: 3n, expired: 4n };
@@ -63,6 +66,17 @@ function outputHashOf(textHash, ids) {
 const min = (a, b) => (a < b ? a : b);
 const max = (a, b) => (a > b ? a : b);
 const byAddress = (a, b) => (BigInt(a) < BigInt(b) ? -1 : 1);
+const SWARM_TYPES = {
+  SwarmConsent: [
+    { name: "modelId", type: "bytes32" },
+    { name: "head", type: "address" },
+    { name: "members", type: "address[]" },
+    { name: "shares", type: "uint32[]" },
+    { name: "pricePerToken", type: "uint256" },
+    { name: "nonce", type: "uint256" },
+    { name: "deadline", type: "uint64" },
+  ],
+};
 
 async function run(seed, steps, wideEvery) {
   const q = await loadFixture(deployQuarry);
@@ -97,6 +111,8 @@ async function run(seed, steps, wideEvery) {
   const tasks = [];
   const disputes = [];
   const challenges = [];
+  const swarms = []; // { id, head, members (addresses, ascending), shares, headIndex, ask, active }
+  const nonces = new Map(); // miner -> swarm-consent nonce
   // committee
   const vinfo = new Map(vsigners.map((v) => [v.address, null])); // current record or null
   const regs = []; // every registration ever (records stay here after a withdrawal)
@@ -211,7 +227,7 @@ async function run(seed, steps, wideEvery) {
   };
   const freshShard = () => ({
     state: S.Open, miner: ethers.ZeroAddress, claimExpiry: 0n, windowEnd: 0n, collateral: 0n, tokensUsed: 0n,
-    submittedAt: 0n, result: null, avail: 0,
+    submittedAt: 0n, result: null, avail: 0, swarm: null,
   });
   const eligible = (m, t) => {
     const st = mstate.get(m.address);
@@ -219,14 +235,41 @@ async function run(seed, steps, wideEvery) {
     if (st.onProbation && !t.allowProbation) return false;
     return st.rep >= max(BigInt(t.minRep), 4000n);
   };
-  const lockedOf = (addr) => allShards((t, sh) => sh.miner === addr && LIVE.includes(sh.state))
-    .reduce((a, [t, s]) => a + shardOf(t, s).collateral, 0n);
+  /** GPURegistry._split: floor(amount * share / total) per member, the remainder to the head. */
+  const splitOf = (sw, amount) => {
+    const total = sw.shares.reduce((a, x) => a + BigInt(x), 0n);
+    const parts = sw.shares.map((x) => (amount * BigInt(x)) / total);
+    parts[sw.headIndex] += amount - parts.reduce((a, x) => a + x, 0n);
+    return parts;
+  };
+  /** The collateral `addr` has locked for shard `sh` (its part of a swarm's). */
+  const lockedIn = (sh, addr) => {
+    if (!sh.swarm) return sh.miner === addr ? sh.collateral : 0n;
+    const i = sh.swarm.members.indexOf(addr);
+    return i < 0 ? 0n : splitOf(sh.swarm, sh.collateral)[i];
+  };
+  const lockedOf = (addr) => allShards((t, sh) => LIVE.includes(sh.state))
+    .reduce((a, [t, s]) => a + lockedIn(shardOf(t, s), addr), 0n);
   const slashMiner = (addr, amount, to) => {
     const st = mstate.get(addr);
     const x = min(amount, st.stake);
     st.stake -= x;
     if (x > 0n) credit(to, x);
     return x;
+  };
+  /** Slashes the shard's miner, or its swarm's members by share (one credit for the total). */
+  const slashLiable = (sh, amount, to) => {
+    if (!sh.swarm) return slashMiner(sh.miner, amount, to);
+    bump("swarmSlash");
+    let taken = 0n;
+    splitOf(sh.swarm, amount).forEach((part, i) => {
+      const st = mstate.get(sh.swarm.members[i]);
+      const x = min(part, st.stake);
+      st.stake -= x;
+      taken += x;
+    });
+    if (taken > 0n) credit(to, taken);
+    return taken;
   };
   /** Arbitration._settleFault: budget back to the client, collateral slashed, the voters'
    * reward split by their recorded weights ([address, weight] pairs), the rest to the client. */
@@ -244,9 +287,9 @@ async function run(seed, steps, wideEvery) {
     for (const [v, x] of voters) {
       const share = (reward * x) / tally;
       paid += share;
-      slashed += slashMiner(sh.miner, share, v);
+      slashed += slashLiable(sh, share, v);
     }
-    slashed += slashMiner(sh.miner, slashAmount - paid, t.client.address);
+    slashed += slashLiable(sh, slashAmount - paid, t.client.address);
     return slashed;
   };
 
@@ -310,6 +353,7 @@ async function run(seed, steps, wideEvery) {
         expect(sh.collateral).to.equal(m.collateral, `${tag} collateral`);
         expect(sh.tokensUsed).to.equal(m.tokensUsed, `${tag} tokensUsed`);
         expect(sh.submittedAt).to.equal(m.submittedAt, `${tag} submittedAt`);
+        expect(await task.shardSwarm(t.id, s)).to.equal(m.swarm ? m.swarm.id : 0n, `${tag} swarm`);
         if (m.result) expect(sh.resultRoot).to.equal(m.result.tree.root);
         if (m.avail) expect(await arb.availabilityChallengesOf(t.id, s)).to.equal(m.avail);
         if (m.state === S.Open || LIVE.includes(m.state)) held += budgetOf(t, s);
@@ -341,6 +385,10 @@ async function run(seed, steps, wideEvery) {
       stakes += info.stake;
     }
     expect(await ethers.provider.getBalance(gpu)).to.equal(stakes);
+    // swarms
+    expect(await gpu.swarmCount()).to.equal(swarms.length);
+    for (const sw of swarms) expect((await gpu.swarmInfo(sw.id)).active).to.equal(sw.active, `swarm ${sw.id} active`);
+    for (const m of miners) expect(await gpu.nonces(m)).to.equal(nonces.get(m.address) || 0n);
     // arbitration: bonds of open disputes and open availability challenges
     expect(await arb.disputeCount()).to.equal(disputes.length);
     expect(await arb.challengeCount()).to.equal(challenges.length);
@@ -438,6 +486,97 @@ async function run(seed, steps, wideEvery) {
       t.committed += budget;
       return mstate.get(m.address).onProbation ? "claimOnProbationAllowed" : true;
     },
+    async registerSwarm() {
+      if (swarms.length >= 6) return false;
+      const ts = await pin();
+      const group = rnd.shuffle(miners).slice(0, rnd.int(2, miners.length)).sort((a, b) => byAddress(a.address, b.address));
+      const terms = {
+        modelId: MODEL,
+        head: rnd.pick(group).address,
+        members: group.map((m) => m.address),
+        shares: group.map(() => rnd.int(1, 5)),
+        pricePerToken: BigInt(rnd.int(1, 5e8)),
+        deadline: ts + 100n,
+      };
+      const domain = await domainOf(gpu);
+      const sigs = [];
+      for (const m of group) {
+        sigs.push(await m.signTypedData(domain, SWARM_TYPES, { ...terms, nonce: nonces.get(m.address) || 0n }));
+      }
+      if (rnd.chance(0.1)) {
+        // a forged consent: someone else signs for a member
+        const k = rnd.int(0, group.length - 1);
+        sigs[k] = await outsider.signTypedData(domain, SWARM_TYPES, { ...terms, nonce: nonces.get(group[k].address) || 0n });
+        await expect(gpu.connect(rnd.pick(actors)).registerSwarm(terms, sigs))
+          .to.be.revertedWithCustomError(gpu, "InvalidConsent").withArgs(group[k].address);
+        return "registerSwarmForged";
+      }
+      const id = BigInt(swarms.length + 1);
+      await expect(gpu.connect(rnd.pick(actors)).registerSwarm(terms, sigs)).to.emit(gpu, "SwarmRegistered")
+        .withArgs(id, MODEL, terms.head, terms.members, terms.shares, terms.pricePerToken);
+      for (const m of group) nonces.set(m.address, (nonces.get(m.address) || 0n) + 1n);
+      swarms.push({
+        id, head: terms.head, members: terms.members, shares: terms.shares,
+        headIndex: terms.members.indexOf(terms.head), ask: terms.pricePerToken, active: true, terms, sigs,
+      });
+      return true;
+    },
+    async leaveSwarm() {
+      const c = swarms.filter((x) => x.active);
+      if (!c.length) return false;
+      const sw = rnd.pick(c);
+      const leaver = rnd.pick(sw.members);
+      const who = miners.find((m) => m.address === leaver);
+      await pin();
+      await expect(gpu.connect(who).leaveSwarm(sw.id)).to.emit(gpu, "SwarmLeft").withArgs(sw.id, who.address);
+      sw.active = false;
+      if (rnd.chance(0.3)) {
+        // re-forming it with the same signatures is a replay
+        const ts = await pin();
+        await expect(gpu.registerSwarm(sw.terms, sw.sigs)).to.be.revertedWithCustomError(
+          gpu, ts > sw.terms.deadline ? "ConsentExpired" : "InvalidConsent");
+        return "swarmReplay";
+      }
+      return true;
+    },
+    async claimShardSwarm() {
+      const ts = await pin();
+      const c = allShards((t, sh) => sh.state === S.Open && ts < t.deadline);
+      if (!c.length || !swarms.length) return false;
+      const [t, s] = rnd.pick(c);
+      const sw = rnd.pick(swarms);
+      const head = miners.find((m) => m.address === sw.head);
+      if (!sw.active) {
+        await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
+          .to.be.revertedWithCustomError(gpu, "SwarmInactive").withArgs(sw.id);
+        return "claimSwarmInactive";
+      }
+      if (rnd.chance(0.05)) {
+        const other = miners.find((m) => m.address !== sw.head);
+        await expect(task.connect(other).claimShardForSwarm(t.id, s, sw.id))
+          .to.be.revertedWithCustomError(gpu, "NotSwarmHead").withArgs(sw.id, other.address);
+        return "claimSwarmNotHead";
+      }
+      if (t.price < sw.ask) {
+        await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
+          .to.be.revertedWithCustomError(gpu, "AskAboveTaskPrice").withArgs(sw.ask, t.price);
+        return "claimSwarmAskAbove";
+      }
+      const bad = sw.members.find((a) => !eligible({ address: a }, t));
+      if (bad) {
+        await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
+          .to.be.revertedWithCustomError(gpu, "MemberNotEligible").withArgs(bad);
+        return "claimSwarmMemberNotEligible";
+      }
+      const budget = budgetOf(t, s);
+      const coll = (budget * BigInt(P.collateralBps)) / BPS;
+      const tx = task.connect(head).claimShardForSwarm(t.id, s, sw.id);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, head.address, ts + P.claimTimeout, coll);
+      await expect(tx).to.emit(task, "SwarmShardClaimed").withArgs(t.id, s, sw.id);
+      Object.assign(shardOf(t, s), { state: S.Claimed, miner: head.address, claimExpiry: ts + P.claimTimeout, collateral: coll, swarm: sw });
+      t.committed += budget;
+      return true;
+    },
     async submitResult() {
       const ts = await pin();
       const c = allShards((t, sh) => sh.state === S.Claimed && ts < sh.claimExpiry);
@@ -483,13 +622,19 @@ async function run(seed, steps, wideEvery) {
       }
       const budget = budgetOf(t, s);
       const pay = sh.tokensUsed * t.price;
-      await expect(task.connect(rnd.pick(actors)).finalizeShard(t.id, s)).to.emit(task, "ShardFinalized")
-        .withArgs(t.id, s, sh.miner, pay, budget - pay);
-      credit(sh.miner, pay);
+      const tx = task.connect(rnd.pick(actors)).finalizeShard(t.id, s);
+      await expect(tx).to.emit(task, "ShardFinalized").withArgs(t.id, s, sh.miner, pay, budget - pay);
+      if (sh.swarm) {
+        const parts = splitOf(sh.swarm, pay);
+        await expect(tx).to.emit(task, "SwarmPaid").withArgs(t.id, s, sh.swarm.id, sh.swarm.members, parts);
+        sh.swarm.members.forEach((a, i) => credit(a, parts[i]));
+      } else {
+        credit(sh.miner, pay);
+      }
       credit(t.client.address, budget - pay);
       t.committed -= budget;
       sh.state = S.Finalized;
-      return true;
+      return sh.swarm ? "finalizeSwarm" : true;
     },
     async reclaimExpired() {
       const ts = await pin();
@@ -1021,12 +1166,12 @@ async function run(seed, steps, wideEvery) {
     await expect(txp).to.emit(task, "ClaimReclaimed").withArgs(t.id, s, sh.miner, penalty, reopen);
     t.committed -= budget;
     if (!reopen) credit(t.client.address, budget);
-    slashMiner(sh.miner, penalty, t.client.address);
+    slashLiable(sh, penalty, t.client.address);
     Object.assign(sh, freshShard(), { state: reopen ? S.Open : S.Refunded, avail: sh.avail });
   }
 
   const weights = [
-    ["createTask", 6], ["claimShard", 14], ["submitResult", 12], ["finalizeShard", 8], ["reclaimExpired", 4],
+    ["createTask", 6], ["claimShard", 10], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 12], ["finalizeShard", 8], ["reclaimExpired", 4],
     ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
     ["reportAbsence", 3], ["challengeAvailability", 5], ["answerAvailability", 7], ["settleUnanswered", 3],
     ["proveBillingFault", 4], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
@@ -1073,6 +1218,8 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "reportNotSorted", "reportBeforeRegistration",
       "claimOnProbation", "claimOnProbationAllowed", "verifierJoin", "joinDisplacing", "verifierExit", "joinCancelled",
       "verifierWithdraw", "timeJump", "epochJump", "submit_overcap", "submit_miscount", "submit_inflated",
+      "registerSwarm", "registerSwarmForged", "leaveSwarm", "swarmReplay", "claimShardSwarm", "claimSwarmInactive",
+      "claimSwarmAskAbove", "claimSwarmMemberNotEligible", "finalizeSwarm", "swarmSlash",
     ]) {
       expect(agg[k] || 0, `${k}: ${JSON.stringify(agg)}`).to.be.greaterThan(0);
     }

@@ -23,7 +23,7 @@ from web3.types import BlockIdentifier
 from market.chain.artifacts import load_artifact
 from market.chain.client import Chain, TxResult, plain
 from market.chain.errors import ChainError
-from market.protocol.eip712 import Receipt, Report
+from market.protocol.eip712 import Receipt, Report, SwarmConsent
 from market.protocol.merkle import SumNode
 
 ZERO_ADDRESS = "0x" + "00" * 20
@@ -124,6 +124,26 @@ class Shard:
     @staticmethod
     def _convert(kw: dict[str, Any]) -> dict[str, Any]:
         return {**kw, "state": ShardState(kw["state"])}
+
+
+@dataclass(frozen=True)
+class SwarmInfo:
+    """A swarm's fixed terms (GPURegistry.swarmInfo); `active` is False once a member left."""
+
+    model_id: bytes
+    head: str
+    price_per_token: int
+    members: tuple[str, ...]
+    shares: tuple[int, ...]
+    total_shares: int
+    head_index: int
+    active: bool
+
+    @staticmethod
+    def _convert(kw: dict[str, Any]) -> dict[str, Any]:
+        return {**kw, "model_id": bytes(kw["model_id"]),
+                "members": tuple(to_checksum_address(m) for m in kw["members"]),
+                "shares": tuple(int(x) for x in kw["shares"])}
 
 
 SEATED = 2**64 - 1
@@ -299,6 +319,51 @@ class GPURegistry(QuarryContract):
     def min_stake(self) -> int:
         return int(self._call("minStake"))
 
+    # -- swarms (GPURegistry's swarm notice)
+
+    def nonces(self, member: str) -> int:
+        """`member`'s current swarm-consent nonce: the one its next consent must sign."""
+        return int(self._call("nonces", to_checksum_address(member)))
+
+    def sign_swarm_consent(self, consent: SwarmConsent, member: LocalAccount) -> bytes:
+        """`member`'s signature of `consent` at its current nonce, in this contract's domain."""
+        mine = consent.with_nonce(self.nonces(member.address))
+        return mine.sign(member.key, self.chain.chain_id, self.address)
+
+    def hash_swarm_consent(self, consent: SwarmConsent) -> bytes:
+        """The digest the contract checks for `consent` (at `consent.nonce`)."""
+        return bytes(self._call("hashSwarmConsent", consent.terms(), consent.nonce))
+
+    def register_swarm(self, sender: LocalAccount, consent: SwarmConsent,
+                       signatures: Sequence[bytes]) -> tuple[int, TxResult]:
+        """Register the swarm `consent` describes with one signature per member, in
+        `consent.members` order (anyone may send it); returns the swarm id."""
+        if len(signatures) != len(consent.members):
+            raise ChainError(f"register_swarm needs {len(consent.members)} signatures (one per "
+                             f"member), got {len(signatures)}")
+        result = self._tx(sender, "registerSwarm", consent.terms(),
+                          [bytes(s) for s in signatures])
+        return int(result.event("SwarmRegistered")["swarmId"]), result
+
+    def leave_swarm(self, sender: LocalAccount, swarm_id: int) -> TxResult:
+        """The sender leaves; the swarm takes no new claims (its open shards run on)."""
+        return self._tx(sender, "leaveSwarm", swarm_id)
+
+    def cancel_swarm_consent(self, sender: LocalAccount) -> TxResult:
+        """Use the sender's nonce, revoking every consent it signed and nobody registered."""
+        return self._tx(sender, "cancelSwarmConsent")
+
+    def swarm_info(self, swarm_id: int) -> SwarmInfo:
+        return _struct(SwarmInfo, self._call("swarmInfo", swarm_id))
+
+    def swarm_count(self) -> int:
+        return int(self._call("swarmCount"))
+
+    def swarm_split(self, swarm_id: int, amount: int) -> dict[str, int]:
+        """How `amount` wei splits over the swarm's members (floor each, remainder to head)."""
+        members, parts = self._call("swarmSplit", swarm_id, amount)
+        return {to_checksum_address(m): int(p) for m, p in zip(members, parts, strict=True)}
+
 
 class TaskRegistry(QuarryContract):
     NAME = "TaskRegistry"
@@ -333,6 +398,15 @@ class TaskRegistry(QuarryContract):
 
     def claim_shard(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
         return self._tx(sender, "claimShard", task_id, shard)
+
+    def claim_shard_for_swarm(self, sender: LocalAccount, task_id: int, shard: int,
+                              swarm_id: int) -> TxResult:
+        """The swarm's head claims for the group: collateral locked from the members by share."""
+        return self._tx(sender, "claimShardForSwarm", task_id, shard, swarm_id)
+
+    def shard_swarm(self, task_id: int, shard: int) -> int:
+        """The swarm holding (or that last held) the shard's claim; 0 for a single miner."""
+        return int(self._call("shardSwarm", task_id, shard))
 
     def submit_result(
         self,

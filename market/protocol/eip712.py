@@ -3,14 +3,14 @@
 Every struct is signed under the domain `{name: "Quarry", version: "1", chainId,
 verifyingContract}` of the contract that checks it: Receipt -> TaskRegistry (Arbitration
 checks receipts against TaskRegistry's domain), Vote -> Arbitration, Report and
-ChallengeSet -> VerifierCommittee. Signatures are 65 bytes `r ++ s ++ v` with v in {27, 28},
-what OpenZeppelin's `ECDSA.recover` expects.
+ChallengeSet -> VerifierCommittee, SwarmConsent -> GPURegistry. Signatures are 65 bytes
+`r ++ s ++ v` with v in {27, 28}, what OpenZeppelin's `ECDSA.recover` expects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -32,6 +32,7 @@ __all__ = [
     "Vote",
     "Report",
     "ChallengeSet",
+    "SwarmConsent",
     "domain",
     "domain_separator",
     "struct_hash",
@@ -76,6 +77,15 @@ TYPES: dict[str, list[dict[str, str]]] = {
     "ChallengeSet": [
         {"name": "epoch", "type": "uint256"},
         {"name": "challengeSetHash", "type": "bytes32"},
+    ],
+    "SwarmConsent": [
+        {"name": "modelId", "type": "bytes32"},
+        {"name": "head", "type": "address"},
+        {"name": "members", "type": "address[]"},
+        {"name": "shares", "type": "uint32[]"},
+        {"name": "pricePerToken", "type": "uint256"},
+        {"name": "nonce", "type": "uint256"},
+        {"name": "deadline", "type": "uint64"},
     ],
 }
 
@@ -178,6 +188,63 @@ class ChallengeSet(_Struct):
     TYPE: ClassVar[str] = "ChallengeSet"
     epoch: int
     challenge_set_hash: bytes
+
+
+@dataclass(frozen=True)
+class SwarmConsent(_Struct):
+    """A miner's consent to a swarm's terms (GPURegistry.registerSwarm): the model, the head
+    that claims and signs receipts for the group, the members (ascending addresses), each
+    member's share (e.g. layers served), the least price per token, the signer's own consent
+    nonce (GPURegistry.nonces) and a deadline. Every member signs the same terms with its own
+    nonce; the contract uses the nonces, so a consent cannot be replayed."""
+
+    TYPE: ClassVar[str] = "SwarmConsent"
+    model_id: bytes
+    head: str
+    members: tuple[str, ...]
+    shares: tuple[int, ...]
+    price_per_token: int
+    nonce: int
+    deadline: int
+
+    def __post_init__(self) -> None:
+        try:
+            members = tuple(to_checksum_address(m) for m in self.members)
+            head = to_checksum_address(self.head)
+        except (ValueError, TypeError) as exc:
+            raise SignatureError(f"SwarmConsent: {exc}") from exc
+        shares = tuple(int(x) for x in self.shares)
+        object.__setattr__(self, "members", members)
+        object.__setattr__(self, "head", head)
+        object.__setattr__(self, "shares", shares)
+        object.__setattr__(self, "model_id", _b32(self.model_id))
+        if len(members) != len(shares):
+            raise SignatureError(
+                f"SwarmConsent has {len(members)} members but {len(shares)} shares")
+        if any(int(a, 16) >= int(b, 16) for a, b in zip(members, members[1:], strict=False)):
+            raise SignatureError("SwarmConsent.members must be strictly ascending by address")
+        if any(x <= 0 for x in shares):
+            raise SignatureError(f"SwarmConsent.shares must all be positive, got {list(shares)}")
+        if head not in members:
+            raise SignatureError(f"SwarmConsent.head {head} is not one of the members")
+
+    @classmethod
+    def for_plan(cls, model_id: bytes, head: str, shares: Mapping[str, int], price_per_token: int,
+                 deadline: int, nonce: int = 0) -> SwarmConsent:
+        """The consent for a plan given as {member address: share}, members put in the
+        ascending order the contract requires."""
+        order = sorted(shares, key=lambda a: int(a, 16))
+        return cls(model_id, head, tuple(order), tuple(shares[a] for a in order),
+                   price_per_token, nonce, deadline)
+
+    def with_nonce(self, nonce: int) -> SwarmConsent:
+        """The same terms at another member's nonce (each member signs its own)."""
+        return replace(self, nonce=nonce)
+
+    def terms(self) -> tuple[Any, ...]:
+        """The `SwarmTerms` ABI tuple registerSwarm takes (everything but the nonce)."""
+        return (self.model_id, self.head, list(self.members), list(self.shares),
+                self.price_per_token, self.deadline)
 
 
 def _b32(value: Any) -> bytes:

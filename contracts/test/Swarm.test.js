@@ -1,0 +1,446 @@
+// Swarms: one model served by several miners, consented to by EIP-712 signatures, paid and
+// slashed by the shares snapshotted at claim (GPURegistry's swarm notice).
+const { expect } = require("chai");
+const { ethers } = require("hardhat");
+const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
+const {
+  P, MODEL, OTHER_MODEL, GPU, PRICE, domainOf, deployQuarry, createTask, buildResult, signVotes,
+} = require("./helpers");
+
+const SWARM_TYPES = {
+  SwarmConsent: [
+    { name: "modelId", type: "bytes32" },
+    { name: "head", type: "address" },
+    { name: "members", type: "address[]" },
+    { name: "shares", type: "uint32[]" },
+    { name: "pricePerToken", type: "uint256" },
+    { name: "nonce", type: "uint256" },
+    { name: "deadline", type: "uint64" },
+  ],
+};
+const BPS = 10000n;
+const STAKE = ethers.parseEther("2");
+const S = { Open: 0n, Claimed: 1n, Submitted: 2n, Disputed: 3n, Finalized: 4n, Refunded: 5n };
+
+/** GPURegistry.swarmSplit: floor(amount * share / total) each, the remainder to the head. */
+function split(amount, shares, headIndex) {
+  const total = shares.reduce((a, x) => a + BigInt(x), 0n);
+  const parts = shares.map((x) => (amount * BigInt(x)) / total);
+  parts[headIndex] += amount - parts.reduce((a, x) => a + x, 0n);
+  return parts;
+}
+
+/** `signer`'s consent to `terms` at its current nonce (or `over.nonce`), in `over.domain`. */
+async function consent(gpu, signer, terms, over = {}) {
+  const domain = over.domain ?? (await domainOf(gpu));
+  const nonce = over.nonce ?? (await gpu.nonces(signer));
+  return signer.signTypedData(domain, SWARM_TYPES, { ...terms, nonce });
+}
+
+async function termsOf(members, shares, head, over = {}) {
+  return {
+    modelId: MODEL,
+    head: head.address,
+    members: members.map((m) => m.address),
+    shares,
+    pricePerToken: PRICE,
+    deadline: BigInt(await time.latest()) + 3600n,
+    ...over,
+  };
+}
+
+describe("Swarms", function () {
+  /** The Quarry fixture plus four more established miners (off probation), sorted by address. */
+  async function withMembers() {
+    const q = await deployQuarry();
+    const four = q.signers.slice(10, 14).sort((a, b) => (BigInt(a.address) < BigInt(b.address) ? -1 : 1));
+    const probation = [await q.gpu.probationEpochs(), await q.gpu.probationPassBps()];
+    await q.gpu.setProbation(0, probation[1]);
+    for (const m of four) await q.gpu.connect(m).register([OTHER_MODEL], GPU, "http://stage.local", 1, { value: STAKE });
+    await q.gpu.setProbation(...probation);
+    return { ...q, four };
+  }
+  /** A registered 4-member swarm with shares 3:2:2:1 (layers of an 8-layer model), head the
+   * third member. */
+  async function withSwarm() {
+    const q = await withMembers();
+    const shares = [3, 2, 2, 1];
+    const head = q.four[2];
+    const terms = await termsOf(q.four, shares, head);
+    const sigs = [];
+    for (const m of q.four) sigs.push(await consent(q.gpu, m, terms));
+    await q.gpu.connect(head).registerSwarm(terms, sigs);
+    return { ...q, shares, head, headIndex: 2, terms, sigs, swarmId: 1n };
+  }
+  async function claimed() {
+    const q = await withSwarm();
+    const t = await createTask(q.task, q.client);
+    await q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId);
+    return { ...q, taskId: t.taskId };
+  }
+  async function submitted() {
+    const q = await claimed();
+    const res = await buildResult(q.task, q.taskId, 0, 0, 4, q.head, MODEL, (i) => [37, 11, 90, 5][i]);
+    await q.task.connect(q.head).submitResult(q.taskId, 0, res.root, "store://out", res.total);
+    return { ...q, res };
+  }
+  const lockedOf = async (gpu, who) => Promise.all(who.map(async (m) => (await gpu.minerInfo(m)).locked));
+  const stakesOf = async (gpu, who) => Promise.all(who.map(async (m) => (await gpu.minerInfo(m)).stake));
+
+  describe("registerSwarm", function () {
+    it("registers a swarm every member consented to, and uses every member's nonce", async function () {
+      const q = await loadFixture(withMembers);
+      const shares = [3, 2, 2, 1];
+      const terms = await termsOf(q.four, shares, q.four[1]);
+      const sigs = [];
+      for (const m of q.four) sigs.push(await consent(q.gpu, m, terms));
+      await expect(q.gpu.connect(q.outsider).registerSwarm(terms, sigs))
+        .to.emit(q.gpu, "SwarmRegistered").withArgs(1, MODEL, q.four[1].address, terms.members, shares, PRICE);
+      const w = await q.gpu.swarmInfo(1);
+      expect(w.members).to.deep.equal(terms.members);
+      expect(w.shares).to.deep.equal(shares.map(BigInt));
+      expect(w.totalShares).to.equal(8);
+      expect(w.head).to.equal(q.four[1].address);
+      expect(w.headIndex).to.equal(1);
+      expect(w.active).to.equal(true);
+      for (const m of q.four) expect(await q.gpu.nonces(m)).to.equal(1);
+      expect(await q.gpu.swarmCount()).to.equal(1);
+      // the digest the contract checks is the one ethers signs
+      const digest = ethers.TypedDataEncoder.hash(await domainOf(q.gpu), SWARM_TYPES, { ...terms, nonce: 0 });
+      expect(await q.gpu.hashSwarmConsent(terms, 0)).to.equal(digest);
+      expect(await q.gpu.domainSeparator()).to.equal(ethers.TypedDataEncoder.hashDomain(await domainOf(q.gpu)));
+    });
+
+    it("refuses a forged consent: a signature by someone other than the member", async function () {
+      const q = await loadFixture(withMembers);
+      const terms = await termsOf(q.four, [1, 1, 1, 1], q.four[0]);
+      const sigs = [];
+      for (const m of q.four) sigs.push(await consent(q.gpu, m, terms));
+      sigs[3] = await consent(q.gpu, q.outsider, terms, { nonce: await q.gpu.nonces(q.four[3]) });
+      await expect(q.gpu.registerSwarm(terms, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(q.four[3].address);
+      sigs[3] = "0x" + "11".repeat(65);
+      await expect(q.gpu.registerSwarm(terms, sigs)).to.be.revertedWithCustomError(q.gpu, "InvalidSignature");
+    });
+
+    it("refuses a replayed consent: used nonces, another chain, another contract", async function () {
+      const q = await loadFixture(withSwarm);
+      // the same signatures again (e.g. to re-form the swarm after a member left)
+      await q.gpu.connect(q.four[0]).leaveSwarm(q.swarmId);
+      await expect(q.gpu.registerSwarm(q.terms, q.sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(q.four[0].address);
+      // fresh nonces but a domain bound elsewhere
+      const terms = await termsOf(q.four, q.shares, q.head);
+      for (const domain of [
+        { ...(await domainOf(q.gpu)), chainId: 1n },
+        { ...(await domainOf(q.gpu)), verifyingContract: await q.task.getAddress() },
+      ]) {
+        const sigs = [];
+        for (const m of q.four) sigs.push(await consent(q.gpu, m, terms, { domain }));
+        await expect(q.gpu.registerSwarm(terms, sigs))
+          .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(q.four[0].address);
+      }
+    });
+
+    it("refuses a member list, head, price or share the member did not sign", async function () {
+      const q = await loadFixture(withMembers);
+      const three = q.four.slice(0, 3);
+      const signed = await termsOf(three, [1, 1, 1], three[0]);
+      const sigs = [];
+      for (const m of three) sigs.push(await consent(q.gpu, m, signed));
+      // a fourth member added to what they signed (it signs the longer list itself)
+      const longer = await termsOf(q.four, [1, 1, 1, 1], three[0], { deadline: signed.deadline });
+      const s4 = await consent(q.gpu, q.four[3], longer);
+      await expect(q.gpu.registerSwarm(longer, [...sigs, s4]))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(three[0].address);
+      // the head redirecting pay to itself: a bigger share than signed
+      await expect(q.gpu.registerSwarm({ ...signed, shares: [5, 1, 1] }, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(three[0].address);
+      await expect(q.gpu.registerSwarm({ ...signed, head: three[1].address }, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(three[0].address);
+      await expect(q.gpu.registerSwarm({ ...signed, pricePerToken: 1n }, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(three[0].address);
+      await expect(q.gpu.registerSwarm({ ...signed, modelId: OTHER_MODEL }, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(three[0].address);
+      await expect(q.gpu.registerSwarm({ ...signed, deadline: signed.deadline + 1n }, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(three[0].address);
+      // what they did sign registers
+      await expect(q.gpu.registerSwarm(signed, sigs)).to.emit(q.gpu, "SwarmRegistered");
+    });
+
+    it("a member revokes its outstanding consent with cancelSwarmConsent", async function () {
+      const q = await loadFixture(withMembers);
+      const terms = await termsOf(q.four, [1, 1, 1, 1], q.four[0]);
+      const sigs = [];
+      for (const m of q.four) sigs.push(await consent(q.gpu, m, terms));
+      await expect(q.gpu.connect(q.four[2]).cancelSwarmConsent())
+        .to.emit(q.gpu, "SwarmConsentCancelled").withArgs(q.four[2].address, 0);
+      await expect(q.gpu.registerSwarm(terms, sigs))
+        .to.be.revertedWithCustomError(q.gpu, "InvalidConsent").withArgs(q.four[2].address);
+    });
+
+    it("validates the terms with named errors", async function () {
+      const q = await loadFixture(withMembers);
+      const [a, b, c] = q.four;
+      const reg = async (terms, signers = null) => {
+        const sigs = [];
+        for (const m of signers ?? terms.members.map((x) => q.four.find((s) => s.address === x) ?? q.outsider)) {
+          sigs.push(await consent(q.gpu, m, terms));
+        }
+        return q.gpu.registerSwarm(terms, sigs);
+      };
+      await expect(reg(await termsOf([a], [1], a))).to.be.revertedWithCustomError(q.gpu, "InvalidSwarmSize").withArgs(1);
+      const many = Array.from({ length: 17 }, () => a.address);
+      await expect(q.gpu.registerSwarm({ ...(await termsOf([a], [1], a)), members: many, shares: many.map(() => 1) },
+        many.map(() => "0x"))).to.be.revertedWithCustomError(q.gpu, "InvalidSwarmSize").withArgs(17);
+      await expect(q.gpu.registerSwarm(await termsOf([a, b], [1], a), ["0x", "0x"]))
+        .to.be.revertedWithCustomError(q.gpu, "SwarmLengthMismatch");
+      await expect(reg(await termsOf([b, a], [1, 1], a))).to.be.revertedWithCustomError(q.gpu, "MembersNotSorted");
+      await expect(reg(await termsOf([a, a], [1, 1], a))).to.be.revertedWithCustomError(q.gpu, "MembersNotSorted");
+      await expect(reg(await termsOf([a, b], [1, 0], a))).to.be.revertedWithCustomError(q.gpu, "ZeroShare").withArgs(b.address);
+      await expect(reg(await termsOf([a, b], [1, 1], c))).to.be.revertedWithCustomError(q.gpu, "HeadNotMember").withArgs(c.address);
+      const expired = await termsOf([a, b], [1, 1], a, { deadline: BigInt(await time.latest()) - 1n });
+      await expect(reg(expired)).to.be.revertedWithCustomError(q.gpu, "ConsentExpired").withArgs(expired.deadline);
+      // members must be registered miners, not exiting
+      const withOutsider = [a, q.outsider].sort((x, y) => (BigInt(x.address) < BigInt(y.address) ? -1 : 1));
+      await expect(reg(await termsOf(withOutsider, [1, 1], a), withOutsider))
+        .to.be.revertedWithCustomError(q.gpu, "NotRegistered").withArgs(q.outsider.address);
+      await q.gpu.connect(b).requestExit();
+      await expect(reg(await termsOf([a, b], [1, 1], a))).to.be.revertedWithCustomError(q.gpu, "AlreadyExiting").withArgs(b.address);
+    });
+  });
+
+  describe("claims", function () {
+    it("the head claims for the group: collateral locked by share, the snapshot recorded", async function () {
+      const q = await loadFixture(withSwarm);
+      const t = await createTask(q.task, q.client);
+      const budget = await q.task.shardBudget(t.taskId, 0);
+      const coll = (budget * BigInt(P.collateralBps)) / BPS;
+      const tx = q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId);
+      await expect(tx).to.emit(q.task, "SwarmShardClaimed").withArgs(t.taskId, 0, q.swarmId);
+      await expect(tx).to.emit(q.task, "ShardClaimed");
+      const parts = split(coll, q.shares, q.headIndex);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal(parts);
+      expect(parts.reduce((a, x) => a + x, 0n)).to.equal(coll);
+      const sh = await q.task.getShard(t.taskId, 0);
+      expect(sh.miner).to.equal(q.head.address);
+      expect(sh.collateral).to.equal(coll);
+      expect(await q.task.shardSwarm(t.taskId, 0)).to.equal(q.swarmId);
+    });
+
+    it("only the head claims; the swarm must serve the task's model at the task's price", async function () {
+      const q = await loadFixture(withSwarm);
+      const t = await createTask(q.task, q.client);
+      for (const m of [q.four[0], q.miner]) {
+        await expect(q.task.connect(m).claimShardForSwarm(t.taskId, 0, q.swarmId))
+          .to.be.revertedWithCustomError(q.gpu, "NotSwarmHead").withArgs(q.swarmId, m.address);
+      }
+      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, 9))
+        .to.be.revertedWithCustomError(q.gpu, "UnknownSwarm").withArgs(9);
+      const other = await createTask(q.task, q.client, { modelId: OTHER_MODEL });
+      await expect(q.task.connect(q.head).claimShardForSwarm(other.taskId, 0, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "SwarmModelMismatch").withArgs(MODEL, OTHER_MODEL);
+      const cheap = await createTask(q.task, q.client, { price: PRICE - 1n });
+      await expect(q.task.connect(q.head).claimShardForSwarm(cheap.taskId, 0, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "AskAboveTaskPrice").withArgs(PRICE, PRICE - 1n);
+      // a member does not list the model (it serves only layers of it), yet the swarm may claim
+      expect(await q.gpu.servesModel(q.four[0], MODEL)).to.equal(false);
+      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId)).to.emit(q.task, "ShardClaimed");
+    });
+
+    it("every member must be eligible: an exiting, probation or low-reputation member blocks the swarm", async function () {
+      const q = await loadFixture(withSwarm);
+      const t = await createTask(q.task, q.client, { minRep: 5001 });
+      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "MemberNotEligible").withArgs(q.four[0].address);
+      const ok = await createTask(q.task, q.client);
+      await q.gpu.connect(q.four[3]).requestExit();
+      await expect(q.task.connect(q.head).claimShardForSwarm(ok.taskId, 0, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "MemberNotEligible").withArgs(q.four[3].address);
+      // a member on probation: only tasks that allow probation
+      const p = await withMembers();
+      const fresh = p.signers[14];
+      await p.gpu.connect(fresh).register([OTHER_MODEL], GPU, "e", 1, { value: STAKE });
+      const members = [p.four[0], fresh].sort((x, y) => (BigInt(x.address) < BigInt(y.address) ? -1 : 1));
+      const terms = await termsOf(members, [1, 1], p.four[0]);
+      const sigs = [];
+      for (const m of members) sigs.push(await consent(p.gpu, m, terms));
+      await p.gpu.registerSwarm(terms, sigs);
+      const closed = await createTask(p.task, p.client);
+      await expect(p.task.connect(p.four[0]).claimShardForSwarm(closed.taskId, 0, 1))
+        .to.be.revertedWithCustomError(p.gpu, "MemberNotEligible").withArgs(fresh.address);
+      const open = await createTask(p.task, p.client, { allowProbation: true });
+      await expect(p.task.connect(p.four[0]).claimShardForSwarm(open.taskId, 0, 1)).to.emit(p.task, "ShardClaimed");
+    });
+
+    it("a member without free stake for its part blocks the claim", async function () {
+      const q = await loadFixture(withSwarm);
+      const t = await createTask(q.task, q.client, { maxTokens: 1000, price: ethers.parseUnits("0.01", "ether") });
+      const coll = ((await q.task.shardBudget(t.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
+      const part0 = split(coll, q.shares, q.headIndex)[0];
+      expect(part0).to.be.greaterThan(STAKE);
+      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "InsufficientFreeStake").withArgs(STAKE, part0);
+    });
+  });
+
+  describe("payment", function () {
+    it("finalization splits the payment to the wei by the snapshot, remainder to the head", async function () {
+      const q = await loadFixture(submitted);
+      await time.increase(P.challengeWindow);
+      const budget = await q.task.shardBudget(q.taskId, 0);
+      const pay = q.res.total * PRICE;
+      const parts = split(pay, q.shares, q.headIndex);
+      const tx = q.task.connect(q.outsider).finalizeShard(q.taskId, 0);
+      await expect(tx).to.emit(q.task, "ShardFinalized").withArgs(q.taskId, 0, q.head.address, pay, budget - pay);
+      await expect(tx).to.emit(q.task, "SwarmPaid").withArgs(q.taskId, 0, q.swarmId, q.terms.members, parts);
+      for (let i = 0; i < 4; i++) expect(await q.escrow.withdrawable(q.four[i])).to.equal(parts[i]);
+      expect(parts.reduce((a, x) => a + x, 0n)).to.equal(pay);
+      expect(await q.escrow.withdrawable(q.client)).to.equal(budget - pay);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, 0n, 0n]);
+      // no one can pull another member's share: each withdraws its own, once
+      await expect(q.escrow.connect(q.four[1]).withdraw()).to.changeEtherBalance(q.four[1], parts[1]);
+      await expect(q.escrow.connect(q.four[1]).withdraw()).to.be.revertedWithCustomError(q.escrow, "NothingToWithdraw");
+      expect(await q.escrow.withdrawable(q.head)).to.equal(parts[q.headIndex]);
+    });
+
+    it("a remainder that does not divide goes to the head: 7 wei over shares 3:2:2:1", async function () {
+      const q = await loadFixture(withSwarm);
+      // one request, 7 tokens at 1 wei: pay 7, floor parts 2, 1, 1, 0 and the remaining 3 to the head
+      const t = await createTask(q.task, q.client, { numRequests: 1, shardSize: 1, maxTokens: 7, price: 1n });
+      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId)).to.be.revertedWithCustomError(q.gpu, "AskAboveTaskPrice");
+      const cheap = await withMembers();
+      const terms = await termsOf(cheap.four, q.shares, cheap.four[2], { pricePerToken: 1n });
+      const sigs = [];
+      for (const m of cheap.four) sigs.push(await consent(cheap.gpu, m, terms));
+      await cheap.gpu.registerSwarm(terms, sigs);
+      const t2 = await createTask(cheap.task, cheap.client, { numRequests: 1, shardSize: 1, maxTokens: 7, price: 1n });
+      await cheap.task.connect(cheap.four[2]).claimShardForSwarm(t2.taskId, 0, 1);
+      const res = await buildResult(cheap.task, t2.taskId, 0, 0, 1, cheap.four[2], MODEL, 7);
+      await cheap.task.connect(cheap.four[2]).submitResult(t2.taskId, 0, res.root, "u", res.total);
+      await time.increase(P.challengeWindow);
+      await cheap.task.finalizeShard(t2.taskId, 0);
+      const got = await Promise.all(cheap.four.map((m) => cheap.escrow.withdrawable(m)));
+      expect(got).to.deep.equal([2n, 1n, 4n, 0n]);
+      expect(await cheap.gpu.swarmSplit(1, 7)).to.deep.equal([terms.members, [2n, 1n, 4n, 0n]]);
+    });
+
+    it("a member that leaves mid-shard: no new claims, the open shard still pays and unlocks it", async function () {
+      const q = await loadFixture(claimed);
+      const leaver = q.four[0];
+      await expect(q.gpu.connect(leaver).leaveSwarm(q.swarmId)).to.emit(q.gpu, "SwarmLeft").withArgs(q.swarmId, leaver.address);
+      expect((await q.gpu.swarmInfo(q.swarmId)).active).to.equal(false);
+      await expect(q.task.connect(q.head).claimShardForSwarm(q.taskId, 1, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "SwarmInactive").withArgs(q.swarmId);
+      await expect(q.gpu.connect(q.four[1]).leaveSwarm(q.swarmId)).to.be.revertedWithCustomError(q.gpu, "SwarmInactive");
+      await expect(q.gpu.connect(q.outsider).leaveSwarm(q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "NotSwarmMember").withArgs(q.swarmId, q.outsider.address);
+      // the leaver's collateral stays locked for the open shard: it cannot walk away with it
+      const lockedBefore = (await q.gpu.minerInfo(leaver)).locked;
+      expect(lockedBefore).to.be.greaterThan(0n);
+      await q.gpu.connect(leaver).requestExit();
+      await time.increase(P.minerUnbonding);
+      await expect(q.gpu.connect(leaver).withdrawStake()).to.be.revertedWithCustomError(q.gpu, "StakeLocked").withArgs(lockedBefore);
+      // the head finishes the shard; everyone, the leaver too, is paid by the snapshot
+      const res = await buildResult(q.task, q.taskId, 0, 0, 4, q.head, MODEL, 25);
+      await q.task.connect(q.head).submitResult(q.taskId, 0, res.root, "u", res.total);
+      await time.increase(P.challengeWindow);
+      await q.task.finalizeShard(q.taskId, 0);
+      const parts = split(res.total * PRICE, q.shares, q.headIndex);
+      for (let i = 0; i < 4; i++) expect(await q.escrow.withdrawable(q.four[i])).to.equal(parts[i]);
+      expect((await q.gpu.minerInfo(leaver)).locked).to.equal(0n);
+      await expect(q.gpu.connect(leaver).withdrawStake()).to.changeEtherBalance(leaver, STAKE);
+    });
+
+    it("a re-plan is a new swarm: the shard claimed before it is paid by the old shares", async function () {
+      const q = await loadFixture(claimed);
+      await q.gpu.connect(q.four[3]).leaveSwarm(q.swarmId);
+      const newShares = [1, 1, 1, 5];
+      const terms = await termsOf(q.four, newShares, q.head);
+      const sigs = [];
+      for (const m of q.four) sigs.push(await consent(q.gpu, m, terms));
+      await q.gpu.registerSwarm(terms, sigs);
+      await q.task.connect(q.head).claimShardForSwarm(q.taskId, 1, 2);
+      for (const s of [0, 1]) {
+        const res = await buildResult(q.task, q.taskId, s, s * 4, s * 4 + 4, q.head, MODEL, 10);
+        await q.task.connect(q.head).submitResult(q.taskId, s, res.root, "u", res.total);
+      }
+      await time.increase(P.challengeWindow);
+      const pay = 40n * PRICE;
+      await expect(q.task.finalizeShard(q.taskId, 0)).to.emit(q.task, "SwarmPaid")
+        .withArgs(q.taskId, 0, 1, q.terms.members, split(pay, q.shares, q.headIndex));
+      await expect(q.task.finalizeShard(q.taskId, 1)).to.emit(q.task, "SwarmPaid")
+        .withArgs(q.taskId, 1, 2, q.terms.members, split(pay, newShares, q.headIndex));
+    });
+  });
+
+  describe("faults slash every member by its share", function () {
+    it("a reclaim after the claim expired: the penalty comes from the members by share", async function () {
+      const q = await loadFixture(claimed);
+      const coll = (await q.task.getShard(q.taskId, 0)).collateral;
+      const penalty = (coll * BigInt(P.reclaimPenaltyBps)) / BPS;
+      await time.increase(P.claimTimeout);
+      const before = await stakesOf(q.gpu, q.four);
+      await expect(q.task.connect(q.outsider).reclaimExpired(q.taskId, 0))
+        .to.emit(q.task, "ClaimReclaimed").withArgs(q.taskId, 0, q.head.address, penalty, true);
+      const parts = split(penalty, q.shares, q.headIndex);
+      const after = await stakesOf(q.gpu, q.four);
+      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(parts[i]);
+      expect(await q.escrow.withdrawable(q.client)).to.equal(penalty);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, 0n, 0n]);
+      expect(await q.task.shardSwarm(q.taskId, 0)).to.equal(0);
+      // the reopened shard can go to a single miner
+      await expect(q.task.connect(q.miner).claimShard(q.taskId, 0)).to.emit(q.task, "ShardClaimed");
+      expect(await q.task.shardSwarm(q.taskId, 0)).to.equal(0);
+    });
+
+    it("an unanswered availability challenge slashes the members in proportion", async function () {
+      const q = await loadFixture(submitted);
+      const coll = (await q.task.getShard(q.taskId, 0)).collateral;
+      await q.arb.connect(q.client).challengeAvailability(q.taskId, 0, 2, { value: P.minAvailabilityBond });
+      await time.increase(P.responseWindow);
+      const before = await stakesOf(q.gpu, q.four);
+      const slash = (coll * BigInt(P.faultSlashBps)) / BPS;
+      await expect(q.arb.settleUnanswered(1)).to.emit(q.arb, "AvailabilityUnanswered").withArgs(1, q.taskId, 0, slash);
+      const after = await stakesOf(q.gpu, q.four);
+      const parts = split(slash, q.shares, q.headIndex);
+      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(parts[i]);
+      expect((await q.task.getShard(q.taskId, 0)).state).to.equal(S.Refunded);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, 0n, 0n]);
+    });
+
+    it("a lost dispute: voters' rewards and the client's part each split by share, sums to the wei", async function () {
+      const q = await loadFixture(submitted);
+      const coll = (await q.task.getShard(q.taskId, 0)).collateral;
+      await q.arb.connect(q.client).openDispute(q.taskId, 0, q.res.receipts[1], q.res.proofOf(1), "ev", { value: P.minBond });
+      const voters = q.verifiers.slice(0, 3);
+      const before = await stakesOf(q.gpu, q.four);
+      await q.arb.castVotes(1, true, await signVotes(q.arb, voters, 1, true));
+      const slashAmount = (coll * BigInt(P.faultSlashBps)) / BPS;
+      const reward = (slashAmount * BigInt(P.verifierRewardBps)) / BPS;
+      // equal weights: each voter gets reward / 3, each such slash split over the members
+      const expected = [0n, 0n, 0n, 0n];
+      let paid = 0n;
+      for (let v = 0; v < 3; v++) {
+        const share = reward / 3n;
+        paid += share;
+        split(share, q.shares, q.headIndex).forEach((x, i) => { expected[i] += x; });
+      }
+      split(slashAmount - paid, q.shares, q.headIndex).forEach((x, i) => { expected[i] += x; });
+      const after = await stakesOf(q.gpu, q.four);
+      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(expected[i]);
+      expect(expected.reduce((a, x) => a + x, 0n)).to.equal(slashAmount);
+      expect((await q.arb.getDispute(1)).status).to.equal(2n);
+      // the client got its budget back plus the non-reward part; the bond back too
+      const budget = await q.task.shardBudget(q.taskId, 0);
+      expect(await q.escrow.withdrawable(q.client)).to.equal(budget + slashAmount - paid + P.minBond);
+    });
+
+    it("an answered challenge pays the bond to the head, who answered", async function () {
+      const q = await loadFixture(submitted);
+      await q.arb.connect(q.client).challengeAvailability(q.taskId, 0, 1, { value: P.minAvailabilityBond });
+      await q.arb.connect(q.head).answerAvailability(1, q.res.receipts[1], q.res.proofOf(1));
+      expect(await q.escrow.withdrawable(q.head)).to.equal(P.minAvailabilityBond);
+    });
+  });
+});
