@@ -3,11 +3,12 @@ never loads torch or the model.
 
 The verifier enqueues `SCORE_TASK` with OpenAI Batch request lines, the miner's token ids and
 (optionally) their finish reasons and texts to its own queue (`quarry.score.<address>`:
-verifiers never share scorers); any number of workers on that queue share the load. A worker tokenizes the
-lines with its engine (`TextEngine.request_from_line`), runs `verifier.scoring.score_outputs`
-and returns each `ChallengeScore.to_json()`. It keeps one engine per model directory, loaded through
-`market.model.loading`, which checks the directory against its manifest once at load: a
-tampered model directory is refused, naming the file.
+verifiers never share scorers); any number of workers on that queue share the load. A worker
+tokenizes the lines with its engine (`TextEngine.request_from_line`), runs
+`verifier.scoring.score_outputs` and returns each `ChallengeScore.to_json()`. It keeps one
+engine per model directory, loaded through `market.model.loading`, which checks the
+directory against its manifest once at load: a tampered model directory is refused, naming
+the file.
 
 `ScoringClient.score` waits for the answer and raises ScoringError naming the problem: no
 worker answered within the timeout (the job then expires unrun), the worker's own error
