@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from test_protocol import needs_node, run_js  # the JavaScript cross-check's own helper
 
 from market.engine.base import GenerationOutput, GenerationRequest
 from market.engine.pipeline.engine import PipelineEngine
@@ -30,7 +31,6 @@ from market.protocol.requests import (
     validate_request,
 )
 from market.protocol.results import ResultCheckFailed, ResultItem, check_finish_reason
-from test_protocol import needs_node, run_js  # the JavaScript cross-check's own helper
 from verifier.scoring import judge, score_outputs
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(300)]
@@ -91,16 +91,16 @@ def test_engine_requests_check_stop_like_the_protocol() -> None:
     with pytest.raises(SamplingError, match="request 3: body.stop: must be a string or a list"):
         validate_sampling(GenerationRequest((1,), 4, stop=("a",) * 5), 3)
     with pytest.raises(SamplingError, match="stop must be a tuple"):
-        validate_sampling(GenerationRequest((1,), 4, stop="a"))  # type: ignore[arg-type]
+        validate_sampling(GenerationRequest((1,), 4, stop="a"))  # type: ignore
 
 
 @needs_node
 def test_line_with_stop_hashes_the_same_in_javascript() -> None:
     lines = [validate_request(line(stop=["\n\n", "Ünïcode ✓", "\"quoted\""]), line=1),
              validate_request(line(stop="END", temperature=0.5, seed=3), line=2)]
-    texts = run_js("canonical_json.js", lines)
+    texts = cast(list[str], run_js("canonical_json.js", lines))
     assert texts == [canonical_json(x) for x in lines]
-    assert [keccak(t.encode()) for t in texts] == [request_hash(x) for x in lines]  # type: ignore[union-attr]
+    assert [keccak(t.encode()) for t in texts] == [request_hash(x) for x in lines]
 
 
 # ------------------------------------------------------------------ engines
@@ -237,7 +237,8 @@ def test_verifier_accepts_honest_stops_and_catches_early_stops_and_overruns(
     # without stop strings the honest stop-string output is a truncation
     [bare] = score_outputs(engine, [dataclasses.replace(request, stop=())],
                            [honest.token_ids], ["stop"])
-    assert bare.problem == f"stopped after {case.tokens} of {MAX_TOKENS} tokens without a stop token"
+    assert bare.problem == (f"stopped after {case.tokens} of {MAX_TOKENS} tokens without a "
+                            "stop token")
     # max_tokens reached, but "stop" claimed for a stop string the ids do not complete
     [early] = score_outputs(engine, [dataclasses.replace(request, max_tokens=len(short))],
                             [short], ["stop"], [engine.decode(short)])
