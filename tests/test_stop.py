@@ -281,3 +281,22 @@ def test_client_finish_reason_check_with_stop_strings() -> None:
         assert message in str(info.value)
     with pytest.raises(ResultCheckFailed, match="does not end with a stop token"):
         check_finish_reason(_item((5, 6), "Paris", "stop"), 8, stops)  # no stop strings
+
+
+def test_vllm_output_text_follows_the_same_rule() -> None:
+    """vLLM keeps every id (the one completing the stop string too); the text and the
+    finish reason are re-derived by `text_for`, so they match the torch engines'."""
+    from types import SimpleNamespace
+
+    from market.engine.vllm_engine import output_from_vllm
+
+    decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
+    completion = SimpleNamespace(token_ids=[ord(c) for c in "ab\nc"], finish_reason="stop",
+                                 logprobs=[{ord(c): -0.5} for c in "ab\nc"])
+    out = output_from_vllm(completion, decode, ("\nc",))
+    assert (out.text, out.finish_reason, len(out.token_ids)) == ("ab", "stop", 4)
+    # vLLM's own detokenizer said "length" but the ids complete a stop string: "stop"
+    completion.finish_reason = "length"
+    out = output_from_vllm(completion, decode, ("b\n",))
+    assert (out.text, out.finish_reason) == ("a", "stop")
+    assert output_from_vllm(completion, decode).text == "ab\nc"
