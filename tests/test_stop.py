@@ -12,10 +12,9 @@ from typing import Any, cast
 import pytest
 from test_protocol import needs_node, run_js  # the JavaScript cross-check's own helper
 
-from market.engine.base import GenerationOutput, GenerationRequest
+from market.engine.base import GenerationOutput, GenerationRequest, text_for
 from market.engine.pipeline.engine import PipelineEngine
 from market.engine.sampling import SamplingError, validate_sampling
-from market.engine.text import text_for
 from market.engine.torch_engine import EngineError, TorchEngine
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
@@ -300,3 +299,16 @@ def test_vllm_output_text_follows_the_same_rule() -> None:
     out = output_from_vllm(completion, decode, ("b\n",))
     assert (out.text, out.finish_reason) == ("a", "stop")
     assert output_from_vllm(completion, decode).text == "ab\nc"
+
+
+def test_verifier_scoring_stays_free_of_torch() -> None:
+    """The verifier process imports the scoring worker's client; the stop-string rule it
+    shares with the engines must not pull torch in with it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, verifier.scoring_worker, verifier.scoring, market.engine.base; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False"

@@ -43,7 +43,7 @@ stop token, "length" needs max_tokens tokens and none). An empty output is the s
 unless max_tokens is 0, which passes.
 
 Stop strings (`body.stop`) add one more way to end, decided on the decoded ids by the rule
-the engines use (`market.engine.text.text_for`): generation ends at the first token after
+the engines use (`market.engine.base.text_for`): generation ends at the first token after
 which the decoded output contains a stop string; every id up to that token is kept and the
 text is cut before the stop string. So with the reference tokenizer a verifier checks that
 the ids without their last token decode to text holding no stop string (else the miner ran
@@ -66,8 +66,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from market.engine.base import Engine, GenerationRequest, ScoreResult
-from market.engine.text import text_for
+from market.engine.base import Engine, GenerationRequest, ScoreResult, text_for
 from market.errors import QuarryError
 from market.protocol.requests import find_stop
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from market.protocol.requests import find_stop
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,21 @@ class GenerationOutput:
     text: str
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens)
+
+
+def text_for(
+    decode: Callable[[Sequence[int]], str], token_ids: Sequence[int], stop: Sequence[str]
+) -> tuple[str, bool]:
+    """(text, stopped): the decoded ids, cut before the earliest stop string when they
+    contain one (`stopped`). Engines call it after each token of a request with stop
+    strings and stop when `stopped`; verifiers call it to check an output the same way.
+    The whole output is decoded each time (not just the new token) because a token's text
+    can depend on its neighbours (a character split across byte tokens)."""
+    text = decode(token_ids)
+    if not stop:
+        return text, False
+    pos = find_stop(text, stop)
+    return (text, False) if pos is None else (text[:pos], True)
 
 
 @dataclass(frozen=True)

@@ -6,32 +6,17 @@ whichever engine runs, so these live once here rather than in each engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from market.engine.base import Engine, GenerationRequest
+from market.engine.base import Engine, GenerationRequest, text_for
 from market.engine.sampling import validate_sampling
 from market.errors import QuarryError
 from market.model.manifest import Manifest
 from market.model.prompts import PromptError, encode_chat, encode_prompt
 from market.protocol.errors import RequestError
-from market.protocol.requests import find_stop, sampling_params, stop_strings
-
-
-def text_for(
-    decode: Callable[[Sequence[int]], str], token_ids: Sequence[int], stop: Sequence[str]
-) -> tuple[str, bool]:
-    """(text, stopped): the decoded ids, cut before the earliest stop string when they
-    contain one (`stopped`). Engines call it after each token of a request with stop
-    strings and stop when `stopped`; verifiers call it to check an output the same way.
-    The whole output is decoded each time (not just the new token) because a token's text
-    can depend on its neighbours (a character split across byte tokens)."""
-    text = decode(token_ids)
-    if not stop:
-        return text, False
-    pos = find_stop(text, stop)
-    return (text, False) if pos is None else (text[:pos], True)
+from market.protocol.requests import sampling_params, stop_strings
 
 
 def _number(body: Mapping[str, Any], key: str, default: float) -> float:

@@ -5,7 +5,7 @@ and explicit position ids (so a padded row sees exactly the positions it would s
 prefilled once, then decoded one token per step with the KV cache. Finished rows are
 dropped from the batch and the cache. A row stops at a stop token (EOS by default; the
 token is kept in `token_ids` and `logprobs`, not in `text`), at the first token after which
-its decoded text contains one of the request's stop strings (`text.text_for`: the ids are
+its decoded text contains one of the request's stop strings (`base.text_for`: the ids are
 kept, the text is cut before the stop string), or after `max_tokens`. Only rows with stop
 strings pay for the check: one decode of the row's output per step.
 Tokens are chosen by `sampling.select_next`, so logprobs are untempered.

@@ -16,7 +16,7 @@ What vLLM gives, and how it maps onto Quarry's rules:
 - An EOS stop keeps the EOS id in `token_ids` (vLLM's behaviour, and the torch engine's).
 - Stop strings go to vLLM as `SamplingParams(stop=[...])`. vLLM, too, keeps every generated
   id (the one that completed the stop string included) and cuts only the text; the text
-  is re-derived here by the torch engine's rule (`text.text_for` on the ids), so a row's
+  is re-derived here by the torch engine's rule (`base.text_for` on the ids), so a row's
   text, finish reason and outputHash follow the same rule whichever engine ran it.
   Text is decoded here with the model's tokenizer (special tokens skipped), as the torch
   engine does, so the same ids give the same text and outputHash.
@@ -35,9 +35,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult, text_for
 from market.engine.sampling import validate_sampling
-from market.engine.text import TextEngine, text_for
+from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.model.manifest import Manifest, load_manifest
 

@@ -22,7 +22,7 @@ flight, N from `scheduler.microbatches_in_flight` on measured stage times and li
 and when a microbatch empties it is freed and the next one is admitted from the queue
 (continuous refill). `mode="naive"` keeps S in flight (vLLM-style pipeline baseline).
 Stop strings are the driver's business (the stages only see token ids): a row leaves when
-its decoded text contains one, by the single-process engine's rule (`text.text_for`).
+its decoded text contains one, by the single-process engine's rule (`base.text_for`).
 
 Selection. The last stage applies the final norm and lm_head to the last position and calls
 `market.engine.sampling.select_next` with per-request generators it builds from the request
