@@ -312,3 +312,80 @@ def test_verifier_scoring_stays_free_of_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------ through a real miner
+
+
+@pytest.mark.chain
+@pytest.mark.timeout(180)
+def test_stop_lines_through_a_real_miner_pass_every_check(
+        devnet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines with `stop` on a real Anvil: the miner's worker generates with the tiny model and
+    signs the cut text with every generated id; the client's checks and the verifier's
+    scoring accept it, and the same ids claimed past the stop are caught."""
+    from test_miner import MAX_TOKENS, post_task, register  # the miner tests' own helpers
+
+    from market.chain.client import anvil_account
+    from market.chain.devnet import free_port
+    from market.marketapi import MarketAPI
+    from market.protocol.results import ShardResult, verify_shard_result
+    from market.store import LocalStore
+    from miner.worker import Worker
+
+    monkeypatch.setenv("QUARRY_HOME", str(tmp_path / "home"))
+    model_dir = tmp_path / "quarry-stop-test"
+    create_model(model_dir, name="quarry-stop-test", layers=2, hidden=64, max_positions=256)
+    engine = TorchEngine(model_dir, max_batch_size=4)
+    bodies = [{"model": "quarry-stop-test", "prompt": f"the river {i}",
+               "max_tokens": MAX_TOKENS + 4} for i in range(3)]  # capped by the task
+    plain = engine.generate([GenerationRequest(engine.encode_prompt(str(b["prompt"])),
+                                               MAX_TOKENS) for b in bodies])
+    # row 0 stops at a character its greedy text reaches before its last token
+    text, before_last = plain[0].text, len(engine.decode(plain[0].token_ids[:-1]))
+    cut = next(i for i in range(1, before_last)
+               if text[i] != "\ufffd" and text[i] not in text[:i])
+    bodies[0]["stop"] = [text[cut], "\u00a7\u00a7"]
+    bodies[2]["stop"] = "\u00a7never"
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": b}
+             for i, b in enumerate(bodies)]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+
+    miner, market_url = anvil_account(15), f"http://127.0.0.1:{free_port()}"
+    register(devnet, miner, model_dir, market_url)
+    store = LocalStore(tmp_path / "store")
+    task_id = post_task(devnet, store, engine.model_id, data)
+    worker = Worker(account=miner, quarry=devnet.q, engines={engine.model_id: engine},
+                    store=store, market=MarketAPI(market_url), progress=False)
+    outcome = worker.process_shard(task_id, 0)
+    assert outcome.submitted, outcome.reason
+    sh = devnet.q.tasks.get_shard(task_id, 0)
+    parsed = parse_jsonl(data)
+    items = verify_shard_result(
+        ShardResult.from_bytes(store.get(sh.result_uri)), task_id=task_id, shard=0, start=0,
+        miner=sh.miner, model_id=engine.model_id, result_root=sh.result_root,
+        tokens_used=sh.tokens_used, request_hashes=[r.request_hash for r in parsed],
+        chain_id=devnet.q.chain_id, task_registry=devnet.q.tasks.address)
+    stopped = items[0]
+    assert stopped.finish_reason == "stop" and stopped.text == text[:cut]
+    assert stopped.token_ids == plain[0].token_ids[:len(stopped.token_ids)]
+    assert engine.decode(stopped.token_ids).startswith(text[:cut + 1])
+    assert stopped.receipt.output_tokens == len(stopped.token_ids)  # completion_tokens
+    assert (items[2].token_ids, items[2].text) == (plain[2].token_ids, plain[2].text)
+
+    requests = [dataclasses.replace(engine.request_from_line(x), max_tokens=MAX_TOKENS)
+                for x in lines]
+    for item, request in zip(items, requests, strict=True):
+        check_finish_reason(item, MAX_TOKENS, engine.stop_token_ids, request.stop)
+    scores = score_outputs(engine, requests, [it.token_ids for it in items],
+                           [it.finish_reason for it in items], [it.text for it in items])
+    assert judge(scores).passed, [s.problem for s in scores]
+    # The full greedy output under row 0's stop: it ran past the stop string.
+    [overrun] = score_outputs(engine, requests[:1], [plain[0].token_ids],
+                              [plain[0].finish_reason], [plain[0].text])
+    assert "ran past a stop string" in overrun.problem
+    with pytest.raises(ResultCheckFailed, match="contains the stop string"):
+        check_finish_reason(dataclasses.replace(stopped, text=plain[0].text,
+                                                token_ids=plain[0].token_ids,
+                                                finish_reason="length"),
+                            MAX_TOKENS, engine.stop_token_ids, requests[0].stop)
