@@ -76,7 +76,7 @@ from market.marketapi import MarketAPI, MarketError
 from market.model.context import ContextCheck, context_length, store_tokenizer
 from market.model.manifest import Manifest, ModelError
 from market.protocol.merkle import input_tree
-from market.protocol.requests import validate_request
+from market.protocol.requests import stop_strings, validate_request
 from market.protocol.results import ResultCheckFailed, check_finish_reason
 from market.store import ContentNotFound
 
@@ -858,7 +858,8 @@ class Job:
             request = batch.requests[item.index].request  # our own line, not the miner's copy
             cap = min(int(request["body"]["max_tokens"]), t.max_tokens_per_request)
             try:
-                check_finish_reason(item, cap, stop_ids)
+                check_finish_reason(item, cap, stop_ids,
+                                    stop_strings(request["body"].get("stop")))
             except ResultCheckFailed as exc:
                 raise self._with_remedy(exc, k) from None
             outputs.append(Output(

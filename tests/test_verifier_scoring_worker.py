@@ -84,6 +84,35 @@ def test_worker_scores_equal_in_process_scoring(model_dir: Path, redis_url: str,
 
 
 @pytest.mark.timeout(180)
+def test_worker_checks_stop_strings_and_texts(model_dir: Path, redis_url: str,
+                                              workers: list[ManagedProcess]) -> None:
+    """Lines with `stop` reach the worker's engine; an honest stop passes and a miner that
+    runs past its stop string is caught, as in process."""
+    from market.engine.torch_engine import TorchEngine
+
+    engine = TorchEngine(model_dir)
+    plain = engine.generate([engine.request_from_line(line) for line in lines()[:2]])
+    # a stop string from the middle of each greedy output's text
+    cuts = [next(o.text[i:i + 2] for i in range(3, len(o.text) - 2)
+                 if "\ufffd" not in o.text[i:i + 2]) for o in plain]
+    stopped = [{**line, "body": {**line["body"], "stop": [cut]}}
+               for line, cut in zip(lines()[:2], cuts, strict=True)]
+    reqs = [engine.request_from_line(line) for line in stopped]
+    honest = engine.generate(reqs)
+    assert all(o.finish_reason == "stop" for o in honest)
+    outputs = [list(honest[0].token_ids), list(plain[1].token_ids)]  # the second ran past
+    finish = [honest[0].finish_reason, plain[1].finish_reason]
+    texts = [honest[0].text, plain[1].text]
+    client = ScoringClient(redis_url, QUEUE, model_dir, timeout_s=120)
+    remote = client.score(stopped, outputs, finish, texts)
+    assert remote == score_outputs(engine, reqs, outputs, finish, texts)
+    assert remote[0].possible and "ran past a stop string" in remote[1].problem
+    with pytest.raises(ScoringError, match="2 outputs but 1 texts"):
+        client.score(stopped, outputs, finish, texts[:1])
+    client.close()
+
+
+@pytest.mark.timeout(180)
 def test_two_workers_share_one_queue(model_dir: Path, redis_url: str,
                                      workers: list[ManagedProcess]) -> None:
     batch = lines()

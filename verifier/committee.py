@@ -509,7 +509,7 @@ class CommitteeMember:
             items = [by_index[i] for i in range(len(challenge.lines))]
             self._scored[a.task_id] = self.scorer.score(
                 challenge.lines, [list(it.token_ids) for it in items],
-                [it.finish_reason for it in items])
+                [it.finish_reason for it in items], [it.text for it in items])
         return self._scored[a.task_id]
 
     def _observe(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any]) -> None:

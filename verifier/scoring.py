@@ -42,6 +42,19 @@ at max_tokens), or a `finish_reason` that does not match the tokens ("stop" need
 stop token, "length" needs max_tokens tokens and none). An empty output is the short case,
 unless max_tokens is 0, which passes.
 
+Stop strings (`body.stop`) add one more way to end, decided on the decoded ids by the rule
+the engines use (`market.engine.base.text_for`): generation ends at the first token after
+which the decoded output contains a stop string; every id up to that token is kept and the
+text is cut before the stop string. So with the reference tokenizer a verifier checks that
+the ids without their last token decode to text holding no stop string (else the miner ran
+past one), that an output ending short of max_tokens without a stop token does complete one
+(else it stopped early claiming a stop string it did not produce), that "length" never
+completes one, and, when the miner's texts are given, that the text is exactly the decoded
+ids cut before the stop string (so it holds none, and the cut is where the ids say). The
+token test below is unchanged and covers every returned id: whether to stop is a function
+of the tokens so far, so stopping is a stopping time and the product of likelihood ratios
+is still a test martingale there (Ville's inequality holds at any stopping time).
+
 All the work is batched: one `evidence` call over every distinct (prompt, output,
 sampling) row. Same model, same inputs -> the same numbers on every verifier.
 """
@@ -53,8 +66,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from market.engine.base import Engine, GenerationRequest, ScoreResult
+from market.engine.base import Engine, GenerationRequest, ScoreResult, text_for
 from market.errors import QuarryError
+from market.protocol.requests import find_stop
 
 BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
@@ -262,9 +276,31 @@ def _check_inputs(
     return outputs
 
 
+def _stop_string_problem(engine: Engine, request: GenerationRequest, output: tuple[int, ...],
+                         text: str | None) -> tuple[str, bool]:
+    """(problem, completed): whether `output` ends by completing one of the request's stop
+    strings, and why no honest run could return it ("" if one can); see the module doc."""
+    decode = getattr(engine, "decode", None)
+    if not request.stop or decode is None:
+        if request.stop and text is not None and find_stop(text, request.stop) is not None:
+            return "the text contains a stop string (it must end before the first)", False
+        return "", False
+    if output and text_for(decode, output[:-1], request.stop)[1]:
+        return ("ran past a stop string: the output's text held one before its last token "
+                "(the engine stops at the token that completes the first)"), False
+    expected, completed = text_for(decode, output, request.stop)
+    if text is not None and text != expected:
+        if find_stop(text, request.stop) is not None:
+            return "the text contains a stop string (it must end before the first)", completed
+        return ("the text is not the output's tokens decoded and cut before the first stop "
+                "string"), completed
+    return "", completed
+
+
 def _problem(engine: Engine, request: GenerationRequest, output: tuple[int, ...],
-             finish_reason: str | None) -> str:
-    """Why no honest run of the engine could return `output` for `request` ("" if one can)."""
+             finish_reason: str | None, text: str | None = None) -> str:
+    """Why no honest run of the engine could return `output` (and `text`, when given) for
+    `request` ("" if one can)."""
     if len(output) > request.max_tokens:
         return f"{len(output)} tokens, over max_tokens {request.max_tokens}"
     vocab = getattr(engine, "vocab_size", None)
@@ -279,14 +315,22 @@ def _problem(engine: Engine, request: GenerationRequest, output: tuple[int, ...]
     stops = frozenset(stop_ids)
     if any(t in stops for t in output[:-1]):
         return "a stop token before the end (the engine stops at the first)"
+    problem, completed = _stop_string_problem(engine, request, output, text)
+    if problem:
+        return problem
     ended = bool(output) and output[-1] in stops
-    if len(output) < request.max_tokens and not ended:
+    if len(output) < request.max_tokens and not ended and not completed:
         return (f"stopped after {len(output)} of {request.max_tokens} tokens without a "
-                "stop token")
-    if finish_reason == "stop" and not ended and request.max_tokens > 0:
+                "stop token" + (" or a stop string" if request.stop else ""))
+    if finish_reason == "stop" and not ended and not completed and request.max_tokens > 0:
+        if request.stop:
+            return ("finish_reason 'stop' but the output ends with neither a stop token nor "
+                    "a stop string")
         return "finish_reason 'stop' but the output does not end with a stop token"
     if finish_reason == "length" and ended:
         return "finish_reason 'length' but the output ends with a stop token"
+    if finish_reason == "length" and completed:
+        return "finish_reason 'length' but the output completes a stop string"
     return ""
 
 
@@ -295,9 +339,11 @@ def score_outputs(
     requests: Sequence[GenerationRequest],
     output_ids: Sequence[Sequence[int]],
     finish_reasons: Sequence[str] | None = None,
+    texts: Sequence[str] | None = None,
 ) -> list[ChallengeScore]:
     """The evidence from each miner output against `engine` (the reference model); see the
-    module doc. `finish_reasons`, when given, are checked against the tokens.
+    module doc. `finish_reasons`, when given, are checked against the tokens, and so are
+    `texts` (the miner's output texts) for requests with stop strings.
 
     Raises ScoringError naming the problem for malformed input (counts that do not pair up,
     non-integer ids, a request the engine rejects); an output the model could not have
@@ -312,8 +358,15 @@ def score_outputs(
         if any(not isinstance(f, str) for f in finish_reasons):
             raise ScoringError("every finish_reason must be a string")
     reasons = list(finish_reasons) if finish_reasons is not None else [None] * len(outputs)
-    problems = [_problem(engine, r, o, f)
-                for r, o, f in zip(requests, outputs, reasons, strict=True)]
+    if texts is not None:
+        if isinstance(texts, str) or len(texts) != len(outputs):
+            raise ScoringError(f"{len(outputs)} outputs but texts {texts!r}; each output "
+                               "needs one")
+        if any(not isinstance(t, str) for t in texts):
+            raise ScoringError("every output text must be a string")
+    text_list = list(texts) if texts is not None else [None] * len(outputs)
+    problems = [_problem(engine, r, o, f, t)
+                for r, o, f, t in zip(requests, outputs, reasons, text_list, strict=True)]
 
     # One evidence call over every distinct (prompt, output, sampling) row.
     rows: dict[tuple[tuple[int, ...], tuple[int, ...], float, float], int] = {}

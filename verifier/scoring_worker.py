@@ -2,12 +2,13 @@
 never loads torch or the model.
 
 The verifier enqueues `SCORE_TASK` with OpenAI Batch request lines, the miner's token ids and
-(optionally) their finish reasons to its own queue (`quarry.score.<address>`: verifiers never
-share scorers); any number of workers on that queue share the load. A worker tokenizes the
-lines with its engine (`TextEngine.request_from_line`), runs `verifier.scoring.score_outputs`
-and returns each `ChallengeScore.to_json()`. It keeps one engine per model directory, loaded through
-`market.model.loading`, which checks the directory against its manifest once at load: a
-tampered model directory is refused, naming the file.
+(optionally) their finish reasons and texts to its own queue (`quarry.score.<address>`:
+verifiers never share scorers); any number of workers on that queue share the load. A worker
+tokenizes the lines with its engine (`TextEngine.request_from_line`), runs
+`verifier.scoring.score_outputs` and returns each `ChallengeScore.to_json()`. It keeps one
+engine per model directory, loaded through `market.model.loading`, which checks the
+directory against its manifest once at load: a tampered model directory is refused, naming
+the file.
 
 `ScoringClient.score` waits for the answer and raises ScoringError naming the problem: no
 worker answered within the timeout (the job then expires unrun), the worker's own error
@@ -68,8 +69,8 @@ def _load_engine(model_dir: str) -> TextEngine:
 
 
 def score_task(model_dir: str, request_lines: list[dict[str, Any]],
-               output_ids: list[list[int]], finish_reasons: list[str] | None = None
-               ) -> list[dict[str, Any]]:
+               output_ids: list[list[int]], finish_reasons: list[str] | None = None,
+               texts: list[str] | None = None) -> list[dict[str, Any]]:
     """The Celery task body: score a miner's outputs for request lines against `model_dir`.
 
     Any failure is raised as a ScoringError whose message names the problem, which the
@@ -93,7 +94,7 @@ def score_task(model_dir: str, request_lines: list[dict[str, Any]],
                 requests.append(engine.request_from_line(line))
             except QuarryError as exc:
                 raise ScoringError(f"request line {i}: {exc}") from exc
-        scores = score_outputs(engine, requests, output_ids, finish_reasons)
+        scores = score_outputs(engine, requests, output_ids, finish_reasons, texts)
     except ScoringError:
         raise
     except QuarryError as exc:
@@ -179,9 +180,11 @@ class ScoringClient:
 
     def score(self, request_lines: Sequence[Mapping[str, Any]],
               output_ids: Sequence[Sequence[int]],
-              finish_reasons: Sequence[str] | None = None) -> list[ChallengeScore]:
-        """Evidence per output, in request order (`finish_reasons`, when given, are checked
-        against the tokens); raises ScoringError naming what went wrong."""
+              finish_reasons: Sequence[str] | None = None,
+              texts: Sequence[str] | None = None) -> list[ChallengeScore]:
+        """Evidence per output, in request order (`finish_reasons` and, for requests with
+        stop strings, `texts`, when given, are checked against the tokens); raises
+        ScoringError naming what went wrong."""
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         lines, ids = _check_payload(request_lines, output_ids)
@@ -192,10 +195,16 @@ class ScoringClient:
             reasons = [str(f) for f in finish_reasons]
             if len(reasons) != len(lines):
                 raise ScoringError(f"{len(lines)} outputs but {len(reasons)} finish reasons")
+        args: list[Any] = [str(self.model_dir), lines, ids, reasons]
+        if texts is not None:
+            if isinstance(texts, str | bytes) or any(not isinstance(t, str) for t in texts):
+                raise ScoringError("texts must be a list of strings")
+            if len(texts) != len(lines):
+                raise ScoringError(f"{len(lines)} outputs but {len(texts)} texts")
+            args.append(list(texts))
         self._ping_redis()
         try:
-            result = self.app.send_task(SCORE_TASK,
-                                        args=[str(self.model_dir), lines, ids, reasons],
+            result = self.app.send_task(SCORE_TASK, args=args,
                                         queue=self.queue, expires=self.timeout_s)
         except Exception as exc:  # kombu/redis raise their own types for a broker outage
             raise ScoringError(f"cannot reach Redis at {self.redis_url} to enqueue scoring "

@@ -141,7 +141,8 @@ class ShardJudge:
                  for it in items]
         try:
             scores = self.scorer.score(lines, [list(it.token_ids) for it in items],
-                                       [it.finish_reason for it in items])
+                                       [it.finish_reason for it in items],
+                                       [it.text for it in items])
         except QuarryError as exc:  # ScoringError: workers down, timeout...
             raise DisputeDeferred(f"task {task_id} shard {shard}: scoring failed: {exc}"
                                   ) from exc

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from market.protocol.requests import find_stop
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt to complete. `temperature == 0` means greedy; `seed` makes sampling repeatable."""
+    """One prompt to complete. `temperature == 0` means greedy; `seed` makes sampling repeatable;
+    `stop` holds the request's stop strings (`market.protocol.requests.find_stop`)."""
 
     prompt_ids: tuple[int, ...]
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    stop: tuple[str, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -29,12 +33,35 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class GenerationOutput:
-    """The completion: exact token ids (what receipts hash), text, and each token's logprob."""
+    """The completion: exact token ids (what receipts hash), text, and each token's logprob.
+
+    A stop string ends generation at the first token after which the decoded ids contain
+    one; that token may reach past the stop string (or end inside it). The output then keeps
+    every generated id up to and including that token (so `completion_tokens`, the receipt's
+    token count, is what was computed and the verifier's token test sees every sampled
+    token), while `text` is the decoded ids cut before the stop string (OpenAI's text).
+    `text_for` below is that rule, shared with the verifier.
+    """
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[float, ...]
-    finish_reason: str  # "stop" (EOS) or "length" (max_tokens)
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens)
+
+
+def text_for(
+    decode: Callable[[Sequence[int]], str], token_ids: Sequence[int], stop: Sequence[str]
+) -> tuple[str, bool]:
+    """(text, stopped): the decoded ids, cut before the earliest stop string when they
+    contain one (`stopped`). Engines call it after each token of a request with stop
+    strings and stop when `stopped`; verifiers call it to check an output the same way.
+    The whole output is decoded each time (not just the new token) because a token's text
+    can depend on its neighbours (a character split across byte tokens)."""
+    text = decode(token_ids)
+    if not stop:
+        return text, False
+    pos = find_stop(text, stop)
+    return (text, False) if pos is None else (text[:pos], True)
 
 
 @dataclass(frozen=True)

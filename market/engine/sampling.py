@@ -23,6 +23,8 @@ import torch
 
 from market.engine.base import GenerationRequest
 from market.errors import QuarryError
+from market.protocol.errors import RequestError
+from market.protocol.requests import stop_strings
 
 SEED_MODULUS = 1 << 64
 
@@ -41,6 +43,12 @@ def validate_sampling(request: GenerationRequest, index: int | None = None) -> N
         raise SamplingError(f"{where}top_p must be in (0, 1], got {p!r}")
     if not isinstance(request.seed, int) or isinstance(request.seed, bool):
         raise SamplingError(f"{where}seed must be an integer, got {request.seed!r}")
+    if not isinstance(request.stop, tuple):
+        raise SamplingError(f"{where}stop must be a tuple of strings, got {request.stop!r}")
+    try:
+        stop_strings(list(request.stop) or None)  # the protocol's limits on body.stop
+    except RequestError as exc:
+        raise SamplingError(f"{where}{exc}") from exc
 
 
 def make_generator(seed: int) -> torch.Generator:

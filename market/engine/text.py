@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from market.engine.base import Engine, GenerationRequest
+from market.engine.base import Engine, GenerationRequest, text_for
 from market.engine.sampling import validate_sampling
 from market.errors import QuarryError
 from market.model.manifest import Manifest
 from market.model.prompts import PromptError, encode_chat, encode_prompt
-from market.protocol.requests import sampling_params
+from market.protocol.errors import RequestError
+from market.protocol.requests import sampling_params, stop_strings
 
 
 def _number(body: Mapping[str, Any], key: str, default: float) -> float:
@@ -30,7 +31,8 @@ def _number(body: Mapping[str, Any], key: str, default: float) -> float:
 def request_from_body(
     tokenizer: Any, body: Mapping[str, Any], *, default_max_tokens: int = 16
 ) -> GenerationRequest:
-    """An OpenAI-style body (`prompt` or `messages`, max_tokens, temperature, top_p, seed).
+    """An OpenAI-style body (`prompt` or `messages`, max_tokens, temperature, top_p, seed,
+    stop).
 
     Defaults follow the protocol: greedy (temperature 0), top_p 1, seed 0.
     """
@@ -54,12 +56,17 @@ def request_from_body(
         seed = 0
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise PromptError(f"body.seed must be an integer, got {seed!r}")
+    try:
+        stop = stop_strings(body.get("stop"))
+    except RequestError as exc:
+        raise PromptError(str(exc)) from exc
     return GenerationRequest(
         prompt_ids=ids,
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0),
         top_p=_number(body, "top_p", 1.0),
         seed=seed,
+        stop=stop,
     )
 
 
@@ -76,6 +83,7 @@ def request_from_line(tokenizer: Any, line: Mapping[str, Any]) -> GenerationRequ
         temperature=params.temperature,
         top_p=params.top_p,
         seed=params.seed,
+        stop=params.stop,
     )
 
 
@@ -109,6 +117,10 @@ class TextEngine(Engine):
                 list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
             )
         )
+
+    def output_text(self, token_ids: Sequence[int], stop: Sequence[str]) -> tuple[str, bool]:
+        """`text_for` with this engine's tokenizer: (text cut at a stop string, stopped)."""
+        return text_for(self.decode, token_ids, stop)
 
     def encode_prompt(self, prompt: str) -> tuple[int, ...]:
         return encode_prompt(self.tokenizer, prompt)

@@ -4,7 +4,10 @@ generate: requests are batched (up to `max_batch_size`), left-padded with an att
 and explicit position ids (so a padded row sees exactly the positions it would see alone),
 prefilled once, then decoded one token per step with the KV cache. Finished rows are
 dropped from the batch and the cache. A row stops at a stop token (EOS by default; the
-token is kept in `token_ids` and `logprobs`, not in `text`) or after `max_tokens`.
+token is kept in `token_ids` and `logprobs`, not in `text`), at the first token after which
+its decoded text contains one of the request's stop strings (`base.text_for`: the ids are
+kept, the text is cut before the stop string), or after `max_tokens`. Only rows with stop
+strings pay for the check: one decode of the row's output per step.
 Tokens are chosen by `sampling.select_next`, so logprobs are untempered.
 
 score: prompt + output per row, right-padded, one forward pass per batch through the
@@ -146,6 +149,7 @@ class TorchEngine(TextEngine):
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
+        texts: list[str | None] = [None] * n  # set where a stop string cut the text
         live = [i for i in range(n) if requests[i].max_tokens > 0]
         if live:
             ids, mask, positions = left_pad(
@@ -166,7 +170,13 @@ class TorchEngine(TextEngine):
                 logprobs[i].append(lp_list[row])
                 if chosen_list[row] in self.stop_token_ids:
                     finish[i] = "stop"
-                elif len(tokens[i]) < requests[i].max_tokens:
+                    continue
+                if requests[i].stop:
+                    text, stopped = self.output_text(tokens[i], requests[i].stop)
+                    if stopped:
+                        finish[i], texts[i] = "stop", text
+                        continue
+                if len(tokens[i]) < requests[i].max_tokens:
                     keep.append(row)
             if not keep:
                 break
@@ -182,7 +192,7 @@ class TorchEngine(TextEngine):
         return [
             GenerationOutput(
                 token_ids=tuple(tokens[i]),
-                text=self.decode(tokens[i]),
+                text=self.decode(tokens[i]) if texts[i] is None else str(texts[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=finish[i],
             )

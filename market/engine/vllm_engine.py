@@ -14,6 +14,10 @@ What vLLM gives, and how it maps onto Quarry's rules:
   older V0 engine returned logprobs after temperature scaling; with it, sampled requests'
   logprobs differ from `score()` (greedy ones do not, as temperature 0 is not applied).
 - An EOS stop keeps the EOS id in `token_ids` (vLLM's behaviour, and the torch engine's).
+- Stop strings go to vLLM as `SamplingParams(stop=[...])`. vLLM, too, keeps every generated
+  id (the one that completed the stop string included) and cuts only the text; the text
+  is re-derived here by the torch engine's rule (`base.text_for` on the ids), so a row's
+  text, finish reason and outputHash follow the same rule whichever engine ran it.
   Text is decoded here with the model's tokenizer (special tokens skipped), as the torch
   engine does, so the same ids give the same text and outputHash.
 - `max_tokens == 0` is answered locally (vLLM requires at least 1).
@@ -31,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult, text_for
 from market.engine.sampling import validate_sampling
 from market.engine.text import TextEngine
 from market.errors import QuarryError
@@ -52,8 +56,9 @@ def _logprob_value(entry: Any) -> float:
     return float(entry.logprob if hasattr(entry, "logprob") else entry)
 
 
-def output_from_vllm(completion: Any, decode: Any) -> GenerationOutput:
-    """Convert one vLLM `CompletionOutput` (requested with logprobs) into a GenerationOutput."""
+def output_from_vllm(completion: Any, decode: Any, stop: Sequence[str] = ()) -> GenerationOutput:
+    """Convert one vLLM `CompletionOutput` (requested with logprobs, and with `stop` as its
+    stop strings) into a GenerationOutput."""
     token_ids = tuple(int(t) for t in completion.token_ids)
     steps = completion.logprobs
     if steps is None or len(steps) != len(token_ids):
@@ -67,9 +72,10 @@ def output_from_vllm(completion: Any, decode: Any) -> GenerationOutput:
             raise VllmEngineError(f"vLLM logprobs at step {i} lack the sampled token {tok}")
         logprobs.append(_logprob_value(step[tok]))
     reason = completion.finish_reason
-    finish = "length" if reason == "length" else "stop"
+    text, stopped = text_for(decode, token_ids, stop)
+    finish = "length" if reason == "length" and not stopped else "stop"
     return GenerationOutput(
-        token_ids=token_ids, text=decode(token_ids), logprobs=tuple(logprobs), finish_reason=finish
+        token_ids=token_ids, text=text, logprobs=tuple(logprobs), finish_reason=finish
     )
 
 
@@ -179,6 +185,7 @@ class VllmEngine(TextEngine):
                 seed=int(requests[i].seed) % (1 << 63),
                 max_tokens=requests[i].max_tokens,
                 logprobs=1,
+                **({"stop": list(requests[i].stop)} if requests[i].stop else {}),
             )
             for i in todo
         ]
@@ -186,7 +193,7 @@ class VllmEngine(TextEngine):
             [self._tokens_prompt(requests[i].prompt_ids) for i in todo], params, use_tqdm=False
         )
         for i, out in zip(todo, outs, strict=True):
-            results[i] = output_from_vllm(out.outputs[0], self.decode)
+            results[i] = output_from_vllm(out.outputs[0], self.decode, requests[i].stop)
         return results
 
     def score(

@@ -4,12 +4,16 @@ A request line is
 
     {"custom_id": str, "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
      "body": {"model": str, "prompt": str | "messages": [...], "max_tokens": int,
-              "temperature": number, "top_p": number, "seed": int}}
+              "temperature": number, "top_p": number, "seed": int,
+              "stop": str | [str, ...]}}
 
 `max_tokens` is required (it bounds the shard budget); `temperature`, `top_p` and `seed` may
-be left out and then mean greedy decoding (0.0), 1.0 and 0 (see `SamplingParams`). Unknown
-keys are rejected rather than ignored, since a field such as `n` or `stop` would change the
-output without changing what the miner was paid to do.
+be left out and then mean greedy decoding (0.0), 1.0 and 0 (see `SamplingParams`). `stop` is
+OpenAI's: one string or a list of 1 to 4, each non-empty and at most 64 UTF-8 bytes; the
+output ends where its decoded text first contains one, and the returned text ends before it
+(`find_stop` is the one rule engines and checks share). Unknown keys are rejected rather
+than ignored, since a field such as `n` would change the output without changing what the
+miner was paid to do; `stop` does too, which is fine because requestHash covers it.
 
 Validation never rewrites the object: `requestHash` covers the line exactly as uploaded.
 """
@@ -38,6 +42,10 @@ __all__ = [
     "SamplingParams",
     "validate_request",
     "sampling_params",
+    "stop_strings",
+    "find_stop",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_BYTES",
     "parse_jsonl",
     "load_jsonl",
     "request_line_sizes",
@@ -52,12 +60,17 @@ __all__ = [
 COMPLETIONS_URL = "/v1/completions"
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 _TOP_KEYS = {"custom_id", "method", "url", "body"}
-_BODY_KEYS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed"}
+_BODY_KEYS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed",
+              "stop"}
 _ROLES = {"system", "user", "assistant"}
 MAX_SEED = MAX_SAFE_INTEGER
 """Seeds stop at 2**53-1: the request line is hashed as canonical JSON, which holds no larger
 integer exactly (a larger seed's requestHash could not be reproduced outside Python)."""
 MAX_TOKEN_ID = 2**32 - 1
+MAX_STOP_STRINGS = 4
+"""OpenAI's limit on `stop`."""
+MAX_STOP_BYTES = 64
+"""The longest stop string, in UTF-8 bytes: it bounds how far back an engine's check looks."""
 
 
 class BatchError(ProtocolError):
@@ -86,6 +99,7 @@ class SamplingParams:
     seed: int
     prompt: str | None  # /v1/completions
     messages: tuple[tuple[str, str], ...] | None  # /v1/chat/completions: (role, content)
+    stop: tuple[str, ...] = ()  # stop strings, in the request's order ("stop": "x" -> ("x",))
 
 
 @dataclass(frozen=True)
@@ -175,7 +189,59 @@ def validate_request(obj: Any, *, line: int | None = None) -> dict[str, Any]:
     if "seed" in body and not (_is_int(body["seed"]) and 0 <= body["seed"] <= MAX_SEED):
         raise fail("body.seed", "must be an integer in [0, 2**53-1] (the largest integer "
                    "canonical JSON, and so requestHash, holds exactly)")
+    if "stop" in body:
+        problem = _stop_problem(body["stop"])
+        if problem:
+            raise fail(problem[0], problem[1])
     return obj  # type: ignore[return-value]
+
+
+def _stop_problem(stop: Any) -> tuple[str, str] | None:
+    """(field, message) for an invalid `body.stop`, None for a valid one."""
+    if isinstance(stop, str):
+        items, where = [stop], lambda i: "body.stop"
+    elif isinstance(stop, list):
+        if not 1 <= len(stop) <= MAX_STOP_STRINGS:
+            return "body.stop", (f"must be a string or a list of 1 to {MAX_STOP_STRINGS} "
+                                 f"strings, got a list of {len(stop)}")
+        items, where = stop, lambda i: f"body.stop[{i}]"
+    else:
+        return "body.stop", (f"must be a string or a list of 1 to {MAX_STOP_STRINGS} strings, "
+                             f"not {type(stop).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            return where(i), "must be a non-empty string"
+        try:
+            size = len(item.encode("utf-8"))
+        except UnicodeEncodeError:
+            return where(i), "is not valid Unicode (a lone surrogate)"
+        if size > MAX_STOP_BYTES:
+            return where(i), f"is {size} UTF-8 bytes, over the limit of {MAX_STOP_BYTES}"
+        if "\ufffd" in item:
+            # A token that ends mid-character decodes to U+FFFD until the next token
+            # completes it, so such a stop string could match text that is not there.
+            return where(i), "must not contain U+FFFD (the replacement character)"
+    return None
+
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    """A validated `body.stop` (absent = None, a string, or a list) as a tuple of strings."""
+    if stop is None:
+        return ()
+    problem = _stop_problem(stop)
+    if problem:
+        raise RequestError(problem[1], field=problem[0])
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def find_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop string in `text` starts (None when it contains none).
+
+    The one rule every engine and check shares: generation ends at the first token after
+    which the decoded output contains a stop string, and the returned text is cut here.
+    """
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
 
 
 def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
@@ -191,6 +257,7 @@ def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
         seed=int(body.get("seed", 0)),
         prompt=body.get("prompt"),
         messages=None if messages is None else tuple((m["role"], m["content"]) for m in messages),
+        stop=stop_strings(body.get("stop")),
     )
 
 

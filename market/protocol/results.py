@@ -26,7 +26,7 @@ from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import MerkleError, ProtocolError, SignatureError
 from market.protocol.merkle import SumNode, receipt_leaf, receipts_tree, verify_sum_proof
-from market.protocol.requests import output_hash
+from market.protocol.requests import find_stop, output_hash
 
 FORMAT = "quarry-shard-result/2"
 
@@ -206,22 +206,35 @@ def receipt_proven(receipt: Receipt, proof: Sequence[SumNode], *, result_root: b
 
 
 def check_finish_reason(item: ResultItem, max_tokens: int,
-                        stop_ids: frozenset[int] | None = None) -> None:
+                        stop_ids: frozenset[int] | None = None,
+                        stop: Sequence[str] = ()) -> None:
     """Raise `ResultCheckFailed` ("finish reason") when `item.finish_reason` does not match
-    its tokens: the engines stop at a stop token ("stop", the token kept as the last id) or
+    its tokens: the engines stop at a stop token ("stop", the token kept as the last id), at
+    a stop string of the request (`stop`: "stop", every id kept, the text cut before it), or
     after `max_tokens` tokens ("length"). `max_tokens` is the request's own cap (after the
-    task's); `stop_ids`, when known (the model manifest's eos ids), are checked too."""
+    task's); `stop_ids`, when known (the model manifest's eos ids), are checked too.
+
+    Without the tokenizer a client cannot decode the ids, so for stop strings it checks the
+    text (it must hold none: it ends before the first) and lets "stop" end short of
+    max_tokens without a stop token; that the ids do complete a stop string, and do not run
+    past one, is the verifiers' check (`verifier.scoring`), which a dispute invokes."""
     ids, reason, i = item.token_ids, item.finish_reason, item.index
     if reason not in ("stop", "length"):
         raise ResultCheckFailed("finish reason", f"finish_reason {reason!r} is neither 'stop' "
                                 "nor 'length'", index=i)
-    ended = bool(ids) and (stop_ids is None or ids[-1] in stop_ids)
+    if stop and find_stop(item.text, stop) is not None:
+        found = min((s for s in stop if s in item.text), key=item.text.find)
+        raise ResultCheckFailed("finish reason", f"the text contains the stop string "
+                                f"{found!r} (it must end before the first)", index=i)
+    ended = bool(ids) and (stop_ids is None or ids[-1] in stop_ids or (
+        bool(stop) and reason == "stop"))
     if reason == "length" and len(ids) != max_tokens:
         raise ResultCheckFailed("finish reason", f"finish_reason 'length' after {len(ids)} of "
                                 f"{max_tokens} tokens", index=i)
     if reason == "stop" and max_tokens > 0 and not ended:
         raise ResultCheckFailed("finish reason", "finish_reason 'stop' but the output does not "
-                                "end with a stop token", index=i)
+                                "end with a stop token" + (" (and is empty)" if stop else ""),
+                                index=i)
     if stop_ids is not None and any(t in stop_ids for t in ids[:-1]):
         raise ResultCheckFailed("finish reason", "a stop token before the end of the output",
                                 index=i)

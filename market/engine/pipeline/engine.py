@@ -21,6 +21,8 @@ flight, N from `scheduler.microbatches_in_flight` on measured stage times and li
 (about S * (1 + d / T_S)); rows that hit EOS / max_tokens leave their microbatch's caches,
 and when a microbatch empties it is freed and the next one is admitted from the queue
 (continuous refill). `mode="naive"` keeps S in flight (vLLM-style pipeline baseline).
+Stop strings are the driver's business (the stages only see token ids): a row leaves when
+its decoded text contains one, by the single-process engine's rule (`base.text_for`).
 
 Selection. The last stage applies the final norm and lm_head to the last position and calls
 `market.engine.sampling.select_next` with per-request generators it builds from the request
@@ -605,6 +607,7 @@ class PipelineEngine(TextEngine):
         tokens: list[list[int]] = [[] for _ in reqs]
         logprobs: list[list[float]] = [[] for _ in reqs]
         reasons: list[str] = ["length"] * len(reqs)
+        texts: list[str | None] = [None] * len(reqs)  # set where a stop string cut the text
         queue = collections.deque(i for i, r in enumerate(reqs) if r.max_tokens > 0)
         size = self._pick_microbatch_size(len(queue))
         inflight: dict[int, _Microbatch] = {}
@@ -653,7 +656,13 @@ class PipelineEngine(TextEngine):
                 logprobs[r].append(float(lps[j]))
                 if tok in self.stop_token_ids:
                     reasons[r] = "stop"
-                elif len(tokens[r]) < reqs[r].max_tokens:
+                    continue
+                if reqs[r].stop:
+                    text, stopped = self.output_text(tokens[r], reqs[r].stop)
+                    if stopped:
+                        reasons[r], texts[r] = "stop", text
+                        continue
+                if len(tokens[r]) < reqs[r].max_tokens:
                     keep.append(j)
             if not keep:
                 del inflight[mb.id]
@@ -668,7 +677,7 @@ class PipelineEngine(TextEngine):
         return [
             GenerationOutput(
                 token_ids=tuple(tokens[i]),
-                text=self.decode(tokens[i]),
+                text=self.decode(tokens[i]) if texts[i] is None else str(texts[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=reasons[i],
             )
