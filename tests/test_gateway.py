@@ -393,6 +393,11 @@ def test_translation_rewrites_what_users_write_into_quarry_lines() -> None:
                             "messages": [{"role": "system", "content": "be brief"},
                                          {"role": "user", "content": "ab"}]}
     assert translate_line(_line(), CHAT, 1)["body"]["max_tokens"] == DEFAULT_MAX_TOKENS
+    # null is OpenAI's "the default"; stop strings reach the Quarry line as written
+    line = translate_line(_line(stop=None, seed=None, temperature=None, max_tokens=5), CHAT, 1)
+    assert set(line["body"]) == {"model", "messages", "max_tokens"}
+    assert translate_line(_line(stop=["\n\n", "END"], max_tokens=5), CHAT, 1)["body"][
+        "stop"] == ["\n\n", "END"]
     prompt = {"custom_id": "c", "method": "POST", "url": "/v1/completions",
               "body": {"model": MODEL, "prompt": ["once"], "max_tokens": 4, "echo": False}}
     assert translate_line(prompt, "/v1/completions", 1)["body"] == {

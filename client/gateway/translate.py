@@ -144,7 +144,8 @@ def translate_line(obj: Any, endpoint: str, line: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in body.items():
         if key in PASSED:
-            out[key] = value
+            if value is not None or key == "model":  # OpenAI's null means "the default"
+                out[key] = value
         elif key == "max_completion_tokens":
             if endpoint != CHAT_COMPLETIONS_URL:
                 raise fail(f"body.{key}", f"only {CHAT_COMPLETIONS_URL} takes it (use "
