@@ -163,8 +163,6 @@ class TableSource(PydanticBaseSettingsSource):
         if not isinstance(table, dict):
             raise ConfigError(f"{role} config {file}: '{role}' must be a table")
         fields = self.settings_cls.model_fields
-        if table.get("key"):
-            warn_if_shared(file, "a raw private key (`key`)")
         paths = {name for name, f in fields.items() if _is_path_setting(f.annotation)
                  or any(isinstance(m, _FileRelative) for m in f.metadata)}
         return {name: self._relative(value) if name in paths else value
@@ -246,7 +244,10 @@ class RoleSettings(BaseSettings):
                     for form in KEY_FORMS:
                         values.pop(form, None)
                 values[name], origin[name] = value, where
-        return cls.build(values, origin)
+        settings = cls.build(values, origin)
+        if config is not None and values.get("key") and origin.get("key") == table.label:
+            warn_if_shared(table.file, "a raw private key (`key`)")  # only once it is valid
+        return settings
 
     @classmethod
     def build(cls, values: Mapping[str, Any], origin: Mapping[str, str]) -> Self:

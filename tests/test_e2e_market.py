@@ -222,6 +222,7 @@ def test_cli_refuses_bad_input_in_one_line(stack: LocalStack, miners: dict[str, 
     cfg = tmp_path / "client.toml"
     cfg.write_text(f'[client]\nkey = "0x{bytes(CLIENT.key).hex()}"\n'
                    f'market_url = "{stack.market_url}"\nrpc_url = "{stack.rpc_url}"\n')
+    cfg.chmod(0o600)  # a raw key others can read is warned about: one more line
     good = ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": '
             '{"model": "quarry-tiny", "prompt": "hi", "max_tokens": 4}}')
     cases = {
