@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -249,15 +250,24 @@ def test_bad_lines_fail_validation_with_their_line_numbers(
 
 
 def test_cancel_mid_batch_refunds_the_open_shards_to_the_wei(
-        stack: LocalStack, gateway: Gateway, sdk_client: Any) -> None:
+        stack: LocalStack, miners: dict[str, Path], gateway: Gateway,
+        sdk_client: Any) -> None:
     q = stack.quarry
     before = q.escrow.withdrawable(CLIENT.address)
     first_block = q.chain.block_number() + 1
-    batch = create(gateway, chat_lines(20, "cancel"), quarry_shard_size="2",
-                   quarry_miner=MINERS["a"].address)
-    wait_status(gateway, batch.id, "in_progress", timeout=120)
-    stack.wait_until(lambda: _counts(gateway, batch.id).completed,
-                     "a first shard with results", timeout=180)
+    proc_b = start_miner(stack, miners["b"])
+    try:
+        batch = create(gateway, chat_lines(20, "cancel"), quarry_shard_size="2",
+                       quarry_miner=MINERS["b"].address)
+        wait_status(gateway, batch.id, "in_progress", timeout=120)
+        stack.wait_until(lambda: _counts(gateway, batch.id).completed,
+                         "a first shard with results", timeout=180)
+        # Ctrl-C: the miner submits what it holds and claims no more, so some shards are
+        # still open when the cancel lands, however fast the miner is.
+        os.killpg(proc_b.pid, signal.SIGINT)
+        proc_b.popen.wait(timeout=120)
+    finally:
+        proc_b.stop()
     cancelling = gateway.sdk.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = wait_status(gateway, batch.id, "cancelled", timeout=240)
