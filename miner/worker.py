@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -89,6 +89,10 @@ and that a first Ctrl-C while idle exits within it."""
 CHALLENGE_CHECK_S = 2.0
 """Between batches and candidates, look for availability challenges at most this often
 (every poll of `run` looks regardless): far inside any response window."""
+MAX_SHARDS_IN_FLIGHT = 4
+"""Shards of one task `run` claims back to back and generates as one stream (the
+`max_shards_in_flight` setting): enough to keep the engine's batches full across shard
+boundaries, few enough that one miner does not lock up a task others could share."""
 INPUT_CACHE_SIZE = 8
 """Verified task inputs kept in memory (a task's shards are usually claimed together)."""
 UNSERVABLE_KEPT = 5
@@ -148,6 +152,19 @@ class ActiveClaim:
     collateral: int
 
 
+@dataclass(eq=False)
+class _Claimed:
+    """A shard claimed (or resumed) by this miner, ready to generate; `outputs` fills up as
+    its requests come out of the engine."""
+
+    task: Any
+    claim: ActiveClaim
+    engine: TextEngine
+    requests: Sequence[ParsedRequest]
+    gen: list[GenerationRequest]
+    outputs: list[GenerationOutput] = field(default_factory=list)
+
+
 @dataclass
 class RunSummary:
     submitted: list[ShardOutcome] = field(default_factory=list)
@@ -163,6 +180,19 @@ class RunSummary:
     @property
     def tokens(self) -> int:
         return sum(o.tokens_used for o in self.submitted)
+
+
+def task_groups(candidates: Sequence[tuple[int, int]],
+                size: int) -> Iterator[tuple[int, list[int]]]:
+    """(task id, up to `size` of its shards) in the order of the candidates' first
+    appearance: the shards one stream serves."""
+    left = list(candidates)
+    while left:
+        task_id = left[0][0]
+        shards = [k for t, k in left if t == task_id][:size]
+        taken = set(shards)
+        left = [(t, k) for t, k in left if t != task_id or k not in taken]
+        yield task_id, shards
 
 
 def _utc(ts: int) -> str:
@@ -181,6 +211,7 @@ class Worker:
         store: ContentStore,
         market: MarketAPI | None = None,
         max_batch: int = 8,
+        max_shards_in_flight: int = MAX_SHARDS_IN_FLIGHT,
         poll_interval_s: float = 2.0,
         heartbeat_interval_s: float = 5.0,
         auto_withdraw: bool = False,
@@ -192,6 +223,8 @@ class Worker:
     ) -> None:
         if max_batch < 1:
             raise QuarryError("max_batch must be at least 1")
+        if max_shards_in_flight < 1:
+            raise QuarryError("max_shards_in_flight must be at least 1")
         if not engines:
             raise QuarryError("a worker needs at least one engine (model)")
         self.account = account
@@ -201,6 +234,7 @@ class Worker:
         self.store = store
         self.market = market
         self.max_batch = max_batch
+        self.max_shards_in_flight = max_shards_in_flight
         self.poll_interval_s = poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.auto_withdraw = auto_withdraw
@@ -215,9 +249,10 @@ class Worker:
         # Window ends already read from the chain: no call for a shard until its end passes.
         self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
-        self.current: ActiveClaim | None = None
-        # The shard being signed, uploaded and submitted in the background (`run` only).
-        self._inflight: tuple[ActiveClaim, Future[ShardOutcome]] | None = None
+        self.current: ActiveClaim | None = None  # the first claim held, not yet generated
+        self._held: list[ActiveClaim] = []  # claimed, not yet generated (in stream order)
+        # Shards being signed, uploaded and submitted in the background (`run` only).
+        self._inflight: list[tuple[ActiveClaim, Future[ShardOutcome]]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._emit_lock = threading.Lock()
         self.summary = RunSummary()
@@ -284,7 +319,8 @@ class Worker:
             raise
         kwargs.setdefault("state_dir", cfg.state_dir)
         return cls(account=account, quarry=q, engines=engines, store=market, market=market,
-                   max_batch=cfg.max_batch, poll_interval_s=cfg.poll_interval_s,
+                   max_batch=cfg.max_batch, max_shards_in_flight=cfg.max_shards_in_flight,
+                   poll_interval_s=cfg.poll_interval_s,
                    heartbeat_interval_s=cfg.heartbeat_interval_s,
                    auto_withdraw=cfg.auto_withdraw, engine_kind=cfg.engine, **kwargs)
 
@@ -456,7 +492,7 @@ class Worker:
             out.append(g)
         return out
 
-    # ------------------------------------------------------------------ one shard
+    # ------------------------------------------------------------------ shards
     def process_shard(self, task_id: int, shard: int, *,
                       pipelined: bool = False) -> ShardOutcome:
         """Check, claim, generate, sign, upload and submit one shard; never raises for a
@@ -464,34 +500,69 @@ class Worker:
 
         `pipelined` (what `run` does): once generated, the shard is signed, uploaded and
         submitted in the background while the caller goes on to the next shard, and the
-        outcome says "submitting"; `drain()` waits for it (one at a time: a shard waits for
-        the previous one's submission before its own starts)."""
-        try:
-            outcome = self._process(task_id, shard, pipelined)
-        except _Skip as skip:
-            if skip.task_wide:
-                self.skipped_tasks[task_id] = skip.reason
-            if skip.unservable:
-                self.unservable[(task_id, shard)] = skip.reason
-                while len(self.unservable) > UNSERVABLE_REMEMBERED:
-                    self.unservable.popitem(last=False)
-            log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
-            self.summary.skipped += 1
-            self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
-            outcome = ShardOutcome(task_id, shard, "skipped", skip.reason)
-        except KeyboardInterrupt:
-            raise  # `current` stays set: the abort message names the claim left behind
-        except Exception as exc:  # an engine or upload failure must not stop the miner
-            reason = f"{type(exc).__name__}: {exc}"
-            if self.current is not None:
-                outcome = self._failed(self.current, reason)
-            else:
+        outcome says "submitting"; `drain()` waits for it (submissions run one at a time,
+        in the order the shards finished generating)."""
+        return self.process_shards(task_id, [shard], pipelined=pipelined)[0]
+
+    def process_shards(self, task_id: int, shards: Sequence[int], *,
+                       pipelined: bool = False) -> list[ShardOutcome]:
+        """`process_shard` for several shards of one task, run through the engine as one
+        stream: each is checked and claimed back to back, then their requests are generated
+        in batches of `max_batch` that run across shard boundaries (the engine never drains
+        its batch between shards), and each shard is signed, uploaded and submitted as soon
+        as its last output is out. One outcome per shard, in order; a shard not reached
+        (a first Ctrl-C stops claiming more) gets none.
+
+        `run` passes at most `max_shards_in_flight` shards at a time, so one miner does not
+        lock up a task other miners could share."""
+        outcomes: dict[int, ShardOutcome] = {}
+        group: list[_Claimed] = []
+        engine: TextEngine | None = None
+        # A KeyboardInterrupt leaves the claims held: the abort message names them.
+        for shard in shards:
+            if group and self._stop.is_set():
+                break  # a first Ctrl-C: finish what is claimed, claim no more
+            try:
+                taken = self._take(task_id, shard)
+            except _Skip as skip:
+                outcomes[shard] = self._skipped(task_id, shard, skip)
+                continue
+            except KeyboardInterrupt:
+                raise  # `current` stays set: the abort message names the claims held
+            except Exception as exc:  # a chain or store failure must not stop the miner
+                reason = f"{type(exc).__name__}: {exc}"
+                held = [c for c in self._held if (c.task_id, c.shard) == (task_id, shard)]
+                if held:  # claimed, then failed: said loudly, the claim will expire
+                    self._held.remove(held[0])
+                    self.current = self._held[0] if self._held else None
+                    outcomes[shard] = self._failed(held[0], reason)
+                    continue
                 self.summary.skipped += 1
                 log.error("task %d shard %d not taken: %s", task_id, shard, reason)
-                outcome = ShardOutcome(task_id, shard, "skipped", reason)
-                self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
+                outcomes[shard] = ShardOutcome(task_id, shard, "skipped", reason)
+                self._emit("skipped", task_id=task_id, shard=shard, reason=reason)
+                continue
+            engine = taken.engine
+            group.append(taken)
+        if group:
+            assert engine is not None
+            for o in self._run_group(engine, group, pipelined):
+                outcomes[o.shard] = o
+        self._held = []
         self.current = None
-        return outcome
+        return [outcomes[k] for k in shards if k in outcomes]
+
+    def _skipped(self, task_id: int, shard: int, skip: _Skip) -> ShardOutcome:
+        if skip.task_wide:
+            self.skipped_tasks[task_id] = skip.reason
+        if skip.unservable:
+            self.unservable[(task_id, shard)] = skip.reason
+            while len(self.unservable) > UNSERVABLE_REMEMBERED:
+                self.unservable.popitem(last=False)
+        log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
+        self.summary.skipped += 1
+        self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
+        return ShardOutcome(task_id, shard, "skipped", skip.reason)
 
     def _failed(self, claim: ActiveClaim, reason: str) -> ShardOutcome:
         """A claimed shard that cannot be submitted: said loudly (the claim will expire)."""
@@ -504,18 +575,19 @@ class Worker:
         return ShardOutcome(claim.task_id, claim.shard, "failed", reason)
 
     def drain(self) -> ShardOutcome | None:
-        """Wait for the shard being submitted in the background, if any; its outcome. While
-        waiting it is `current` again, so a Ctrl-C names it and an abort says what it
-        leaves behind."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is None:
-            return None
-        claim, future = inflight
-        generating, self.current = self.current, claim
+        """Wait for the shards being submitted in the background, if any; the last one's
+        outcome. While waiting each is `current` again, so a Ctrl-C names it and an abort
+        says what it leaves behind."""
+        inflight, self._inflight = self._inflight, []
+        outcome = None
+        generating = self.current
         try:
-            return future.result()
+            for claim, future in inflight:
+                self.current = claim
+                outcome = future.result()
         finally:
             self.current = generating
+        return outcome
 
     def _finish_safely(self, claim: ActiveClaim, finish: Callable[[], ShardOutcome],
                        ) -> ShardOutcome:
@@ -525,7 +597,9 @@ class Worker:
         except Exception as exc:
             return self._failed(claim, f"{type(exc).__name__}: {exc}")
 
-    def _process(self, task_id: int, shard: int, pipelined: bool = False) -> ShardOutcome:
+    def _take(self, task_id: int, shard: int) -> _Claimed:
+        """Check one shard against the chain and its inputs, then claim it (or resume this
+        miner's own claim); `_Skip` when it is not taken (nothing locked)."""
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
@@ -575,23 +649,47 @@ class Worker:
             log.info("task %d shard %d: resuming this miner's own claim", task_id, shard)
         else:
             claim = self._claim(task, task_id, shard)
-        self.current = claim  # before it is announced: a Ctrl-C from now on finishes it
+        # Held before it is announced: a Ctrl-C from now on finishes it.
+        self._held.append(claim)
+        if self.current is None:
+            self.current = claim
         if not resume:
             log.info("task %d shard %d claimed: %d wei collateral locked until %s", task_id,
                      shard, claim.collateral, _utc(claim.claim_expiry))
         self._emit("claimed", task_id=task_id, shard=shard, claim_expiry=claim.claim_expiry,
                    collateral=claim.collateral)
+        return _Claimed(task, claim, engine, shard_requests, gen)
 
-        outputs = self._generate(engine, gen, claim)
-        self.drain()  # the previous shard's submission, overlapped with this generation
+    def _run_group(self, engine: TextEngine, group: list[_Claimed],
+                   pipelined: bool) -> list[ShardOutcome]:
+        """Generate the claimed shards as one stream; each shard goes to `_finish` (in the
+        background when `pipelined`) as soon as its outputs are complete. A shard whose
+        claim is about to expire is given up (failed) before its next batch; an engine
+        failure fails every shard not yet complete (their claims expire)."""
+        outcomes: list[ShardOutcome] = []
+        try:
+            for done in self._generate(engine, group, outcomes):
+                self._held.remove(done.claim)
+                self.current = self._held[0] if self._held else None
+                outcomes.append(self._hand_over(done, pipelined))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # an engine failure must not stop the miner
+            reason = f"{type(exc).__name__}: {exc}"
+            for claim in list(self._held):
+                self._held.remove(claim)
+                outcomes.append(self._failed(claim, reason))
+        return outcomes
 
+    def _hand_over(self, c: _Claimed, pipelined: bool) -> ShardOutcome:
         def finish() -> ShardOutcome:
-            return self._finish(task, claim, shard_requests, gen, outputs)
+            return self._finish(c.task, c.claim, c.requests, c.gen, c.outputs)
 
         if not pipelined:
             return finish()
-        self._inflight = (claim, self._submitter().submit(self._finish_safely, claim, finish))
-        return ShardOutcome(task_id, shard, "submitting", "", len(gen))
+        future = self._submitter().submit(self._finish_safely, c.claim, finish)
+        self._inflight.append((c.claim, future))
+        return ShardOutcome(c.claim.task_id, c.claim.shard, "submitting", "", len(c.gen))
 
     def _submitter(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -688,22 +786,51 @@ class Worker:
             self.skipped_tasks.pop(task_id, None)
         self._probation_skips.clear()
 
-    def _generate(self, engine: TextEngine, gen: list[GenerationRequest],
-                  claim: ActiveClaim) -> list[GenerationOutput]:
+    def _generate(self, engine: TextEngine, group: list[_Claimed],
+                  outcomes: list[ShardOutcome]) -> Iterator[_Claimed]:
+        """Run the group's requests through `engine` in batches of `max_batch`, in order
+        and across shard boundaries; yield each shard as soon as its outputs are complete.
+        Before every batch: a shard whose claim has less than `CLAIM_MARGIN_S` left is given
+        up (its outcome "failed" goes to `outcomes`: a late submit only reverts), and open
+        availability challenges are answered (a long stream must not miss a window)."""
         from tqdm import tqdm
 
-        outputs: list[GenerationOutput] = []
-        with tqdm(total=len(gen), desc=f"task {claim.task_id} shard {claim.shard}", unit="req",
-                  file=sys.stderr, disable=not self.progress, leave=False) as bar:
-            for i in range(0, len(gen), self.max_batch):
-                if self.chain_now() >= claim.claim_expiry - CLAIM_MARGIN_S:
-                    raise QuarryError(f"claim expires at {_utc(claim.claim_expiry)} before the "
-                                      "shard is done; giving it up")
-                self._maybe_answer_challenges()  # a long shard must not miss a response window
-                batch = gen[i:i + self.max_batch]
-                outputs += engine.generate(batch)
+        stream = [(c, i) for c in group for i in range(len(c.gen))]
+        dropped: set[int] = set()  # shards given up, by position in the group
+        pos = 0
+        first, last = group[0].claim, group[-1].claim
+        desc = (f"task {first.task_id} shard {first.shard}" if len(group) == 1 else
+                f"task {first.task_id} shards {first.shard}-{last.shard}")
+        with tqdm(total=len(stream), desc=desc, unit="req", file=sys.stderr,
+                  disable=not self.progress, leave=False) as bar:
+            while pos < len(stream):
+                now = self.chain_now()
+                for j, c in enumerate(group):
+                    if (j not in dropped and len(c.outputs) < len(c.gen)
+                            and now >= c.claim.claim_expiry - CLAIM_MARGIN_S):
+                        dropped.add(j)
+                        self._held.remove(c.claim)
+                        self.current = self._held[0] if self._held else None
+                        outcomes.append(self._failed(c.claim, (
+                            f"claim expires at {_utc(c.claim.claim_expiry)} before the shard "
+                            "is done; giving it up")))
+                self._maybe_answer_challenges()
+                batch: list[tuple[_Claimed, int]] = []
+                while pos < len(stream) and len(batch) < self.max_batch:
+                    c, i = stream[pos]
+                    pos += 1
+                    if group.index(c) not in dropped:
+                        batch.append((c, i))
+                if not batch:
+                    break
+                for (c, _), out in zip(batch, engine.generate([c.gen[i] for c, i in batch]),
+                                       strict=True):
+                    c.outputs.append(out)
                 bar.update(len(batch))
-        return outputs
+                # Shards complete in order: every one before the batch's last is done.
+                for c in dict.fromkeys(c for c, _ in batch):
+                    if len(c.outputs) == len(c.gen):
+                        yield c
 
     # ------------------------------------------------------------------ payment
     def _discover_submitted(self) -> None:
@@ -931,25 +1058,32 @@ class Worker:
         self._interrupts += 1
         if self._interrupts > 1:
             raise KeyboardInterrupt
-        cur = self.current
-        if cur is not None:
-            print(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}, then "
+        claims = self._claims_held()
+        if claims:
+            cur, more = claims[0], ", ".join(str(c.shard) for c in claims[1:])
+            also = f" (and shard(s) {more} claimed with it)" if more else ""
+            print(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}{also}, then "
                   "exiting (Ctrl-C again to abort it)", file=sys.stderr, flush=True)
         else:
             print("miner: Ctrl-C: exiting", file=sys.stderr, flush=True)
         self.request_stop()
 
     def abort_message(self) -> str:
-        """What a hard abort leaves behind: the claim, its expiry and the collateral."""
-        cur = self.current
-        if cur is None:
+        """What a hard abort leaves behind: each claim, its expiry and the collateral."""
+        claims = self._claims_held()
+        if not claims:
             return "aborted; no shard was claimed"
-        penalty = cur.collateral * self.params()["reclaim_penalty_bps"] // 10_000
-        left = max(0, cur.claim_expiry - int(time.time()))
-        return (f"aborted task {cur.task_id} shard {cur.shard}: its claim expires at "
-                f"{_utc(cur.claim_expiry)} (in about {left} s); {cur.collateral} wei of stake "
-                f"stays locked until then, and {penalty} wei of it is slashed when the claim "
-                "is reclaimed")
+        bps = self.params()["reclaim_penalty_bps"]
+        return "aborted " + "; ".join(
+            f"task {c.task_id} shard {c.shard}: its claim expires at {_utc(c.claim_expiry)} "
+            f"(in about {max(0, c.claim_expiry - int(time.time()))} s); {c.collateral} wei of "
+            f"stake stays locked until then, and {c.collateral * bps // 10_000} wei of it is "
+            "slashed when the claim is reclaimed" for c in claims)
+
+    def _claims_held(self) -> list[ActiveClaim]:
+        """The claim being worked on (`current`) first, then the others held with it."""
+        cur = self.current
+        return ([] if cur is None else [cur]) + [c for c in self._held if c is not cur]
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         assert self.market is not None
@@ -1011,15 +1145,16 @@ class Worker:
                                                              wait_s=wait_s), [])
                 resume = []
                 worked = False
-                for task_id, shard in candidates:
+                for task_id, shards in task_groups(candidates, self.max_shards_in_flight):
                     if self._stop.is_set():
                         break
                     self._maybe_answer_challenges()
                     # Each candidate is re-checked on-chain before it is claimed, so a
-                    # ranking a shard old is still safe to walk to its end. The shard is
-                    # submitted in the background while the next one is claimed and run.
-                    outcome = self.process_shard(task_id, shard, pipelined=True)
-                    worked |= outcome.status in ("submitted", "submitting")
+                    # ranking a shard old is still safe to walk to its end. Up to
+                    # `max_shards_in_flight` shards of a task run as one stream; each is
+                    # submitted in the background while the next ones are generated.
+                    outcomes = self.process_shards(task_id, shards, pipelined=True)
+                    worked |= any(o.status in ("submitted", "submitting") for o in outcomes)
                 if self._stop.is_set() or (not worked and stop_when_idle):
                     break
                 idle = not worked

@@ -429,14 +429,15 @@ class OverlapProbe:
 def test_run_submits_a_shard_while_generating_the_next(
         devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
     """`run` pipelines: shard 0 is signed, uploaded and submitted in the background while
-    shard 1 is claimed and generated; both end submitted, with their outcomes and events."""
+    shard 1 is generated (one batch per shard here); both end submitted, with their outcomes
+    and events."""
     q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     task_id = post_task(devnet, store, engine.model_id, batch(6), shard_size=3)
     probe = OverlapProbe(engine, store)
     events: list[tuple[str, int]] = []
     worker = Worker(account=miner, quarry=q, engines={engine.model_id: probe}, store=probe,
-                    progress=False, poll_interval_s=0.1,
+                    progress=False, poll_interval_s=0.1, max_batch=3,
                     listener=lambda name, info: events.append((name, info.get("shard", -1))))
     summary = worker.run(stop_when_idle=True)
     assert summary.failed == 0
@@ -449,6 +450,87 @@ def test_run_submits_a_shard_while_generating_the_next(
     assert worker.current is None and worker.drain() is None
     assert worker.status()["shardsSubmitted"] == 2
     worker.close()
+
+
+class BatchLog:
+    """The real engine, recording the size of every `generate` call; `fail_at` makes that
+    call (1-based) raise, as a crashed GPU would."""
+
+    def __init__(self, engine: Any, fail_at: int = 0) -> None:
+        self._engine, self.fail_at = engine, fail_at
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self.sizes.append(len(requests))
+        if len(self.sizes) == self.fail_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self._engine.generate(requests)
+
+
+@pytest.mark.parametrize(("in_flight", "sizes"), [(4, [4, 4, 1]), (2, [4, 2, 3]),
+                                                  (1, [3, 3, 3])])
+def test_run_streams_shards_of_a_task_through_full_batches(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
+        in_flight: int, sizes: list[int]) -> None:
+    """Up to `max_shards_in_flight` shards of a task are claimed back to back and generated
+    as one stream: batches run across shard boundaries (3 shards of 3 requests in batches of
+    4), and every shard is submitted with exactly the outputs it would get alone."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    data = batch(9)
+    task_id = post_task(devnet, store, engine.model_id, data, shard_size=3)
+    log = BatchLog(engine)
+    events: list[tuple[str, int]] = []
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: log}, store=store,
+                    progress=False, poll_interval_s=0.1, max_batch=4,
+                    max_shards_in_flight=in_flight,
+                    listener=lambda name, info: events.append((name, info.get("shard", -1))))
+    summary = worker.run(stop_when_idle=True)
+    worker.close()
+    assert summary.failed == 0 and log.sizes == sizes
+    assert sorted(o.shard for o in summary.submitted) == [0, 1, 2]
+    claims = [k for name, k in events if name == "claimed"]
+    assert claims == [0, 1, 2]
+    # The first group's claims all come before its first submission.
+    first_submit = [name for name, _ in events].index("submitted")
+    assert sum(1 for name, _ in events[:first_submit] if name == "claimed") == min(in_flight, 3)
+    parsed = parse_jsonl(data)
+    for k in range(3):
+        sh = q.tasks.get_shard(task_id, k)
+        items = verify_shard_result(
+            ShardResult.from_bytes(store.get(sh.result_uri)), task_id=task_id, shard=k,
+            start=3 * k, miner=sh.miner, model_id=engine.model_id, result_root=sh.result_root,
+            tokens_used=sh.tokens_used,
+            request_hashes=[r.request_hash for r in parsed[3 * k:3 * k + 3]],
+            chain_id=q.chain_id, task_registry=q.tasks.address)
+        alone = engine.generate([engine.request_from_line(r.request)
+                                 for r in parsed[3 * k:3 * k + 3]])
+        assert [i.token_ids for i in items] == [a.token_ids for a in alone]
+
+
+def test_engine_failure_mid_stream_fails_only_the_unfinished_shards(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """Shard 0 is complete after the first batch and is submitted; the engine then fails on
+    the second batch, which held shards 1 and 2: both are failed (their claims will expire),
+    none is left `current`, and the miner goes on."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(9), shard_size=3)
+    log = BatchLog(engine, fail_at=2)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: log}, store=store,
+                    progress=False, max_batch=3)
+    outcomes = worker.process_shards(task_id, [0, 1, 2])
+    worker.close()
+    assert [(o.shard, o.status) for o in outcomes] == [
+        (0, "submitted"), (1, "failed"), (2, "failed")]
+    assert "illegal memory access" in outcomes[1].reason
+    assert worker.failed == {(task_id, 1), (task_id, 2)}
+    assert worker.current is None and worker.abort_message() == "aborted; no shard was claimed"
+    assert [q.tasks.get_shard(task_id, k).state for k in range(3)] == [
+        ShardState.SUBMITTED, ShardState.CLAIMED, ShardState.CLAIMED]
 
 
 def test_first_ctrl_c_finishes_the_shard_second_aborts(
