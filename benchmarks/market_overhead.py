@@ -556,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompts of the untimed warm-up job (16)")
     parser.add_argument("--miner-poll-s", type=float, default=0.5,
                         help="miner poll_interval_s (0.5, as in the demo)")
-    parser.add_argument("--client-poll-s", type=float, default=0.25,
-                        help="SDK job.wait poll_s (0.25, its default)")
+    parser.add_argument("--client-poll-s", type=float,
+                        help="SDK job.wait poll_s (default: the SDK's, client.sdk.POLL_S)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per job (180)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
     parser.add_argument("--keep", action="store_true",
@@ -572,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.multi_shard_size < 0:
         parser.error("--multi-shard-size must be >= 0")
+    if args.client_poll_s is None:
+        from client.sdk import POLL_S
+
+        args.client_poll_s = POLL_S
     if args.miner_poll_s <= 0 or args.client_poll_s <= 0 or args.timeout <= 0:
         parser.error("--miner-poll-s, --client-poll-s and --timeout must be positive")
 
