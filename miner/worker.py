@@ -725,9 +725,10 @@ class Worker:
         """Keep the document locally (so challenges can be answered whatever the store
         does), upload it, and submit its root; returns its URI."""
         key = (result.task_id, result.shard)
-        self.archive.save(result)
+        data = result.to_bytes()  # canonical JSON of every item: made once
+        self.archive.save(result, data)
         try:
-            uri = self.store.put(result.to_bytes())
+            uri = self.store.put(data)
             self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
                                        result.tokens_used)
         except (ContractRevert, StoreError, MarketError):  # surely not submitted
