@@ -66,6 +66,7 @@ from market.chain.errors import ContractRevert
 from market.engine.base import GenerationOutput, GenerationRequest
 from market.engine.text import TextEngine
 from market.errors import QuarryError
+from market.jobs import task_shard_range
 from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
@@ -518,12 +519,13 @@ class Worker:
         outcomes: dict[int, ShardOutcome] = {}
         group: list[_Claimed] = []
         engine: TextEngine | None = None
+        seen: dict[str, Any] = {}  # the task and this miner's entry, read once per group
         # A KeyboardInterrupt leaves the claims held: the abort message names them.
         for shard in shards:
             if group and self._stop.is_set():
                 break  # a first Ctrl-C: finish what is claimed, claim no more
             try:
-                taken = self._take(task_id, shard)
+                taken = self._take(task_id, shard, seen)
             except _Skip as skip:
                 outcomes[shard] = self._skipped(task_id, shard, skip)
                 continue
@@ -597,16 +599,18 @@ class Worker:
         except Exception as exc:
             return self._failed(claim, f"{type(exc).__name__}: {exc}")
 
-    def _take(self, task_id: int, shard: int) -> _Claimed:
+    def _take(self, task_id: int, shard: int, seen: dict[str, Any]) -> _Claimed:
         """Check one shard against the chain and its inputs, then claim it (or resume this
-        miner's own claim); `_Skip` when it is not taken (nothing locked)."""
+        miner's own claim); `_Skip` when it is not taken (nothing locked). `seen` keeps the
+        task and this miner's registry entry for the next shards of the same group (the
+        claim itself rechecks both on-chain)."""
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
         if (task_id, shard) in self.unservable:
             raise _Skip(self.unservable[(task_id, shard)], unservable=True)
         try:
-            task = q.tasks.get_task(task_id)
+            task = seen.get("task") or q.tasks.get_task(task_id)
             sh = q.tasks.get_shard(task_id, shard)
         except ContractRevert as exc:
             raise _Skip(str(exc)) from exc
@@ -623,7 +627,8 @@ class Worker:
             raise _Skip(f"shard is {sh.state.name}")
         if not resume and now >= task.deadline:
             raise _Skip(f"task deadline passed at {_utc(task.deadline)}", task_wide=True)
-        info = q.gpu.miner_info(me)
+        info = seen.get("info") or q.gpu.miner_info(me)
+        seen.update(task=task, info=info)
         if not resume and task.price_per_token < info.price_per_token:
             raise _Skip(f"task pays {task.price_per_token} wei/token, below this miner's price "
                         f"of {info.price_per_token} wei/token", task_wide=True)
@@ -633,7 +638,7 @@ class Worker:
                         + self._probation_note(info), task_wide=True)
 
         requests = self.task_requests(task_id, task)
-        start, end = q.tasks.shard_range(task_id, shard)
+        start, end = task_shard_range(task, shard)
         shard_requests = requests[start:end]
         gen = self.prepare(engine, task, shard_requests)
 
