@@ -374,8 +374,10 @@ def test_engine_failure_mid_shard_does_not_stop_the_loop(
     q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     task_id = post_task(devnet, store, engine.model_id, batch(4), shard_size=2)
+    # One shard at a time: a batch spanning both shards would fail both (see
+    # test_engine_failure_mid_stream_fails_only_the_unfinished_shards).
     worker = Worker(account=miner, quarry=q, engines={engine.model_id: FlakyEngine(engine)},
-                    store=store, progress=False, poll_interval_s=0.1)
+                    store=store, progress=False, poll_interval_s=0.1, max_shards_in_flight=1)
     summary = worker.run(stop_when_idle=True)
     assert summary.failed == 1
     assert [(o.task_id, o.shard) for o in summary.submitted] == [(task_id, 1)]
