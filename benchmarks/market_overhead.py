@@ -131,9 +131,9 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
     submitting = threading.local()
     submit = worker._submit
 
-    def _submit(result: Any) -> str:
+    def _submit(result: Any, data: bytes) -> str:
         submitting.task_id = result.task_id
-        return str(submit(result))
+        return str(submit(result, data))
 
     worker._submit = _submit
     worker.store.put = timed("upload", worker.store.put,
