@@ -260,19 +260,26 @@ def index_events() -> dict[str, Any]:
     Then it follows the chain for `FOLLOW_SHARE` of the index interval, indexing a new block
     as soon as `eth_blockNumber` shows one (every `FOLLOW_EVERY_S`): a miner long-polling for
     open shards, or a client waiting on the board, hears of a new task within about that
-    instead of at the next tick. The rest of the interval leaves the worker to the other
-    tasks (one solo worker runs them all), so no backlog builds up behind it."""
+    instead of at the next tick; after new blocks it refreshes the miners' recommendations
+    at once (`recommend`), which the open-shards answer prefers while fresh. The rest of the
+    interval leaves the worker to the other tasks (one solo worker runs them all), so no
+    backlog builds up behind it."""
     with redis_lock(INDEX_LOCK) as held:
         if not held:
             return {"skipped": "locked"}
         started = time.monotonic()
         with reported("index") as out:
             board, q = _board(), _quarry()
-            cursor = board.index(q)
-            out["cursor"] = cursor
+            before = board.cursor()
+            cursor = out["cursor"] = board.index(q)
             until = started + FOLLOW_SHARE * settings().index_interval_s
-            while time.monotonic() + FOLLOW_EVERY_S < until:
+            while True:
+                if cursor != before:  # new blocks: the miners' open shards, right away
+                    recommend()
+                if time.monotonic() + FOLLOW_EVERY_S >= until:
+                    break
                 time.sleep(FOLLOW_EVERY_S)
+                before = cursor
                 if q.chain.block_number() > cursor:
                     cursor = out["cursor"] = board.index(q)
             out["seconds"] = round(time.monotonic() - started, 3)
