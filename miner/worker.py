@@ -1175,11 +1175,14 @@ class Worker:
                     worked |= any(o.status in ("submitted", "submitting") for o in outcomes)
                 if self._stop.is_set() or (not worked and stop_when_idle):
                     break
-                idle = not worked
-                if idle and not candidates:
+                # Just back from work, the next turn long-polls at once (a task posted now
+                # is heard of as it is indexed); a long poll answered early with nothing
+                # (an older market, or chain events) sleeps out the poll interval.
+                was_idle, idle = idle, not worked
+                if idle and not candidates and was_idle:
                     self._stop.wait(max(0.0, self.poll_interval_s
                                         - (time.monotonic() - asked)))
-                elif idle:
+                elif idle and candidates:
                     self._stop.wait(self.poll_interval_s)
             self.drain()
         except KeyboardInterrupt:
