@@ -53,9 +53,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
     from miner.config import MinerConfig
 
 log = logging.getLogger("miner")
+_T = TypeVar("_T")
 
 CLAIM_MARGIN_S = 5
 """Stop generating when the claim has less than this left: a late submit only reverts."""
@@ -151,6 +153,21 @@ class ActiveClaim:
     shard: int
     claim_expiry: int
     collateral: int
+
+
+@dataclass(eq=False)
+class _Ready:
+    """A shard checked and tokenized, not yet claimed (`state`: as read for the check)."""
+
+    task: Any
+    task_id: int
+    shard: int
+    engine: TextEngine
+    requests: Sequence[ParsedRequest]
+    gen: list[GenerationRequest]
+    state: Any
+    resume: bool
+    reclaim: bool
 
 
 @dataclass(eq=False)
@@ -255,6 +272,7 @@ class Worker:
         # Shards being signed, uploaded and submitted in the background (`run` only).
         self._inflight: list[tuple[ActiveClaim, Future[ShardOutcome]]] = []
         self._executor: ThreadPoolExecutor | None = None
+        self._claim_executor: ThreadPoolExecutor | None = None  # claims made ahead
         self._emit_lock = threading.Lock()
         self.summary = RunSummary()
         # Verified inputs: (inputURI, inputRoot, numRequests) -> parsed requests.
@@ -326,8 +344,9 @@ class Worker:
                    auto_withdraw=cfg.auto_withdraw, engine_kind=cfg.engine, **kwargs)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        for executor in (self._executor, self._claim_executor):
+            if executor is not None:
+                executor.shutdown(wait=True)
         for e in self.engines.values():
             e.close()
         if self.market is not None:
@@ -508,51 +527,79 @@ class Worker:
     def process_shards(self, task_id: int, shards: Sequence[int], *,
                        pipelined: bool = False) -> list[ShardOutcome]:
         """`process_shard` for several shards of one task, run through the engine as one
-        stream: each is checked and claimed back to back, then their requests are generated
-        in batches of `max_batch` that run across shard boundaries (the engine never drains
-        its batch between shards), and each shard is signed, uploaded and submitted as soon
-        as its last output is out. One outcome per shard, in order; a shard not reached
-        (a first Ctrl-C stops claiming more) gets none.
+        stream: each is checked (chain state, inputs, tokenized), the first is claimed and
+        starts generating while the others are claimed one after another in a background
+        thread; their requests are generated in batches of `max_batch` that run across shard
+        boundaries (the engine never drains its batch between shards), and each shard is
+        signed, uploaded and submitted as soon as its last output is out. One outcome per
+        shard, in order; a shard not reached (a first Ctrl-C stops claiming more) gets none.
 
         `run` passes at most `max_shards_in_flight` shards at a time, so one miner does not
         lock up a task other miners could share."""
         outcomes: dict[int, ShardOutcome] = {}
-        group: list[_Claimed] = []
-        engine: TextEngine | None = None
         seen: dict[str, Any] = {}  # the task and this miner's entry, read once per group
-        # A KeyboardInterrupt leaves the claims held: the abort message names them.
-        for shard in shards:
-            if group and self._stop.is_set():
-                break  # a first Ctrl-C: finish what is claimed, claim no more
+        ready = [r for k in shards if (r := self._attempt(
+            task_id, k, outcomes, functools.partial(self._check, task_id, k, seen)))]
+        group: list[_Claimed] = []
+        while ready and not group:  # the first claim, here: generation starts right after
+            r = ready.pop(0)
+            if (c := self._attempt(task_id, r.shard, outcomes, functools.partial(self._lock, r))):
+                group.append(c)
+        if group:
+            # The others are claimed one after another in the background while the first
+            # generates; the stream takes each as its turn comes (`_generate`).
+            ahead = [self._claimer().submit(self._lock_ahead, r, outcomes) for r in ready]
             try:
-                taken = self._take(task_id, shard, seen)
-            except _Skip as skip:
-                outcomes[shard] = self._skipped(task_id, shard, skip)
-                continue
-            except KeyboardInterrupt:
-                raise  # `current` stays set: the abort message names the claims held
-            except Exception as exc:  # a chain or store failure must not stop the miner
-                reason = f"{type(exc).__name__}: {exc}"
-                held = [c for c in self._held if (c.task_id, c.shard) == (task_id, shard)]
-                if held:  # claimed, then failed: said loudly, the claim will expire
-                    self._held.remove(held[0])
-                    self.current = self._held[0] if self._held else None
-                    outcomes[shard] = self._failed(held[0], reason)
-                    continue
+                for o in self._run_group(group[0].engine, group, pipelined, ahead):
+                    outcomes[o.shard] = o
+            except KeyboardInterrupt:  # an abort: claim no more, and name every claim held
+                for f in ahead:
+                    f.cancel()
+                futures_wait(ahead)
+                raise
+        self._held = []
+        self.current = None
+        return [outcomes[k] for k in shards if k in outcomes]
+
+    def _attempt(self, task_id: int, shard: int, outcomes: dict[int, ShardOutcome],
+                 step: Callable[[], _T]) -> _T | None:
+        """`step()` for one shard; None, with its outcome in `outcomes`, when the shard is
+        skipped (nothing locked) or failed after claiming (the claim will expire). A
+        KeyboardInterrupt passes: the claims stay held and the abort message names them."""
+        try:
+            return step()
+        except _Skip as skip:
+            outcomes[shard] = self._skipped(task_id, shard, skip)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a chain or store failure must not stop the miner
+            reason = f"{type(exc).__name__}: {exc}"
+            held = [c for c in self._held if (c.task_id, c.shard) == (task_id, shard)]
+            if held:  # claimed, then failed: said loudly, the claim will expire
+                self._release(held[0])
+                outcomes[shard] = self._failed(held[0], reason)
+            else:
                 self.summary.skipped += 1
                 log.error("task %d shard %d not taken: %s", task_id, shard, reason)
                 outcomes[shard] = ShardOutcome(task_id, shard, "skipped", reason)
                 self._emit("skipped", task_id=task_id, shard=shard, reason=reason)
-                continue
-            engine = taken.engine
-            group.append(taken)
-        if group:
-            assert engine is not None
-            for o in self._run_group(engine, group, pipelined):
-                outcomes[o.shard] = o
-        self._held = []
-        self.current = None
-        return [outcomes[k] for k in shards if k in outcomes]
+        return None
+
+    def _lock_ahead(self, r: _Ready, outcomes: dict[int, ShardOutcome]) -> _Claimed | None:
+        """`_lock` in the claiming thread; None once a first Ctrl-C came (claim no more)."""
+        if self._stop.is_set():
+            return None
+        return self._attempt(r.task_id, r.shard, outcomes, functools.partial(self._lock, r))
+
+    def _claimer(self) -> ThreadPoolExecutor:
+        if self._claim_executor is None:
+            self._claim_executor = ThreadPoolExecutor(1, thread_name_prefix="miner-claim")
+        return self._claim_executor
+
+    def _release(self, claim: ActiveClaim) -> None:
+        """`claim` is no longer held for generation (handed over, or failed)."""
+        self._held.remove(claim)
+        self.current = self._held[0] if self._held else None
 
     def _skipped(self, task_id: int, shard: int, skip: _Skip) -> ShardOutcome:
         if skip.task_wide:
@@ -599,11 +646,10 @@ class Worker:
         except Exception as exc:
             return self._failed(claim, f"{type(exc).__name__}: {exc}")
 
-    def _take(self, task_id: int, shard: int, seen: dict[str, Any]) -> _Claimed:
-        """Check one shard against the chain and its inputs, then claim it (or resume this
-        miner's own claim); `_Skip` when it is not taken (nothing locked). `seen` keeps the
-        task and this miner's registry entry for the next shards of the same group (the
-        claim itself rechecks both on-chain)."""
+    def _check(self, task_id: int, shard: int, seen: dict[str, Any]) -> _Ready:
+        """Check one shard against the chain and its inputs, and tokenize its requests;
+        `_Skip` when it is not to be taken. `seen` keeps the task and this miner's registry
+        entry for the next shards of the same group (the claim rechecks both on-chain)."""
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
@@ -641,8 +687,14 @@ class Worker:
         start, end = task_shard_range(task, shard)
         shard_requests = requests[start:end]
         gen = self.prepare(engine, task, shard_requests)
+        return _Ready(task, task_id, shard, engine, shard_requests, gen, sh, resume, reclaim)
 
-        if reclaim:
+    def _lock(self, r: _Ready) -> _Claimed:
+        """Claim a checked shard (reclaiming an expired claim first, or resuming this
+        miner's own); `_Skip` when the chain refuses (nothing locked)."""
+        task, task_id, shard, sh, resume = r.task, r.task_id, r.shard, r.state, r.resume
+        q = self.q
+        if r.reclaim:
             try:
                 q.tasks.reclaim_expired(self.account, task_id, shard)
                 log.info("task %d shard %d: reclaimed %s's expired claim", task_id, shard,
@@ -663,26 +715,27 @@ class Worker:
                      shard, claim.collateral, _utc(claim.claim_expiry))
         self._emit("claimed", task_id=task_id, shard=shard, claim_expiry=claim.claim_expiry,
                    collateral=claim.collateral)
-        return _Claimed(task, claim, engine, shard_requests, gen)
+        return _Claimed(task, claim, r.engine, r.requests, r.gen)
 
-    def _run_group(self, engine: TextEngine, group: list[_Claimed],
-                   pipelined: bool) -> list[ShardOutcome]:
-        """Generate the claimed shards as one stream; each shard goes to `_finish` (in the
-        background when `pipelined`) as soon as its outputs are complete. A shard whose
-        claim is about to expire is given up (failed) before its next batch; an engine
-        failure fails every shard not yet complete (their claims expire)."""
+    def _run_group(self, engine: TextEngine, group: list[_Claimed], pipelined: bool,
+                   ahead: list[Future[_Claimed | None]]) -> list[ShardOutcome]:
+        """Generate the claimed shards as one stream (`ahead`: the claims still being
+        made, joining it in order); each shard goes to `_finish` (in the background when
+        `pipelined`) as soon as its outputs are complete. A shard whose claim is about to
+        expire is given up (failed) before its next batch; an engine failure fails every
+        shard not yet complete (their claims expire)."""
         outcomes: list[ShardOutcome] = []
         try:
-            for done in self._generate(engine, group, outcomes):
-                self._held.remove(done.claim)
-                self.current = self._held[0] if self._held else None
+            for done in self._generate(engine, group, outcomes, ahead):
+                self._release(done.claim)
                 outcomes.append(self._hand_over(done, pipelined))
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # an engine failure must not stop the miner
             reason = f"{type(exc).__name__}: {exc}"
+            futures_wait(ahead)  # claims still being made are held too
             for claim in list(self._held):
-                self._held.remove(claim)
+                self._release(claim)
                 outcomes.append(self._failed(claim, reason))
         return outcomes
 
@@ -805,9 +858,12 @@ class Worker:
         self._probation_skips.clear()
 
     def _generate(self, engine: TextEngine, group: list[_Claimed],
-                  outcomes: list[ShardOutcome]) -> Iterator[_Claimed]:
+                  outcomes: list[ShardOutcome],
+                  ahead: list[Future[_Claimed | None]]) -> Iterator[_Claimed]:
         """Run the group's requests through `engine` in batches of `max_batch`, in order
         and across shard boundaries; yield each shard as soon as its outputs are complete.
+        The claims made `ahead` join the stream in order: as soon as they are done, and
+        waited for when the stream has less than a batch left (batches stay full).
         Before every batch: a shard whose claim has less than `CLAIM_MARGIN_S` left is given
         up (its outcome "failed" goes to `outcomes`: a late submit only reverts), and open
         availability challenges are answered (a long stream must not miss a window)."""
@@ -816,19 +872,26 @@ class Worker:
         stream = [(c, i) for c in group for i in range(len(c.gen))]
         dropped: set[int] = set()  # shards given up, by position in the group
         pos = 0
-        first, last = group[0].claim, group[-1].claim
-        desc = (f"task {first.task_id} shard {first.shard}" if len(group) == 1 else
-                f"task {first.task_id} shards {first.shard}-{last.shard}")
+        first = group[0].claim
+        desc = (f"task {first.task_id} shard {first.shard}" if not ahead else
+                f"task {first.task_id} shards from {first.shard}")
         with tqdm(total=len(stream), desc=desc, unit="req", file=sys.stderr,
                   disable=not self.progress, leave=False) as bar:
-            while pos < len(stream):
+            while True:
+                while ahead and (len(stream) - pos < self.max_batch or ahead[0].done()):
+                    joined = ahead.pop(0).result()
+                    if joined is not None:
+                        group.append(joined)
+                        stream += [(joined, i) for i in range(len(joined.gen))]
+                        bar.total = len(stream)
+                if pos >= len(stream):
+                    break
                 now = self.chain_now()
                 for j, c in enumerate(group):
                     if (j not in dropped and len(c.outputs) < len(c.gen)
                             and now >= c.claim.claim_expiry - CLAIM_MARGIN_S):
                         dropped.add(j)
-                        self._held.remove(c.claim)
-                        self.current = self._held[0] if self._held else None
+                        self._release(c.claim)
                         outcomes.append(self._failed(c.claim, (
                             f"claim expires at {_utc(c.claim.claim_expiry)} before the shard "
                             "is done; giving it up")))
@@ -840,7 +903,7 @@ class Worker:
                     if group.index(c) not in dropped:
                         batch.append((c, i))
                 if not batch:
-                    break
+                    continue
                 for (c, _), out in zip(batch, engine.generate([c.gen[i] for c, i in batch]),
                                        strict=True):
                     c.outputs.append(out)

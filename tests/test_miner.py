@@ -535,6 +535,44 @@ def test_engine_failure_mid_stream_fails_only_the_unfinished_shards(
         ShardState.SUBMITTED, ShardState.CLAIMED, ShardState.CLAIMED]
 
 
+def test_an_abort_names_every_claim_held_including_those_made_ahead(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """Shards 1 and 2 are claimed in the background while shard 0 generates; an abort (a
+    second Ctrl-C) during shard 1's batch, once both claims are made, leaves them claimed,
+    and the abort message names both with their collateral."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(9), shard_size=3)
+    claimed = threading.Event()
+    events: list[int] = []
+
+    def on_event(name: str, info: dict[str, Any]) -> None:
+        if name == "claimed":
+            events.append(info["shard"])
+            if len(events) == 3:
+                claimed.set()
+
+    def abort_on_second_batch() -> None:
+        if worker.summary.submitted:  # shard 0 is done: this is shard 1's batch
+            assert claimed.wait(60), "shard 2 was never claimed"
+            raise KeyboardInterrupt
+
+    worker = Worker(account=miner, quarry=q,
+                    engines={engine.model_id: Hooked(engine, abort_on_second_batch)},
+                    store=store, progress=False, max_batch=3, listener=on_event)
+    with pytest.raises(KeyboardInterrupt):
+        worker.process_shards(task_id, [0, 1, 2])
+    message = worker.abort_message()
+    worker.close()
+    assert sorted(events) == [0, 1, 2]
+    assert [q.tasks.get_shard(task_id, k).state for k in range(3)] == [
+        ShardState.SUBMITTED, ShardState.CLAIMED, ShardState.CLAIMED]
+    for k in (1, 2):
+        sh = q.tasks.get_shard(task_id, k)
+        assert f"task {task_id} shard {k}: its claim expires at" in message
+        assert f"{sh.collateral} wei of stake stays locked" in message
+
+
 def test_first_ctrl_c_finishes_the_shard_second_aborts(
         devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
         capsys: pytest.CaptureFixture[str]) -> None:
