@@ -60,7 +60,7 @@ RECOMMEND_LIMIT = 50
 FOLLOW_SHARE = 0.5
 """The share of each index interval an index task keeps following the chain (see
 `index_events`)."""
-FOLLOW_EVERY_S = 0.03
+FOLLOW_EVERY_S = 0.05
 """How often a following index task asks the chain for its head (one `eth_blockNumber`)."""
 QUEUE = "quarry"
 
