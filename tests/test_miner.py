@@ -494,11 +494,7 @@ def test_run_streams_shards_of_a_task_through_full_batches(
     worker.close()
     assert summary.failed == 0 and log.sizes == sizes
     assert sorted(o.shard for o in summary.submitted) == [0, 1, 2]
-    claims = [k for name, k in events if name == "claimed"]
-    assert claims == [0, 1, 2]
-    # The first group's claims all come before its first submission.
-    first_submit = [name for name, _ in events].index("submitted")
-    assert sum(1 for name, _ in events[:first_submit] if name == "claimed") == min(in_flight, 3)
+    assert [k for name, k in events if name == "claimed"] == [0, 1, 2]
     parsed = parse_jsonl(data)
     for k in range(3):
         sh = q.tasks.get_shard(task_id, k)
