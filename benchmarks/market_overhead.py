@@ -12,7 +12,8 @@ the torch engine, batches of 16, the same torch thread count) two ways, alternat
   (upload + createTask) through `job.wait()` to `job.results()` returning outputs whose
   receipts, Merkle proofs and output hashes all checked out. One shard of all the prompts,
   so the miner batches as the raw run does; and (`--multi-shard-size`, 64 by default) the
-  same batch in several shards, which the one miner runs one after another.
+  same batch in several shards, which the one miner claims back to back and generates as
+  one stream (its `max_shards_in_flight`, 4 by default), submitting each as it completes.
 
 The headline `market_vs_engine_throughput_ratio` is market tokens/s over raw tokens/s, both
 from median times (the same tokens: the greedy outputs are checked to be identical), and
@@ -62,8 +63,9 @@ FORMS = ["Tell me about {}.", "Write a short story about {}.", "What is special 
 # The parts of the market path in the order they happen (seconds, summed over shards):
 # submit: client.submit (checks, upload, createTask mined); discover: until a miner poll
 # returns the task (market indexing lag + the miner's poll interval); pre_claim: before each
-# claim (task and shard reads, input fetch and inputRoot check, tokenizing; between shards
-# also collect() and the next poll); claim_tx, generate, sign (receipts + Merkle tree),
+# claim (task and shard reads, input fetch and inputRoot check, tokenizing; measured from
+# whatever the claim last waited on: the poll, the previous claim, a generation or a
+# submission); claim_tx, generate, sign (receipts + Merkle tree),
 # upload (result document), submit_tx: the miner's steps; detect: last submitResult mined
 # until job.wait returns (the SDK's poll interval + its final status read); verify:
 # job.results() (fetch, then every receipt's signature, proof and output hash); other: the
@@ -129,9 +131,9 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
     submitting = threading.local()
     submit = worker._submit
 
-    def _submit(result: Any) -> str:
+    def _submit(result: Any, data: bytes) -> str:
         submitting.task_id = result.task_id
-        return str(submit(result))
+        return str(submit(result, data))
 
     worker._submit = _submit
     worker.store.put = timed("upload", worker.store.put,
@@ -276,6 +278,10 @@ def market_run(client: Any, miner: MinerProcess, lines: list[dict[str, Any]], mo
         raise QuarryError(f"task {task} was done, but no miner poll reported finding it")
     claim_starts = sorted(e["start"] for e in ev if mine(e, "claim_tx"))
     submit_ends = sorted(e["end"] for e in ev if mine(e, "submit_tx"))
+    # What a claim waited on last: the poll that found the task, the previous claim (shards
+    # claimed back to back), a generation or a submission before it.
+    marks = sorted([found, *submit_ends, *(e["end"] for e in ev if e["event"] in (
+        "claim_tx", "generate") and e.get("task_id") == task)])
 
     def total(name: str) -> float:
         return sum(e["end"] - e["start"] for e in ev if mine(e, name))
@@ -283,10 +289,9 @@ def market_run(client: Any, miner: MinerProcess, lines: list[dict[str, Any]], mo
     parts = {
         "submit": t1 - t0,
         "discover": found - t1,
-        # The miner claims the next shard while the previous one is being submitted: only
-        # the time before a claim that waited on nothing else counts.
-        "pre_claim": sum(max(0.0, c - b) for c, b in zip(claim_starts, [found, *submit_ends],
-                                                         strict=False)),
+        # The checks before each claim: from the last thing it waited on.
+        "pre_claim": sum(c - max((m for m in marks if m <= c), default=c)
+                         for c in claim_starts),
         "claim_tx": total("claim_tx"),
         "generate": total("generate"),
         "sign": total("sign"),
@@ -556,8 +561,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompts of the untimed warm-up job (16)")
     parser.add_argument("--miner-poll-s", type=float, default=0.5,
                         help="miner poll_interval_s (0.5, as in the demo)")
-    parser.add_argument("--client-poll-s", type=float, default=0.25,
-                        help="SDK job.wait poll_s (0.25, its default)")
+    parser.add_argument("--client-poll-s", type=float,
+                        help="SDK job.wait poll_s (default: the SDK's, client.sdk.POLL_S)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per job (180)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
     parser.add_argument("--keep", action="store_true",
@@ -572,6 +577,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.multi_shard_size < 0:
         parser.error("--multi-shard-size must be >= 0")
+    if args.client_poll_s is None:
+        from client.sdk import POLL_S
+
+        args.client_poll_s = POLL_S
     if args.miner_poll_s <= 0 or args.client_poll_s <= 0 or args.timeout <= 0:
         parser.error("--miner-poll-s, --client-poll-s and --timeout must be positive")
 

@@ -41,7 +41,7 @@ from client.batch import (
 )
 from client.config import format_eth as _eth
 from market.chain.client import Chain, TxResult, as_account
-from market.chain.contracts import ZERO_ADDRESS, ShardState, Task
+from market.chain.contracts import ZERO_ADDRESS, Shard, ShardState, Task
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert, DeploymentMismatch
 from market.errors import QuarryError
@@ -68,6 +68,7 @@ from market.jobs import (
     prove_billing_fault,
     shard_changes,
     task_disputes,
+    task_shard_range,
     verified_shard,
     wait_challenge,
     wait_dispute,
@@ -77,7 +78,7 @@ from market.model.context import ContextCheck, context_length, store_tokenizer
 from market.model.manifest import Manifest, ModelError
 from market.protocol.merkle import input_tree
 from market.protocol.requests import stop_strings, validate_request
-from market.protocol.results import ResultCheckFailed, check_finish_reason
+from market.protocol.results import ResultCheckFailed, ResultItem, check_finish_reason
 from market.store import ContentNotFound
 
 __all__ = [
@@ -111,6 +112,10 @@ DEFAULT_MAX_TOKENS = 64
 """`max_tokens` of prompt-list requests when none is given."""
 DEFAULT_DEADLINE_S = 3600
 MAX_SHARD_SIZE = 256
+POLL_S = 0.1
+"""`Job.wait`'s default poll interval: a poll is one `eth_blockNumber` (plus one
+`eth_getLogs` when a block came), so polling this often costs little and a finished job is
+seen within about this."""
 
 # The shared post/read/dispute path (market.jobs) raises these; re-exported here so that
 # `except ClientError` catches every client error, its own and the shared path's.
@@ -350,6 +355,7 @@ class Client:
         deployment = self.market.deployment()
         self.rpc_url = rpc_url or deployment.rpc_url
         self.q = Quarry(deployment, Chain(self.rpc_url, timeout=timeout))
+        self._stop_ids: dict[bytes, frozenset[int] | None] = {}  # model id -> manifest's
         try:
             self.q.check()
         except DeploymentMismatch as exc:
@@ -651,7 +657,8 @@ class Job:
         self.submission: TxResult | None = None  # set when this Job posted the task
         self._batch: Batch | None = None
         self._task: Task | None = None
-        self._stops: dict[bytes, frozenset[int] | None] = {}  # model id -> its stop tokens
+        # Shard -> (the on-chain commitment it was checked under, its checked items).
+        self._checked: dict[int, tuple[tuple[str, bytes, int, str], list[ResultItem]]] = {}
 
     def __repr__(self) -> str:
         return f"Job(task_id={self.task_id})"
@@ -677,8 +684,7 @@ class Job:
         return t.num_requests * t.max_tokens_per_request * t.price_per_token
 
     def _range(self, t: Task, shard: int) -> tuple[int, int]:
-        start = shard * t.shard_size  # TaskRegistry._range
-        return start, min(start + t.shard_size, t.num_requests)
+        return task_shard_range(t, shard)
 
     def _shard_status(self, t: Task, k: int) -> ShardStatus:
         s = self._q.tasks.get_shard(self.task_id, k)
@@ -717,8 +723,9 @@ class Job:
         progress: bool = True,
         timeout: float | None = None,
         finalized: bool = False,
-        poll_s: float = 0.25,
+        poll_s: float = POLL_S,
         unservable_s: float = 1.0,
+        prefetch: bool = True,
     ) -> JobStatus:
         """Block until every shard has a result (or, with `finalized`, is paid out).
 
@@ -729,9 +736,14 @@ class Job:
         seconds while shards are open), and `JobTimeout` after `timeout` seconds. The bar
         (on a terminal's stderr) counts shards done.
 
-        Each shard is read once; after that, each poll asks the chain for TaskRegistry's
-        events of this task since the last block seen (one `eth_getLogs`), so a poll costs
-        the same for 5 shards or 5,000.
+        Each shard is read once; after that, each poll asks the chain for its head and, when
+        it moved, for TaskRegistry's events of this task since the last block seen (one
+        `eth_getLogs`), so a poll costs the same for 5 shards or 5,000.
+
+        With `prefetch`, a shard's result document is fetched and checked as soon as it
+        lands, while the others are still generating: `results()` then only rereads each
+        shard's commitment. A shard that fails its checks here is left to `results()`,
+        which checks it again and says why.
         """
         t = self.task()
         target = {ShardState.FINALIZED} if finalized else HAS_RESULTS
@@ -777,12 +789,37 @@ class Job:
                 if cancelled:  # Open shards now read Refunded: ask the contract for all
                     changed = {k: self._q.tasks.get_shard(self.task_id, k).state
                                for k in pending}
+                landed = []
                 for k, state in changed.items():
                     if k in pending:
                         states[k] = state
                         if state in target:
                             pending.discard(k)
+                            landed.append(k)
                             bar.update(1)
+                if prefetch and pending:  # the last shard is checked by results() itself
+                    for k in sorted(landed):
+                        self._prefetch(t, k)
+
+    def _prefetch(self, t: Task, k: int) -> None:
+        """Check shard `k`'s results now (see `wait`); a failure is left to `results()`."""
+        try:
+            self._checked_items(t, k, self._q.tasks.get_shard(self.task_id, k))
+        except QuarryError:
+            pass  # results() checks it again and says what failed
+
+    def _checked_items(self, t: Task, k: int, s: Shard) -> list[ResultItem]:
+        """Shard `k`'s result items checked against `s` (the shard as just read from the
+        chain) and the task's inputs; a shard already checked under the same commitment
+        (result URI, root, token sum, miner) is not fetched and checked again."""
+        key = (s.result_uri, bytes(s.result_root), int(s.tokens_used), str(s.miner))
+        hit = self._checked.get(k)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        _, items = verified_shard(self._q, self.client.market, self.task_id, k,
+                                  self.inputs().request_hashes, task=t, state=s)
+        self._checked[k] = (key, items)
+        return items
 
     def _raise_unservable(self, shards: set[int]) -> None:
         """Raise `ShardUnservable` when a miner's last heartbeat (as the market lists it)
@@ -835,15 +872,19 @@ class Job:
         self._batch = batch
         return batch
 
-    def shard_results(self, k: int) -> list[Output]:
-        """Shard `k`'s outputs, each checked against the chain; `ResultCheckFailed` names the
-        first check that fails (a missing document fails the "document" check), the request
-        when known, and the on-chain remedy with the chain time it is open until."""
+    def shard_results(self, k: int, state: Shard | None = None) -> list[Output]:
+        """Shard `k`'s outputs, each checked against the chain (`state`: the shard as just
+        read from it); `ResultCheckFailed` names the first check that fails (a missing
+        document fails the "document" check), the request when known, and the on-chain
+        remedy with the chain time it is open until."""
         t = self._task or self.task()
         batch = self.inputs()
         try:
-            s, items = verified_shard(self._q, self.client.market, self.task_id, k,
-                                      batch.request_hashes, task=t)
+            s = state or self._q.tasks.get_shard(self.task_id, k)
+            if s.state not in HAS_RESULTS:
+                raise ResultsNotReady(f"task {self.task_id} shard {k} is {s.state.name}: no "
+                                      "result yet")
+            items = self._checked_items(t, k, s)
         except ContentNotFound as exc:
             missing = ResultCheckFailed("document", f"shard {k}'s result document is missing "
                                         f"({exc})")
@@ -876,10 +917,11 @@ class Job:
         """The model's stop tokens from its manifest on the market, checked to hash to the
         task's modelId (None when the market has no manifest for it: finish reasons are then
         checked against lengths only)."""
-        if t.model_id not in self._stops:
+        stops = self.client._stop_ids
+        if t.model_id not in stops:
             m = self.client.manifest(t.model_id)
-            self._stops[t.model_id] = None if m is None else m.stop_token_ids
-        return self._stops[t.model_id]
+            stops[t.model_id] = None if m is None else m.stop_token_ids
+        return stops[t.model_id]
 
     def _with_remedy(self, exc: ResultCheckFailed, k: int) -> ResultCheckFailed:
         """The same failed check, its message ending with what the client can do about it."""
@@ -904,17 +946,15 @@ class Job:
     def results(self) -> list[Output]:
         """Every output in request order, only after every shard's document checks out."""
         t = self.task()
-        missing = []
-        for k in range(t.num_shards):
-            state = self._q.tasks.get_shard(self.task_id, k).state
-            if state not in HAS_RESULTS:
-                missing.append(f"{k} ({state.name.lower()})")
+        shards = [self._q.tasks.get_shard(self.task_id, k) for k in range(t.num_shards)]
+        missing = [f"{k} ({s.state.name.lower()})" for k, s in enumerate(shards)
+                   if s.state not in HAS_RESULTS]
         if missing:
             raise ResultsNotReady(f"task {self.task_id}: shard(s) {', '.join(missing)} have "
                                   "no results yet; wait() first")
         out: list[Output] = []
-        for k in range(t.num_shards):
-            out.extend(self.shard_results(k))
+        for k, s in enumerate(shards):
+            out.extend(self.shard_results(k, s))
         return out
 
     def write_results(self, path: str | Path) -> Path:

@@ -82,6 +82,7 @@ __all__ = [
     "shard_changes",
     "check_funds",
     "fetch_result_document",
+    "task_shard_range",
     "verified_shard",
     "fetch_shard_result",
     "open_dispute",
@@ -373,20 +374,30 @@ def fetch_result_document(market: MarketAPI, shard: int, uri: str) -> ShardResul
         raise ResultCheckFailed("format", f"shard {shard}: {exc}") from exc
 
 
+def task_shard_range(t: Task, shard: int) -> tuple[int, int]:
+    """Shard `shard`'s requests [start, end) in task `t`, as TaskRegistry._range computes
+    them (no chain call)."""
+    start = shard * t.shard_size
+    return start, min(start + t.shard_size, t.num_requests)
+
+
 def verified_shard(q: Quarry, market: MarketAPI, task_id: int, shard: int,
-                   request_hashes: Sequence[bytes], *, task: Task | None = None
-                   ) -> tuple[Shard, list[ResultItem]]:
+                   request_hashes: Sequence[bytes], *, task: Task | None = None,
+                   state: Shard | None = None) -> tuple[Shard, list[ResultItem]]:
     """The shard as the chain has it and its result items, each checked against it.
 
     `request_hashes` are the task's request hashes (all of them, or only this shard's);
-    `ResultCheckFailed` names the first check that fails, `ResultsNotReady` says the shard
-    has no result yet.
+    `task` and `state` (the shard as just read from the chain), when given, save reading
+    them again. `ResultCheckFailed` names the first check that fails, `ResultsNotReady` says
+    the shard has no result yet.
     """
     t = task or q.tasks.get_task(task_id)
-    s = q.tasks.get_shard(task_id, shard)
+    s = state or q.tasks.get_shard(task_id, shard)
     if s.state not in HAS_RESULTS:
         raise ResultsNotReady(f"task {task_id} shard {shard} is {s.state.name}: no result yet")
-    start, end = q.tasks.shard_range(task_id, shard)
+    if not 0 <= shard < t.num_shards:
+        raise JobError(f"task {task_id} has no shard {shard} ({t.num_shards} shards)")
+    start, end = task_shard_range(t, shard)
     if len(request_hashes) == t.num_requests:
         hashes = list(request_hashes[start:end])
     elif len(request_hashes) == end - start:

@@ -50,15 +50,16 @@ class ResultArchive:
     def path(self, task_id: int, shard: int) -> Path:
         return self.root / f"{task_id}-{shard}.json"
 
-    def save(self, result: ShardResult) -> Path:
+    def save(self, result: ShardResult, data: bytes | None = None) -> Path:
         """Write the document durably (temp file, fsync, rename): it must survive a crash
-        between here and the end of the shard's challenge window."""
+        between here and the end of the shard's challenge window. `data`: its bytes
+        (`result.to_bytes()`) when the caller has them already."""
         path = self.path(result.task_id, result.shard)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(result.to_bytes())
+                f.write(result.to_bytes() if data is None else data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

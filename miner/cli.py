@@ -48,7 +48,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _logging(args.verbose)
     cfg = _load(args, model_dirs=args.model_dir or None, engine=args.engine,
-                max_batch=args.max_batch, poll_interval_s=args.poll_interval_s,
+                max_batch=args.max_batch, max_shards_in_flight=args.max_shards_in_flight,
+                poll_interval_s=args.poll_interval_s,
                 auto_withdraw=True if args.auto_withdraw else None, test_mode=args.test_mode,
                 state_dir=args.state_dir)
     if cfg.test_mode:
@@ -159,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", action="append", type=Path, metavar="DIR")
     p.add_argument("--engine", help="torch, pipeline or vllm")
     p.add_argument("--max-batch", type=int, help="requests per engine batch")
+    p.add_argument("--max-shards-in-flight", type=int,
+                   help="shards of one task claimed together and generated as one stream")
     p.add_argument("--poll-interval-s", type=float, help="seconds between polls when idle")
     p.add_argument("--auto-withdraw", action="store_true",
                    help="withdraw earnings as soon as shards are finalized")

@@ -13,6 +13,9 @@ then command-line flags (each later source overrides the earlier).
     endpoint = "http://203.0.113.7:9100"  # advertised on-chain
     poll_interval_s = 2.0
     max_batch = 8
+    max_shards_in_flight = 4              # shards of one task claimed back to back and
+                                          # generated as one stream (batches run across
+                                          # their boundaries); 1: one shard at a time
     auto_withdraw = false
     # state_dir = "~/.quarry/miner"       # default $QUARRY_HOME/miner: copies of submitted
                                           # results, to answer availability challenges
@@ -87,6 +90,7 @@ class MinerConfig(KeyedSettings):
     poll_interval_s: Annotated[float, Field(gt=0)] = 2.0
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 5.0
     max_batch: Annotated[int, Field(ge=1)] = 8
+    max_shards_in_flight: Annotated[int, Field(ge=1)] = 4  # miner.worker.MAX_SHARDS_IN_FLIGHT
     auto_withdraw: bool = False
     state_dir: SettingPath | None = None  # None: $QUARRY_HOME/miner (miner.archive)
     test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose

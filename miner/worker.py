@@ -51,11 +51,12 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
@@ -66,6 +67,7 @@ from market.chain.errors import ContractRevert
 from market.engine.base import GenerationOutput, GenerationRequest
 from market.engine.text import TextEngine
 from market.errors import QuarryError
+from market.jobs import task_shard_range
 from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
     from miner.config import MinerConfig
 
 log = logging.getLogger("miner")
+_T = TypeVar("_T")
 
 CLAIM_MARGIN_S = 5
 """Stop generating when the claim has less than this left: a late submit only reverts."""
@@ -89,6 +92,10 @@ and that a first Ctrl-C while idle exits within it."""
 CHALLENGE_CHECK_S = 2.0
 """Between batches and candidates, look for availability challenges at most this often
 (every poll of `run` looks regardless): far inside any response window."""
+MAX_SHARDS_IN_FLIGHT = 4
+"""Shards of one task `run` claims back to back and generates as one stream (the
+`max_shards_in_flight` setting): enough to keep the engine's batches full across shard
+boundaries, few enough that one miner does not lock up a task others could share."""
 INPUT_CACHE_SIZE = 8
 """Verified task inputs kept in memory (a task's shards are usually claimed together)."""
 UNSERVABLE_KEPT = 5
@@ -148,6 +155,34 @@ class ActiveClaim:
     collateral: int
 
 
+@dataclass(eq=False)
+class _Ready:
+    """A shard checked and tokenized, not yet claimed (`state`: as read for the check)."""
+
+    task: Any
+    task_id: int
+    shard: int
+    engine: TextEngine
+    requests: Sequence[ParsedRequest]
+    gen: list[GenerationRequest]
+    state: Any
+    resume: bool
+    reclaim: bool
+
+
+@dataclass(eq=False)
+class _Claimed:
+    """A shard claimed (or resumed) by this miner, ready to generate; `outputs` fills up as
+    its requests come out of the engine."""
+
+    task: Any
+    claim: ActiveClaim
+    engine: TextEngine
+    requests: Sequence[ParsedRequest]
+    gen: list[GenerationRequest]
+    outputs: list[GenerationOutput] = field(default_factory=list)
+
+
 @dataclass
 class RunSummary:
     submitted: list[ShardOutcome] = field(default_factory=list)
@@ -163,6 +198,19 @@ class RunSummary:
     @property
     def tokens(self) -> int:
         return sum(o.tokens_used for o in self.submitted)
+
+
+def task_groups(candidates: Sequence[tuple[int, int]],
+                size: int) -> Iterator[tuple[int, list[int]]]:
+    """(task id, up to `size` of its shards) in the order of the candidates' first
+    appearance: the shards one stream serves."""
+    left = list(candidates)
+    while left:
+        task_id = left[0][0]
+        shards = [k for t, k in left if t == task_id][:size]
+        taken = set(shards)
+        left = [(t, k) for t, k in left if t != task_id or k not in taken]
+        yield task_id, shards
 
 
 def _utc(ts: int) -> str:
@@ -181,6 +229,7 @@ class Worker:
         store: ContentStore,
         market: MarketAPI | None = None,
         max_batch: int = 8,
+        max_shards_in_flight: int = MAX_SHARDS_IN_FLIGHT,
         poll_interval_s: float = 2.0,
         heartbeat_interval_s: float = 5.0,
         auto_withdraw: bool = False,
@@ -192,6 +241,8 @@ class Worker:
     ) -> None:
         if max_batch < 1:
             raise QuarryError("max_batch must be at least 1")
+        if max_shards_in_flight < 1:
+            raise QuarryError("max_shards_in_flight must be at least 1")
         if not engines:
             raise QuarryError("a worker needs at least one engine (model)")
         self.account = account
@@ -201,6 +252,7 @@ class Worker:
         self.store = store
         self.market = market
         self.max_batch = max_batch
+        self.max_shards_in_flight = max_shards_in_flight
         self.poll_interval_s = poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.auto_withdraw = auto_withdraw
@@ -215,10 +267,12 @@ class Worker:
         # Window ends already read from the chain: no call for a shard until its end passes.
         self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
-        self.current: ActiveClaim | None = None
-        # The shard being signed, uploaded and submitted in the background (`run` only).
-        self._inflight: tuple[ActiveClaim, Future[ShardOutcome]] | None = None
+        self.current: ActiveClaim | None = None  # the first claim held, not yet generated
+        self._held: list[ActiveClaim] = []  # claimed, not yet generated (in stream order)
+        # Shards being signed, uploaded and submitted in the background (`run` only).
+        self._inflight: list[tuple[ActiveClaim, Future[ShardOutcome]]] = []
         self._executor: ThreadPoolExecutor | None = None
+        self._claim_executor: ThreadPoolExecutor | None = None  # claims made ahead
         self._emit_lock = threading.Lock()
         self.summary = RunSummary()
         # Verified inputs: (inputURI, inputRoot, numRequests) -> parsed requests.
@@ -284,13 +338,15 @@ class Worker:
             raise
         kwargs.setdefault("state_dir", cfg.state_dir)
         return cls(account=account, quarry=q, engines=engines, store=market, market=market,
-                   max_batch=cfg.max_batch, poll_interval_s=cfg.poll_interval_s,
+                   max_batch=cfg.max_batch, max_shards_in_flight=cfg.max_shards_in_flight,
+                   poll_interval_s=cfg.poll_interval_s,
                    heartbeat_interval_s=cfg.heartbeat_interval_s,
                    auto_withdraw=cfg.auto_withdraw, engine_kind=cfg.engine, **kwargs)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        for executor in (self._executor, self._claim_executor):
+            if executor is not None:
+                executor.shutdown(wait=True)
         for e in self.engines.values():
             e.close()
         if self.market is not None:
@@ -456,7 +512,7 @@ class Worker:
             out.append(g)
         return out
 
-    # ------------------------------------------------------------------ one shard
+    # ------------------------------------------------------------------ shards
     def process_shard(self, task_id: int, shard: int, *,
                       pipelined: bool = False) -> ShardOutcome:
         """Check, claim, generate, sign, upload and submit one shard; never raises for a
@@ -464,34 +520,98 @@ class Worker:
 
         `pipelined` (what `run` does): once generated, the shard is signed, uploaded and
         submitted in the background while the caller goes on to the next shard, and the
-        outcome says "submitting"; `drain()` waits for it (one at a time: a shard waits for
-        the previous one's submission before its own starts)."""
+        outcome says "submitting"; `drain()` waits for it (submissions run one at a time,
+        in the order the shards finished generating)."""
+        return self.process_shards(task_id, [shard], pipelined=pipelined)[0]
+
+    def process_shards(self, task_id: int, shards: Sequence[int], *,
+                       pipelined: bool = False) -> list[ShardOutcome]:
+        """`process_shard` for several shards of one task, run through the engine as one
+        stream: each is checked (chain state, inputs, tokenized), the first is claimed and
+        starts generating while the others are claimed one after another in a background
+        thread; their requests are generated in batches of `max_batch` that run across shard
+        boundaries (the engine never drains its batch between shards), and each shard is
+        signed, uploaded and submitted as soon as its last output is out. One outcome per
+        shard, in order; a shard not reached (a first Ctrl-C stops claiming more) gets none.
+
+        `run` passes at most `max_shards_in_flight` shards at a time, so one miner does not
+        lock up a task other miners could share."""
+        outcomes: dict[int, ShardOutcome] = {}
+        seen: dict[str, Any] = {}  # the task and this miner's entry, read once per group
+        ready = [r for k in shards if (r := self._attempt(
+            task_id, k, outcomes, functools.partial(self._check, task_id, k, seen)))]
+        group: list[_Claimed] = []
+        while ready and not group:  # the first claim, here: generation starts right after
+            r = ready.pop(0)
+            if (c := self._attempt(task_id, r.shard, outcomes, functools.partial(self._lock, r))):
+                group.append(c)
+        if group:
+            # The others are claimed one after another in the background while the first
+            # generates; the stream takes each as its turn comes (`_generate`).
+            ahead = [self._claimer().submit(self._lock_ahead, r, outcomes) for r in ready]
+            try:
+                for o in self._run_group(group[0].engine, group, pipelined, ahead):
+                    outcomes[o.shard] = o
+            except KeyboardInterrupt:  # an abort: claim no more, and name every claim held
+                for f in ahead:
+                    f.cancel()
+                futures_wait(ahead)
+                raise
+        self._held = []
+        self.current = None
+        return [outcomes[k] for k in shards if k in outcomes]
+
+    def _attempt(self, task_id: int, shard: int, outcomes: dict[int, ShardOutcome],
+                 step: Callable[[], _T]) -> _T | None:
+        """`step()` for one shard; None, with its outcome in `outcomes`, when the shard is
+        skipped (nothing locked) or failed after claiming (the claim will expire). A
+        KeyboardInterrupt passes: the claims stay held and the abort message names them."""
         try:
-            outcome = self._process(task_id, shard, pipelined)
+            return step()
         except _Skip as skip:
-            if skip.task_wide:
-                self.skipped_tasks[task_id] = skip.reason
-            if skip.unservable:
-                self.unservable[(task_id, shard)] = skip.reason
-                while len(self.unservable) > UNSERVABLE_REMEMBERED:
-                    self.unservable.popitem(last=False)
-            log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
-            self.summary.skipped += 1
-            self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
-            outcome = ShardOutcome(task_id, shard, "skipped", skip.reason)
+            outcomes[shard] = self._skipped(task_id, shard, skip)
         except KeyboardInterrupt:
-            raise  # `current` stays set: the abort message names the claim left behind
-        except Exception as exc:  # an engine or upload failure must not stop the miner
+            raise
+        except Exception as exc:  # a chain or store failure must not stop the miner
             reason = f"{type(exc).__name__}: {exc}"
-            if self.current is not None:
-                outcome = self._failed(self.current, reason)
+            held = [c for c in self._held if (c.task_id, c.shard) == (task_id, shard)]
+            if held:  # claimed, then failed: said loudly, the claim will expire
+                self._release(held[0])
+                outcomes[shard] = self._failed(held[0], reason)
             else:
                 self.summary.skipped += 1
                 log.error("task %d shard %d not taken: %s", task_id, shard, reason)
-                outcome = ShardOutcome(task_id, shard, "skipped", reason)
-                self._emit(outcome.status, task_id=task_id, shard=shard, reason=reason)
-        self.current = None
-        return outcome
+                outcomes[shard] = ShardOutcome(task_id, shard, "skipped", reason)
+                self._emit("skipped", task_id=task_id, shard=shard, reason=reason)
+        return None
+
+    def _lock_ahead(self, r: _Ready, outcomes: dict[int, ShardOutcome]) -> _Claimed | None:
+        """`_lock` in the claiming thread; None once a first Ctrl-C came (claim no more)."""
+        if self._stop.is_set():
+            return None
+        return self._attempt(r.task_id, r.shard, outcomes, functools.partial(self._lock, r))
+
+    def _claimer(self) -> ThreadPoolExecutor:
+        if self._claim_executor is None:
+            self._claim_executor = ThreadPoolExecutor(1, thread_name_prefix="miner-claim")
+        return self._claim_executor
+
+    def _release(self, claim: ActiveClaim) -> None:
+        """`claim` is no longer held for generation (handed over, or failed)."""
+        self._held.remove(claim)
+        self.current = self._held[0] if self._held else None
+
+    def _skipped(self, task_id: int, shard: int, skip: _Skip) -> ShardOutcome:
+        if skip.task_wide:
+            self.skipped_tasks[task_id] = skip.reason
+        if skip.unservable:
+            self.unservable[(task_id, shard)] = skip.reason
+            while len(self.unservable) > UNSERVABLE_REMEMBERED:
+                self.unservable.popitem(last=False)
+        log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
+        self.summary.skipped += 1
+        self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
+        return ShardOutcome(task_id, shard, "skipped", skip.reason)
 
     def _failed(self, claim: ActiveClaim, reason: str) -> ShardOutcome:
         """A claimed shard that cannot be submitted: said loudly (the claim will expire)."""
@@ -504,18 +624,19 @@ class Worker:
         return ShardOutcome(claim.task_id, claim.shard, "failed", reason)
 
     def drain(self) -> ShardOutcome | None:
-        """Wait for the shard being submitted in the background, if any; its outcome. While
-        waiting it is `current` again, so a Ctrl-C names it and an abort says what it
-        leaves behind."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is None:
-            return None
-        claim, future = inflight
-        generating, self.current = self.current, claim
+        """Wait for the shards being submitted in the background, if any; the last one's
+        outcome. While waiting each is `current` again, so a Ctrl-C names it and an abort
+        says what it leaves behind."""
+        inflight, self._inflight = self._inflight, []
+        outcome = None
+        generating = self.current
         try:
-            return future.result()
+            for claim, future in inflight:
+                self.current = claim
+                outcome = future.result()
         finally:
             self.current = generating
+        return outcome
 
     def _finish_safely(self, claim: ActiveClaim, finish: Callable[[], ShardOutcome],
                        ) -> ShardOutcome:
@@ -525,14 +646,17 @@ class Worker:
         except Exception as exc:
             return self._failed(claim, f"{type(exc).__name__}: {exc}")
 
-    def _process(self, task_id: int, shard: int, pipelined: bool = False) -> ShardOutcome:
+    def _check(self, task_id: int, shard: int, seen: dict[str, Any]) -> _Ready:
+        """Check one shard against the chain and its inputs, and tokenize its requests;
+        `_Skip` when it is not to be taken. `seen` keeps the task and this miner's registry
+        entry for the next shards of the same group (the claim rechecks both on-chain)."""
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
         if (task_id, shard) in self.unservable:
             raise _Skip(self.unservable[(task_id, shard)], unservable=True)
         try:
-            task = q.tasks.get_task(task_id)
+            task = seen.get("task") or q.tasks.get_task(task_id)
             sh = q.tasks.get_shard(task_id, shard)
         except ContractRevert as exc:
             raise _Skip(str(exc)) from exc
@@ -549,7 +673,8 @@ class Worker:
             raise _Skip(f"shard is {sh.state.name}")
         if not resume and now >= task.deadline:
             raise _Skip(f"task deadline passed at {_utc(task.deadline)}", task_wide=True)
-        info = q.gpu.miner_info(me)
+        info = seen.get("info") or q.gpu.miner_info(me)
+        seen.update(task=task, info=info)
         if not resume and task.price_per_token < info.price_per_token:
             raise _Skip(f"task pays {task.price_per_token} wei/token, below this miner's price "
                         f"of {info.price_per_token} wei/token", task_wide=True)
@@ -559,11 +684,17 @@ class Worker:
                         + self._probation_note(info), task_wide=True)
 
         requests = self.task_requests(task_id, task)
-        start, end = q.tasks.shard_range(task_id, shard)
+        start, end = task_shard_range(task, shard)
         shard_requests = requests[start:end]
         gen = self.prepare(engine, task, shard_requests)
+        return _Ready(task, task_id, shard, engine, shard_requests, gen, sh, resume, reclaim)
 
-        if reclaim:
+    def _lock(self, r: _Ready) -> _Claimed:
+        """Claim a checked shard (reclaiming an expired claim first, or resuming this
+        miner's own); `_Skip` when the chain refuses (nothing locked)."""
+        task, task_id, shard, sh, resume = r.task, r.task_id, r.shard, r.state, r.resume
+        q = self.q
+        if r.reclaim:
             try:
                 q.tasks.reclaim_expired(self.account, task_id, shard)
                 log.info("task %d shard %d: reclaimed %s's expired claim", task_id, shard,
@@ -575,61 +706,99 @@ class Worker:
             log.info("task %d shard %d: resuming this miner's own claim", task_id, shard)
         else:
             claim = self._claim(task, task_id, shard)
-        self.current = claim  # before it is announced: a Ctrl-C from now on finishes it
+        # Held before it is announced: a Ctrl-C from now on finishes it.
+        self._held.append(claim)
+        if self.current is None:
+            self.current = claim
         if not resume:
             log.info("task %d shard %d claimed: %d wei collateral locked until %s", task_id,
                      shard, claim.collateral, _utc(claim.claim_expiry))
         self._emit("claimed", task_id=task_id, shard=shard, claim_expiry=claim.claim_expiry,
                    collateral=claim.collateral)
+        return _Claimed(task, claim, r.engine, r.requests, r.gen)
 
-        outputs = self._generate(engine, gen, claim)
-        self.drain()  # the previous shard's submission, overlapped with this generation
+    def _run_group(self, engine: TextEngine, group: list[_Claimed], pipelined: bool,
+                   ahead: list[Future[_Claimed | None]]) -> list[ShardOutcome]:
+        """Generate the claimed shards as one stream (`ahead`: the claims still being
+        made, joining it in order); each shard goes to `_finish` (in the background when
+        `pipelined`) as soon as its outputs are complete. A shard whose claim is about to
+        expire is given up (failed) before its next batch; an engine failure fails every
+        shard not yet complete (their claims expire)."""
+        outcomes: list[ShardOutcome] = []
+        try:
+            for done in self._generate(engine, group, outcomes, ahead):
+                self._release(done.claim)
+                outcomes.append(self._hand_over(done, pipelined))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # an engine failure must not stop the miner
+            reason = f"{type(exc).__name__}: {exc}"
+            futures_wait(ahead)  # claims still being made are held too
+            for claim in list(self._held):
+                self._release(claim)
+                outcomes.append(self._failed(claim, reason))
+        return outcomes
+
+    def _hand_over(self, c: _Claimed, pipelined: bool) -> ShardOutcome:
+        """Sign the complete shard here, then keep, upload and submit it (in the background
+        when `pipelined`). Signing and serializing are pure CPU: in a background thread they
+        hold the GIL against the generating loop, whose small steps then wait for it in
+        turn (on the tiny model, 0.1 s of signing beside generation slowed it by 0.3-0.5 s),
+        so they run between batches; what goes to the background mostly waits on I/O."""
+        try:
+            result, data = self._sign(c)
+        except Exception as exc:  # e.g. a malformed output: this shard only
+            return self._failed(c.claim, f"{type(exc).__name__}: {exc}")
 
         def finish() -> ShardOutcome:
-            return self._finish(task, claim, shard_requests, gen, outputs)
+            return self._finish(c.claim, result, data)
 
         if not pipelined:
             return finish()
-        self._inflight = (claim, self._submitter().submit(self._finish_safely, claim, finish))
-        return ShardOutcome(task_id, shard, "submitting", "", len(gen))
+        future = self._submitter().submit(self._finish_safely, c.claim, finish)
+        self._inflight.append((c.claim, future))
+        return ShardOutcome(c.claim.task_id, c.claim.shard, "submitting", "", len(c.gen))
 
     def _submitter(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="miner-submit")
         return self._executor
 
-    def _finish(self, task: Any, claim: ActiveClaim, shard_requests: Sequence[ParsedRequest],
-                gen: Sequence[GenerationRequest],
-                outputs: Sequence[GenerationOutput]) -> ShardOutcome:
-        """Sign one receipt per output, keep, upload and submit the shard's result."""
-        q, task_id, shard = self.q, claim.task_id, claim.shard
+    def _sign(self, c: _Claimed) -> tuple[ShardResult, bytes]:
+        """One signed receipt per output, the result tree, and the document's bytes."""
+        q = self.q
         completions = [
             Completion(index=r.index, custom_id=r.custom_id, request_hash=r.request_hash,
                        text=o.text, token_ids=tuple(o.token_ids), finish_reason=o.finish_reason,
                        prompt_tokens=len(g.prompt_ids))
-            for r, g, o in zip(shard_requests, gen, outputs, strict=True)
+            for r, g, o in zip(c.requests, c.gen, c.outputs, strict=True)
         ]
         result = build_shard_result(
-            task_id=task_id, shard=shard, model_id=task.model_id, completions=completions,
-            private_key=self.account.key, miner=self.address, chain_id=q.chain_id,
-            task_registry=q.tasks.address)
-        uri = self._submit(result)
-        outcome = ShardOutcome(task_id, shard, "submitted", "", len(completions),
+            task_id=c.claim.task_id, shard=c.claim.shard, model_id=c.task.model_id,
+            completions=completions, private_key=self.account.key, miner=self.address,
+            chain_id=q.chain_id, task_registry=q.tasks.address)
+        return result, result.to_bytes()
+
+    def _finish(self, claim: ActiveClaim, result: ShardResult, data: bytes) -> ShardOutcome:
+        """Keep, upload and submit a signed shard result."""
+        task_id, shard = claim.task_id, claim.shard
+        uri = self._submit(result, data)
+        outcome = ShardOutcome(task_id, shard, "submitted", "", len(result.items),
                                result.tokens_used, uri, result.result_root)
         self.summary.submitted.append(outcome)
         log.info("task %d shard %d submitted: %d requests, %d tokens, %s", task_id, shard,
-                 len(completions), result.tokens_used, uri)
+                 len(result.items), result.tokens_used, uri)
         self._emit("submitted", task_id=task_id, shard=shard, tokens_used=result.tokens_used,
                    result_uri=uri)
         return outcome
 
-    def _submit(self, result: ShardResult) -> str:
-        """Keep the document locally (so challenges can be answered whatever the store
-        does), upload it, and submit its root; returns its URI."""
+    def _submit(self, result: ShardResult, data: bytes) -> str:
+        """Keep the document (`data`: its bytes) locally, so challenges can be answered
+        whatever the store does, upload it, and submit its root; returns its URI."""
         key = (result.task_id, result.shard)
-        self.archive.save(result)
+        self.archive.save(result, data)
         try:
-            uri = self.store.put(result.to_bytes())
+            uri = self.store.put(data)
             self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
                                        result.tokens_used)
         except (ContractRevert, StoreError, MarketError):  # surely not submitted
@@ -688,22 +857,61 @@ class Worker:
             self.skipped_tasks.pop(task_id, None)
         self._probation_skips.clear()
 
-    def _generate(self, engine: TextEngine, gen: list[GenerationRequest],
-                  claim: ActiveClaim) -> list[GenerationOutput]:
+    def _generate(self, engine: TextEngine, group: list[_Claimed],
+                  outcomes: list[ShardOutcome],
+                  ahead: list[Future[_Claimed | None]]) -> Iterator[_Claimed]:
+        """Run the group's requests through `engine` in batches of `max_batch`, in order
+        and across shard boundaries; yield each shard as soon as its outputs are complete.
+        The claims made `ahead` join the stream in order: as soon as they are done, and
+        waited for when the stream has less than a batch left (batches stay full).
+        Before every batch: a shard whose claim has less than `CLAIM_MARGIN_S` left is given
+        up (its outcome "failed" goes to `outcomes`: a late submit only reverts), and open
+        availability challenges are answered (a long stream must not miss a window)."""
         from tqdm import tqdm
 
-        outputs: list[GenerationOutput] = []
-        with tqdm(total=len(gen), desc=f"task {claim.task_id} shard {claim.shard}", unit="req",
-                  file=sys.stderr, disable=not self.progress, leave=False) as bar:
-            for i in range(0, len(gen), self.max_batch):
-                if self.chain_now() >= claim.claim_expiry - CLAIM_MARGIN_S:
-                    raise QuarryError(f"claim expires at {_utc(claim.claim_expiry)} before the "
-                                      "shard is done; giving it up")
-                self._maybe_answer_challenges()  # a long shard must not miss a response window
-                batch = gen[i:i + self.max_batch]
-                outputs += engine.generate(batch)
+        stream = [(c, i) for c in group for i in range(len(c.gen))]
+        dropped: set[int] = set()  # shards given up, by position in the group
+        pos = 0
+        first = group[0].claim
+        desc = (f"task {first.task_id} shard {first.shard}" if not ahead else
+                f"task {first.task_id} shards from {first.shard}")
+        with tqdm(total=len(stream), desc=desc, unit="req", file=sys.stderr,
+                  disable=not self.progress, leave=False) as bar:
+            while True:
+                while ahead and (len(stream) - pos < self.max_batch or ahead[0].done()):
+                    joined = ahead.pop(0).result()
+                    if joined is not None:
+                        group.append(joined)
+                        stream += [(joined, i) for i in range(len(joined.gen))]
+                        bar.total = len(stream)
+                if pos >= len(stream):
+                    break
+                now = self.chain_now()
+                for j, c in enumerate(group):
+                    if (j not in dropped and len(c.outputs) < len(c.gen)
+                            and now >= c.claim.claim_expiry - CLAIM_MARGIN_S):
+                        dropped.add(j)
+                        self._release(c.claim)
+                        outcomes.append(self._failed(c.claim, (
+                            f"claim expires at {_utc(c.claim.claim_expiry)} before the shard "
+                            "is done; giving it up")))
+                self._maybe_answer_challenges()
+                batch: list[tuple[_Claimed, int]] = []
+                while pos < len(stream) and len(batch) < self.max_batch:
+                    c, i = stream[pos]
+                    pos += 1
+                    if group.index(c) not in dropped:
+                        batch.append((c, i))
+                if not batch:
+                    continue
+                for (c, _), out in zip(batch, engine.generate([c.gen[i] for c, i in batch]),
+                                       strict=True):
+                    c.outputs.append(out)
                 bar.update(len(batch))
-        return outputs
+                # Shards complete in order: every one before the batch's last is done.
+                for c in dict.fromkeys(c for c, _ in batch):
+                    if len(c.outputs) == len(c.gen):
+                        yield c
 
     # ------------------------------------------------------------------ payment
     def _discover_submitted(self) -> None:
@@ -931,25 +1139,32 @@ class Worker:
         self._interrupts += 1
         if self._interrupts > 1:
             raise KeyboardInterrupt
-        cur = self.current
-        if cur is not None:
-            print(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}, then "
+        claims = self._claims_held()
+        if claims:
+            cur, more = claims[0], ", ".join(str(c.shard) for c in claims[1:])
+            also = f" (and shard(s) {more} claimed with it)" if more else ""
+            print(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}{also}, then "
                   "exiting (Ctrl-C again to abort it)", file=sys.stderr, flush=True)
         else:
             print("miner: Ctrl-C: exiting", file=sys.stderr, flush=True)
         self.request_stop()
 
     def abort_message(self) -> str:
-        """What a hard abort leaves behind: the claim, its expiry and the collateral."""
-        cur = self.current
-        if cur is None:
+        """What a hard abort leaves behind: each claim, its expiry and the collateral."""
+        claims = self._claims_held()
+        if not claims:
             return "aborted; no shard was claimed"
-        penalty = cur.collateral * self.params()["reclaim_penalty_bps"] // 10_000
-        left = max(0, cur.claim_expiry - int(time.time()))
-        return (f"aborted task {cur.task_id} shard {cur.shard}: its claim expires at "
-                f"{_utc(cur.claim_expiry)} (in about {left} s); {cur.collateral} wei of stake "
-                f"stays locked until then, and {penalty} wei of it is slashed when the claim "
-                "is reclaimed")
+        bps = self.params()["reclaim_penalty_bps"]
+        return "aborted " + "; ".join(
+            f"task {c.task_id} shard {c.shard}: its claim expires at {_utc(c.claim_expiry)} "
+            f"(in about {max(0, c.claim_expiry - int(time.time()))} s); {c.collateral} wei of "
+            f"stake stays locked until then, and {c.collateral * bps // 10_000} wei of it is "
+            "slashed when the claim is reclaimed" for c in claims)
+
+    def _claims_held(self) -> list[ActiveClaim]:
+        """The claim being worked on (`current`) first, then the others held with it."""
+        cur = self.current
+        return ([] if cur is None else [cur]) + [c for c in self._held if c is not cur]
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         assert self.market is not None
@@ -1011,22 +1226,26 @@ class Worker:
                                                              wait_s=wait_s), [])
                 resume = []
                 worked = False
-                for task_id, shard in candidates:
+                for task_id, shards in task_groups(candidates, self.max_shards_in_flight):
                     if self._stop.is_set():
                         break
                     self._maybe_answer_challenges()
                     # Each candidate is re-checked on-chain before it is claimed, so a
-                    # ranking a shard old is still safe to walk to its end. The shard is
-                    # submitted in the background while the next one is claimed and run.
-                    outcome = self.process_shard(task_id, shard, pipelined=True)
-                    worked |= outcome.status in ("submitted", "submitting")
+                    # ranking a shard old is still safe to walk to its end. Up to
+                    # `max_shards_in_flight` shards of a task run as one stream; each is
+                    # submitted in the background while the next ones are generated.
+                    outcomes = self.process_shards(task_id, shards, pipelined=True)
+                    worked |= any(o.status in ("submitted", "submitting") for o in outcomes)
                 if self._stop.is_set() or (not worked and stop_when_idle):
                     break
-                idle = not worked
-                if idle and not candidates:
+                # Just back from work, the next turn long-polls at once (a task posted now
+                # is heard of as it is indexed); a long poll answered early with nothing
+                # (an older market, or chain events) sleeps out the poll interval.
+                was_idle, idle = idle, not worked
+                if idle and not candidates and was_idle:
                     self._stop.wait(max(0.0, self.poll_interval_s
                                         - (time.monotonic() - asked)))
-                elif idle:
+                elif idle and candidates:
                     self._stop.wait(self.poll_interval_s)
             self.drain()
         except KeyboardInterrupt:

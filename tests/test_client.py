@@ -339,12 +339,47 @@ def test_wait_follows_the_task_events_not_every_pending_shard(
 
     join = when(lambda: len(polls) > 1, serve_slowly)
     try:
-        status = job.wait(progress=False, timeout=120, poll_s=0.01)
+        # Without prefetch: checking landed shards reads them again (the next test).
+        status = job.wait(progress=False, timeout=120, poll_s=0.01, prefetch=False)
     finally:
         join()
     assert status.counts == {"SUBMITTED": 6}
     assert len(polls) > 6  # it polled while shards were still pending...
     assert sorted(reads) == sorted([*range(6), *range(6)])  # ...but read each once, +status
+
+
+def test_wait_checks_landed_shards_while_the_others_are_served(
+        devnet: Any, market: Market, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While shards are pending, `wait` fetches and checks each shard that lands, so
+    `results()` fetches no document a second time: each shard is served only once the
+    previous one's document was fetched (the test fails by timeout if `wait` never does),
+    and results() then fetches only the last one."""
+    c = connect(devnet, market)
+    job = c.submit([f"p{i}" for i in range(3)], model=MODEL, max_tokens=4, shard_size=1)
+    fetched: list[str] = []
+    get = c.market.get
+    monkeypatch.setattr(c.market, "get", lambda uri: fetched.append(uri) or get(uri))
+    uris: list[str] = []
+
+    def serve_after_each_fetch() -> None:
+        for k in range(3):
+            serve_shard(devnet, market, job.task_id, k, devnet.miner)
+            uris.append(devnet.q.tasks.get_shard(job.task_id, k).result_uri)
+            deadline = time.monotonic() + 60
+            while k < 2 and uris[-1] not in fetched:
+                assert time.monotonic() < deadline, f"wait never fetched shard {k}"
+                time.sleep(0.01)
+
+    join = when(lambda: True, serve_after_each_fetch)
+    try:
+        status = job.wait(progress=False, timeout=120, poll_s=0.01)
+    finally:
+        join()
+    assert status.counts == {"SUBMITTED": 3}
+    assert [u for u in fetched if u in uris] == uris[:2]  # the last is left to results()
+    outputs = job.results()
+    assert [o.text for o in outputs] == [f"answer {i} é" for i in range(3)]
+    assert [u for u in fetched if u in uris] == uris  # each document fetched once
 
 
 def test_name_resolution_and_prompt_defaults(devnet: Any, market: Market) -> None:

@@ -374,8 +374,10 @@ def test_engine_failure_mid_shard_does_not_stop_the_loop(
     q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     task_id = post_task(devnet, store, engine.model_id, batch(4), shard_size=2)
+    # One shard at a time: a batch spanning both shards would fail both (see
+    # test_engine_failure_mid_stream_fails_only_the_unfinished_shards).
     worker = Worker(account=miner, quarry=q, engines={engine.model_id: FlakyEngine(engine)},
-                    store=store, progress=False, poll_interval_s=0.1)
+                    store=store, progress=False, poll_interval_s=0.1, max_shards_in_flight=1)
     summary = worker.run(stop_when_idle=True)
     assert summary.failed == 1
     assert [(o.task_id, o.shard) for o in summary.submitted] == [(task_id, 1)]
@@ -429,14 +431,15 @@ class OverlapProbe:
 def test_run_submits_a_shard_while_generating_the_next(
         devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
     """`run` pipelines: shard 0 is signed, uploaded and submitted in the background while
-    shard 1 is claimed and generated; both end submitted, with their outcomes and events."""
+    shard 1 is generated (one batch per shard here); both end submitted, with their outcomes
+    and events."""
     q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     task_id = post_task(devnet, store, engine.model_id, batch(6), shard_size=3)
     probe = OverlapProbe(engine, store)
     events: list[tuple[str, int]] = []
     worker = Worker(account=miner, quarry=q, engines={engine.model_id: probe}, store=probe,
-                    progress=False, poll_interval_s=0.1,
+                    progress=False, poll_interval_s=0.1, max_batch=3,
                     listener=lambda name, info: events.append((name, info.get("shard", -1))))
     summary = worker.run(stop_when_idle=True)
     assert summary.failed == 0
@@ -449,6 +452,121 @@ def test_run_submits_a_shard_while_generating_the_next(
     assert worker.current is None and worker.drain() is None
     assert worker.status()["shardsSubmitted"] == 2
     worker.close()
+
+
+class BatchLog:
+    """The real engine, recording the size of every `generate` call; `fail_at` makes that
+    call (1-based) raise, as a crashed GPU would."""
+
+    def __init__(self, engine: Any, fail_at: int = 0) -> None:
+        self._engine, self.fail_at = engine, fail_at
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, requests: Any) -> Any:
+        self.sizes.append(len(requests))
+        if len(self.sizes) == self.fail_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self._engine.generate(requests)
+
+
+@pytest.mark.parametrize(("in_flight", "sizes"), [(4, [4, 4, 1]), (2, [4, 2, 3]),
+                                                  (1, [3, 3, 3])])
+def test_run_streams_shards_of_a_task_through_full_batches(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
+        in_flight: int, sizes: list[int]) -> None:
+    """Up to `max_shards_in_flight` shards of a task are claimed back to back and generated
+    as one stream: batches run across shard boundaries (3 shards of 3 requests in batches of
+    4), and every shard is submitted with exactly the outputs it would get alone."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    data = batch(9)
+    task_id = post_task(devnet, store, engine.model_id, data, shard_size=3)
+    log = BatchLog(engine)
+    events: list[tuple[str, int]] = []
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: log}, store=store,
+                    progress=False, poll_interval_s=0.1, max_batch=4,
+                    max_shards_in_flight=in_flight,
+                    listener=lambda name, info: events.append((name, info.get("shard", -1))))
+    summary = worker.run(stop_when_idle=True)
+    worker.close()
+    assert summary.failed == 0 and log.sizes == sizes
+    assert sorted(o.shard for o in summary.submitted) == [0, 1, 2]
+    assert [k for name, k in events if name == "claimed"] == [0, 1, 2]
+    parsed = parse_jsonl(data)
+    for k in range(3):
+        sh = q.tasks.get_shard(task_id, k)
+        items = verify_shard_result(
+            ShardResult.from_bytes(store.get(sh.result_uri)), task_id=task_id, shard=k,
+            start=3 * k, miner=sh.miner, model_id=engine.model_id, result_root=sh.result_root,
+            tokens_used=sh.tokens_used,
+            request_hashes=[r.request_hash for r in parsed[3 * k:3 * k + 3]],
+            chain_id=q.chain_id, task_registry=q.tasks.address)
+        alone = engine.generate([engine.request_from_line(r.request)
+                                 for r in parsed[3 * k:3 * k + 3]])
+        assert [i.token_ids for i in items] == [a.token_ids for a in alone]
+
+
+def test_engine_failure_mid_stream_fails_only_the_unfinished_shards(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """Shard 0 is complete after the first batch and is submitted; the engine then fails on
+    the second batch, which held shards 1 and 2: both are failed (their claims will expire),
+    none is left `current`, and the miner goes on."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(9), shard_size=3)
+    log = BatchLog(engine, fail_at=2)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: log}, store=store,
+                    progress=False, max_batch=3)
+    outcomes = worker.process_shards(task_id, [0, 1, 2])
+    worker.close()
+    assert [(o.shard, o.status) for o in outcomes] == [
+        (0, "submitted"), (1, "failed"), (2, "failed")]
+    assert "illegal memory access" in outcomes[1].reason
+    assert worker.failed == {(task_id, 1), (task_id, 2)}
+    assert worker.current is None and worker.abort_message() == "aborted; no shard was claimed"
+    assert [q.tasks.get_shard(task_id, k).state for k in range(3)] == [
+        ShardState.SUBMITTED, ShardState.CLAIMED, ShardState.CLAIMED]
+
+
+def test_an_abort_names_every_claim_held_including_those_made_ahead(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """Shards 1 and 2 are claimed in the background while shard 0 generates; an abort (a
+    second Ctrl-C) during shard 1's batch, once both claims are made, leaves them claimed,
+    and the abort message names both with their collateral."""
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(9), shard_size=3)
+    claimed = threading.Event()
+    events: list[int] = []
+
+    def on_event(name: str, info: dict[str, Any]) -> None:
+        if name == "claimed":
+            events.append(info["shard"])
+            if len(events) == 3:
+                claimed.set()
+
+    def abort_on_second_batch() -> None:
+        if worker.summary.submitted:  # shard 0 is done: this is shard 1's batch
+            assert claimed.wait(60), "shard 2 was never claimed"
+            raise KeyboardInterrupt
+
+    worker = Worker(account=miner, quarry=q,
+                    engines={engine.model_id: Hooked(engine, abort_on_second_batch)},
+                    store=store, progress=False, max_batch=3, listener=on_event)
+    with pytest.raises(KeyboardInterrupt):
+        worker.process_shards(task_id, [0, 1, 2])
+    message = worker.abort_message()
+    worker.close()
+    assert sorted(events) == [0, 1, 2]
+    assert [q.tasks.get_shard(task_id, k).state for k in range(3)] == [
+        ShardState.SUBMITTED, ShardState.CLAIMED, ShardState.CLAIMED]
+    for k in (1, 2):
+        sh = q.tasks.get_shard(task_id, k)
+        assert f"task {task_id} shard {k}: its claim expires at" in message
+        assert f"{sh.collateral} wei of stake stays locked" in message
 
 
 def test_first_ctrl_c_finishes_the_shard_second_aborts(

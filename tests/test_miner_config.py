@@ -58,6 +58,7 @@ price_per_token = "1gwei"
 stake = "0.5ether"
 endpoint = "http://203.0.113.7:9100"
 max_batch = 4
+max_shards_in_flight = 2
 poll_interval_s = 0.5
 state_dir = "state"
 
@@ -77,6 +78,7 @@ count = 2
     assert (cfg.price_per_token, cfg.stake) == (10**9, 5 * 10**17)
     assert cfg.gpu == GpuOverride(name="NVIDIA H100", memory_mib=81920, count=2)
     assert (cfg.max_batch, cfg.poll_interval_s, cfg.auto_withdraw) == (4, 0.5, False)
+    assert cfg.max_shards_in_flight == 2 and MinerConfig.load().max_shards_in_flight == 4
     assert cfg.rpc_url is None
     assert cfg.state_dir == tmp_path / "state"  # file-relative, like every path
 
@@ -128,6 +130,7 @@ def test_key_file_and_require(tmp_path: Path) -> None:
     ('stake = "lots"', "stake"),
     ('max_batch = 0', "max_batch"),
     ('max_batch = 2.5', "max_batch"),
+    ('max_shards_in_flight = 0', "max_shards_in_flight"),
     ('poll_interval_s = 0', "poll_interval_s"),
     ('auto_withdraw = "maybe"', "auto_withdraw"),
     ('endpoint = ""', "endpoint"),

@@ -21,8 +21,14 @@ from market.service.board import Board
 from market.service.settings import MarketSettings
 from market.store import LocalStore
 
-WATCH_EVERY_S = 0.2
-"""How often the one index watcher of an app reads the board's cursor while requests wait."""
+WATCH_EVERY_S = 0.05
+"""How often the one index watcher of an app reads the board's cursor while requests wait
+(one small SQLite read; none while nobody waits): a miner's long poll hears of a newly
+indexed shard within about that."""
+SETTLE_S = 0.5
+"""For this long after the cursor moves, the watcher wakes the waiting requests at every
+read: the workers store the miners' recommendations just after indexing, and a request
+that asked in between (and found its fresh but older recommendations empty) looks again."""
 
 
 class IndexWatch:
@@ -39,11 +45,13 @@ class IndexWatch:
         self._task: asyncio.Task[None] | None = None
         self._waiters = 0
         self.cursor = -1
+        self.wakes = 0  # how many times the waiters were woken (see SETTLE_S)
+        self._moved_at = float("-inf")
 
     async def wait(self, since: int, timeout: float) -> bool:
         """Wait until the cursor differs from `since` (read before the caller's query, so
-        an index between the query and this call is not missed) or `timeout` passes;
-        returns whether it moved."""
+        an index between the query and this call is not missed), or until the next wake-up
+        within `SETTLE_S` of a move, or until `timeout` passes; returns whether it woke."""
         if self._cond is None:
             self._cond = asyncio.Condition()
         cond = self._cond
@@ -52,10 +60,11 @@ class IndexWatch:
             if self._task is None or self._task.done():
                 self.cursor = await run_in_threadpool(self.board.cursor)
                 self._task = asyncio.get_running_loop().create_task(self._watch())
+            entered = self.wakes
             async with cond:
                 try:
-                    await asyncio.wait_for(cond.wait_for(lambda: self.cursor != since),
-                                           timeout)
+                    await asyncio.wait_for(cond.wait_for(
+                        lambda: self.cursor != since or self.wakes != entered), timeout)
                 except TimeoutError:
                     return False
                 return True
@@ -70,9 +79,13 @@ class IndexWatch:
                 cursor = await run_in_threadpool(self.board.cursor)
             except Exception:  # a locked or vanished file: the next read retries
                 continue
+            now = time.monotonic()
             if cursor != self.cursor:
+                self._moved_at = now
+            if cursor != self.cursor or now - self._moved_at < SETTLE_S:
                 async with self._cond:
                     self.cursor = cursor
+                    self.wakes += 1
                     self._cond.notify_all()
 
 

@@ -57,6 +57,11 @@ ALIVE_TTL_S = 8
 """A worker's liveness key lives this long; the worker refreshes it every `ALIVE_EVERY_S`."""
 ALIVE_EVERY_S = 2.0
 RECOMMEND_LIMIT = 50
+FOLLOW_SHARE = 0.5
+"""The share of each index interval an index task keeps following the chain (see
+`index_events`)."""
+FOLLOW_EVERY_S = 0.05
+"""How often a following index task asks the chain for its head (one `eth_blockNumber`)."""
 QUEUE = "quarry"
 
 TASK_INDEX = "quarry.index_events"
@@ -250,13 +255,33 @@ _beacon: dict[str, AliveBeacon] = {}
 
 @celery_app.task(name=TASK_INDEX)
 def index_events() -> dict[str, Any]:
-    """Apply every new chain event to the board; returns the cursor (last indexed block)."""
+    """Apply every new chain event to the board; returns the cursor (last indexed block).
+
+    Then it follows the chain for `FOLLOW_SHARE` of the index interval, indexing a new block
+    as soon as `eth_blockNumber` shows one (every `FOLLOW_EVERY_S`): a miner long-polling for
+    open shards, or a client waiting on the board, hears of a new task within about that
+    instead of at the next tick; after new blocks it refreshes the miners' recommendations
+    at once (`recommend`), which the open-shards answer prefers while fresh. The rest of the
+    interval leaves the worker to the other tasks (one solo worker runs them all), so no
+    backlog builds up behind it."""
     with redis_lock(INDEX_LOCK) as held:
         if not held:
             return {"skipped": "locked"}
         started = time.monotonic()
         with reported("index") as out:
-            out["cursor"] = _board().index(_quarry())
+            board, q = _board(), _quarry()
+            before = board.cursor()
+            cursor = out["cursor"] = board.index(q)
+            until = started + FOLLOW_SHARE * settings().index_interval_s
+            while True:
+                if cursor != before:  # new blocks: the miners' open shards, right away
+                    recommend()
+                if time.monotonic() + FOLLOW_EVERY_S >= until:
+                    break
+                time.sleep(FOLLOW_EVERY_S)
+                before = cursor
+                if q.chain.block_number() > cursor:
+                    cursor = out["cursor"] = board.index(q)
             out["seconds"] = round(time.monotonic() - started, 3)
         return out
 
