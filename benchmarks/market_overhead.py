@@ -331,6 +331,7 @@ def write_miner_config(path: Path, *, market_url: str, model_dir: Path, max_batc
         "\n[miner.engine_options]\n"
         f"max_batch_size = {max_batch}\n"
     )
+    path.chmod(0o600)  # it holds a raw key
     return path
 
 

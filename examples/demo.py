@@ -89,6 +89,7 @@ def verifier_config(path: Path, *, account: int, stake: str, market_url: str,
         "challenge_requests = 6\n"
         "challenge_max_tokens = 16\n"
     )
+    path.chmod(0o600)  # it holds a raw key
     return path
 
 
@@ -118,6 +119,7 @@ def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) 
         "max_batch = 16\n"
         "auto_withdraw = true\n"
     )
+    path.chmod(0o600)  # it holds a raw key
     return path
 
 
@@ -195,6 +197,7 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 acfg.write_text("[verifier]\n"
                                 f'key = "0x{bytes(arbiter.key).hex()}"\n'
                                 f'market_url = "{stack.market_url}"\n')
+                acfg.chmod(0o600)
                 verdict = run_command(home, "verifier", "dispute", str(job.task_id),
                                       str(index), "--config", str(acfg), "--timeout",
                                       str(args.timeout))
