@@ -51,6 +51,22 @@ def sigint_handler_restored() -> Iterator[None]:
     signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
 
 
+def write_miner_config(path: Path, key: bytes, market_url: str, model_dir: Path, *,
+                       price: int, port: int, max_batch: int) -> Path:
+    """A `[miner]` config as a test miner process reads it (fast polls and heartbeats)."""
+    path.write_text(
+        "[miner]\n"
+        f'key = "0x{bytes(key).hex()}"\n'
+        f'market_url = "{market_url}"\n'
+        f'model_dirs = ["{model_dir}"]\n'
+        f"price_per_token = {price}\n"
+        'stake = "0.5ether"\n'
+        f'endpoint = "http://127.0.0.1:{port}"\n'
+        f"poll_interval_s = 0.3\nheartbeat_interval_s = 1.0\nmax_batch = {max_batch}\n")
+    path.chmod(0o600)  # it holds a raw key
+    return path
+
+
 MODEL_ID = bytes.fromhex("11" * 32)  # the model the test miners serve
 OTHER_MODEL_ID = bytes.fromhex("22" * 32)
 MINER_STAKE = 10**18

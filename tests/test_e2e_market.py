@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import write_miner_config
 
 from market.chain.client import anvil_account
 from market.chain.contracts import ShardState
@@ -57,16 +58,8 @@ def miners(stack: LocalStack) -> dict[str, Path]:
     configs = {}
     for name, account in MINERS.items():
         cfg = stack.home / f"miner-{name}.toml"
-        cfg.write_text(
-            "[miner]\n"
-            f'key = "0x{bytes(account.key).hex()}"\n'
-            f'market_url = "{stack.market_url}"\n'
-            f'model_dirs = ["{model_dir}"]\n'
-            f"price_per_token = {PRICE}\n"
-            'stake = "0.5ether"\n'
-            f'endpoint = "http://127.0.0.1:{9100 + len(configs)}"\n'
-            "poll_interval_s = 0.3\nheartbeat_interval_s = 1.0\nmax_batch = 4\n"
-        )
+        write_miner_config(cfg, account.key, stack.market_url, model_dir, price=PRICE,
+                           port=9100 + len(configs), max_batch=4)
         out = subprocess.run([str(BIN / "miner"), "register", "--config", str(cfg)],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr

@@ -19,7 +19,9 @@
 const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
-const { P, MODEL, deployQuarry, domainOf, resultTree, signVotes, signReport, gasCost } = require("./helpers");
+const {
+  P, MODEL, SWARM_TYPES, deployQuarry, domainOf, resultTree, signVotes, signReport, gasCost,
+} = require("./helpers");
 
 const S = { Open: 0, Claimed: 1, Submitted: 2, Disputed: 3, Finalized: 4, Refunded: 5 };
 const DS = { open: 1n, fault: 2n, nofault: 3n, expired: 4n };
@@ -66,17 +68,6 @@ function outputHashOf(textHash, ids) {
 const min = (a, b) => (a < b ? a : b);
 const max = (a, b) => (a > b ? a : b);
 const byAddress = (a, b) => (BigInt(a) < BigInt(b) ? -1 : 1);
-const SWARM_TYPES = {
-  SwarmConsent: [
-    { name: "modelId", type: "bytes32" },
-    { name: "head", type: "address" },
-    { name: "members", type: "address[]" },
-    { name: "shares", type: "uint32[]" },
-    { name: "pricePerToken", type: "uint256" },
-    { name: "nonce", type: "uint256" },
-    { name: "deadline", type: "uint64" },
-  ],
-};
 
 async function run(seed, steps, wideEvery) {
   const q = await loadFixture(deployQuarry);

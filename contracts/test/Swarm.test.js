@@ -4,20 +4,10 @@ const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
-  P, MODEL, OTHER_MODEL, GPU, PRICE, domainOf, deployQuarry, createTask, buildResult, signVotes,
+  P, MODEL, OTHER_MODEL, GPU, PRICE, SWARM_TYPES, domainOf, deployQuarry, createTask, buildResult,
+  signVotes,
 } = require("./helpers");
 
-const SWARM_TYPES = {
-  SwarmConsent: [
-    { name: "modelId", type: "bytes32" },
-    { name: "head", type: "address" },
-    { name: "members", type: "address[]" },
-    { name: "shares", type: "uint32[]" },
-    { name: "pricePerToken", type: "uint256" },
-    { name: "nonce", type: "uint256" },
-    { name: "deadline", type: "uint64" },
-  ],
-};
 const BPS = 10000n;
 const STAKE = ethers.parseEther("2");
 const S = { Open: 0n, Claimed: 1n, Submitted: 2n, Disputed: 3n, Finalized: 4n, Refunded: 5n };

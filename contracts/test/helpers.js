@@ -60,6 +60,19 @@ const CHALLENGE_TYPES = {
   ],
 };
 
+/** GPURegistry's swarm consent: every member signs the whole formation and its own nonce. */
+const SWARM_TYPES = {
+  SwarmConsent: [
+    { name: "modelId", type: "bytes32" },
+    { name: "head", type: "address" },
+    { name: "members", type: "address[]" },
+    { name: "shares", type: "uint32[]" },
+    { name: "pricePerToken", type: "uint256" },
+    { name: "nonce", type: "uint256" },
+    { name: "deadline", type: "uint64" },
+  ],
+};
+
 async function domainOf(contract, chainId) {
   const cid = chainId ?? (await ethers.provider.getNetwork()).chainId;
   return { name: "Quarry", version: "1", chainId: cid, verifyingContract: await contract.getAddress() };
@@ -227,7 +240,7 @@ async function gasCost(tx) {
 
 module.exports = {
   P, MODEL, OTHER_MODEL, GPU, PRICE,
-  RECEIPT_TYPES, VOTE_TYPES, REPORT_TYPES, CHALLENGE_TYPES,
+  RECEIPT_TYPES, VOTE_TYPES, REPORT_TYPES, CHALLENGE_TYPES, SWARM_TYPES,
   domainOf, sortByAddress, deployQuarry, activate, createTask, receiptStructHash, receiptLeaf,
   resultTree, buildResult, signVotes, signReport, signChallengeSet, gasCost,
 };
