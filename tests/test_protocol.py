@@ -295,6 +295,29 @@ def test_sign_recover_and_domain_binding() -> None:
     assert Receipt.from_message(r.message()) == r
 
 
+def test_recover_refuses_what_openzeppelin_refuses() -> None:
+    """ECDSA.recover takes v in {27, 28} and low s only; so must Python, or a receipt the
+    client accepts could be one the contracts reject (or the same signature twice)."""
+    r = receipt()
+    sig = r.sign(KEY.key, CHAIN, TASKS)
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    s = int.from_bytes(sig[32:64], "big")
+    high_s = sig[:32] + (n - s).to_bytes(32, "big") + bytes([55 - sig[64]])  # same signer
+    with pytest.raises(SignatureError, match="lower half"):
+        r.recover(high_s, CHAIN, TASKS)
+    with pytest.raises(SignatureError, match="v must be 27 or 28"):
+        r.recover(sig[:64] + bytes([sig[64] - 27]), CHAIN, TASKS)
+    with pytest.raises(SignatureError, match="does not recover"):
+        r.recover(b"\0" * 32 + sig[32:], CHAIN, TASKS)  # r = 0
+    # Every way callers hold a key signs the same bytes (libsecp256k1 is deterministic).
+    for key in (KEY.key, bytes(KEY.key), KEY.key.hex(), "0x" + KEY.key.hex(),
+                int.from_bytes(KEY.key, "big")):
+        assert r.sign(key, CHAIN, TASKS) == sig
+    for bad in (b"\0" * 32, b"\1" * 31, "zz", n):
+        with pytest.raises(SignatureError, match="bad private key"):
+            r.sign(bad, CHAIN, TASKS)
+
+
 def test_eip712_bad_inputs() -> None:
     with pytest.raises(SignatureError, match="unknown struct"):
         recover("Nope", {}, b"\0" * 65, CHAIN, TASKS)

@@ -4,17 +4,24 @@ Every struct is signed under the domain `{name: "Quarry", version: "1", chainId,
 verifyingContract}` of the contract that checks it: Receipt -> TaskRegistry (Arbitration
 checks receipts against TaskRegistry's domain), Vote -> Arbitration, Report and
 ChallengeSet -> VerifierCommittee, SwarmConsent -> GPURegistry. Signatures are 65 bytes
-`r ++ s ++ v` with v in {27, 28}, what OpenZeppelin's `ECDSA.recover` expects.
+`r ++ s ++ v` with v in {27, 28} and s in the lower half of the curve order, exactly what
+OpenZeppelin's `ECDSA.recover` accepts: `recover` refuses the rest, so a signature Python
+accepts is never one a contract rejects.
+
+Receipts are the hot path (a miner signs one per output, a client recovers one per output),
+so static structs are ABI-encoded here and signing and recovery call libsecp256k1
+(coincurve) on the digest directly: eth-abi and eth-account's wrappers cost several times
+the hashing and curve operations themselves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from eth_abi import encode as abi_encode
+import coincurve
 from eth_account import Account
 from eth_account.messages import SignableMessage, encode_typed_data
 from eth_utils import is_address, to_checksum_address
@@ -39,6 +46,8 @@ __all__ = [
     "typed_digest",
     "sign",
     "recover",
+    "sign_digest",
+    "recover_digest",
     "sign_all",
     "quorum_signatures",
     "sort_signatures",
@@ -104,12 +113,16 @@ class _Struct:
 
     def message(self) -> dict[str, Any]:
         """The EIP-712 message (camelCase keys), as eth-account and ethers take it."""
-        values = astuple(self)  # type: ignore[call-overload]
+        values = self._values()
         return {f["name"]: _wire(v) for f, v in zip(TYPES[self.TYPE], values, strict=True)}
+
+    def _values(self) -> tuple[Any, ...]:
+        # Not dataclasses.astuple: it deep-copies every field, a third of a receipt's hashing.
+        return tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
 
     def as_tuple(self) -> tuple[Any, ...]:
         """The ABI tuple, in field order, for passing the struct to a contract."""
-        return tuple(_wire(v) for v in astuple(self))  # type: ignore[call-overload]
+        return tuple(_wire(v) for v in self._values())
 
     def struct_hash(self) -> bytes:
         return struct_hash(self.TYPE, self.message())
@@ -304,7 +317,7 @@ def domain_separator(chain_id: int, verifying_contract: str) -> bytes:
     )
 
 
-_STATIC = ("uint", "int", "bytes32", "bool", "address")
+_STATIC = ("uint", "bytes32", "bool", "address")
 
 
 def _static_fields(primary_type: str) -> list[str] | None:
@@ -314,6 +327,24 @@ def _static_fields(primary_type: str) -> list[str] | None:
     if types and all(t.startswith(_STATIC) and not t.endswith("]") for t in types):
         return types
     return None
+
+
+def _word(abi_type: str, value: Any) -> bytes:
+    """One static value as its 32-byte ABI word, range-checked as eth-abi would."""
+    if abi_type == "bytes32":
+        return _b32(value)
+    if abi_type == "bool":
+        if not isinstance(value, bool):
+            raise SignatureError(f"a bool is needed, got {value!r}")
+        return int(value).to_bytes(32, "big")
+    if abi_type == "address":
+        if not isinstance(value, str) or not is_address(value):
+            raise SignatureError(f"{value!r} is not an address")
+        return bytes(12) + bytes.fromhex(value[2:])
+    bits = int(abi_type[4:] or 256)  # uintN
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << bits:
+        raise SignatureError(f"{value!r} does not fit {abi_type}")
+    return value.to_bytes(32, "big")
 
 
 def struct_hash(primary_type: str, message: Mapping[str, Any]) -> bytes:
@@ -329,12 +360,11 @@ def struct_hash(primary_type: str, message: Mapping[str, Any]) -> bytes:
     expected = [f["name"] for f in TYPES[primary_type]]
     if sorted(message) != sorted(expected):
         raise SignatureError(f"{primary_type} needs fields {expected}, got {sorted(message)}")
-    values = [_b32(message[n]) if t == "bytes32" else message[n]
-              for n, t in zip(expected, static, strict=True)]
     try:
-        return keccak(TYPEHASHES[primary_type] + abi_encode(static, values))
-    except Exception as exc:  # eth-abi raises several types for values that do not fit
+        words = b"".join(_word(t, message[n]) for n, t in zip(expected, static, strict=True))
+    except SignatureError as exc:
         raise SignatureError(f"cannot encode {primary_type}: {exc}") from exc
+    return keccak(TYPEHASHES[primary_type] + words)
 
 
 def typed_digest(
@@ -343,9 +373,76 @@ def typed_digest(
     """keccak256("\\x19\\x01" ++ domainSeparator ++ hashStruct): the hash that is signed."""
     if primary_type not in TYPES:
         raise SignatureError(f"unknown struct {primary_type!r} (known: {', '.join(TYPES)})")
-    domain(chain_id, verifying_contract)  # validates both, with a clear error
+    if isinstance(chain_id, bool):  # True == 1 would hit chain 1's cached separator
+        raise SignatureError(f"chainId must be a positive integer, got {chain_id!r}")
     return keccak(b"\x19\x01" + domain_separator(chain_id, verifying_contract)
                   + struct_hash(primary_type, message))
+
+
+_SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def _key_bytes(private_key: Any) -> bytes:
+    """The 32 key bytes from what callers hold: bytes/HexBytes, a hex string, an eth-keys
+    key, or an int."""
+    if hasattr(private_key, "to_bytes") and not isinstance(private_key, int):
+        private_key = private_key.to_bytes()
+    if isinstance(private_key, str):
+        text = private_key[2:] if private_key[:2].lower() == "0x" else private_key
+        try:
+            private_key = bytes.fromhex(text)
+        except ValueError as exc:
+            raise ValueError(f"not hex: {exc}") from None
+    elif isinstance(private_key, int) and not isinstance(private_key, bool):
+        if not 0 < private_key < _SECP256K1_N:
+            raise ValueError("out of range")
+        private_key = private_key.to_bytes(32, "big")
+    if not isinstance(private_key, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a private key is 32 bytes, got {type(private_key).__name__}")
+    if len(private_key) != 32:
+        raise ValueError(f"a private key is 32 bytes, got {len(private_key)}")
+    return bytes(private_key)
+
+
+@lru_cache(maxsize=64)
+def _signer(key: bytes) -> coincurve.PrivateKey:
+    return coincurve.PrivateKey(key)  # raises ValueError for 0 or >= the curve order
+
+
+def sign_digest(digest: bytes, private_key: Any) -> bytes:
+    """The 65-byte `r ++ s ++ v` signature of a 32-byte digest (libsecp256k1 gives low s)."""
+    try:
+        sig = _signer(_key_bytes(private_key)).sign_recoverable(digest, hasher=None)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"bad private key ({exc})") from exc
+    return sig[:64] + bytes([sig[64] + 27])
+
+
+def recover_digest(digest: bytes, signature: bytes) -> str:
+    """The checksummed address that signed `digest`, by OpenZeppelin's `ECDSA.recover` rules
+    (v is 27 or 28, s at most half the curve order); SignatureError otherwise."""
+    sig = bytes(signature)
+    if len(sig) != 65:
+        raise SignatureError(f"a signature is 65 bytes, got {len(sig)}")
+    v, s = sig[64], int.from_bytes(sig[32:64], "big")
+    if v not in (27, 28):
+        raise SignatureError(f"signature v must be 27 or 28, got {v}")
+    if not 0 < s <= _SECP256K1_N // 2:
+        raise SignatureError("signature s is not in the lower half of the curve order")
+    try:
+        public = coincurve.PublicKey.from_signature_and_message(
+            sig[:64] + bytes([v - 27]), digest, hasher=None)
+    except Exception as exc:  # coincurve raises ValueError/Exception for r or s off the curve
+        raise SignatureError(f"signature does not recover: {exc}") from exc
+    return _checksummed(keccak(public.format(compressed=False)[1:])[-20:])
+
+
+def _checksummed(address: bytes) -> str:
+    """EIP-55 spelling of a 20-byte address (eth-utils' costs more than the recovery)."""
+    text = address.hex()
+    nibbles = keccak(text.encode()).hex()
+    return "0x" + "".join(c.upper() if n in "89abcdef" else c
+                          for c, n in zip(text, nibbles, strict=False))
 
 
 def sign(
@@ -358,10 +455,9 @@ def sign(
     """Sign a typed-data struct; returns the 65-byte signature."""
     digest = typed_digest(primary_type, message, chain_id, verifying_contract)
     try:
-        signed = Account.unsafe_sign_hash(digest, private_key)  # the EIP-712 digest itself
-    except (ValueError, TypeError) as exc:
-        raise SignatureError(f"cannot sign {primary_type}: bad private key ({exc})") from exc
-    return bytes(signed.signature)
+        return sign_digest(digest, private_key)
+    except SignatureError as exc:
+        raise SignatureError(f"cannot sign {primary_type}: {exc}") from exc
 
 
 def recover(
@@ -373,12 +469,9 @@ def recover(
 ) -> str:
     """The checksummed address that signed `message` under the given domain."""
     digest = typed_digest(primary_type, message, chain_id, verifying_contract)
-    sig = bytes(signature)
-    if len(sig) != 65:
-        raise SignatureError(f"a signature is 65 bytes, got {len(sig)}")
     try:
-        return str(Account._recover_hash(digest, signature=sig))
-    except Exception as exc:  # eth-keys raises BadSignature and ValueError subclasses
+        return recover_digest(digest, signature)
+    except SignatureError as exc:
         raise SignatureError(f"invalid {primary_type} signature: {exc}") from exc
 
 
