@@ -74,7 +74,12 @@ from market.jobs import (
     wait_dispute,
 )
 from market.marketapi import MarketAPI, MarketError
-from market.model.context import ContextCheck, context_length, store_tokenizer
+from market.model.context import (
+    ContextCheck,
+    PromptCounter,
+    context_length,
+    store_tokenizer,
+)
 from market.model.manifest import Manifest, ModelError
 from market.protocol.merkle import input_tree
 from market.protocol.requests import stop_strings, validate_request
@@ -356,6 +361,8 @@ class Client:
         self.rpc_url = rpc_url or deployment.rpc_url
         self.q = Quarry(deployment, Chain(self.rpc_url, timeout=timeout))
         self._stop_ids: dict[bytes, frozenset[int] | None] = {}  # model id -> manifest's
+        # model id -> (context length, tokenizer): content-addressed, so fetched once
+        self._contexts: dict[bytes, tuple[int, PromptCounter]] = {}
         try:
             self.q.check()
         except DeploymentMismatch as exc:
@@ -587,11 +594,20 @@ class Client:
         would pay into escrow for a shard that waits until the deadline. Needs the model's
         manifest on the market; prompts are counted with its tokenizer when its files are
         in the store (see `market.model.context`)."""
-        manifest = self.manifest(offer.model_id)
-        positions = None if manifest is None else context_length(manifest)
-        if manifest is None or positions is None:
-            return
-        check = ContextCheck(offer.label(), positions, store_tokenizer(self.market, manifest))
+        known = self._contexts.get(offer.model_id)
+        tokenizer: PromptCounter | None
+        if known is not None:
+            positions, tokenizer = known
+        else:
+            manifest = self.manifest(offer.model_id)
+            found = None if manifest is None else context_length(manifest)
+            if manifest is None or found is None:
+                return
+            positions, counter = found, store_tokenizer(self.market, manifest)
+            if counter is not None:  # the files are checked against the manifest's hashes
+                self._contexts[offer.model_id] = (positions, counter)
+            tokenizer = counter
+        check = ContextCheck(offer.label(), positions, tokenizer)
         check.check((r.line, r.request) for r in batch.requests)
 
     def _directed_ask(self, miner: str, model_id: bytes, min_reputation_bps: int,
