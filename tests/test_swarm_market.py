@@ -375,3 +375,32 @@ def test_consents_are_checked_and_the_registered_swarm_against_the_chain(
     with pytest.raises(MarketError, match="is signed by") as info:
         post(s.url, f"/swarms/{s.model_id}/registered", body)
     assert info.value.status == 401
+
+
+def test_a_version_2_market_state_gains_the_swarm_tables_keeping_its_rows(
+        tmp_path: Path) -> None:
+    """The swarm tables are migration 3: a file of version 2 opens at the current version
+    with its rows intact, and stores swarm members, plans and consents after."""
+    import sqlite3
+
+    from market.service.state import STATE_VERSION
+
+    path = tmp_path / "b.sqlite"
+    miner = anvil_account(12).address
+    Board(path).record_heartbeat(miner, 7, {"load": 1})
+    with sqlite3.connect(path) as conn:
+        for table in ("swarm_members", "swarm_plans", "swarm_consents"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("PRAGMA user_version = 2")
+    board = Board(path)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == STATE_VERSION >= 3
+        assert conn.execute("SELECT miner, timestamp FROM heartbeats").fetchall() == [
+            (miner, 7)]
+    body = {"miner": miner, "memory_mib": 8, "tflops": 1.5, "endpoint": "tcp://h:1",
+            "public_key": "0" * 40, "rtts": {}, "price_per_token": 2**70, "timestamp": 5}
+    assert board.record_swarm_member("dep", "0x" + "ab" * 32, body)
+    assert not board.record_swarm_member("dep", "0x" + "ab" * 32, body)  # no newer: ignored
+    [row] = board.swarm_members("dep", "0x" + "ab" * 32)
+    assert row["price_per_token"] == 2**70 and row["memory_mib"] == 8
+    assert board.swarm_members("other deployment", "0x" + "ab" * 32) == []
