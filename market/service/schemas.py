@@ -348,6 +348,9 @@ class SwarmPlanOut(Out):
                                         "members serve layers)")
     swarm_id: int | None = Field(description="the on-chain swarm of this plan, once its "
                                  "head reported it and the market checked swarmInfo")
+    replanned: str = Field(description="how this version came about: `fresh` (Phase 1), "
+                           "or the joins and leaves applied to the previous version under "
+                           "the churn rules and any global re-plan they triggered")
 
 
 class SwarmConsentIn(BaseModel):
