@@ -123,7 +123,6 @@ def prompts(n: int, tag: str) -> list[str]:
 def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
         stack: LocalStack, model_dir: Path, members: dict[str, Path]) -> None:
     from client import Client
-
     from market.model.manifest import load_manifest
 
     q = stack.quarry
