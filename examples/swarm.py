@@ -37,8 +37,9 @@ from market.model.create import create_model
 BIN = Path(sys.executable).parent
 CLIENT_ACCOUNT = 1
 PRICE_WEI = 10**9
-# account -> (memory cap MiB, declared TFLOP/s): different GPUs, none holding the model alone
-MEMBERS = {12: (40, 2.0), 13: (60, 1.0), 14: (60, 1.5), 15: (80, 1.0)}
+# account -> (memory cap MiB, declared TFLOP/s): different GPUs; with the KV room the market
+# reserves per layer they hold 1, 2, 2 and 3 of the 8 layers, so the plan needs all four
+MEMBERS = {12: (3, 2.0), 13: (5, 1.0), 14: (5, 1.5), 15: (7, 1.0)}
 STEPS = 6
 
 

@@ -435,6 +435,7 @@ class SwarmMember:
         self.swarm_id: int | None = None  # the registered swarm this head claims for
         self.signed: tuple[int, int] | None = None  # (plan version, nonce) consented
         self._rejected: int | None = None  # a plan version refused by check_plan
+        self._registered: dict[int, int] = {}  # plan version -> the swarm this head registered
         self._stop = threading.Event()
         self._is_head = threading.Event()
         self._lock = threading.Lock()
@@ -554,8 +555,9 @@ class SwarmMember:
         nonce = self.q.gpu.nonces(self.address)
         if self.signed == (plan.version, nonce):
             return
-        consent = plan.consent()
-        signature = self.q.gpu.sign_swarm_consent(consent, self.account)
+        gpu = self.q.gpu
+        signature = plan.consent().with_nonce(nonce).sign(self.account.key, gpu.chain.chain_id,
+                                                          gpu.address)
         api.swarm_consent(self.account, "0x" + self.model_id.hex(), plan.version, nonce,
                           "0x" + bytes(signature).hex())
         self.signed = (plan.version, nonce)
@@ -563,7 +565,10 @@ class SwarmMember:
 
     def _head(self, api: MarketAPI, plan: SwarmPlan) -> None:
         """Register the plan's swarm once every member consented; then claim for it."""
-        swarm_id = plan.swarm_id
+        swarm_id = plan.swarm_id or self._registered.get(plan.version)
+        if plan.swarm_id is None and swarm_id is not None:  # registered; the report was lost
+            api.swarm_registered(self.account, "0x" + self.model_id.hex(), plan.version,
+                                 swarm_id)
         if swarm_id is None:
             got = api.swarm_consents("0x" + self.model_id.hex(), plan.version)
             if not got.get("complete"):
@@ -576,6 +581,7 @@ class SwarmMember:
             except KeyError as exc:
                 raise PlanError(f"swarm plan {plan.version}: no consent from {exc}") from exc
             swarm_id, _ = self.q.gpu.register_swarm(self.account, consent, signatures)
+            self._registered[plan.version] = swarm_id
             log.info("registered swarm %d for plan %d on-chain", swarm_id, plan.version)
             api.swarm_registered(self.account, "0x" + self.model_id.hex(), plan.version,
                                  swarm_id)
