@@ -22,6 +22,8 @@ from market.protocol.messages import (
     offer_message,
     reader_headers,
     sign,
+    swarm_join,
+    swarm_registered_message,
 )
 from market.store import ContentNotFound, ContentTooLarge, check_content, parse_uri
 
@@ -189,3 +191,50 @@ class MarketAPI:
 
     def miners(self) -> list[dict[str, Any]]:
         return list(self._json("GET", "/miners"))
+
+    # ------------------------------------------------------------------ swarms
+    def swarm_join(self, account: LocalAccount, model_id: str, *, memory_mib: int,
+                   tflops: float, endpoint: str, public_key: str,
+                   rtts: dict[str, float] | None = None,
+                   price_per_token: int) -> dict[str, Any]:
+        """Join the model's swarm, or stay in it: send this again well within the market's
+        `ttl_s` (in the answer). Answers {miner, model_id, version, layers, ttl_s}: the
+        current plan's version and the [start, end) this miner serves in it (None: standby,
+        or no plan covers the model yet)."""
+        body = swarm_join(account, model_id, memory_mib=memory_mib, tflops=tflops,
+                          endpoint=endpoint, public_key=public_key, rtts=rtts,
+                          price_per_token=price_per_token)
+        return dict(self._json("POST", f"/swarms/{model_id}/members", json=body))
+
+    def swarm_plan(self, model_id: str) -> dict[str, Any]:
+        """The live plan of the model's swarm (see `GET /swarms/{model_id}/plan`); a member
+        checks it (`market.scheduler.live.check_plan`) before loading its layers.
+        MarketError 404: no members, 409: they cannot hold the model."""
+        return dict(self._json("GET", f"/swarms/{model_id}/plan"))
+
+    def swarm_consent(self, account: LocalAccount, model_id: str, version: int, nonce: int,
+                      signature: bytes | str) -> dict[str, Any]:
+        """Hand the market `account`'s EIP-712 SwarmConsent signature of plan `version`'s
+        terms at its GPURegistry `nonce` (e.g. `gpu.sign_swarm_consent(
+        swarm_terms_consent(plan["terms"]), account)` and `gpu.nonces(account.address)`)."""
+        sig = signature if isinstance(signature, str) else "0x" + bytes(signature).hex()
+        return dict(self._json("POST", f"/swarms/{model_id}/consents", json={
+            "member": account.address, "version": int(version), "nonce": int(nonce),
+            "signature": sig}))
+
+    def swarm_consents(self, model_id: str, version: int | None = None) -> dict[str, Any]:
+        """{version, signatures: {member: {nonce, signature}}, complete} of plan `version`
+        (the latest by default)."""
+        params = None if version is None else {"version": int(version)}
+        return dict(self._json("GET", f"/swarms/{model_id}/consents", params=params))
+
+    def swarm_registered(self, account: LocalAccount, model_id: str, version: int,
+                         swarm_id: int) -> dict[str, Any]:
+        """The head (`account`) reports plan `version` registered on-chain as `swarm_id`;
+        the market checks GPURegistry.swarmInfo against the plan's terms before serving it."""
+        timestamp = int(time.time())
+        return dict(self._json("POST", f"/swarms/{model_id}/registered", json={
+            "head": account.address, "version": int(version), "swarm_id": int(swarm_id),
+            "timestamp": timestamp,
+            "signature": sign(account, swarm_registered_message(
+                account.address, model_id, version, swarm_id, timestamp))}))

@@ -95,7 +95,12 @@ class ParallaxScheduler:
         phase1: Phase1Config | None = None,
         churn: ChurnConfig | None = None,
         load_weight: float = 1.0,
+        placement: Placement | None = None,
+        cv_floor: float | None = None,
     ) -> None:
+        """Phase 1 on `cluster`; or, given `placement` (and the `cv_floor` of the fresh plan
+        it came from), resume that live placement as it stands, so a stored plan goes on
+        under the churn rules instead of being planned again (`market.scheduler.live`)."""
         # Own copy of the server list: joins and leaves must not edit the caller's cluster.
         self.cluster = replace(cluster, servers=list(cluster.servers))
         self.phase1 = phase1 or Phase1Config.for_workload(concurrency, l_in, l_max)
@@ -108,7 +113,16 @@ class ParallaxScheduler:
         self.router: Router | None = None
         self.result: Phase1Result
         self.placement: Placement
-        self._plan()
+        if placement is None:
+            self._plan()
+            return
+        self.placement = Placement(ranges=dict(placement.ranges),
+                                   pipelines=[list(p) for p in placement.pipelines],
+                                   algorithm=placement.algorithm or "parallax")
+        self.result = Phase1Result(placement=self.placement, pools=[], capacities={},
+                                   leftovers=[], unused=[])
+        self.cv_floor = self.load_cv() if cv_floor is None else cv_floor
+        self._rebuild_router()
 
     # -- planning ---------------------------------------------------------------------------
 

@@ -7,6 +7,14 @@
                 [--model-id 0x..] [--latencies FILE | --no-measure] [--deployment FILE]
                 [--default-rtt-s S] [--default-bandwidth B] [--save-cluster FILE.json]
                 [--algorithm ...] [--out plan.json] [--l-in N] [--l-max N] ...
+    market plan --swarm MODEL_ID [--market URL] [--out plan.json]
+
+`--swarm` prints the live plan the market serves for the model's swarm (GET
+/swarms/MODEL_ID/plan: which member serves which layers, the head, the consent terms and
+the on-chain swarm id once registered), from --market (default http://127.0.0.1:8600, where
+`market serve` listens by default). The market plans it from the members that joined (their declared
+memory and speed, their measured RTTs) with its `swarm_algorithm` setting, so the
+placement flags do not apply.
 
 The cluster comes from exactly one of: a cluster file, or `--registry`, which builds it
 from the deployed GPURegistry ($QUARRY_HOME/deployment.json, or --deployment): one server
@@ -96,11 +104,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("cluster", type=Path, nargs="?",
                    help="cluster description (.toml or .json); or use --registry")
-    p.add_argument("--algorithm", choices=ALGORITHMS, default="parallax")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default=None, help="(parallax)")
     p.add_argument("--out", type=Path, help="write the plan as JSON here")
-    p.add_argument("--l-in", type=int, default=512, help="prompt tokens per session (512)")
-    p.add_argument("--l-max", type=int, default=256, help="generated tokens per session (256)")
-    p.add_argument("--concurrency", type=int, default=8,
+    p.add_argument("--l-in", type=int, default=None, help="prompt tokens per session (512)")
+    p.add_argument("--l-max", type=int, default=None,
+                   help="generated tokens per session (256)")
+    p.add_argument("--concurrency", type=int, default=None,
                    help="sessions each hosted layer keeps KV room for (8)")
     p.add_argument("--client", default=None, help="price the route from this [[clients]] entry")
     r = p.add_argument_group("cluster from the on-chain registry")
@@ -129,7 +138,15 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="bytes/s of pairs with no measured link (125e6)")
     r.add_argument("--save-cluster", type=Path, default=None,
                    help="also write the registry-built cluster here (JSON cluster file)")
+    w = p.add_argument_group("the live plan of a swarm")
+    w.add_argument("--swarm", metavar="MODEL_ID", default=None,
+                   help="print the live plan the market serves for this model's swarm")
+    w.add_argument("--market", metavar="URL", default=None,
+                   help="the market's URL (http://127.0.0.1:8600)")
     p.set_defaults(func=cmd_plan)
+
+
+WORKLOAD_DEFAULTS = {"algorithm": "parallax", "l_in": 512, "l_max": 256, "concurrency": 8}
 
 
 REGISTRY_ONLY = ("deployment", "model_spec", "layers", "layer_bytes", "kv_bytes_per_token",
@@ -142,7 +159,23 @@ def _flag(name: str) -> str:
 
 
 def check_source(args: argparse.Namespace) -> None:
-    """Exactly one of a cluster file and --registry, and only flags that apply to it."""
+    """Exactly one of a cluster file, --registry and --swarm, and only flags that apply to
+    it; fills in the workload defaults of an offline plan."""
+    if getattr(args, "swarm", None) is not None:
+        if args.cluster is not None or args.registry:
+            raise QuarryError("give a cluster file, --registry or --swarm, not two of them")
+        used = [_flag(n) for n in (*REGISTRY_ONLY, *WORKLOAD_DEFAULTS, "client")
+                if getattr(args, n) not in (None, False)]
+        if used:
+            raise QuarryError(f"{', '.join(used)} do not apply with --swarm: the market "
+                              "plans a swarm with its own settings")
+        parse_model_id(args.swarm, "--swarm")
+        return
+    if getattr(args, "market", None) is not None:
+        raise QuarryError("--market only applies with --swarm")
+    for name, default in WORKLOAD_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
     if args.registry and args.cluster is not None:
         raise QuarryError("give either a cluster file or --registry, not both")
     if not args.registry and args.cluster is None:
@@ -168,7 +201,7 @@ def check_source(args: argparse.Namespace) -> None:
         raise QuarryError("give --latencies or --no-measure, not both")
 
 
-def parse_model_id(text: str) -> bytes:
+def parse_model_id(text: str, flag: str = "--model-id") -> bytes:
     """A modelId from `0x` + 64 hex digits."""
     body = text[2:] if text.lower().startswith("0x") else text
     try:
@@ -176,7 +209,7 @@ def parse_model_id(text: str) -> bytes:
     except ValueError:
         raw = b""
     if len(raw) != 32:
-        raise QuarryError(f"--model-id must be 0x followed by 64 hex digits, got {text!r}")
+        raise QuarryError(f"{flag} must be 0x followed by 64 hex digits, got {text!r}")
     return raw
 
 
@@ -374,10 +407,52 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_live(doc: dict[str, Any]) -> str:
+    """Human-readable live plan of a swarm: members by layer range, head, terms, swarm id."""
+    head = doc["head"]
+    lines = [f"{doc['algorithm']} live plan v{doc['version']} for model {doc['model_id']} "
+             f"({doc['num_layers']} layers) on {len(doc['members'])} members"]
+    for m in sorted(doc["members"], key=lambda m: (m["layers"], m["address"])):
+        a, b = m["layers"]
+        lines.append(f"  {m['address']} [{a}, {b}) {m['memory_mib']} MiB {m['endpoint']}"
+                     + ("  (head)" if m["address"] == head else ""))
+    if doc["standby"]:
+        lines.append("  standby: " + ", ".join(doc["standby"]))
+    lines.append(f"  expected per-token time: {doc['predicted_s_per_token'] * 1e3:.2f} ms "
+                 "(Parallax Phase 2 at zero load: decode step, one-way hops)")
+    terms = doc.get("terms")
+    if terms is None:
+        lines.append("  terms: none (a swarm needs 2 to 16 members serving layers)")
+    else:
+        lines.append(f"  terms: shares {terms['shares']}, price {terms['price_per_token']} "
+                     f"wei/token, consent deadline {terms['deadline']}")
+    swarm_id = doc.get("swarm_id")
+    lines.append(f"  on-chain swarm: {swarm_id if swarm_id is not None else 'not registered'}")
+    return "\n".join(lines)
+
+
+def live_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The live plan of `args.swarm`'s swarm from the market."""
+    from market.marketapi import MarketAPI
+
+    with MarketAPI(args.market or "http://127.0.0.1:8600") as api:
+        return api.swarm_plan("0x" + parse_model_id(args.swarm, "--swarm").hex())
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from market.scheduler.cluster import load_cluster
 
     check_source(args)
+    if args.swarm is not None:
+        live = live_plan(args)
+        print(render_live(live))
+        if args.out is not None:
+            try:
+                args.out.write_text(json.dumps(live, indent=2) + "\n")
+            except OSError as exc:
+                raise QuarryError(f"cannot write {args.out}: {exc}") from exc
+            print(f"  wrote {args.out}")
+        return 0
     for name in ("concurrency", "l_max"):
         if getattr(args, name) < 1:
             raise QuarryError(f"--{name.replace('_', '-')} must be >= 1")

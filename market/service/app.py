@@ -1,6 +1,6 @@
 """The market's HTTP API (FastAPI): `create_app(settings)` mounts one router per resource
 (`market.service.routers`: service, store, models, jobs and shards, tasks and offers, miners,
-committee) over one `Market` (board, store, settings, deployment; `market.service.deps`)
+swarms, committee) over one `Market` (board, store, settings, deployment; `market.service.deps`)
 that the routers get through `Depends`.
 
 The app only reads the chain (the head for /health, eligibility and verifier seats) and never
@@ -29,7 +29,16 @@ from market.service.board import Board, BoardError
 from market.service.deps import Market
 from market.service.guards import JsonBodyGuard
 from market.service.http import ERROR_STATUS
-from market.service.routers import committee, jobs, miners, models, service, store, tasks
+from market.service.routers import (
+    committee,
+    jobs,
+    miners,
+    models,
+    service,
+    store,
+    swarms,
+    tasks,
+)
 from market.service.settings import MarketSettings
 from market.store import LocalStore
 
@@ -53,6 +62,12 @@ committee of the epoch it was opened in, so the relay serves every verifier with
 VerifierCommittee: seated, joining (it reads ahead of its first epoch) or leaving with its
 stake still bonded (it must still post its votes on the disputes its seat judges, or be
 reported absent). Anyone else is refused; a verifier that withdrew its stake is a stranger.
+
+Swarms (`/swarms/{modelId}/...`): registered miners that list a model join its swarm with
+signed declarations (memory, speed, stage endpoint and key, RTTs) repeated as heartbeats;
+the market plans the layers over the live members (Parallax by default), re-plans on joins
+and leaves, relays the members' EIP-712 consents to each plan's terms and serves the
+on-chain swarm id once the head reports it and swarmInfo matches.
 """
 
 
@@ -94,7 +109,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         status = next(code for cls, code in ERROR_STATUS if isinstance(exc, cls))
         return _error(status, str(exc))
 
-    for module in (service, store, models, jobs, tasks, miners, committee):
+    for module in (service, store, models, jobs, tasks, miners, swarms, committee):
         app.include_router(module.router)
     return app
 

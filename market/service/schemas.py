@@ -9,7 +9,7 @@ integers of any size (they pass 2^64).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -278,3 +278,117 @@ class CommitteeMessageOut(Out):
     body: dict[str, Any]
     signature: str
     receivedAt: float
+
+
+# -- swarms ----------------------------------------------------------------------------
+Address = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]
+ModelIdHex = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{64}$")]
+Signature = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{130}$")]
+Z85_KEY = r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$"
+U256_MAX = 2**256 - 1
+
+
+class SwarmJoinIn(BaseModel):
+    """A miner joining a model's swarm, or its heartbeat there: what it declares, signed
+    (EIP-191) over the canonical JSON of every field but `signature`, the price as a decimal
+    string (`market.protocol.messages.swarm_join_message`)."""
+
+    miner: Address
+    model_id: ModelIdHex
+    memory_mib: int = Field(ge=1, le=1 << 24, description="memory it offers the swarm")
+    tflops: float = Field(gt=0, le=1e6, description="the dense TFLOP/s it declares")
+    endpoint: str = Field(pattern=r"^tcp://[^\s/:]+:[0-9]{1,5}$", max_length=256,
+                          description="its stage's address, tcp://host:port")
+    public_key: str = Field(pattern=Z85_KEY, description="its stage's CURVE key (z85)")
+    rtts: dict[Address, Annotated[float, Field(ge=0, le=60)]] = Field(
+        max_length=64, description="seconds to the other members it measured")
+    price_per_token: int = Field(ge=0, le=U256_MAX, description="its ask, wei")
+    timestamp: int = Field(ge=0, le=I64_MAX)
+    signature: Signature
+
+
+class SwarmJoinOut(Out):
+    miner: str
+    model_id: str
+    version: int | None = Field(description="the current plan's version (null: no plan "
+                                "covers the model yet)")
+    layers: list[int] | None = Field(description="[start, end) it serves in that plan "
+                                     "(null: standby or no plan)")
+    ttl_s: float = Field(description="join again within this many seconds to stay")
+
+
+class SwarmMemberOut(Out):
+    address: str
+    endpoint: str
+    public_key: str
+    layers: list[int]
+    memory_mib: int
+
+
+class SwarmTermsOut(Out):
+    model_id: str
+    head: str
+    members: list[str]
+    shares: list[int]
+    price_per_token: int
+    deadline: int
+
+
+class SwarmPlanOut(Out):
+    model_id: str
+    version: int
+    algorithm: str
+    num_layers: int
+    head: str
+    members: list[SwarmMemberOut]
+    standby: list[str]
+    predicted_s_per_token: float
+    terms: SwarmTermsOut | None = Field(description="the SwarmConsent terms every member "
+                                        "signs (null when fewer than 2 or more than 16 "
+                                        "members serve layers)")
+    swarm_id: int | None = Field(description="the on-chain swarm of this plan, once its "
+                                 "head reported it and the market checked swarmInfo")
+    replanned: str = Field(description="how this version came about: `fresh` (Phase 1), "
+                           "or the joins and leaves applied to the previous version under "
+                           "the churn rules and any global re-plan they triggered")
+
+
+class SwarmConsentIn(BaseModel):
+    """A member's EIP-712 SwarmConsent signature of plan `version`'s terms at its nonce."""
+
+    member: Address
+    version: int = Field(ge=1, le=I64_MAX)
+    nonce: int = Field(ge=0, le=U256_MAX)
+    signature: Signature
+
+
+class SwarmConsentOut(Out):
+    member: str
+    version: int
+
+
+class SwarmSignatureOut(Out):
+    nonce: int
+    signature: str
+
+
+class SwarmConsentsOut(Out):
+    version: int
+    signatures: dict[str, SwarmSignatureOut]
+    complete: bool = Field(description="every member of the terms has consented")
+
+
+class SwarmRegisteredIn(BaseModel):
+    """The head reporting plan `version` registered on-chain as `swarm_id`, signed (EIP-191)
+    over the canonical JSON of {head, model_id, version, swarm_id, timestamp}."""
+
+    head: Address
+    version: int = Field(ge=1, le=I64_MAX)
+    swarm_id: int = Field(ge=1, le=I64_MAX)
+    timestamp: int = Field(ge=0, le=I64_MAX)
+    signature: Signature
+
+
+class SwarmRegisteredOut(Out):
+    version: int
+    swarm_id: int

@@ -8,7 +8,7 @@ hands them to child processes.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -39,6 +39,11 @@ class MarketSettings(RoleSettings):
     index_interval_s: Seconds = 1.0
     sweep_interval_s: Seconds = 2.0
     heartbeat_ttl_s: Seconds = 30.0
+    # Swarms: a member silent this long has left (its next join re-admits it); the placement
+    # algorithm of live plans; how long a plan's SwarmConsent terms stay signable on-chain.
+    swarm_member_ttl_s: Seconds = 15.0
+    swarm_algorithm: Literal["parallax", "cgbp", "petals"] = "parallax"
+    swarm_consent_window_s: Annotated[int, Field(ge=60, le=30 * 86400)] = 3600
 
     @property
     def url(self) -> str:

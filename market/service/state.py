@@ -1,6 +1,7 @@
 """The market's own state: what only the market knows and the chain cannot give back
 (uploaded model manifests, miner heartbeats, clients' task offers, the verifier committee's
-relayed messages).
+relayed messages, swarm members with their last join, live swarm plans by version and the
+members' consents to them).
 
 Because it cannot be rebuilt, its layout is never dropped: it is versioned by SQLite's
 `PRAGMA user_version` and upgraded at open by `MIGRATIONS`, an ordered list applied from
@@ -44,6 +45,26 @@ def _v2_lookup_indexes(conn: sqlite3.Connection) -> None:
                  "ON committee_messages (deployment, topic)")
 
 
+def _v3_swarms(conn: sqlite3.Connection) -> None:
+    """Swarms: members with what they last declared and when the market last heard from
+    them, each model's plans by version (the served document and the state the next
+    re-plan resumes from) and the members' SwarmConsent signatures per plan version."""
+    conn.execute("""CREATE TABLE IF NOT EXISTS swarm_members (
+        deployment TEXT NOT NULL, model_id TEXT NOT NULL, miner TEXT NOT NULL,
+        memory_mib INTEGER NOT NULL, tflops REAL NOT NULL, endpoint TEXT NOT NULL,
+        public_key TEXT NOT NULL, rtts TEXT NOT NULL, price_per_token TEXT NOT NULL,
+        timestamp INTEGER NOT NULL, last_seen REAL NOT NULL,
+        PRIMARY KEY (deployment, model_id, miner))""")
+    conn.execute("""CREATE TABLE IF NOT EXISTS swarm_plans (
+        deployment TEXT NOT NULL, model_id TEXT NOT NULL, version INTEGER NOT NULL,
+        plan TEXT NOT NULL, state TEXT NOT NULL, swarm_id INTEGER, created_at REAL NOT NULL,
+        PRIMARY KEY (deployment, model_id, version))""")
+    conn.execute("""CREATE TABLE IF NOT EXISTS swarm_consents (
+        deployment TEXT NOT NULL, model_id TEXT NOT NULL, version INTEGER NOT NULL,
+        member TEXT NOT NULL, nonce TEXT NOT NULL, signature TEXT NOT NULL,
+        received_at REAL NOT NULL, PRIMARY KEY (deployment, model_id, version, member))""")
+
+
 STATE_BASELINE = (
     """CREATE TABLE IF NOT EXISTS models (
         model_id TEXT PRIMARY KEY, name TEXT NOT NULL, manifest TEXT NOT NULL,
@@ -64,7 +85,8 @@ STATE_BASELINE = (
         signature TEXT NOT NULL, received_at REAL NOT NULL,
         PRIMARY KEY (deployment, task_id))""",
 )
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1_baseline, _v2_lookup_indexes)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _v1_baseline, _v2_lookup_indexes, _v3_swarms)
 """Migration k takes the market state from version k to k + 1; append, never edit."""
 STATE_VERSION = len(MIGRATIONS)
 
@@ -83,8 +105,7 @@ def migrate_state(conn: sqlite3.Connection, path: object) -> int:
 
 
 class MarketState(BoardBase):
-    """Manifests, heartbeats, offers and committee messages (see the module doc)."""
-
+    """Manifests, heartbeats, offers, committee messages and swarms (see the module doc)."""
 
     def record_heartbeat(self, miner: str, timestamp: int, status: dict[str, Any]) -> None:
         """Store a (verified) heartbeat; an older one than the stored never replaces it."""
@@ -198,3 +219,123 @@ class MarketState(BoardBase):
         return [{"id": r["id"], "author": r["author"], "kind": r["kind"], "epoch": r["epoch"],
                  "topic": r["topic"], "body": json.loads(r["body"]),
                  "signature": r["signature"], "receivedAt": r["received_at"]} for r in rows]
+
+    # ------------------------------------------------------------------ swarms
+    def record_swarm_member(self, deployment: str, model_id: str, member: dict[str, Any]
+                            ) -> bool:
+        """Store a (verified) swarm join and mark the member seen now; a join no newer than
+        the stored one changes nothing (a replayed body cannot keep a member alive).
+        Returns whether it was stored."""
+        with self._write() as conn:
+            return conn.execute(
+                "INSERT INTO swarm_members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (deployment, model_id, miner) DO UPDATE SET "
+                "memory_mib=excluded.memory_mib, tflops=excluded.tflops, "
+                "endpoint=excluded.endpoint, public_key=excluded.public_key, "
+                "rtts=excluded.rtts, price_per_token=excluded.price_per_token, "
+                "timestamp=excluded.timestamp, last_seen=excluded.last_seen "
+                "WHERE excluded.timestamp > timestamp",
+                (deployment, model_id, checksum(member["miner"], "miner"),
+                 int(member["memory_mib"]), float(member["tflops"]), str(member["endpoint"]),
+                 str(member["public_key"]), json.dumps(member["rtts"], sort_keys=True),
+                 str(int(member["price_per_token"])), int(member["timestamp"]),
+                 time.time())).rowcount > 0
+
+    @staticmethod
+    def _swarm_member(row: sqlite3.Row) -> dict[str, Any]:
+        return {"miner": row["miner"], "memory_mib": row["memory_mib"],
+                "tflops": row["tflops"], "endpoint": row["endpoint"],
+                "public_key": row["public_key"], "rtts": json.loads(row["rtts"]),
+                "price_per_token": int(row["price_per_token"]),
+                "timestamp": row["timestamp"], "last_seen": row["last_seen"]}
+
+    def swarm_members(self, deployment: str, model_id: str, *,
+                      seen_after: float | None = None) -> list[dict[str, Any]]:
+        """A model's swarm members (those seen after `seen_after` when given), by address."""
+        sql = "SELECT * FROM swarm_members WHERE deployment=? AND model_id=?"
+        params: list[Any] = [deployment, model_id]
+        if seen_after is not None:
+            sql += " AND last_seen > ?"
+            params.append(float(seen_after))
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return sorted((self._swarm_member(r) for r in rows), key=lambda m: int(m["miner"], 16))
+
+    @staticmethod
+    def _swarm_plan(row: sqlite3.Row | None) -> dict[str, Any] | None:
+        if row is None:
+            return None
+        return {"version": row["version"], "plan": json.loads(row["plan"]),
+                "state": json.loads(row["state"]), "swarm_id": row["swarm_id"],
+                "created_at": row["created_at"]}
+
+    def swarm_plan(self, deployment: str, model_id: str,
+                   version: int | None = None) -> dict[str, Any] | None:
+        """Plan `version` of a model's swarm (the latest when None): {version, plan, state,
+        swarm_id, created_at}, or None."""
+        with self._read() as conn:
+            return self._latest_plan(conn, deployment, model_id, version)
+
+    def _latest_plan(self, conn: sqlite3.Connection, deployment: str, model_id: str,
+                     version: int | None = None) -> dict[str, Any] | None:
+        if version is None:
+            row = conn.execute("SELECT * FROM swarm_plans WHERE deployment=? AND model_id=? "
+                               "ORDER BY version DESC LIMIT 1",
+                               (deployment, model_id)).fetchone()
+        else:
+            row = conn.execute("SELECT * FROM swarm_plans WHERE deployment=? AND model_id=? "
+                               "AND version=?", (deployment, model_id, int(version))).fetchone()
+        return self._swarm_plan(row)
+
+    def advance_swarm_plan(
+        self, deployment: str, model_id: str, seen_after: float,
+        decide: Callable[[list[dict[str, Any]], dict[str, Any] | None],
+                         tuple[dict[str, Any], dict[str, Any]] | None],
+    ) -> dict[str, Any] | None:
+        """The latest plan after `decide(live members, latest plan)` had its say, in one
+        write transaction (so processes planning at once agree on the versions): it returns
+        None to keep the latest, or (plan, state) to store as the next version, whose number
+        is filled into the plan. Errors from `decide` propagate and store nothing."""
+        with self._write() as conn:
+            rows = conn.execute("SELECT * FROM swarm_members WHERE deployment=? AND model_id=? "
+                                "AND last_seen > ?",
+                                (deployment, model_id, float(seen_after))).fetchall()
+            live = sorted((self._swarm_member(r) for r in rows),
+                          key=lambda m: int(m["miner"], 16))
+            latest = self._latest_plan(conn, deployment, model_id)
+            decided = decide(live, latest)
+            if decided is None:
+                return latest
+            plan, state = decided
+            version = 1 + (0 if latest is None else int(latest["version"]))
+            plan = {**plan, "version": version}
+            now = time.time()
+            conn.execute("INSERT INTO swarm_plans VALUES (?, ?, ?, ?, ?, NULL, ?)",
+                         (deployment, model_id, version, json.dumps(plan), json.dumps(state),
+                          now))
+            return {"version": version, "plan": plan, "state": state, "swarm_id": None,
+                    "created_at": now}
+
+    def put_swarm_consent(self, deployment: str, model_id: str, version: int, member: str,
+                          nonce: int, signature: str) -> None:
+        """Store a (verified) member's consent to plan `version`; a later one replaces it."""
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO swarm_consents VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (deployment, model_id, int(version), checksum(member, "member"),
+                          str(int(nonce)), signature, time.time()))
+
+    def swarm_consents(self, deployment: str, model_id: str,
+                       version: int) -> dict[str, dict[str, Any]]:
+        """{member: {nonce, signature}} of the consents stored for plan `version`."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT member, nonce, signature FROM swarm_consents WHERE "
+                                "deployment=? AND model_id=? AND version=?",
+                                (deployment, model_id, int(version))).fetchall()
+        return {r["member"]: {"nonce": int(r["nonce"]), "signature": r["signature"]}
+                for r in sorted(rows, key=lambda r: int(r["member"], 16))}
+
+    def set_swarm_id(self, deployment: str, model_id: str, version: int, swarm_id: int) -> None:
+        """Record that plan `version` is registered on-chain as `swarm_id` (checked)."""
+        with self._write() as conn:
+            conn.execute("UPDATE swarm_plans SET swarm_id=? WHERE deployment=? AND model_id=? "
+                         "AND version=?", (int(swarm_id), deployment, model_id, int(version)))
