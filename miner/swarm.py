@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     from market.chain.deploy import Quarry
     from market.local.processes import ManagedProcess
     from market.model.manifest import Manifest
+    from market.protocol.eip712 import SwarmConsent
+    from market.scheduler.cluster import ModelSpec
     from miner.config import MinerConfig
     from miner.register import ServedModel
     from miner.worker import Worker
@@ -104,6 +106,7 @@ class SwarmPlan:
     standby: tuple[str, ...]
     terms: Mapping[str, Any]
     swarm_id: int | None
+    raw: Mapping[str, Any]
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SwarmPlan:
@@ -119,92 +122,52 @@ class SwarmPlan:
             return cls(bytes.fromhex(str(d["model_id"]).removeprefix("0x")), int(d["version"]),
                        str(d["algorithm"]), int(d["num_layers"]), to_checksum_address(d["head"]),
                        members, tuple(to_checksum_address(a) for a in d.get("standby", ())),
-                       dict(d["terms"]), None if swarm_id is None else int(swarm_id))
+                       dict(d["terms"] or {}), None if swarm_id is None else int(swarm_id), dict(d))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PlanError(f"malformed swarm plan: {type(exc).__name__}: {exc}") from exc
 
     def member(self, address: str) -> PlanMember | None:
         return next((m for m in self.members if m.address == address), None)
 
-    def consent(self) -> Any:
+    def consent(self) -> SwarmConsent:
         """The SwarmConsent of the plan's terms (nonce 0: each member signs with its own)."""
-        from market.protocol.eip712 import SwarmConsent
+        from market.protocol.messages import swarm_terms_consent
 
-        t = self.terms
+        if not self.terms:
+            raise PlanError(f"swarm plan {self.version} has no consent terms (a swarm needs 2 "
+                            "to 16 serving members)")
         try:
-            return SwarmConsent(bytes.fromhex(str(t["model_id"]).removeprefix("0x")),
-                                str(t["head"]), tuple(t["members"]),
-                                tuple(int(s) for s in t["shares"]), int(t["price_per_token"]),
-                                0, int(t["deadline"]))
-        except (KeyError, TypeError, ValueError) as exc:
+            return swarm_terms_consent(self.terms)
+        except (QuarryError, KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"swarm plan {self.version}: malformed terms: {exc}") from exc
 
 
-def layer_bytes(model_dir: Path) -> int:
-    """The largest decoder layer's weight bytes (from the safetensors headers; nothing is
-    loaded): what one layer of the plan costs a member's memory."""
-    from safetensors import safe_open
-
-    from market.engine.pipeline.parts import _weight_index
-
-    sizes: dict[int, int] = {}
-    index = _weight_index(str(model_dir))
-    for path in sorted(set(index.values())):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                parts = name.split(".")
-                if "layers" not in parts:
-                    continue
-                layer = int(parts[parts.index("layers") + 1])
-                t = f.get_slice(name)
-                n = 1
-                for dim in t.get_shape():
-                    n *= int(dim)
-                sizes[layer] = sizes.get(layer, 0) + n * _dtype_bytes(t.get_dtype())
-    if not sizes:
-        raise PlanError(f"{model_dir}: no decoder-layer weights found")
-    return max(sizes.values())
-
-
-def _dtype_bytes(dtype: str) -> int:
-    return {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}.get(dtype.upper(), 1)
-
-
-def check_plan(plan: SwarmPlan, me: str, *, model_id: bytes, num_layers: int,
-               memory_mib: int, bytes_per_layer: int) -> PlanMember | None:
+def check_plan(plan: SwarmPlan, me: str, *, model_id: bytes, model: ModelSpec,
+               memory_mib: int) -> PlanMember | None:
     """This member's entry of `plan` (None on standby) after checking what serving it
-    relies on; PlanError naming the first problem otherwise."""
+    relies on: the planner's own rules (`market.scheduler.live.check_plan`: every layer
+    covered, its range within what `memory_mib` holds with the KV room the market reserves)
+    and the consent terms it is about to sign (the plan's model, members and head);
+    PlanError naming the first problem otherwise."""
+    from market.scheduler.live import check_plan as planner_check
+
     v = f"swarm plan {plan.version}"
-    if plan.model_id != model_id or plan.num_layers != num_layers:
-        raise PlanError(f"{v} is for model 0x{plan.model_id.hex()} with {plan.num_layers} "
-                        f"layers; this member serves 0x{model_id.hex()} with {num_layers}")
-    covered = [False] * num_layers
-    for m in plan.members:
-        a, b = m.layers
-        if not 0 <= a < b <= num_layers:
-            raise PlanError(f"{v}: member {m.address} has layers {a}:{b}, outside 0:{num_layers}")
-        for i in range(a, b):
-            covered[i] = True
-    if not all(covered):
-        raise PlanError(f"{v} leaves layer {covered.index(False)} uncovered")
+    if plan.model_id != model_id:
+        raise PlanError(f"{v} is for model 0x{plan.model_id.hex()}, this member serves "
+                        f"0x{model_id.hex()}")
+    try:
+        planner_check(plan.raw, model, me, memory_mib)
+    except QuarryError as exc:
+        raise PlanError(f"{v}: {exc}") from exc
     if plan.member(plan.head) is None:
         raise PlanError(f"{v}: head {plan.head} is not a member")
     consent = plan.consent()
-    listed = sorted(m.address for m in plan.members)
-    if sorted(consent.members) != listed or consent.head != plan.head \
+    listed = sorted((m.address for m in plan.members), key=lambda a: int(a, 16))
+    if list(consent.members) != listed or consent.head != plan.head \
             or consent.model_id != model_id:
         raise PlanError(f"{v}: its consent terms do not name the plan's members, head and "
                         "model")
-    mine = plan.member(me)
-    if mine is not None:
-        need = (mine.layers[1] - mine.layers[0]) * bytes_per_layer
-        if need > memory_mib * 2**20:
-            raise PlanError(f"{v} gives this member layers {mine.layers[0]}:{mine.layers[1]}, "
-                            f"{need / 2**20:.1f} MiB of weights, over its memory cap of "
-                            f"{memory_mib} MiB")
-        if dict(zip(consent.members, consent.shares, strict=True))[me] <= 0:
-            raise PlanError(f"{v}: this member's share is not positive")
-    return mine
+    return plan.member(me)
 
 
 def measure_rtts(endpoints: Mapping[str, str],
@@ -411,7 +374,7 @@ class SwarmMember:
                  worker_options: Mapping[str, Any] | None = None,
                  engine_options: Mapping[str, Any] | None = None) -> None:
         from market.engine.pipeline.auth import stage_keypair
-        from market.engine.pipeline.parts import load_config
+        from market.scheduler.live import model_spec_from_architecture
 
         self.account = account
         self.address = account.address
@@ -425,8 +388,8 @@ class SwarmMember:
         self.endpoint = f"tcp://{stage_host}:{stage_port}"
         self.heartbeat_interval_s = heartbeat_interval_s
         self.public_key, secret = stage_keypair(bytes(account.key))
-        self.num_layers = int(load_config(model.path).num_hidden_layers)
-        self.bytes_per_layer = layer_bytes(model.path)
+        self.spec = model_spec_from_architecture(model.manifest.name,
+                                                 model.manifest.architecture)
         self.stage = StageProcess(model.path, self.endpoint, secret,
                                   state_dir / "swarm" / self.address)
         self.engine = SwarmEngine(model.path, model.manifest, secret, router=router,
@@ -517,9 +480,8 @@ class SwarmMember:
             return
         if plan is None or got.version != plan.version:
             try:
-                mine = check_plan(got, self.address, model_id=self.model_id,
-                                  num_layers=self.num_layers, memory_mib=self.memory_mib,
-                                  bytes_per_layer=self.bytes_per_layer)
+                mine = check_plan(got, self.address, model_id=self.model_id, model=self.spec,
+                                  memory_mib=self.memory_mib)
             except PlanError as exc:
                 self._rejected = got.version
                 log.error("refusing %s", exc)

@@ -15,40 +15,48 @@ BIN = Path(sys.executable).parent
 
 
 def test_member_refuses_bad_plans(model_dir_only: Path) -> None:
-    """check_plan: a gap, a range over the cap, terms that do not match (unit, no chain)."""
+    """check_plan: a gap, a range over the cap, a range outside the model, a head that is no
+    member, terms that name other members; a plan without this member is standby."""
     from market.model.manifest import load_manifest
-    from miner.swarm import PlanError, SwarmPlan, check_plan, layer_bytes
+    from market.scheduler.live import model_spec_from_architecture
+    from miner.swarm import PlanError, SwarmPlan, check_plan
 
-    mid = load_manifest(model_dir_only).model_id
-    per_layer = layer_bytes(model_dir_only)
-    a, b = "0x" + "0a" * 20, "0x" + "0b" * 20
+    manifest = load_manifest(model_dir_only)
+    mid = manifest.model_id
+    a, b = (to_checksum_address("0x" + x * 20) for x in ("0a", "0b"))
 
-    def plan(ranges: dict[str, tuple[int, int]], head: str = a) -> SwarmPlan:
+    def plan(ranges: dict[str, tuple[int, int]], head: str = a,
+             terms_members: list[str] | None = None) -> SwarmPlan:
         members = sorted(ranges, key=lambda x: int(x, 16))
         return SwarmPlan.from_json({
             "model_id": "0x" + mid.hex(), "version": 3, "algorithm": "parallax",
             "num_layers": 8, "head": head, "standby": [],
             "members": [{"address": m, "endpoint": "tcp://127.0.0.1:1", "public_key": "k",
-                         "layers": list(ranges[m]), "memory_mib": 1} for m in members],
-            "terms": {"model_id": "0x" + mid.hex(), "head": head, "members": members,
+                         "layers": list(ranges[m]), "memory_mib": 5} for m in members],
+            "terms": {"model_id": "0x" + mid.hex(), "head": head,
+                      "members": terms_members or members,
                       "shares": [ranges[m][1] - ranges[m][0] for m in members],
                       "price_per_token": 1, "deadline": 1},
             "swarm_id": None})
 
-    cap = (5 * per_layer) // 2**20 + 1  # five layers fit, six do not
-    kw = {"model_id": mid, "num_layers": 8, "bytes_per_layer": per_layer, "memory_mib": cap}
-    mine = check_plan(plan({a: (0, 4), b: (4, 8)}), to_checksum_address(a), **kw)
-    assert mine is not None and mine.layers == (0, 4)
-    with pytest.raises(PlanError, match="layer 5 uncovered"):
-        check_plan(plan({a: (0, 5), b: (6, 8)}), to_checksum_address(a), **kw)
-    with pytest.raises(PlanError, match="over its memory cap"):
-        check_plan(plan({a: (0, 6), b: (6, 8)}), to_checksum_address(a), **kw)
-    with pytest.raises(PlanError, match="outside 0:8"):
-        check_plan(plan({a: (0, 4), b: (4, 9)}), to_checksum_address(a), **kw)
+    # 5 MiB hold 2 layers of this model with the KV room the market reserves, not 3
+    kw = {"model_id": mid, "memory_mib": 5,
+          "model": model_spec_from_architecture(manifest.name, manifest.architecture)}
+    mine = check_plan(plan({a: (0, 2), b: (2, 8)}), a, **kw)
+    assert mine is not None and mine.layers == (0, 2)
+    with pytest.raises(PlanError, match="uncovered"):
+        check_plan(plan({a: (0, 2), b: (3, 8)}), a, **kw)
+    with pytest.raises(PlanError, match="hold 2"):
+        check_plan(plan({a: (0, 3), b: (3, 8)}), a, **kw)
+    with pytest.raises(PlanError, match="outside"):
+        check_plan(plan({a: (0, 2), b: (2, 9)}), a, **kw)
     with pytest.raises(PlanError, match="is not a member"):
-        check_plan(plan({a: (0, 4), b: (4, 8)}, head="0x" + "0c" * 20),
-                   to_checksum_address(a), **kw)
-    assert check_plan(plan({a: (0, 4), b: (4, 8)}), "0x" + "0d" * 20, **kw) is None  # standby
+        check_plan(plan({a: (0, 2), b: (2, 8)}, head=to_checksum_address("0x" + "0c" * 20)),
+                   a, **kw)
+    c = to_checksum_address("0x" + "0c" * 20)
+    with pytest.raises(PlanError, match="consent terms"):
+        check_plan(plan({a: (0, 2), b: (2, 8)}, terms_members=[a, c]), a, **kw)
+    assert check_plan(plan({a: (0, 2), b: (2, 8)}), "0x" + "0d" * 20, **kw) is None  # standby
 
 
 @pytest.fixture(scope="module")
