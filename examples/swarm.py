@@ -100,6 +100,7 @@ def run(args: argparse.Namespace, home: Path) -> None:
 
                 plan = stack.wait_until(registered, "the swarm to be planned and registered",
                                         timeout=args.timeout)
+            assert plan is not None
             step(4, f"plan {plan['version']} ({plan['algorithm']}), swarm {plan['swarm_id']} "
                     f"on-chain, head {plan['head'][:10]}...:")
             for m in plan["members"]:

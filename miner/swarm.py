@@ -488,14 +488,15 @@ class SwarmMember:
                 return
             self._adopt(got, mine)
         self.plan = got
-        if got.member(self.address) is None:
+        mine = got.member(self.address)
+        if mine is None:
             return
+        self.stage.serve(mine.layers)  # again if it died
         self._consent(api, got)
         if got.head == self.address:
             self._head(api, got)
         else:
             self._set_head(False)
-        self.stage.serve(got.member(self.address).layers if got.member(self.address) else None)
 
     def _adopt(self, plan: SwarmPlan, mine: PlanMember | None) -> None:
         log.info("swarm plan %d (%s): %s", plan.version, plan.algorithm,

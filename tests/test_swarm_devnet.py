@@ -106,14 +106,28 @@ def plan_of(stack: LocalStack, model_id: bytes) -> dict[str, Any] | None:
             return None
 
 
+def registered_plan(stack: LocalStack, model_id: bytes) -> dict[str, Any]:
+    """Wait for a plan whose swarm is registered on-chain (and checked by the market)."""
+    def ready() -> dict[str, Any] | None:
+        plan = plan_of(stack, model_id)
+        return plan if plan is not None and plan.get("swarm_id") is not None else None
+
+    plan = stack.wait_until(ready, "the swarm to be planned and registered", timeout=120)
+    assert plan is not None
+    return plan
+
+
 def reference(model_dir: Path, texts: list[str], max_tokens: int) -> list[tuple[int, ...]]:
     """The single-process engine's tokens for the prompts (greedy, fp32)."""
     from market.engine.torch_engine import TorchEngine
 
-    with TorchEngine(model_dir) as engine:
+    engine = TorchEngine(model_dir)
+    try:
         reqs = [engine.request_from_body({"prompt": t, "max_tokens": max_tokens})
                 for t in texts]
         return [tuple(o.token_ids) for o in engine.generate(reqs)]
+    finally:
+        engine.close()
 
 
 def prompts(n: int, tag: str) -> list[str]:
@@ -128,13 +142,11 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
 
     q = stack.quarry
     model_id = load_manifest(model_dir).model_id
-    address = {n: anvil_account(MEMBERS[n][0]).address for n in MEMBERS}
+    address: dict[str, str] = {n: anvil_account(MEMBERS[n][0]).address for n in MEMBERS}
     escrow_before = {a: q.escrow.withdrawable(a) for a in address.values()}
     procs = {n: start_member(stack, members[n]) for n in FIRST_FOUR}
     try:
-        plan = stack.wait_until(
-            lambda: (p := plan_of(stack, model_id)) and p.get("swarm_id") is not None and p,
-            "four members to be planned and their swarm registered", timeout=120)
+        plan = registered_plan(stack, model_id)
         assert {m["address"] for m in plan["members"]} == {address[n] for n in FIRST_FOUR}
         for m in plan["members"]:  # within each member's cap
             assert m["memory_mib"] == MEMBERS[_name(address, m["address"])][1]
@@ -159,17 +171,15 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
             job2 = client.submit(texts2, model="quarry-tiny", max_tokens=24, price=PRICE,
                                  shard_size=2, deadline=3600, allow_probation=True)
             procs["e"] = start_member(stack, members["e"])
-            stack.wait_until(lambda: (p := plan_of(stack, model_id)) and any(
-                m["address"] == address["e"] for m in p["members"]),
+            stack.wait_until(lambda: address["e"] in {
+                m["address"] for m in (plan_of(stack, model_id) or {"members": []})["members"]},
                 "the fifth member to get layers", timeout=90)
             job2.wait(progress=False, timeout=150)
             assert [o.token_ids for o in job2.results()] == reference(model_dir, texts2, 24)
             jobs.append(job2.task_id)
 
             # 4. a member killed mid-job
-            current = stack.wait_until(
-                lambda: (p := plan_of(stack, model_id)) and p.get("swarm_id") is not None and p,
-                "the five-member swarm to be registered", timeout=90)
+            current = registered_plan(stack, model_id)
             victim = next(n for n in MEMBERS if address[n] != current["head"]
                           and address[n] in {m["address"] for m in current["members"]})
             texts3 = prompts(4, "killed")
@@ -199,7 +209,7 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
     finally:
         for p in procs.values():
             p.stop()
-    expected = dict.fromkeys(address.values(), 0)
+    expected: dict[str, int] = dict.fromkeys(address.values(), 0)
     for task_id in jobs:
         for ev in q.tasks.events("ShardFinalized", taskId=task_id):
             swarm_id = q.tasks.shard_swarm(task_id, int(ev["shard"]))

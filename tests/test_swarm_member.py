@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from eth_utils import to_checksum_address
@@ -40,7 +41,7 @@ def test_member_refuses_bad_plans(model_dir_only: Path) -> None:
             "swarm_id": None})
 
     # 5 MiB hold 2 layers of this model with the KV room the market reserves, not 3
-    kw = {"model_id": mid, "memory_mib": 5,
+    kw: dict[str, Any] = {"model_id": mid, "memory_mib": 5,
           "model": model_spec_from_architecture(manifest.name, manifest.architecture)}
     mine = check_plan(plan({a: (0, 2), b: (2, 8)}), a, **kw)
     assert mine is not None and mine.layers == (0, 2)
