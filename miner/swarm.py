@@ -284,7 +284,7 @@ class SwarmEngine(TextEngine):
         self.router = router
         self.driver_host = driver_host
         self.retry_wait_s = retry_wait_s
-        self.options = options
+        self.options = {"startup_timeout_s": 60.0, **options}
         self._lock = threading.Condition()
         self._plan: SwarmPlan | None = None
         self._engine: Any = None
@@ -320,12 +320,6 @@ class SwarmEngine(TextEngine):
             f"{m.address[:10]} {m.layers[0]}:{m.layers[1]}" for m in plan.members))
         return engine
 
-    def _drop(self, engine: Any) -> None:
-        with self._lock:
-            if self._engine is engine:
-                self._engine, self._engine_version = None, None
-        engine.close()
-
     def _newer_plan(self, than: int | None) -> bool:
         """Wait up to `retry_wait_s` for a plan other than version `than`."""
         with self._lock:
@@ -333,18 +327,25 @@ class SwarmEngine(TextEngine):
                                        and self._plan.version != than, self.retry_wait_s)
 
     def _run(self, call: Callable[[Any], Any]) -> Any:
-        """`call(pipeline)`, once more on a newer plan's pipeline when a stage failed."""
+        """`call(pipeline)`; when the pipeline cannot be built or a stage fails, once more
+        on the next plan's pipeline (the plan moves when a member leaves or joins)."""
         from market.engine.pipeline.errors import PipelineError
 
-        engine = self._current()
-        version = self._engine_version
+        version = None
         try:
+            engine = self._current()
+            version = self._engine_version
             return call(engine)
         except PipelineError as exc:  # StageFailedError among them
-            self._drop(engine)
-            log.warning("swarm engine: plan %s failed (%s); waiting for a new plan", version,
-                        exc)
-            if not self._newer_plan(version):
+            with self._lock:
+                failed = version if version is not None else (
+                    self._plan.version if self._plan is not None else None)
+                engine, self._engine, self._engine_version = self._engine, None, None
+            if engine is not None:
+                engine.close()
+            log.warning("swarm engine: the pipeline of plan %s failed (%s); waiting up to "
+                        "%.0f s for the next plan", failed, exc, self.retry_wait_s)
+            if not self._newer_plan(failed):
                 raise
         return call(self._current())
 
