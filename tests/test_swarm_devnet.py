@@ -144,6 +144,7 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
     model_id = load_manifest(model_dir).model_id
     address: dict[str, str] = {n: anvil_account(MEMBERS[n][0]).address for n in MEMBERS}
     escrow_before = {a: q.escrow.withdrawable(a) for a in address.values()}
+    stake_before = {a: q.gpu.miner_info(a).stake for a in address.values()}
     procs = {n: start_member(stack, members[n]) for n in FIRST_FOUR}
     try:
         plan = registered_plan(stack, model_id)
@@ -219,6 +220,18 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
     assert sum(expected.values()) > 0
     assert {a: q.escrow.withdrawable(a) - escrow_before[a] for a in address.values()} == \
         expected
+    # A released claim's penalty is slashed from the members of the swarm that held it.
+    slashed: dict[str, int] = dict.fromkeys(address.values(), 0)
+    for task_id in jobs:
+        for ev in q.tasks.events("ClaimReclaimed", taskId=task_id):
+            held = [c for c in q.tasks.events("SwarmShardClaimed", taskId=task_id,
+                                              shard=int(ev["shard"]))
+                    if c["blockNumber"] <= ev["blockNumber"]][-1]
+            for member, part in q.gpu.swarm_split(int(held["swarmId"]),
+                                                  int(ev["penalty"])).items():
+                slashed[member] += part
+    assert {a: stake_before[a] - q.gpu.miner_info(a).stake for a in address.values()} == \
+        slashed
 
 
 def _name(address: dict[str, str], addr: str) -> str:
