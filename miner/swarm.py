@@ -284,31 +284,59 @@ class SwarmEngine(TextEngine):
         self.router = router
         self.driver_host = driver_host
         self.retry_wait_s = retry_wait_s
-        self.options = {"startup_timeout_s": 60.0, **options}
+        self.options = {"startup_timeout_s": 30.0, **options}
         self._lock = threading.Condition()
+        self._build = threading.Lock()
+        self._retired: list[Any] = []  # replaced pipelines, closed by the next batch
+        self.building: int | None = None  # the plan version of the pipeline built last
         self._plan: SwarmPlan | None = None
         self._engine: Any = None
         self._engine_version: int | None = None
 
-    def use(self, plan: SwarmPlan) -> None:
-        """Serve the next batches over `plan`'s stages."""
+    def use(self, plan: SwarmPlan, warm: bool = False) -> None:
+        """Serve the next batches over `plan`'s stages; `warm`: connect to them now, in the
+        background (the head: a member killed later then fails a batch within the stage
+        timeout, rather than a connection attempt within the startup timeout)."""
         with self._lock:
             self._plan = plan
             self._lock.notify_all()
+        if warm:
+            threading.Thread(target=self._warm, name="swarm-engine-warm", daemon=True).start()
 
-    def _current(self) -> Any:
-        """The PipelineEngine of the newest plan (built here when the plan moved)."""
+    def _warm(self) -> None:
+        from market.engine.pipeline.errors import PipelineError
+
+        try:
+            self._current()
+        except (PipelineError, SwarmUnavailable) as exc:  # the first batch tries again
+            log.warning("swarm engine: cannot reach the plan's stages yet: %s", exc)
+
+    def _current(self) -> tuple[Any, int]:
+        """(the PipelineEngine of the newest plan, its version), built here when the plan
+        moved, one build at a time; the engine it replaces is retired, closed by the next
+        batch (it may be generating right now). A failed build's plan is in `building`."""
+        with self._build:
+            with self._lock:
+                plan = self._plan
+                if plan is None:
+                    raise SwarmUnavailable("no swarm plan yet")
+                if self._engine is not None and self._engine_version == plan.version:
+                    return self._engine, plan.version
+                if self._engine is not None:
+                    self._retired.append(self._engine)
+                self._engine, self._engine_version = None, None
+                self.building = plan.version
+            return self._connect(plan), plan.version
+
+    def _close_retired(self) -> None:
+        with self._lock:
+            retired, self._retired = self._retired, []
+        for engine in retired:
+            engine.close()
+
+    def _connect(self, plan: SwarmPlan) -> Any:
         from market.engine.pipeline.engine import PipelineEngine, StageRef
 
-        with self._lock:
-            plan = self._plan
-            if plan is None:
-                raise SwarmUnavailable("no swarm plan yet")
-            if self._engine is not None and self._engine_version == plan.version:
-                return self._engine
-            old, self._engine = self._engine, None
-        if old is not None:
-            old.close()
         stages = [StageRef(name=m.address, endpoint=m.endpoint, layers=m.layers,
                            public_key=m.public_key) for m in plan.members]
         engine = PipelineEngine(self.model_dir, stages=stages, curve_secret=self.curve_secret,
@@ -331,23 +359,24 @@ class SwarmEngine(TextEngine):
         on the next plan's pipeline (the plan moves when a member leaves or joins)."""
         from market.engine.pipeline.errors import PipelineError
 
-        version = None
+        self._close_retired()
+        engine, version = None, None
         try:
-            engine = self._current()
-            version = self._engine_version
+            engine, version = self._current()
             return call(engine)
         except PipelineError as exc:  # StageFailedError among them
+            failed = version if version is not None else self.building
             with self._lock:
-                failed = version if version is not None else (
-                    self._plan.version if self._plan is not None else None)
-                engine, self._engine, self._engine_version = self._engine, None, None
-            if engine is not None:
-                engine.close()
+                if engine is not None and self._engine is engine:
+                    self._engine, self._engine_version = None, None
+                if engine is not None:
+                    self._retired.append(engine)
+            self._close_retired()
             log.warning("swarm engine: the pipeline of plan %s failed (%s); waiting up to "
                         "%.0f s for the next plan", failed, exc, self.retry_wait_s)
             if not self._newer_plan(failed):
                 raise
-        return call(self._current())
+        return call(self._current()[0])
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         return list(self._run(lambda e: e.generate(requests)))
@@ -357,9 +386,10 @@ class SwarmEngine(TextEngine):
 
     def close(self) -> None:
         with self._lock:
-            engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
+            if self._engine is not None:
+                self._retired.append(self._engine)
+            self._engine = None
+        self._close_retired()
 
 
 # ---------------------------------------------------------------------------- the member
@@ -510,7 +540,7 @@ class SwarmMember:
         if mine is None:
             self._set_head(False)
         else:
-            self.engine.use(plan)
+            self.engine.use(plan, warm=plan.head == self.address)
 
     def _consent(self, api: MarketAPI, plan: SwarmPlan) -> None:
         """Sign the plan's terms with this member's current nonce (again if it moved)."""

@@ -76,7 +76,9 @@ def members(stack: LocalStack, model_dir: Path) -> dict[str, Path]:
                                  stack.market_url, model_dir, price=PRICE, port=9200 + i,
                                  max_batch=4)
         with cfg.open("a") as f:
+            # one shard claimed at a time: a job's shards span the re-plans
             f.write(f"swarm = true\nmemory_mib = {cap}\ntflops = {tflops}\n"
+                    "max_shards_in_flight = 1\n"
                     f"stage_port = {_free_port()}\nstate_dir = \"{stack.home / name}\"\n")
         register_miner(MinerConfig.load(cfg))
         configs[name] = cfg
@@ -168,7 +170,7 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
             jobs = [job.task_id]
 
             # 3. a fifth member joins while a job runs
-            texts2 = prompts(6, "joiner")
+            texts2 = prompts(8, "joiner")
             job2 = client.submit(texts2, model="quarry-tiny", max_tokens=24, price=PRICE,
                                  shard_size=2, deadline=3600, allow_probation=True)
             procs["e"] = start_member(stack, members["e"])
