@@ -74,6 +74,9 @@ ENGINE_RETRY_WAIT_S = 30.0
 """How long a batch that failed on a dead or moved stage waits for a newer plan's pipeline
 before it is given up (the claim's standard rule then applies)."""
 
+WARM_ATTEMPTS = 10
+"""Connections the head tries to a new plan's stages (members restart theirs meanwhile)."""
+
 
 class PlanError(QuarryError):
     """The market's plan cannot be served as given (a gap, a range over the memory cap...)."""
@@ -301,15 +304,25 @@ class SwarmEngine(TextEngine):
             self._plan = plan
             self._lock.notify_all()
         if warm:
-            threading.Thread(target=self._warm, name="swarm-engine-warm", daemon=True).start()
+            threading.Thread(target=self._warm, args=(plan.version,), name="swarm-engine-warm",
+                             daemon=True).start()
 
-    def _warm(self) -> None:
+    def _warm(self, version: int) -> None:
+        """Connect to plan `version`'s stages, trying again while members are still
+        (re)starting theirs; given up once the plan moves (the first batch tries too)."""
         from market.engine.pipeline.errors import PipelineError
 
-        try:
-            self._current()
-        except (PipelineError, SwarmUnavailable) as exc:  # the first batch tries again
-            log.warning("swarm engine: cannot reach the plan's stages yet: %s", exc)
+        for attempt in range(WARM_ATTEMPTS):
+            with self._lock:
+                if self._plan is None or self._plan.version != version:
+                    return
+            try:
+                self._current()
+                return
+            except (PipelineError, SwarmUnavailable) as exc:
+                if attempt == WARM_ATTEMPTS - 1:
+                    log.warning("swarm engine: cannot reach plan %d's stages: %s", version, exc)
+                time.sleep(1.0)
 
     def _current(self) -> tuple[Any, int]:
         """(the PipelineEngine of the newest plan, its version), built here when the plan

@@ -163,17 +163,18 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
             texts = prompts(4, "swarm")
             job = client.submit(texts, model="quarry-tiny", max_tokens=6, price=PRICE,
                                 shard_size=2, deadline=3600, allow_probation=True)
+            # 3. a fifth member starts now (it joins within seconds) ...
+            procs["e"] = start_member(stack, members["e"])
             job.wait(progress=False, timeout=120)
             outputs = job.results()  # every receipt, proof and hash checked
             assert [o.token_ids for o in outputs] == reference(model_dir, texts, 6)
             assert {o.miner for o in outputs} == {plan["head"]}
             jobs = [job.task_id]
 
-            # 3. a fifth member joins while a job runs
+            # ... while the next job runs: it gets layers, the job goes on
             texts2 = prompts(8, "joiner")
-            job2 = client.submit(texts2, model="quarry-tiny", max_tokens=24, price=PRICE,
+            job2 = client.submit(texts2, model="quarry-tiny", max_tokens=32, price=PRICE,
                                  shard_size=2, deadline=3600, allow_probation=True)
-            procs["e"] = start_member(stack, members["e"])
             stack.wait_until(lambda: address["e"] in {
                 m["address"] for m in (plan_of(stack, model_id) or {"members": []})["members"]},
                 "the fifth member to get layers", timeout=90)
