@@ -117,18 +117,24 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 job.wait(progress=True, timeout=args.timeout)
                 outputs = job.results()
                 step(5, f"{len(outputs)} results through the swarm in "
-                        f"{time.monotonic() - t:.1f} s, every receipt verified; first: "
-                        f"{outputs[0].text[:60]!r}")
+                        f"{time.monotonic() - t:.1f} s, every receipt verified, "
+                        f"{sum(len(o.token_ids) for o in outputs)} tokens")
 
                 q.chain.advance_time(int(q.deployment.params["challenge_window"]) + 1)
                 job.wait(progress=False, timeout=args.timeout, finalized=True)
             paid: dict[str, int] = {}
             for ev in q.tasks.events("ShardFinalized", taskId=job.task_id):
-                swarm_id = q.tasks.shard_swarm(job.task_id, int(ev["shard"]))
-                for member, part in q.gpu.swarm_split(swarm_id, int(ev["payment"])).items():
-                    paid[member] = paid.get(member, 0) + part
+                [credit] = q.tasks.events("SwarmPaid", taskId=job.task_id, shard=ev["shard"])
+                split = q.gpu.swarm_split(int(credit["swarmId"]), int(ev["payment"]))
+                credited = dict(zip(credit["members"], credit["amounts"], strict=True))
+                if credited != split:  # what escrow credited vs the swarm's fixed shares
+                    raise QuarryError(f"shard {ev['shard']}: credited {credited}, the split "
+                                      f"says {split}")
+                for member, part in credited.items():
+                    paid[member] = paid.get(member, 0) + int(part)
             info = q.gpu.swarm_info(plan["swarm_id"])
-            step(6, "settled; each member's share of the pay (shares = layers served):")
+            step(6, "settled; each member credited exactly its share of the pay (shares = "
+                    "layers served; floor of each, the remainder to the head):")
             for member, share in zip(info.members, info.shares, strict=True):
                 print(f"      {member}: {share} layer(s), {paid.get(member, 0)} wei")
         finally:
