@@ -640,7 +640,9 @@ class SwarmMember:
         control.start()
         try:
             while not self._stop.is_set():
-                self._is_head.wait()
+                if not self._is_head.wait(self.worker.poll_interval_s):
+                    self._answer_for_past_shards()
+                    continue
                 if self._stop.is_set():
                     break
                 if previous is not None:  # the worker installs its own Ctrl-C handler
@@ -656,6 +658,14 @@ class SwarmMember:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         return self.worker.summary
+
+    def _answer_for_past_shards(self) -> None:
+        """Not the head (now): shards it submitted as head still need their availability
+        challenges answered and their finalization, as the worker loop does."""
+        w = self.worker
+        if w.pending or w.open_challenges:
+            w._safely("answering availability challenges", w.answer_challenges, 0)
+            w._safely("collecting payments", w.collect, 0)
 
     def close(self) -> None:
         self.stage.stop()
