@@ -101,3 +101,68 @@ def test_stage_files_are_private_and_the_allow_file_lists_the_plan_keys(tmp_path
     assert stage.secret_file.read_text() == "SECRET\n"
     assert {p.stat().st_mode & 0o777 for p in (stage.allow_file, stage.secret_file)} == {0o600}
     assert stage.serve(None) is False and not stage.alive()
+
+
+def _plan(version: int) -> Any:
+    from miner.swarm import SwarmPlan
+
+    a, b = (to_checksum_address("0x" + x * 20) for x in ("0a", "0b"))
+    return SwarmPlan.from_json({
+        "model_id": "0x" + "11" * 32, "version": version, "algorithm": "parallax",
+        "num_layers": 8, "head": a, "standby": [],
+        "members": [{"address": m, "endpoint": "tcp://127.0.0.1:1", "public_key": "k",
+                     "layers": r, "memory_mib": 5} for m, r in ((a, [0, 4]), (b, [4, 8]))],
+        "terms": {}, "swarm_id": None})
+
+
+class _FakePipeline:
+    """Stands in for a PipelineEngine: fails its first generate when told to."""
+
+    def __init__(self, version: int, fail: bool) -> None:
+        self.version, self.fail, self.closed = version, fail, False
+
+    def generate(self, requests: list[Any]) -> list[Any]:
+        from market.engine.pipeline.errors import StageFailedError
+
+        if self.fail:
+            raise StageFailedError(0, f"a stage of plan {self.version} died")
+        return [f"plan {self.version}: {r}" for r in requests]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_swarm_engine_reruns_a_failed_batch_on_the_next_plan_only(
+        model_dir_only: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose stage dies runs again on the next plan's pipeline (the plan moves when
+    the member's heartbeat lapses); with no next plan in time, the failure is raised (the
+    worker then fails the shard: its claim expires by the standard rule)."""
+    import threading
+
+    from market.engine.pipeline.errors import StageFailedError
+    from market.model.manifest import load_manifest
+    from miner.swarm import SwarmEngine
+
+    engine = SwarmEngine(model_dir_only, load_manifest(model_dir_only), "secret",
+                         retry_wait_s=5.0)
+    built: list[_FakePipeline] = []
+
+    def connect(plan: Any) -> _FakePipeline:
+        fake = _FakePipeline(plan.version, fail=plan.version == 1)
+        built.append(fake)
+        with engine._lock:
+            engine._engine, engine._engine_version = fake, plan.version
+        return fake
+
+    monkeypatch.setattr(engine, "_connect", connect)
+    engine.use(_plan(1))
+    threading.Timer(0.3, engine.use, args=(_plan(2),)).start()
+    assert engine.generate(["x"]) == ["plan 2: x"]  # type: ignore[list-item]
+    assert [p.version for p in built] == [1, 2] and built[0].closed
+
+    engine.retry_wait_s = 0.2
+    engine.use(_plan(1))  # a plan that fails, and none after it
+    with pytest.raises(StageFailedError, match="plan 1"):
+        engine.generate(["y"])  # type: ignore[list-item]
+    engine.close()
+    assert all(p.closed for p in built)
