@@ -828,6 +828,7 @@ class PipelineEngine(TextEngine):
             "microbatches": 0,
             "restarted": 0,  # microbatches restarted on another route after a stage was lost
             "routes": {},  # route (stage indices) -> microbatches admitted on it
+            "hops": {},  # route -> its hops [(stage, start, end), ...]
         }
         while queue or inflight:
             target = self._target()
@@ -838,6 +839,7 @@ class PipelineEngine(TextEngine):
                 mb.hops = routes.acquire(mb.id, max(reqs[r].max_tokens for r in rows))
                 key = "-".join(str(h.stage) for h in mb.hops)
                 self.last_run["routes"][key] = self.last_run["routes"].get(key, 0) + 1
+                self.last_run["hops"][key] = [(h.stage, h.start, h.end) for h in mb.hops]
                 inflight[mb.id] = mb
                 ids, _, _ = left_pad([reqs[r].prompt_ids for r in rows], self.pad_id)
                 sp = [
