@@ -164,7 +164,9 @@ def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[st
     if market.board.model(key) is None:
         raise HTTPException(404, f"no manifest for model {key} on this market: upload it "
                             "with POST /models (swarms are planned from its architecture)")
-    market.board.record_swarm_member(deployment_identity(q), key, body.model_dump())
+    member = body.model_dump()
+    member["rtts"] = {checksum(a, "rtts address"): t for a, t in body.rtts.items()}
+    market.board.record_swarm_member(deployment_identity(q), key, member)
     version, layers = None, None
     try:
         plan = current_plan(market, key)
