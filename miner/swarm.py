@@ -209,9 +209,11 @@ class StageProcess:
     """This member's stage process: started for a layer range, kept while the range stays,
     restarted when it moves; its CURVE secret and allow file live in `state_dir`."""
 
-    def __init__(self, model_dir: Path, listen: str, secret: str, state_dir: Path) -> None:
+    def __init__(self, model_dir: Path, listen: str, secret: str, state_dir: Path,
+                 extra_args: Sequence[str] = ()) -> None:
         self.model_dir = model_dir
         self.listen = listen
+        self.extra_args = list(extra_args)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.secret_file = state_dir / "stage-curve.secret"
         self.allow_file = state_dir / "stage-allow.txt"
@@ -238,7 +240,7 @@ class StageProcess:
         cmd = [sys.executable, "-m", STAGE_MODULE, "--model", str(self.model_dir),
                "--layers", f"{layers[0]}:{layers[1]}", "--listen", self.listen,
                "--curve-secret-file", str(self.secret_file),
-               "--allow-file", str(self.allow_file)]
+               "--allow-file", str(self.allow_file), *self.extra_args]
         self.proc = spawn(cmd, name=f"stage {layers[0]}:{layers[1]}", log_path=self.log_path)
         self.layers = layers
         log.info("stage for layers %d:%d started on %s (log %s)", *layers, self.listen,
@@ -253,6 +255,17 @@ class StageProcess:
             self.proc.stop()
             log.info("stage for layers %d:%d stopped", *(self.layers or (0, 0)))
         self.proc, self.layers = None, None
+
+
+STAGE_FLAGS = {"device": "--device", "dtype": "--dtype",
+               "attn_implementation": "--attn-implementation", "threads_per_stage": "--threads"}
+"""`[miner.engine_options]` keys a member's own stage process takes as flags too."""
+
+
+def stage_args(engine_options: Mapping[str, Any]) -> list[str]:
+    """The stage command's flags for the configured engine options (device, dtype...)."""
+    return [arg for key, flag in STAGE_FLAGS.items() if key in engine_options
+            for arg in (flag, str(engine_options[key]))]
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -434,10 +447,11 @@ class SwarmMember:
         self.public_key, secret = stage_keypair(bytes(account.key))
         self.spec = model_spec_from_architecture(model.manifest.name,
                                                  model.manifest.architecture)
+        options = dict(engine_options or {})
         self.stage = StageProcess(model.path, self.endpoint, secret,
-                                  state_dir / "swarm" / self.address)
+                                  state_dir / "swarm" / self.address, stage_args(options))
         self.engine = SwarmEngine(model.path, model.manifest, secret, router=router,
-                                  driver_host=stage_host, **dict(engine_options or {}))
+                                  driver_host=stage_host, **options)
         self.plan: SwarmPlan | None = None
         self.swarm_id: int | None = None  # the registered swarm this head claims for
         self.signed: tuple[int, int] | None = None  # (plan version, nonce) consented

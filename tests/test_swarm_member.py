@@ -166,3 +166,10 @@ def test_swarm_engine_reruns_a_failed_batch_on_the_next_plan_only(
         engine.generate(["y"])  # type: ignore[list-item]
     engine.close()
     assert all(p.closed for p in built)
+
+
+def test_stage_takes_the_engine_options_it_understands() -> None:
+    from miner.swarm import stage_args
+
+    assert stage_args({"device": "cuda", "dtype": "bfloat16", "max_microbatch_size": 8}) == [
+        "--device", "cuda", "--dtype", "bfloat16"]
