@@ -576,6 +576,9 @@ class SwarmMember:
         nonce = self.q.gpu.nonces(self.address)
         if self.signed == (plan.version, nonce):
             return
+        if self.signed is not None and self.signed[0] == plan.version \
+                and self._registered_on_chain(plan):
+            return  # the nonce moved because this plan's swarm was registered
         gpu = self.q.gpu
         signature = plan.consent().with_nonce(nonce).sign(self.account.key, gpu.chain.chain_id,
                                                           gpu.address)
@@ -583,6 +586,17 @@ class SwarmMember:
                           "0x" + bytes(signature).hex())
         self.signed = (plan.version, nonce)
         log.info("consented to swarm plan %d (nonce %d)", plan.version, nonce)
+
+    def _registered_on_chain(self, plan: SwarmPlan) -> bool:
+        """Whether the latest swarm on-chain has exactly this plan's terms."""
+        gpu = self.q.gpu
+        count = gpu.swarm_count()
+        if count == 0:
+            return False
+        info, consent = gpu.swarm_info(count), plan.consent()
+        return (info.model_id, info.head, info.members, info.shares, info.price_per_token) == (
+            consent.model_id, consent.head, consent.members, consent.shares,
+            consent.price_per_token)
 
     def _head(self, api: MarketAPI, plan: SwarmPlan) -> None:
         """Register the plan's swarm once every member consented; then claim for it."""
