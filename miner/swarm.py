@@ -380,15 +380,29 @@ class SwarmEngine(TextEngine):
             return self._lock.wait_for(lambda: self._plan is not None
                                        and self._plan.version != than, self.retry_wait_s)
 
+    def _connected(self) -> tuple[Any, int]:
+        """`_current()`, tried again for up to `retry_wait_s` while it cannot connect: the
+        members restart their stages for a new plan within seconds of it."""
+        from market.engine.pipeline.errors import PipelineError
+
+        deadline = time.monotonic() + self.retry_wait_s
+        while True:
+            try:
+                return self._current()
+            except PipelineError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(1.0)
+
     def _run(self, call: Callable[[Any], Any]) -> Any:
-        """`call(pipeline)`; when the pipeline cannot be built or a stage fails, once more
-        on the next plan's pipeline (the plan moves when a member leaves or joins)."""
+        """`call(pipeline)`; when a stage fails (or the pipeline cannot be connected), once
+        more on the next plan's pipeline (the plan moves when a member leaves or joins)."""
         from market.engine.pipeline.errors import PipelineError
 
         self._close_retired()
         engine, version = None, None
         try:
-            engine, version = self._current()
+            engine, version = self._connected()
             return call(engine)
         except PipelineError as exc:  # StageFailedError among them
             failed = version if version is not None else self.building
@@ -402,7 +416,7 @@ class SwarmEngine(TextEngine):
                         "%.0f s for the next plan", failed, exc, self.retry_wait_s)
             if not self._newer_plan(failed):
                 raise
-        return call(self._current()[0])
+        return call(self._connected()[0])
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         return list(self._run(lambda e: e.generate(requests)))
