@@ -56,6 +56,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"miner: WARNING: TEST MODE {cfg.test_mode!r}: this miner CHEATS ON PURPOSE "
               "(for tests and detection benchmarks only); its results are wrong and it will "
               "be slashed", file=sys.stderr)
+    if cfg.swarm:
+        return _run_swarm(cfg, progress=not args.no_progress)
     worker = Worker.from_config(cfg, progress=not args.no_progress)
     try:
         print(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
@@ -71,6 +73,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"availability challenges: {summary.challenges_answered} answered "
               f"({summary.challenge_bonds_wei} wei of bonds), {summary.challenges_missed} "
               "missed")
+    return 0
+
+
+def _run_swarm(cfg: MinerConfig, progress: bool) -> int:
+    """`miner run` with `[miner] swarm = true`: a swarm member (miner/swarm.py)."""
+    from market.errors import ConfigError
+    from miner.swarm import SwarmMember
+
+    if cfg.test_mode:
+        raise ConfigError("miner setting test_mode is for a single miner, not a swarm member")
+    member = SwarmMember.from_config(cfg, progress=progress)
+    try:
+        print(f"miner {member.address}: swarm member for {member.model.manifest.name}, stage "
+              f"{member.endpoint}, memory cap {member.memory_mib} MiB, {member.tflops:.3g} "
+              "TFLOP/s declared; Ctrl-C leaves", file=sys.stderr)
+        summary = member.run()
+    finally:
+        member.close()
+    print(f"as the swarm's head: submitted {len(summary.submitted)} shard(s) "
+          f"({summary.tokens} tokens), {summary.failed} failed, {summary.finalized} finalized "
+          f"for {summary.paid_wei} wei to the members")
     return 0
 
 

@@ -22,6 +22,15 @@ then command-line flags (each later source overrides the earlier).
     # test_mode = "random"                # CHEATS ON PURPOSE (tests/benchmarks only):
                                           # any mode of miner/cheats.py
 
+    # swarm = true                        # serve the model as a member of a swarm (one
+                                          # model across several miners: miner/swarm.py)
+    # memory_mib = 12000                  # swarm: the most memory its layers may take
+                                          # (default: the GPU's memory)
+    # stage_port = 9500                   # swarm: where its pipeline stage listens
+    # stage_host = "127.0.0.1"            # swarm: the host other members reach it at
+    # tflops = 80.0                       # swarm: the speed it declares (default: measured)
+    # swarm_router = "parallax"           # swarm head: parallax | wsrr (per-microbatch routes)
+
     [miner.engine_options]                # passed to the engine's constructor
     device = "cuda"
 
@@ -55,8 +64,9 @@ from market.roleconfig import (
 
 ROLE = "miner"
 ENGINES = ("torch", "pipeline", "vllm")
+SWARM_ROUTERS = ("parallax", "wsrr")
 DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
-__all__ = ["ENGINES", "GpuOverride", "MinerConfig", "parse_wei"]
+__all__ = ["ENGINES", "SWARM_ROUTERS", "GpuOverride", "MinerConfig", "parse_wei"]
 
 
 class GpuOverride(Table):
@@ -94,6 +104,13 @@ class MinerConfig(KeyedSettings):
     auto_withdraw: bool = False
     state_dir: SettingPath | None = None  # None: $QUARRY_HOME/miner (miner.archive)
     test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose
+    # swarm membership (miner/swarm.py)
+    swarm: bool = False
+    memory_mib: Annotated[int, Field(ge=1)] | None = None  # None: the GPU's memory
+    stage_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    stage_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    tflops: Annotated[float, Field(gt=0)] | None = None  # None: measured at start
+    swarm_router: str = "parallax"
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -103,7 +120,15 @@ class MinerConfig(KeyedSettings):
             raise ValueError(f"{value!r} is not one of {', '.join(ENGINES)}")
         return kind
 
-    @field_validator("endpoint", mode="before")
+    @field_validator("swarm_router", mode="before")
+    @classmethod
+    def _router(cls, value: Any) -> str:
+        kind = str(value).strip().lower()
+        if kind not in SWARM_ROUTERS:
+            raise ValueError(f"{value!r} is not one of {', '.join(SWARM_ROUTERS)}")
+        return kind
+
+    @field_validator("endpoint", "stage_host", mode="before")
     @classmethod
     def _endpoint(cls, value: Any) -> Any:
         return value.strip() if isinstance(value, str) else value

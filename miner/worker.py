@@ -79,6 +79,7 @@ from miner.archive import ResultArchive, default_state_dir
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from market.chain.client import TxResult
     from miner.config import MinerConfig
 
 log = logging.getLogger("miner")
@@ -111,6 +112,11 @@ UNSERVABLE_REMEMBERED = 1000
 """Unservable shards remembered (not checked again); the oldest are forgotten."""
 # Claim reverts that mean "not this task for this miner" (remembered), not "try later".
 _TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask"}
+
+
+class ClaimUnavailable(QuarryError):
+    """A pluggable claim (`Worker(claim=...)`) cannot claim now: the shard is skipped,
+    nothing locked (e.g. a swarm head whose new swarm is not registered yet)."""
 
 
 class ContentStore(Protocol):
@@ -243,6 +249,7 @@ class Worker:
         engine_kind: str = "torch",
         state_dir: Path | None = None,
         challenge_check_s: float = CHALLENGE_CHECK_S,
+        claim: Callable[[int, int], TxResult] | None = None,
     ) -> None:
         if max_batch < 1:
             raise QuarryError("max_batch must be at least 1")
@@ -264,6 +271,9 @@ class Worker:
         self.progress = progress
         self.listener = listener
         self.engine_kind = engine_kind
+        # How a checked shard is claimed: `claimShard` by default; a swarm's head passes
+        # `claimShardForSwarm` for its swarm (miner.swarm). Its reverts are handled alike.
+        self.claim = claim or functools.partial(self.q.tasks.claim_shard, account)
         self.skipped_tasks: dict[int, str] = {}  # task id -> why none of its shards is taken
         # (task id, shard) -> why this model cannot serve it (e.g. a request over its
         # context); never tried again, and the latest are in the heartbeat for the client.
@@ -814,7 +824,9 @@ class Worker:
 
     def _claim(self, task: Any, task_id: int, shard: int) -> ActiveClaim:
         try:
-            tx = self.q.tasks.claim_shard(self.account, task_id, shard)
+            tx = self.claim(task_id, shard)
+        except ClaimUnavailable as exc:
+            raise _Skip(str(exc)) from exc
         except ContractRevert as exc:
             reason = str(exc)
             if exc.error == "NotEligible":

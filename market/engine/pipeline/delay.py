@@ -15,6 +15,8 @@ from typing import Any
 
 import zmq
 
+from market.engine.pipeline.auth import curve_client
+
 
 class DelayedSender:
     """Owns one PUSH socket; `send(frames)` returns at once, the frames leave after the delay.
@@ -22,8 +24,18 @@ class DelayedSender:
     Messages keep their order (FIFO with monotonically increasing release times).
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, delay_s: float, name: str) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        delay_s: float,
+        name: str,
+        *,
+        curve: tuple[str | None, str | None] = (None, None),
+    ) -> None:
+        """`curve` = (our secret z85, the peer's public z85): connect as a CURVE client."""
         self.endpoint = endpoint
+        self._curve = curve
         self.delay_s = max(0.0, float(delay_s))
         self._ctx = ctx
         self._queue: collections.deque[tuple[float, list[Any]]] = collections.deque()
@@ -59,6 +71,7 @@ class DelayedSender:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block on a slow peer: the queue is ours
         try:
+            curve_client(sock, *self._curve)
             sock.connect(self.endpoint)
             while True:
                 with self._cond:

@@ -63,15 +63,18 @@ import zmq
 
 from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.pipeline import wire
+from market.engine.pipeline.auth import CurveServer, curve_client, public_key
 from market.engine.pipeline.delay import DelayedSender
 from market.engine.pipeline.errors import PipelineError, StageFailedError
 from market.engine.pipeline.parts import load_config, split_layers
 from market.engine.pipeline.scheduler import PipelineTimings
+from market.engine.pipeline.swarm import ROUTERS, Hop, RouteChooser, StageRef
 from market.engine.text import TextEngine
 from market.engine.torch_engine import left_pad
 from market.model.manifest import Manifest
 
 MODES = ("microbatch", "naive")
+__all__ = ["MODES", "ROUTERS", "PipelineEngine", "StageRef"]
 _LIVE: weakref.WeakSet[PipelineEngine] = weakref.WeakSet()
 
 
@@ -85,6 +88,7 @@ def _close_all() -> None:
 class _Microbatch:
     id: int
     rows: list[int]  # request indices, in the order the stages' caches hold them
+    hops: tuple[Hop, ...] = ()  # its route, pinned until it is freed
 
 
 @dataclass
@@ -97,6 +101,10 @@ class _Stage:
     layers: tuple[int, int] = (0, 0)
     pid: int | None = None
     host: str = ""
+    name: str = ""  # a swarm member's address (StageRef.name)
+    public_key: str | None = None
+    declared: tuple[int, int] | None = None  # the layers its StageRef says it serves
+    alive: bool = True
 
 
 class _Monitor:
@@ -106,10 +114,14 @@ class _Monitor:
     even while the caller is not inside `generate`; results use another socket.
     """
 
-    def __init__(self, ctx: zmq.Context, host: str, session: str) -> None:
+    def __init__(
+        self, ctx: zmq.Context, host: str, session: str, curve: CurveServer | None = None
+    ) -> None:
         self.session = session
         self._sock = ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.secure(self._sock)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.port = port
         self.last_hb: dict[int, float] = {}
@@ -156,7 +168,7 @@ class PipelineEngine(TextEngine):
         self,
         model_dir: str | Path,
         *,
-        stages: int | Sequence[str] = 2,
+        stages: int | Sequence[str] | Sequence[StageRef] = 2,
         link_latency_ms: float = 0.0,
         mode: str = "microbatch",
         microbatch_size: int | None = None,
@@ -177,13 +189,20 @@ class PipelineEngine(TextEngine):
         verify_manifest: bool = True,
         stop_token_ids: Iterable[int] | None = None,
         calibrate: bool = True,
+        curve_secret: str | None = None,
+        router: str = "parallax",
     ) -> None:
         self._closed = True  # until the processes exist: close() must be safe from here on
         self.stages: list[_Stage] = []
         self._ctx: zmq.Context | None = None
         self._pull: Any = None
         self._monitor: _Monitor | None = None
-        self._data: DelayedSender | None = None
+        self._data: DelayedSender | None = None  # to the first stage of the default route
+        self._senders: dict[int, DelayedSender] = {}
+        self._curve: CurveServer | None = None
+        self._routes: RouteChooser | None = None
+        self._lost: list[int] = []  # microbatches whose route lost a stage, to restart
+        self._reroute = False  # True inside generate: a lost stage is routed around
         self._logdir: tempfile.TemporaryDirectory | None = None
 
         self.model_dir = Path(model_dir)
@@ -227,13 +246,27 @@ class PipelineEngine(TextEngine):
             pad = min(self.stop_token_ids) if self.stop_token_ids else 0
         self.pad_id = int(pad)
 
+        if router not in ROUTERS:
+            raise PipelineError(f"router must be one of {ROUTERS}, got {router!r}")
+        self.router = router
         remote = not isinstance(stages, int)
+        refs: list[StageRef] = []
         if remote:
-            endpoints = [str(e) for e in stages]  # type: ignore[union-attr]
-            if not endpoints:
+            items = list(stages)  # type: ignore[arg-type]
+            if not items:
                 raise PipelineError("stages: give a stage count or a non-empty endpoint list")
+            if all(isinstance(e, StageRef) for e in items):
+                refs = list(items)  # type: ignore[arg-type]
+                endpoints = [r.endpoint for r in refs]
+            elif all(isinstance(e, str) for e in items):
+                endpoints = [str(e) for e in items]
+            else:
+                raise PipelineError("stages: give endpoint strings or StageRefs, not a mix")
             self.num_stages = len(endpoints)
+            self._check_curve(refs, curve_secret)
         else:
+            if curve_secret is not None:
+                raise PipelineError("curve_secret needs remote stages (StageRefs with keys)")
             self.num_stages = int(stages)  # type: ignore[arg-type]
             ranges = (
                 [tuple(r) for r in layers]
@@ -242,6 +275,8 @@ class PipelineEngine(TextEngine):
             )
             self._check_ranges(ranges)  # type: ignore[arg-type]
         self.timings = PipelineTimings(self.num_stages, configured_latency_s=link_latency_ms / 1000)
+        self.swarm = bool(refs)  # replicas and routes allowed; otherwise one contiguous chain
+        self.curve_secret = curve_secret
         self.session = uuid.uuid4().hex[:12]
         self._mb_ids = itertools.count(1)
         self._broken: BaseException | None = None
@@ -256,15 +291,35 @@ class PipelineEngine(TextEngine):
         self._closed = False
         _LIVE.add(self)
         try:
+            if curve_secret is not None:
+                # Only the stages' keys may reach the driver's result and control sockets.
+                self._curve = CurveServer(
+                    self._ctx, curve_secret, allow=[r.public_key for r in refs if r.public_key]
+                )
             self._pull = self._ctx.socket(zmq.PULL)
             self._pull.setsockopt(zmq.LINGER, 0)
             self._pull.setsockopt(zmq.RCVHWM, 0)
+            if self._curve is not None:
+                self._curve.secure(self._pull)
             data_port = self._pull.bind_to_random_port(f"tcp://{host}")
-            self._monitor = _Monitor(self._ctx, host, self.session)
+            self._monitor = _Monitor(self._ctx, host, self.session, self._curve)
             self.result_address = f"tcp://{advertise}:{data_port}"
             self.control_address = f"tcp://{advertise}:{self._monitor.port}"
-            if remote:
-                self.stages = [_Stage(i, endpoint=e) for i, e in enumerate(endpoints)]
+            if refs:
+                self.stages = [
+                    _Stage(
+                        i,
+                        endpoint=r.endpoint,
+                        name=r.name,
+                        public_key=r.public_key,
+                        declared=r.layers,
+                    )
+                    for i, r in enumerate(refs)
+                ]
+            elif remote:
+                self.stages = [
+                    _Stage(i, endpoint=e, name=f"stage{i}") for i, e in enumerate(endpoints)
+                ]
             else:
                 self._spawn(ranges, device, dtype, attn_implementation, startup_timeout_s)  # type: ignore[arg-type]
             self._hello(startup_timeout_s)
@@ -275,6 +330,20 @@ class PipelineEngine(TextEngine):
             raise
 
     # -- setup --------------------------------------------------------------------------
+    @staticmethod
+    def _check_curve(refs: Sequence[StageRef], secret: str | None) -> None:
+        """All stages keyed and a driver key, or no keys at all (plain TCP, trusted hosts)."""
+        keyed = [r for r in refs if r.public_key]
+        if keyed and len(keyed) != len(refs):
+            plain = next(r.name for r in refs if not r.public_key)
+            raise PipelineError(f"stage {plain} has no CURVE public key while others do")
+        if keyed and secret is None:
+            raise PipelineError("the stages use CURVE keys: pass curve_secret (the driver's key)")
+        if secret is not None and not keyed:
+            raise PipelineError("curve_secret given but no stage has a CURVE public key")
+        if secret is not None:
+            public_key(secret)  # checks its shape
+
     def _manifest(self, manifest: Manifest | None, verify: bool) -> Manifest | None:
         """The model's manifest (given, or the directory's own if it has one), verified.
 
@@ -371,7 +440,11 @@ class PipelineEngine(TextEngine):
                     env=env,
                     start_new_session=True,  # Ctrl-C reaches the driver, which closes us
                 )
-            self.stages.append(_Stage(k, proc=proc, log_path=log_path, layers=(a, b), pid=proc.pid))
+            self.stages.append(
+                _Stage(
+                    k, proc=proc, log_path=log_path, layers=(a, b), pid=proc.pid, name=f"stage{k}"
+                )
+            )
         assert self._monitor is not None
         deadline = time.monotonic() + timeout
         while any(not s.endpoint for s in self.stages):
@@ -388,11 +461,11 @@ class PipelineEngine(TextEngine):
         for s in self.stages:
             s.ctrl = self._ctx.socket(zmq.PUSH)
             s.ctrl.setsockopt(zmq.LINGER, 0)
+            curve_client(s.ctrl, self.curve_secret, s.public_key)
             s.ctrl.connect(s.endpoint)
         d = self.link_latency_ms
+        driver_key = public_key(self.curve_secret) if self.curve_secret else None
         for s in self.stages:
-            last = s.index == self.num_stages - 1
-            nxt = self.result_address if last else self.stages[s.index + 1].endpoint
             s.ctrl.send_multipart(
                 wire.encode(
                     {
@@ -401,7 +474,8 @@ class PipelineEngine(TextEngine):
                         "stage": s.index,
                         "stages": self.num_stages,
                         "driver": self.control_address,
-                        "next": nxt,
+                        "ret": self.result_address,
+                        "driver_key": driver_key,
                         "latency_ms": d,
                     }
                 )
@@ -413,8 +487,9 @@ class PipelineEngine(TextEngine):
             self._check_errors()
             if time.monotonic() > deadline:
                 k = min(set(range(self.num_stages)) - set(self._monitor.ready))
+                why = " (is the driver's CURVE key in its allow file?)" if self.curve_secret else ""
                 raise StageFailedError(
-                    k, f"no answer from {self.stages[k].endpoint} within {timeout:.0f}s"
+                    k, f"no answer from {self.stages[k].endpoint} within {timeout:.0f}s{why}"
                 )
             time.sleep(0.05)
         for s in self.stages:
@@ -425,8 +500,50 @@ class PipelineEngine(TextEngine):
                     f"stage {s.index} serves a model with {h['num_layers']} layers, "
                     f"the driver's has {self.num_layers}"
                 )
-        self._check_ranges([s.layers for s in self.stages])
-        self._data = DelayedSender(self._ctx, self.stages[0].endpoint, d / 1000.0, "stage0")
+            if s.declared is not None and s.layers != s.declared:
+                raise PipelineError(
+                    f"stage {s.index} ({s.name}) serves layers {s.layers[0]}:{s.layers[1]}, "
+                    f"its StageRef says {s.declared[0]}:{s.declared[1]}"
+                )
+        if self.swarm:
+            uncovered = [
+                layer
+                for layer in range(self.num_layers)
+                if not any(a <= layer < b for a, b in (s.layers for s in self.stages))
+            ]
+            if uncovered or any(s.layers[1] > self.num_layers for s in self.stages):
+                raise PipelineError(
+                    f"the stages do not cover the model's layers 0:{self.num_layers} "
+                    f"(layer {uncovered[0] if uncovered else self.num_layers} is missing)"
+                )
+        else:
+            self._check_ranges([s.layers for s in self.stages])
+        self._routes = RouteChooser(
+            {s.index: s.layers for s in self.stages},
+            num_layers=self.num_layers,
+            hidden_size=int(self.config.hidden_size),
+            bytes_per_layer=_layer_bytes(self.config),
+            kv_bytes_per_token_per_layer=_kv_bytes(self.config),
+            hop_latency_s=d / 1000.0,
+            router=self.router,
+        )
+        self._data = self._sender(self._routes.best()[0].stage)
+
+    def _sender(self, stage: int) -> DelayedSender:
+        """The driver's (delayed) data sender to one stage, made on first use."""
+        sender = self._senders.get(stage)
+        if sender is None:
+            assert self._ctx is not None
+            s = self.stages[stage]
+            sender = DelayedSender(
+                self._ctx,
+                s.endpoint,
+                self.link_latency_ms / 1000.0,
+                f"stage{stage}",
+                curve=(self.curve_secret, s.public_key),
+            )
+            self._senders[stage] = sender
+        return sender
 
     # -- liveness -----------------------------------------------------------------------
     def _log_tail(self, s: _Stage) -> str:
@@ -438,10 +555,26 @@ class PipelineEngine(TextEngine):
 
     def _check_processes(self) -> None:
         for s in self.stages:
-            if s.proc is not None and s.proc.poll() is not None:
+            if s.alive and s.proc is not None and s.proc.poll() is not None:
                 rc = s.proc.returncode
                 how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-                raise StageFailedError(s.index, f"process {s.proc.pid} {how}{self._log_tail(s)}")
+                self._stage_lost(s, f"process {s.proc.pid} {how}{self._log_tail(s)}")
+
+    def _stage_lost(self, s: _Stage, reason: str) -> None:
+        """A dead or silent stage: route around it inside generate, else fail naming it.
+
+        Routing around drops the stage from the router and queues the microbatches that ran
+        through it for a restart (`self._lost`); requests are deterministic from their
+        seeds, so a restarted row produces the same tokens.
+        """
+        if not self._reroute or self._routes is None:
+            raise StageFailedError(s.index, reason)
+        s.alive = False
+        self._lost.extend(self._routes.remove(s.index))
+        if not self._routes.covers():
+            raise StageFailedError(
+                s.index, f"{reason}; no full chain of live stages is left ({s.name})"
+            )
 
     def _check_errors(self) -> None:
         assert self._monitor is not None
@@ -458,9 +591,9 @@ class PipelineEngine(TextEngine):
         now = time.monotonic()
         for s in self.stages:
             silent = now - self._monitor.last_hb.get(s.index, 0.0)
-            if silent > self.stage_timeout_s:
-                raise StageFailedError(
-                    s.index,
+            if s.alive and silent > self.stage_timeout_s:
+                self._stage_lost(
+                    s,
                     f"no heartbeat from {s.endpoint} for {silent:.1f}s (unreachable, hung or dead)",
                 )
 
@@ -473,19 +606,65 @@ class PipelineEngine(TextEngine):
             raise PipelineError("pipeline engine is closed")
 
     # -- messaging ----------------------------------------------------------------------
-    def _send(self, header: dict[str, Any], tensors: Sequence[torch.Tensor] = ()) -> None:
-        assert self._data is not None
-        header = {**header, "s": self.session, "times": [], "sent": time.monotonic()}
-        self._data.send(wire.encode(header, list(tensors)))
+    def _route_header(self, hops: Sequence[Hop]) -> list[list[Any]]:
+        """The route as it travels: [endpoint, public key, start, end] per hop."""
+        return [
+            [self.stages[h.stage].endpoint, self.stages[h.stage].public_key, h.start, h.end]
+            for h in hops
+        ]
+
+    def _send(
+        self,
+        header: dict[str, Any],
+        tensors: Sequence[torch.Tensor] = (),
+        hops: Sequence[Hop] | None = None,
+    ) -> None:
+        """Send a message along `hops` (default: the route a new microbatch would get)."""
+        assert self._routes is not None
+        route = tuple(hops) if hops is not None else self._routes.best()
+        header = {
+            **header,
+            "s": self.session,
+            "times": [],
+            "sent": time.monotonic(),
+            "route": self._route_header(route),
+            "hop": 0,
+        }
+        self._sender(route[0].stage).send(wire.encode(header, list(tensors)))
+
+    def _drop(self, mb: _Microbatch) -> None:
+        """Tell the live stages of a lost microbatch's route to forget it (no forwarding)."""
+        for h in mb.hops:
+            s = self.stages[h.stage]
+            if s.alive and s.ctrl is not None:
+                try:
+                    s.ctrl.send_multipart(
+                        wire.encode({"t": "drop", "mb": mb.id, "s": self.session}),
+                        flags=zmq.NOBLOCK,
+                    )
+                except zmq.ZMQError:
+                    pass
 
     def _next_result(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
-        """Wait for the next result from the last stage, watching every stage's health."""
+        """The next result; a lost stage raises StageFailedError (rerouting is off here)."""
+        got = self._wait_result()
+        if got is None:  # only with rerouting on, which its caller handles
+            raise PipelineError("a stage was lost while rerouting was on")
+        return got
+
+    def _wait_result(self) -> tuple[dict[str, Any], list[torch.Tensor]] | None:
+        """Wait for the next result from a last stage, watching every stage's health.
+
+        None (only while rerouting is on) means a stage was lost: see `self._lost`.
+        """
         deadline = time.monotonic() + self.progress_timeout_s
         next_check = 0.0
         while True:
             now = time.monotonic()
             if now >= next_check:
                 self._check_alive()
+                if self._lost:
+                    return None
                 next_check = now + 0.1
             if now > deadline:
                 raise PipelineError(f"no pipeline progress for {self.progress_timeout_s:.0f}s")
@@ -514,13 +693,16 @@ class PipelineEngine(TextEngine):
         return self._run_guarded(self._calibrate, steps)
 
     def _calibrate(self, steps: int) -> dict[str, float]:
+        assert self._routes is not None
         mb = next(self._mb_ids)
-        hops = self.num_stages + 1
+        route = self._routes.best()
+        hops = len(route) + 1
         prompt = [i % self.vocab_size for i in range(1, 9)]
         ids, _, _ = left_pad([prompt], self.pad_id)
         self._send(
             {"t": "prefill", "mb": mb, "lens": [len(prompt)], "sp": [[0.0, 1.0, 0, steps + 1]]},
             [ids],
+            route,
         )
         per_hop: list[float] = []
         stage_samples: list[list[float]] = []
@@ -531,13 +713,18 @@ class PipelineEngine(TextEngine):
                 per_hop.append(max(0.0, rtt - sum(h["times"])) / hops)
                 stage_samples.append([float(t) for t in h["times"]])
             if i < steps:
-                self._send({"t": "decode", "mb": mb}, [tok.view(-1, 1)])
-        self._send({"t": "free", "mb": mb})
+                self._send({"t": "decode", "mb": mb}, [tok.view(-1, 1)], route)
+        self._send({"t": "free", "mb": mb}, (), route)
         per_hop.sort()
         self.timings.set_hop_latency(per_hop[len(per_hop) // 2])
         for sample in stage_samples:
-            self.timings.observe_stages(sample)
+            self._observe(route, sample)
         return self.stats()
+
+    def _observe(self, route: Sequence[Hop], times: Sequence[float]) -> None:
+        assert self._routes is not None
+        self.timings.observe_at([h.stage for h in route], times)
+        self._routes.observe(route, times)
 
     @property
     def mode(self) -> str:
@@ -559,10 +746,14 @@ class PipelineEngine(TextEngine):
         return self._run_guarded(self._set_link_latency, float(link_latency_ms), calibrate)
 
     def _set_link_latency(self, ms: float, calibrate: bool) -> dict[str, Any]:
-        assert self._data is not None
         mb = next(self._mb_ids)
-        self._send({"t": "latency", "mb": mb, "latency_ms": ms})
-        self._data.delay_s = ms / 1000.0
+        # A tour of every live stage, in order, then back: each switches in turn.
+        tour = [Hop(s.index, *s.layers) for s in self.stages if s.alive]
+        self._send({"t": "latency", "mb": mb, "latency_ms": ms}, (), tour)
+        for sender in self._senders.values():
+            sender.delay_s = ms / 1000.0
+        if self._routes is not None:
+            self._routes.hop_latency_s = ms / 1000.0
         while int(self._next_result()[0]["mb"]) != mb:
             pass
         self.link_latency_ms = ms
@@ -582,8 +773,17 @@ class PipelineEngine(TextEngine):
     # -- generate -----------------------------------------------------------------------
     def _target(self) -> int:
         """Microbatches to keep in flight now: the scheduler's count, floored at
-        `min_in_flight` in microbatch mode (e.g. to oversubscribe CPU cores shared by stages)."""
-        n = self.timings.in_flight(self.mode, self.max_in_flight)
+        `min_in_flight` in microbatch mode (e.g. to oversubscribe CPU cores shared by stages).
+        A swarm runs the count over the route a microbatch would take now, times the number
+        of chains that can run side by side (replicas of its least-replicated layer)."""
+        if self.swarm and self._routes is not None and self._routes.covers():
+            chain = [h.stage for h in self._routes.best()]
+            n = self.timings.in_flight(
+                self.mode, self.max_in_flight, chain=chain, width=self._routes.width
+            )
+            self._routes.slots = max(1, n // max(1, self._routes.width))
+        else:
+            n = self.timings.in_flight(self.mode, self.max_in_flight)
         return (
             max(n, min(self.min_in_flight, self.max_in_flight)) if self.mode == "microbatch" else n
         )
@@ -604,6 +804,16 @@ class PipelineEngine(TextEngine):
         return self._run_guarded(self._generate, reqs)
 
     def _generate(self, reqs: list[GenerationRequest]) -> list[GenerationOutput]:
+        self._reroute = True
+        try:
+            return self._generate_routed(reqs)
+        finally:
+            self._reroute = False
+            self._lost.clear()
+
+    def _generate_routed(self, reqs: list[GenerationRequest]) -> list[GenerationOutput]:
+        assert self._routes is not None
+        routes = self._routes
         tokens: list[list[int]] = [[] for _ in reqs]
         logprobs: list[list[float]] = [[] for _ in reqs]
         reasons: list[str] = ["length"] * len(reqs)
@@ -611,11 +821,14 @@ class PipelineEngine(TextEngine):
         queue = collections.deque(i for i, r in enumerate(reqs) if r.max_tokens > 0)
         size = self._pick_microbatch_size(len(queue))
         inflight: dict[int, _Microbatch] = {}
-        self.last_run = {
+        self.last_run: dict[str, Any] = {
             "microbatch_size": size,
             "max_in_flight": 0,  # most microbatches actually in flight at once
             "target_max": 0,  # largest count the scheduler asked for during the run
             "microbatches": 0,
+            "restarted": 0,  # microbatches restarted on another route after a stage was lost
+            "routes": {},  # route (stage indices) -> microbatches admitted on it
+            "hops": {},  # route -> its hops [(stage, start, end), ...]
         }
         while queue or inflight:
             target = self._target()
@@ -623,6 +836,10 @@ class PipelineEngine(TextEngine):
             while queue and len(inflight) < target:
                 rows = [queue.popleft() for _ in range(min(size, len(queue)))]
                 mb = _Microbatch(next(self._mb_ids), rows)
+                mb.hops = routes.acquire(mb.id, max(reqs[r].max_tokens for r in rows))
+                key = "-".join(str(h.stage) for h in mb.hops)
+                self.last_run["routes"][key] = self.last_run["routes"].get(key, 0) + 1
+                self.last_run["hops"][key] = [(h.stage, h.start, h.end) for h in mb.hops]
                 inflight[mb.id] = mb
                 ids, _, _ = left_pad([reqs[r].prompt_ids for r in rows], self.pad_id)
                 sp = [
@@ -637,17 +854,32 @@ class PipelineEngine(TextEngine):
                         "sp": sp,
                     },
                     [ids],
+                    mb.hops,
                 )
                 self.last_run["microbatches"] += 1
             self.last_run["max_in_flight"] = max(self.last_run["max_in_flight"], len(inflight))
-            h, tensors = self._next_result()
+            got = self._wait_result()
+            if got is None:  # a stage was lost: restart its microbatches from their prompts
+                lost, self._lost = self._lost, []
+                for mb_id in sorted(lost, reverse=True):
+                    lost_mb = inflight.pop(mb_id, None)
+                    if lost_mb is None:
+                        continue
+                    self._drop(lost_mb)
+                    for r in lost_mb.rows:
+                        tokens[r], logprobs[r] = [], []
+                    queue.extendleft(reversed(lost_mb.rows))
+                    self.last_run["restarted"] += 1
+                continue
+            h, tensors = got
             t0 = time.perf_counter()
             mb_or_none = inflight.get(int(h["mb"]))
             if mb_or_none is None or h.get("kind") not in ("prefill", "decode"):
-                continue  # e.g. the calibration probe's tail
+                continue  # e.g. the calibration probe's tail, or a restarted microbatch's
             mb = mb_or_none
             if h["kind"] == "decode":
-                self.timings.observe_stages(h["times"])
+                self._observe(mb.hops, h["times"])
+            routes.step(mb.id)
             toks, lps = tensors
             keep: list[int] = []
             for j, r in enumerate(mb.rows):
@@ -666,12 +898,13 @@ class PipelineEngine(TextEngine):
                     keep.append(j)
             if not keep:
                 del inflight[mb.id]
-                self._send({"t": "free", "mb": mb.id})
+                routes.release(mb.id)
+                self._send({"t": "free", "mb": mb.id}, (), mb.hops)
             else:
                 header: dict[str, Any] = {"t": "decode", "mb": mb.id}
                 if len(keep) < len(mb.rows):
                     header["keep"] = keep
-                self._send(header, [toks[keep].view(-1, 1)])
+                self._send(header, [toks[keep].view(-1, 1)], mb.hops)
                 mb.rows = [mb.rows[j] for j in keep]
             self.timings.observe_driver(time.perf_counter() - t0)
         return [
@@ -695,6 +928,7 @@ class PipelineEngine(TextEngine):
         return self._run_guarded(self._score, rows)
 
     def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[ScoreResult]:
+        assert self._routes is not None
         size = self._pick_microbatch_size(len(rows))
         target = self._target()
         chunks = [list(range(i, min(i + size, len(rows)))) for i in range(0, len(rows), size)]
@@ -709,6 +943,7 @@ class PipelineEngine(TextEngine):
                 pending[mb] = idx
                 full = [rows[i][0] + rows[i][1] for i in idx]
                 ids, _, _ = left_pad(full, self.pad_id)
+                hops = self._routes.acquire(mb, 1)
                 self._send(
                     {
                         "t": "score",
@@ -717,11 +952,13 @@ class PipelineEngine(TextEngine):
                         "targets": [rows[i][1] for i in idx],
                     },
                     [ids],
+                    hops,
                 )
             h, (lp, am) = self._next_result()
             idx_or_none = pending.pop(int(h["mb"]), None)
             if idx_or_none is None:
                 continue
+            self._routes.release(int(h["mb"]))
             off = 0
             for i in idx_or_none:
                 n = len(rows[i][1])
@@ -739,9 +976,10 @@ class PipelineEngine(TextEngine):
             return
         self._closed = True
         _LIVE.discard(self)
-        if self._data is not None:
-            self._data.close()
-            self._data = None
+        for sender in self._senders.values():
+            sender.close()
+        self._senders = {}
+        self._data = None
         for s in self.stages:
             if s.ctrl is not None:
                 try:
@@ -773,6 +1011,9 @@ class PipelineEngine(TextEngine):
         if self._pull is not None:
             self._pull.close(linger=0)
             self._pull = None
+        if self._curve is not None:
+            self._curve.close()
+            self._curve = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -793,3 +1034,22 @@ class PipelineEngine(TextEngine):
             self.close()
         except Exception:
             pass
+
+
+def _kv_bytes(config: Any) -> int:
+    """KV cache bytes per token per layer (fp32), for the router's load model."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return 2 * kv_heads * head_dim * 4
+
+
+def _layer_bytes(config: Any) -> int:
+    """Weight bytes of one decoder layer (fp32): attention projections plus the MLP."""
+    h = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or h // heads)
+    kv = _kv_bytes(config) // 8
+    attn = 2 * h * heads * head_dim + 2 * h * kv
+    mlp = 3 * h * int(config.intermediate_size)
+    return 4 * (attn + mlp)

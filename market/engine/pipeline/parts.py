@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -192,10 +193,17 @@ class StageModel(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config=config, device=self.device)
         self.eval()
 
-    def new_cache(self):
+    def new_cache(self, num_layers: int | None = None):
+        """A KV cache for `num_layers` of this stage's layers (a hop may run a sub-range)."""
+        import copy
+
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.config)
+        if num_layers is None or num_layers == self.config.num_hidden_layers:
+            return DynamicCache(config=self.config)
+        config = copy.copy(self.config)
+        config.num_hidden_layers = num_layers
+        return DynamicCache(config=config)
 
     @torch.inference_mode()
     def forward(
@@ -205,15 +213,24 @@ class StageModel(nn.Module):
         position_ids: torch.Tensor,
         cache_position: torch.Tensor,
         cache=None,
+        layers: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Run this stage's layers. `x` is token ids on the first stage, hidden states after.
 
-        Returns hidden states; on the last stage they are final-normed (lm_head is applied by
-        the caller on the positions it needs).
+        `layers` (global, default all of the stage's) runs a sub-range, as a swarm route may
+        ask: the embedding runs only when it starts at layer 0, the final norm only when it
+        ends at the last layer, and the cache holds the sub-range's layers from index 0 (so
+        the mask builder, which reads the cache's first layer, sees this microbatch's past).
+        Returns hidden states, final-normed at the model's end (lm_head is applied by the
+        caller on the positions it needs).
         """
         from transformers.masking_utils import create_causal_mask
 
-        if self.embed_tokens is not None:  # the first stage embeds token ids
+        spec = self.spec
+        a, b = layers if layers is not None else (spec.start, spec.end)
+        if not spec.start <= a < b <= spec.end:
+            raise PipelineError(f"layers {a}:{b} outside this stage's {spec.start}:{spec.end}")
+        if a == 0 and self.embed_tokens is not None:  # the first hop embeds token ids
             h = self.embed_tokens(x.to(self.device))
         else:
             h = x.to(device=self.device, dtype=self.dtype)
@@ -229,7 +246,9 @@ class StageModel(nn.Module):
             position_ids=position_ids,
         )
         pe = self.rotary_emb(h, position_ids)
-        for layer in self.layers:
+        for j, layer in enumerate(self.layers[a - spec.start : b - spec.start]):
+            attn: Any = layer.self_attn
+            attn.layer_idx = j  # the cache slot for this microbatch's hop
             h = layer(
                 h,
                 attention_mask=causal,
@@ -238,7 +257,7 @@ class StageModel(nn.Module):
                 cache_position=cache_position,
                 position_embeddings=pe,
             )
-        if self.norm is not None:  # the last stage
+        if self.norm is not None and b == spec.num_layers:  # the model's last layer
             h = self.norm(h)
         return h
 

@@ -73,6 +73,16 @@ class PipelineTimings:
             (1 - a) * old + a * float(t) for old, t in zip(self.stage_s, times, strict=True)
         ]
 
+    def observe_at(self, indices: Sequence[int], times: Sequence[float]) -> None:
+        """Fold in the times of some stages only (a swarm route visits a few of them)."""
+        if not self.stage_s:
+            self.stage_s = [0.0] * self.stages
+        a = self.alpha
+        for i, t in zip(indices, times, strict=False):
+            if 0 <= i < self.stages:
+                old = self.stage_s[i]
+                self.stage_s[i] = float(t) if old == 0.0 else (1 - a) * old + a * float(t)
+
     def observe_driver(self, seconds: float) -> None:
         self.driver_s = seconds if self.driver_s == 0 else 0.8 * self.driver_s + 0.2 * seconds
 
@@ -88,21 +98,39 @@ class PipelineTimings:
         measured = self.hop_s if self.hop_s is not None else 0.0
         return max(self.configured_latency_s, measured)
 
-    def in_flight(self, mode: str, max_in_flight: int = 1024) -> int:
-        """How many microbatches to keep in flight now ("naive": S; "microbatch": formula)."""
-        if mode == "naive":
-            return self.stages
-        if mode != "microbatch":
+    def in_flight(
+        self,
+        mode: str,
+        max_in_flight: int = 1024,
+        *,
+        chain: Sequence[int] | None = None,
+        width: int = 1,
+    ) -> int:
+        """How many microbatches to keep in flight now ("naive": S; "microbatch": formula).
+
+        A swarm passes `chain` (the stage indices of the route a microbatch would take now)
+        and `width` (replicas of its least-replicated layer): the formula runs over that
+        chain and is multiplied by the number of chains that can run side by side.
+        """
+        if mode not in ("naive", "microbatch"):
             raise ValueError(f"unknown scheduling mode {mode!r}")
-        t = self.bottleneck_s
-        if not t or t <= 0:
-            return self.stages  # nothing measured yet
-        return microbatches_in_flight(
-            self.stages,
-            t,
+        idx = list(range(self.stages)) if chain is None else list(chain)
+        depth = len(idx)
+        width = max(1, width)
+        if mode == "naive":
+            return min(max_in_flight, depth * width) if chain is not None else self.stages
+        times = [self.stage_s[i] for i in idx] if self.stage_s else []
+        known = [t for t in times if t > 0]
+        if not known:
+            return min(max_in_flight, depth * width)  # nothing measured yet
+        times = [t if t > 0 else sum(known) / len(known) for t in times]
+        n = microbatches_in_flight(
+            depth,
+            max(times),
             self.link_latency_s,
-            hops=self.stages + 1,
-            stage_times_s=self.stage_s,
+            hops=depth + 1,
+            stage_times_s=times,
             driver_time_s=self.driver_s,
             max_in_flight=max_in_flight,
         )
+        return min(max_in_flight, n * width)
