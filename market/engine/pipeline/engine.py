@@ -829,6 +829,7 @@ class PipelineEngine(TextEngine):
             "restarted": 0,  # microbatches restarted on another route after a stage was lost
             "routes": {},  # route (stage indices) -> microbatches admitted on it
             "hops": {},  # route -> its hops [(stage, start, end), ...]
+            "step_s": {},  # stage index -> each decode step's time there (for calibration)
         }
         while queue or inflight:
             target = self._target()
@@ -879,6 +880,8 @@ class PipelineEngine(TextEngine):
             mb = mb_or_none
             if h["kind"] == "decode":
                 self._observe(mb.hops, h["times"])
+                for hop, t in zip(mb.hops, h["times"], strict=False):
+                    self.last_run["step_s"].setdefault(hop.stage, []).append(float(t))
             routes.step(mb.id)
             toks, lps = tensors
             keep: list[int] = []
