@@ -1,21 +1,30 @@
 """Pure-logic tests of the pipelined engine: scheduler formula, wire format, delayed sender,
-layer splitting. No model, no stage processes."""
+layer splitting, swarm keys and routes. No model, no stage processes."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import zmq
 
 from market.engine.pipeline import wire
+from market.engine.pipeline.auth import (
+    public_key,
+    read_allow_file,
+    stage_keypair,
+    write_allow_file,
+)
 from market.engine.pipeline.delay import DelayedSender
 from market.engine.pipeline.errors import PipelineError
 from market.engine.pipeline.parts import mask_from_lengths, parse_layers, positions_from_mask
 from market.engine.pipeline.parts import split_layers as split
 from market.engine.pipeline.scheduler import PipelineTimings, microbatches_in_flight
+from market.engine.pipeline.swarm import RouteChooser, StageRef, coverage_width
 from market.engine.torch_engine import left_pad
+from market.scheduler.parallax_phase2 import NoRouteError
 
 
 def test_deserve_figure_2c_example() -> None:
@@ -132,3 +141,72 @@ def test_stage_masks_and_positions_match_the_reference_padding() -> None:
     assert torch.equal(positions_from_mask(stage_mask, 5), positions)
     grown = torch.cat([stage_mask, torch.ones(3, 1, dtype=torch.long)], 1)
     assert positions_from_mask(grown, 1).flatten().tolist() == [3, 1, 5]
+
+
+# -- swarm: keys, allow lists, stage refs, routes -------------------------------------------
+
+
+def test_stage_keypair_is_deterministic_and_a_real_curve_pair() -> None:
+    pub, sec = stage_keypair(b"\x01" * 32)
+    assert (pub, sec) == stage_keypair(b"\x01" * 32)
+    assert stage_keypair(b"\x02" * 32)[0] != pub
+    assert public_key(sec) == pub and len(pub) == len(sec) == 40
+    with pytest.raises(PipelineError, match="32-byte"):
+        stage_keypair(b"short")
+
+
+def test_allow_file_round_trip_and_bad_lines_are_named(tmp_path: Path) -> None:
+    keys = [stage_keypair(bytes([i]) * 32)[0] for i in range(1, 4)]
+    path = write_allow_file(tmp_path / "allow", keys)
+    assert read_allow_file(path) == frozenset(keys)
+    path.write_text(keys[0] + "\nnot-a-key\n")
+    with pytest.raises(PipelineError, match=r"allow:2: 'not-a-key' is not a 40-character"):
+        read_allow_file(path)
+
+
+def test_stage_ref_rejects_bad_fields() -> None:
+    with pytest.raises(PipelineError, match="not tcp://"):
+        StageRef("m", "http://h:1", (0, 4))
+    with pytest.raises(PipelineError, match="bad layer range 4:4"):
+        StageRef("m", "tcp://h:1", (4, 4))
+    with pytest.raises(PipelineError, match="public key"):
+        StageRef("m", "tcp://h:1", (0, 4), "short")
+
+
+def _chooser(ranges: dict[int, tuple[int, int]], router: str = "parallax") -> RouteChooser:
+    return RouteChooser(ranges, num_layers=8, hidden_size=64, bytes_per_layer=100_000,
+                        kv_bytes_per_token_per_layer=512, router=router)
+
+
+@pytest.mark.parametrize("router", ["parallax", "wsrr"])
+def test_routes_spread_over_replicas_and_avoid_a_removed_stage(router: str) -> None:
+    routes = _chooser({0: (0, 4), 1: (0, 4), 2: (4, 8), 3: (4, 8)}, router)
+    assert routes.width == 2
+    chains = [tuple(h.stage for h in routes.acquire(mb, 10)) for mb in range(4)]
+    assert all(c[0] in (0, 1) and c[1] in (2, 3) for c in chains)
+    assert len({c[0] for c in chains}) == 2 and len({c[1] for c in chains}) == 2  # both used
+    lost = routes.remove(1)
+    assert sorted(lost) == [mb for mb, c in enumerate(chains) if 1 in c]
+    assert all(h.stage != 1 for h in routes.acquire(9, 10))
+    routes.remove(0)
+    assert not routes.covers()
+    with pytest.raises(NoRouteError, match="no live stage holds layer 0"):
+        routes.best()
+
+
+def test_overlapping_stages_route_a_sub_range() -> None:
+    routes = _chooser({0: (0, 6), 1: (4, 8)})
+    hops = routes.best()
+    assert [h.stage for h in hops] == [0, 1]
+    assert hops[0].start == 0 and hops[0].end == hops[1].start and hops[1].end == 8
+    assert coverage_width([(0, 6), (4, 8)], 8) == 1 and coverage_width([(0, 6)], 8) == 0
+
+
+def test_swarm_in_flight_counts_the_chain_times_its_width() -> None:
+    t = PipelineTimings(stages=4, configured_latency_s=0.0)
+    assert t.in_flight("microbatch", chain=[0, 2], width=2) == 4  # nothing measured yet
+    t.observe_at([0, 2], [0.010, 0.010])
+    assert t.in_flight("microbatch", chain=[0, 2], width=2) == 4  # 2 per chain, 2 chains
+    t.configured_latency_s = 0.010
+    assert t.in_flight("microbatch", chain=[0, 2], width=2) == 10  # ceil(50 / 10) * 2
+    assert t.in_flight("naive", chain=[0, 2], width=2) == 4

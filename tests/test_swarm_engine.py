@@ -97,16 +97,21 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
             cmd = [sys.executable, "-m", "market.engine.pipeline.stage", "--model",
                    str(model_dir), "--layers", layers, "--listen", endpoint,
                    "--curve-secret-file", str(secret_file), "--allow-file", str(allow), *extra]
-            procs[name] = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                text=True,
-            )
+            with open(root / f"{name}.log", "w") as log:  # not a pipe: nobody drains it
+                procs[name] = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
             a, b = (int(x) for x in layers.split(":"))
             refs[name] = StageRef(name, endpoint, (a, b), public)
         expected = [o.token_ids for o in TorchEngine(model_dir).generate(requests())]
-        for name, proc in procs.items():  # each prints one line once it listens
-            line = proc.stderr.readline() if proc.stderr else ""
-            assert "listening" in line, f"stage {name} did not start: {line}"
+        deadline = time.monotonic() + 120
+        for name, proc in procs.items():  # each logs one line once it listens
+            log_path = root / f"{name}.log"
+            while "listening on" not in log_path.read_text():
+                text = log_path.read_text()
+                assert proc.poll() is None, f"stage {name} exited: {text}"
+                assert time.monotonic() < deadline, f"stage {name} did not start: {text}"
+                time.sleep(0.1)
         yield Swarm(model_dir, refs, procs, allow_files, members, driver_secret, expected)
     finally:
         for proc in procs.values():

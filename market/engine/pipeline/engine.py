@@ -5,10 +5,16 @@ process (`market.engine.pipeline.stage`). With `stages=S` (an int) the engine st
 locally, each with `threads_per_stage` torch threads (default 1: several stages share the
 CPU, and on a busy 2-core box two OpenMP threads per stage made a decode step of the tiny
 model ~70x slower than one; raise it for big models on dedicated cores); with
-`stages=[endpoint, ...]` it drives stages started by hand on other hosts.
-The driver (this object) sits on the ring:
+`stages=[endpoint, ...]` it drives stages started by hand on other hosts; with
+`stages=[StageRef, ...]` it drives a swarm's members (see swarm.py): ranges may repeat
+(replicas) or overlap, and each microbatch gets its own route, a chain of (stage, layers)
+covering the model chosen by Parallax Phase 2 or WS-RR (`router=`), pinned until the
+microbatch is freed. The route travels in every message's header; each stage forwards to
+the route's next hop. With `curve_secret`, every socket between driver and stages is CURVE
+(auth.py): the stages admit only the keys in their allow files, the driver only its stages'.
+The driver (this object) sits on each route's ring:
 
-    driver --d--> stage 0 --d--> stage 1 ... stage S-1 --d--> driver
+    driver --d--> hop 0 --d--> hop 1 ... hop k --d--> driver
 
 Hidden states travel over zmq PUSH/PULL as raw tensor bytes plus a JSON header (wire.py).
 Every hop, the return hop included, can get an injected one-way latency `link_latency_ms`,
@@ -31,9 +37,12 @@ seeds (exactly as the single-process engine does), so only token ids and logprob
 Scoring. `score` runs through the pipeline: one teacher-forced pass per microbatch, the last
 stage returns log_softmax at each output position.
 
-Failure. Local stage processes are polled and every stage heartbeats the driver; a dead,
-crashed or silent stage makes `generate`/`score` raise StageFailedError naming it (within
-`stage_timeout_s`), after which the engine closes itself. `close()` (also the context
+Failure. Local stage processes are polled and every stage heartbeats the driver. Inside
+`generate`, a dead or silent stage (within `stage_timeout_s`) leaves the router and the
+microbatches routed through it restart from their prompts on surviving routes (requests
+are deterministic from their seeds, so outputs do not change); when no full chain is left,
+and anywhere else (`score`, calibration, a stage that reports an error), StageFailedError
+names the stage, after which the engine closes itself. `close()` (also the context
 manager exit and an atexit hook) stops every process it started; stages also exit on their
 own when their parent process disappears.
 """
@@ -829,6 +838,7 @@ class PipelineEngine(TextEngine):
             "restarted": 0,  # microbatches restarted on another route after a stage was lost
             "routes": {},  # route (stage indices) -> microbatches admitted on it
             "hops": {},  # route -> its hops [(stage, start, end), ...]
+            "step_s": {},  # stage index -> each decode step's time there (for calibration)
         }
         while queue or inflight:
             target = self._target()
@@ -879,6 +889,8 @@ class PipelineEngine(TextEngine):
             mb = mb_or_none
             if h["kind"] == "decode":
                 self._observe(mb.hops, h["times"])
+                for hop, t in zip(mb.hops, h["times"], strict=False):
+                    self.last_run["step_s"].setdefault(hop.stage, []).append(float(t))
             routes.step(mb.id)
             toks, lps = tensors
             keep: list[int] = []
