@@ -139,7 +139,7 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
     worker.store.put = timed("upload", worker.store.put,
                              lambda a, k: getattr(submitting, "task_id", None))
     worker.collect = timed("collect", worker.collect, lambda a, k: None)  # every loop turn
-    worker.q.tasks.claim_shard = timed("claim_tx", worker.q.tasks.claim_shard, by_arg)
+    worker.claim = timed("claim_tx", worker.claim, lambda a, k: int(a[0]))  # (task_id, shard)
     worker.q.tasks.submit_result = timed("submit_tx", worker.q.tasks.submit_result, by_arg)
     worker_module.build_shard_result = timed(
         "sign", worker_module.build_shard_result, lambda a, k: k.get("task_id"))

@@ -1385,6 +1385,6 @@ def fixed_clock(net: Devnet) -> Iterator[None]:
 def test_market_invariants_under_random_histories(devnet: Devnet) -> None:
     with fixed_clock(devnet):
         run_state_machine_as_test(make_machine(devnet), settings=settings(
-            max_examples=15, stateful_step_count=60, deadline=None, derandomize=True,
+            max_examples=10, stateful_step_count=60, deadline=None, derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ))
