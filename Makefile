@@ -70,7 +70,7 @@ test-python: setup $(ARTIFACTS_STAMP)
 # The Hardhat suite (one core, ~1.5 min) runs beside pytest (mostly waiting on chains and
 # processes), which keeps `make test` inside its 20-minute budget on two cores.
 test: setup lint typecheck
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-contracts test-python
+	$(MAKE) --no-print-directory -j2 test-contracts test-python
 
 bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/*.py; do \

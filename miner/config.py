@@ -69,6 +69,14 @@ DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
 __all__ = ["ENGINES", "SWARM_ROUTERS", "GpuOverride", "MinerConfig", "parse_wei"]
 
 
+def _one_of(value: Any, choices: tuple[str, ...]) -> str:
+    """`value` as one of `choices` (case and spaces ignored), else a ValueError naming them."""
+    kind = str(value).strip().lower()
+    if kind not in choices:
+        raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+    return kind
+
+
 class GpuOverride(Table):
     """A GPU spec given in the config instead of the one torch detects."""
 
@@ -115,18 +123,12 @@ class MinerConfig(KeyedSettings):
     @field_validator("engine", mode="before")
     @classmethod
     def _engine(cls, value: Any) -> str:
-        kind = str(value).strip().lower()
-        if kind not in ENGINES:
-            raise ValueError(f"{value!r} is not one of {', '.join(ENGINES)}")
-        return kind
+        return _one_of(value, ENGINES)
 
     @field_validator("swarm_router", mode="before")
     @classmethod
     def _router(cls, value: Any) -> str:
-        kind = str(value).strip().lower()
-        if kind not in SWARM_ROUTERS:
-            raise ValueError(f"{value!r} is not one of {', '.join(SWARM_ROUTERS)}")
-        return kind
+        return _one_of(value, SWARM_ROUTERS)
 
     @field_validator("endpoint", "stage_host", mode="before")
     @classmethod

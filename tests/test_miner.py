@@ -961,9 +961,11 @@ def test_running_miner_answers_availability_challenges_on_its_own(
         sh = q.tasks.get_shard(task_id, shard)
         assert (sh.state, sh.window_end, info.window_end) == (
             ShardState.SUBMITTED, extended, extended)
-        assert ("answered", {"challenge_id": cid, "task_id": task_id, "shard": shard,
-                             "index": index, "bond": bond, "window_end": extended,
-                             "source": source}) in events
+        # The loop emits once its transaction's receipt is back: the chain may show it first.
+        answered = ("answered", {"challenge_id": cid, "task_id": task_id, "shard": shard,
+                                 "index": index, "bond": bond, "window_end": extended,
+                                 "source": source})
+        wait_for(f"the miner's event for challenge {cid}", lambda: answered in events)
 
     with caplog.at_level(logging.INFO, logger="miner"), running(worker):
         wait_for("both shards submitted", lambda: all(

@@ -21,7 +21,7 @@ from market.service.board import Board
 from market.service.settings import MarketSettings
 from market.store import LocalStore
 
-WATCH_EVERY_S = 0.05
+WATCH_EVERY_S = 0.02
 """How often the one index watcher of an app reads the board's cursor while requests wait
 (one small SQLite read; none while nobody waits): a miner's long poll hears of a newly
 indexed shard within about that."""

@@ -11,7 +11,9 @@ from fastapi import HTTPException, Request
 
 from market.chain.errors import ChainError
 from market.errors import ConfigError, QuarryError
+from market.protocol.messages import MalformedMessage
 from market.service.board import MessageConflict
+from market.service.boarddb import checksum
 from market.service.schemas import ErrorOut
 from market.store import ContentNotFound, ContentTooLarge
 
@@ -79,3 +81,17 @@ def check_skew(what: str, timestamp: int, status: int, limit_s: int = SIGNED_SKE
     if abs(skew) > limit_s:
         raise HTTPException(status, f"{what} timestamp {timestamp} is {skew:+.0f} s off the "
                             f"market's clock (at most {limit_s} s)")
+
+
+def require_signer(what: str, claimed: str, recover: Callable[[], str],
+                   field: str = "miner") -> str:
+    """The checksummed `claimed` address once `recover()` (the message's signer) is it: 400
+    for a malformed message, 401 when another key signed it (`what` names the message)."""
+    try:
+        signer = recover()
+    except MalformedMessage as exc:
+        raise HTTPException(400, str(exc)) from exc
+    address = checksum(claimed, field)
+    if signer != address:
+        raise HTTPException(401, f"{what} for {address} is signed by {signer}")
+    return address

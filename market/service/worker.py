@@ -57,9 +57,9 @@ ALIVE_TTL_S = 8
 """A worker's liveness key lives this long; the worker refreshes it every `ALIVE_EVERY_S`."""
 ALIVE_EVERY_S = 2.0
 RECOMMEND_LIMIT = 50
-FOLLOW_SHARE = 0.5
-"""The share of each index interval an index task keeps following the chain (see
-`index_events`)."""
+FOLLOW_MAX_INTERVALS = 2.0
+"""The longest an index task follows the chain, in index intervals; it stops sooner as soon
+as any task waits in the queue (normally the next tick's index task, which takes over)."""
 FOLLOW_EVERY_S = 0.05
 """How often a following index task asks the chain for its head (one `eth_blockNumber`)."""
 QUEUE = "quarry"
@@ -129,6 +129,16 @@ def _redis() -> redis.Redis:
                                       socket_connect_timeout=2, health_check_interval=10)
         _cache["redis"] = client
     return client
+
+
+def _queue_waiting() -> bool:
+    """Whether a task waits in the queue (True too when Redis cannot say: stop following)."""
+    import redis
+
+    try:
+        return bool(_redis().llen(QUEUE))
+    except redis.RedisError:
+        return True
 
 
 def _board() -> Board:
@@ -257,13 +267,13 @@ _beacon: dict[str, AliveBeacon] = {}
 def index_events() -> dict[str, Any]:
     """Apply every new chain event to the board; returns the cursor (last indexed block).
 
-    Then it follows the chain for `FOLLOW_SHARE` of the index interval, indexing a new block
-    as soon as `eth_blockNumber` shows one (every `FOLLOW_EVERY_S`): a miner long-polling for
-    open shards, or a client waiting on the board, hears of a new task within about that
-    instead of at the next tick; after new blocks it refreshes the miners' recommendations
-    at once (`recommend`), which the open-shards answer prefers while fresh. The rest of the
-    interval leaves the worker to the other tasks (one solo worker runs them all), so no
-    backlog builds up behind it."""
+    Then it follows the chain, indexing a new block as soon as `eth_blockNumber` shows one
+    (every `FOLLOW_EVERY_S`): a miner long-polling for open shards, or a client waiting on
+    the board, hears of a new task within about that instead of at the next tick; after new
+    blocks it refreshes the miners' recommendations at once (`recommend`), which the
+    open-shards answer prefers while fresh. It follows until any task waits in the queue
+    (the next tick's index task takes over; a sweep gets the worker at once), so the chain
+    is always followed and no backlog builds up behind it (one solo worker runs them all)."""
     with redis_lock(INDEX_LOCK) as held:
         if not held:
             return {"skipped": "locked"}
@@ -272,11 +282,11 @@ def index_events() -> dict[str, Any]:
             board, q = _board(), _quarry()
             before = board.cursor()
             cursor = out["cursor"] = board.index(q)
-            until = started + FOLLOW_SHARE * settings().index_interval_s
+            until = started + FOLLOW_MAX_INTERVALS * settings().index_interval_s
             while True:
                 if cursor != before:  # new blocks: the miners' open shards, right away
                     recommend()
-                if time.monotonic() + FOLLOW_EVERY_S >= until:
+                if time.monotonic() + FOLLOW_EVERY_S >= until or _queue_waiting():
                     break
                 time.sleep(FOLLOW_EVERY_S)
                 before = cursor

@@ -9,10 +9,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 from fastapi.encoders import jsonable_encoder
 
-from market.protocol.messages import MalformedMessage, recover_heartbeat
-from market.service.board import checksum
+from market.protocol.messages import recover_heartbeat
 from market.service.deps import BoardDep, MarketDep, SettingsDep
-from market.service.http import check_skew, errors
+from market.service.http import check_skew, errors, require_signer
 from market.service.schemas import HeartbeatIn, HeartbeatOut, MinerOut
 
 router = APIRouter(tags=["miners"])
@@ -29,13 +28,7 @@ def heartbeat(body: HeartbeatIn, market: MarketDep) -> dict[str, Any]:
     """A registered miner's signed liveness report: 401 when the signature is not the
     miner's, 400 when its timestamp is more than 60 s off the market's clock, 403 from a
     key that is not a registered miner, 413 for a status over 4096 bytes."""
-    try:
-        signer = recover_heartbeat(body.model_dump())
-    except MalformedMessage as exc:
-        raise HTTPException(400, str(exc)) from exc
-    miner = checksum(body.miner, "miner")
-    if signer != miner:
-        raise HTTPException(401, f"heartbeat for {miner} is signed by {signer}")
+    miner = require_signer("heartbeat", body.miner, lambda: recover_heartbeat(body.model_dump()))
     size = len(json.dumps(body.status, separators=(",", ":")))
     if size > MAX_STATUS_BYTES:
         raise HTTPException(413, f"heartbeat status of {size} bytes is over the "

@@ -21,7 +21,6 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from market.errors import QuarryError
 from market.protocol.errors import SignatureError
 from market.protocol.messages import (
-    MalformedMessage,
     recover_swarm_join,
     recover_swarm_registered,
     swarm_terms_consent,
@@ -36,7 +35,7 @@ from market.scheduler.live import (
 )
 from market.service.board import I64_MAX, checksum, deployment_identity, model_id_bytes
 from market.service.deps import Market, MarketDep
-from market.service.http import check_skew, errors
+from market.service.http import check_skew, errors, require_signer
 from market.service.routers.miners import HEARTBEAT_SKEW_S
 from market.service.schemas import (
     SwarmConsentIn,
@@ -143,13 +142,8 @@ def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[st
     no manifest for the model. A join no newer than the stored one is ignored. Answers the
     current plan's version and the layers the miner serves in it (null: standby, or no plan
     covers the model yet)."""
-    try:
-        signer = recover_swarm_join(body.model_dump())
-    except MalformedMessage as exc:
-        raise HTTPException(400, str(exc)) from exc
-    miner = checksum(body.miner, "miner")
-    if signer != miner:
-        raise HTTPException(401, f"swarm join for {miner} is signed by {signer}")
+    miner = require_signer("swarm join", body.miner,
+                           lambda: recover_swarm_join(body.model_dump()))
     key = _key(model_id)
     if _key(body.model_id) != key:
         raise HTTPException(400, f"the join is for model {body.model_id}, not {model_id}")
@@ -259,13 +253,8 @@ def registered(model_id: ModelIdPath, body: SwarmRegisteredIn,
     401 when not signed by `head`, 403 when it is not the plan's head, 404 for an unknown
     version, 400 for a timestamp over 120 s off."""
     key = _key(model_id)
-    try:
-        signer = recover_swarm_registered(body.model_dump(), key)
-    except MalformedMessage as exc:
-        raise HTTPException(400, str(exc)) from exc
-    head = checksum(body.head, "head")
-    if signer != head:
-        raise HTTPException(401, f"swarm registration report for {head} is signed by {signer}")
+    head = require_signer("swarm registration report", body.head,
+                          lambda: recover_swarm_registered(body.model_dump(), key), "head")
     check_skew("swarm registration report", body.timestamp, 400)
     q = market.deployment.quarry()
     identity = deployment_identity(q)
