@@ -303,7 +303,10 @@ class SwarmEngine(TextEngine):
         self.options = {"startup_timeout_s": 30.0, **options}
         self._lock = threading.Condition()
         self._build = threading.Lock()
-        self._retired: list[Any] = []  # replaced pipelines, closed by the next batch
+        # Held while a batch runs: a stage serves one driver session at a time, so a new
+        # plan's pipeline says hello (and the old one is closed) only between batches.
+        self._batch = threading.Lock()
+        self._retired: list[Any] = []  # replaced pipelines, closed before the next connects
         self.building: int | None = None  # the plan version of the pipeline built last
         self._plan: SwarmPlan | None = None
         self._engine: Any = None
@@ -330,7 +333,8 @@ class SwarmEngine(TextEngine):
                 if self._plan is None or self._plan.version != version:
                     return
             try:
-                self._current()
+                with self._batch:
+                    self._current()
                 return
             except (PipelineError, SwarmUnavailable) as exc:
                 if attempt == WARM_ATTEMPTS - 1:
@@ -339,8 +343,9 @@ class SwarmEngine(TextEngine):
 
     def _current(self) -> tuple[Any, int]:
         """(the PipelineEngine of the newest plan, its version), built here when the plan
-        moved, one build at a time; the engine it replaces is retired, closed by the next
-        batch (it may be generating right now). A failed build's plan is in `building`."""
+        moved, one build at a time, with `_batch` held (no batch running): the engine it
+        replaces is closed first, so the stages it shares with the new one are released
+        before the new one says hello. A failed build's plan is in `building`."""
         with self._build:
             with self._lock:
                 plan = self._plan
@@ -352,6 +357,7 @@ class SwarmEngine(TextEngine):
                     self._retired.append(self._engine)
                 self._engine, self._engine_version = None, None
                 self.building = plan.version
+            self._close_retired()
             return self._connect(plan), plan.version
 
     def _close_retired(self) -> None:
@@ -397,6 +403,10 @@ class SwarmEngine(TextEngine):
     def _run(self, call: Callable[[Any], Any]) -> Any:
         """`call(pipeline)`; when a stage fails (or the pipeline cannot be connected), once
         more on the next plan's pipeline (the plan moves when a member leaves or joins)."""
+        with self._batch:
+            return self._run_batch(call)
+
+    def _run_batch(self, call: Callable[[Any], Any]) -> Any:
         from market.engine.pipeline.errors import PipelineError
 
         self._close_retired()

@@ -141,6 +141,20 @@ def test_uneven_overlapping_split_matches(swarm: Swarm) -> None:
         assert route == "0-1"
 
 
+def test_a_new_driver_keeps_its_stages_when_the_old_one_closes(swarm: Swarm) -> None:
+    """A head re-planning connects a new pipeline to stages the old one used, then closes
+    the old one: the old one's release must not release the stages from the new driver."""
+    old = swarm.engine(["m0", "m2"], microbatch_size=2)
+    try:
+        assert [o.token_ids for o in old.generate(requests())] == swarm.expected
+        with swarm.engine(["m0", "m2"], microbatch_size=2) as new:
+            old.close()
+            time.sleep(3.5)  # past stage_timeout_s: the new driver still gets heartbeats
+            assert [o.token_ids for o in new.generate(requests())] == swarm.expected
+    finally:
+        old.close()
+
+
 def test_stage_refs_are_checked(swarm: Swarm) -> None:
     with pytest.raises(PipelineError, match="layer 4 is missing"):
         swarm.engine(["m0", "m1"])

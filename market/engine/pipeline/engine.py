@@ -996,7 +996,8 @@ class PipelineEngine(TextEngine):
             if s.ctrl is not None:
                 try:
                     kind = "shutdown" if s.proc is not None else "release"
-                    s.ctrl.send_multipart(wire.encode({"t": kind}), flags=zmq.NOBLOCK)
+                    s.ctrl.send_multipart(wire.encode({"t": kind, "s": self.session}),
+                                          flags=zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
         deadline = time.monotonic() + 2.0

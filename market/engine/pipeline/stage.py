@@ -227,7 +227,8 @@ class StageServer:
         if kind == "hello":
             self._hello(h)
         elif kind == "release":  # the driver is done with us; wait for the next hello
-            self._release()
+            if h.get("s", self.session) == self.session:  # not a driver we already left
+                self._release()
         elif kind == "prefill":
             self._prefill(h, tensors)
         elif kind == "decode":
