@@ -146,11 +146,13 @@ class SwarmPlan:
 
 
 def check_plan(plan: SwarmPlan, me: str, *, model_id: bytes, model: ModelSpec,
-               memory_mib: int) -> PlanMember | None:
+               memory_mib: int, ask: int = 0) -> PlanMember | None:
     """This member's entry of `plan` (None on standby) after checking what serving it
     relies on: the planner's own rules (`market.scheduler.live.check_plan`: every layer
     covered, its range within what `memory_mib` holds with the KV room the market reserves)
-    and the consent terms it is about to sign (the plan's model, members and head);
+    and the consent terms it is about to sign (the plan's model, members and head, each
+    member's share = the layers it serves, a price of at least this member's `ask`): the
+    market is not trusted, so terms that would move pay are refused here, before signing.
     PlanError naming the first problem otherwise."""
     from market.scheduler.live import check_plan as planner_check
 
@@ -170,6 +172,13 @@ def check_plan(plan: SwarmPlan, me: str, *, model_id: bytes, model: ModelSpec,
             or consent.model_id != model_id:
         raise PlanError(f"{v}: its consent terms do not name the plan's members, head and "
                         "model")
+    served = {m.address: m.layers[1] - m.layers[0] for m in plan.members}
+    if list(consent.shares) != [served[m] for m in consent.members]:
+        raise PlanError(f"{v}: its consent shares {list(consent.shares)} are not the layers "
+                        f"each member serves {[served[m] for m in consent.members]}")
+    if consent.price_per_token < ask:
+        raise PlanError(f"{v}: its consent price {consent.price_per_token} wei/token is below "
+                        f"this member's ask of {ask}")
     return plan.member(me)
 
 
@@ -563,7 +572,7 @@ class SwarmMember:
         if plan is None or got.version != plan.version:
             try:
                 mine = check_plan(got, self.address, model_id=self.model_id, model=self.spec,
-                                  memory_mib=self.memory_mib)
+                                  memory_mib=self.memory_mib, ask=self.price_per_token)
             except PlanError as exc:
                 self._rejected = got.version
                 log.error("refusing %s", exc)

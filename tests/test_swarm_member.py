@@ -27,7 +27,8 @@ def test_member_refuses_bad_plans(model_dir_only: Path) -> None:
     a, b = (to_checksum_address("0x" + x * 20) for x in ("0a", "0b"))
 
     def plan(ranges: dict[str, tuple[int, int]], head: str = a,
-             terms_members: list[str] | None = None) -> SwarmPlan:
+             terms_members: list[str] | None = None, shares: list[int] | None = None,
+             price: int = 1) -> SwarmPlan:
         members = sorted(ranges, key=lambda x: int(x, 16))
         return SwarmPlan.from_json({
             "model_id": "0x" + mid.hex(), "version": 3, "algorithm": "parallax",
@@ -36,8 +37,8 @@ def test_member_refuses_bad_plans(model_dir_only: Path) -> None:
                          "layers": list(ranges[m]), "memory_mib": 5} for m in members],
             "terms": {"model_id": "0x" + mid.hex(), "head": head,
                       "members": terms_members or members,
-                      "shares": [ranges[m][1] - ranges[m][0] for m in members],
-                      "price_per_token": 1, "deadline": 1},
+                      "shares": shares or [ranges[m][1] - ranges[m][0] for m in members],
+                      "price_per_token": price, "deadline": 1},
             "swarm_id": None})
 
     # 5 MiB hold 2 layers of this model with the KV room the market reserves, not 3
@@ -58,6 +59,12 @@ def test_member_refuses_bad_plans(model_dir_only: Path) -> None:
     with pytest.raises(PlanError, match="consent terms"):
         check_plan(plan({a: (0, 2), b: (2, 8)}, terms_members=[a, c]), a, **kw)
     assert check_plan(plan({a: (0, 2), b: (2, 8)}), "0x" + "0d" * 20, **kw) is None  # standby
+    # An untrusted market's terms that move pay: a's 2 layers paid as 1, or under a's ask.
+    with pytest.raises(PlanError, match="not the layers each member serves"):
+        check_plan(plan({a: (0, 2), b: (2, 8)}, shares=[1, 7]), a, **kw)
+    with pytest.raises(PlanError, match="below this member's ask"):
+        check_plan(plan({a: (0, 2), b: (2, 8)}, price=5), a, ask=6, **kw)
+    assert check_plan(plan({a: (0, 2), b: (2, 8)}, price=6), a, ask=6, **kw) is not None
 
 
 @pytest.fixture(scope="module")

@@ -445,13 +445,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_source(args)
     if args.swarm is not None:
         live = live_plan(args)
-        print(render_live(live))
-        if args.out is not None:
-            try:
-                args.out.write_text(json.dumps(live, indent=2) + "\n")
-            except OSError as exc:
-                raise QuarryError(f"cannot write {args.out}: {exc}") from exc
-            print(f"  wrote {args.out}")
+        _show(render_live(live), live, args.out)
         return 0
     for name in ("concurrency", "l_max"):
         if getattr(args, name) < 1:
@@ -468,11 +462,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                      l_max=args.l_max, client=args.client)
     if registry_info is not None:
         doc["registry"] = registry_info
-    print(render(doc))
-    if args.out is not None:
-        try:
-            args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        except OSError as exc:
-            raise QuarryError(f"cannot write {args.out}: {exc}") from exc
-        print(f"  wrote {args.out}")
+    _show(render(doc), doc, args.out)
     return 0
+
+
+def _show(text: str, doc: dict[str, Any], out: Path | None) -> None:
+    """Print a plan, and write its JSON to `out` when given."""
+    print(text)
+    if out is not None:
+        try:
+            out.write_text(json.dumps(doc, indent=2) + "\n")
+        except OSError as exc:
+            raise QuarryError(f"cannot write {out}: {exc}") from exc
+        print(f"  wrote {out}")
