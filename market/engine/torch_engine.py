@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.framestack import fresh_frame_chunk
 from market.engine.sampling import likelihood_ratios, make_generators, select_next
 from market.engine.text import EngineError, TextEngine
 from market.model.loading import load_model, resolve_device, resolve_dtype
@@ -141,6 +142,7 @@ class TorchEngine(TextEngine):
         ).last_hidden_state
         return self.model.get_output_embeddings()(hidden[:, -1, :])
 
+    @fresh_frame_chunk
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         from transformers import DynamicCache
@@ -239,6 +241,7 @@ class TorchEngine(TextEngine):
                 results[i] = res
         return results
 
+    @fresh_frame_chunk
     @torch.inference_mode()
     def _score_batch(
         self,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from market.engine.framestack import fresh_frame_chunk
 from market.engine.pipeline.errors import PipelineError
 
 SUPPORTED_MODEL_TYPES = ("llama",)
@@ -205,6 +206,7 @@ class StageModel(nn.Module):
         config.num_hidden_layers = num_layers
         return DynamicCache(config=config)
 
+    @fresh_frame_chunk
     @torch.inference_mode()
     def forward(
         self,
