@@ -24,7 +24,7 @@ from market.chain.contracts import (
 )
 from market.chain.errors import ChainError, revert_class
 from market.protocol import Receipt
-from market.service.cli import Ticker
+from market.service.cli import Ticker, tick_schedule
 from market.service.sweeps import (
     EXPIRE,
     FINALIZE,
@@ -632,6 +632,17 @@ def test_ticker_survives_an_outage() -> None:
     ticker.tick(due)
     assert sent[-2:] == ["index", "sweep"]
     assert len(warnings) == 2 and "back" in warnings[1]
+
+
+def test_each_tick_sends_the_index_task_last() -> None:
+    """The index task follows the chain until a task is queued behind it: one sent after it
+    in the same tick would end its following at once."""
+    from market.service import worker
+    from market.service.settings import MarketSettings
+
+    names = [name for name, _ in tick_schedule(MarketSettings())]
+    assert names[-1] == worker.TASK_INDEX
+    assert set(names) == {worker.TASK_INDEX, worker.TASK_RECOMMEND, worker.TASK_SWEEP}
 
 
 def test_ticker_rejects_bad_interval() -> None:

@@ -169,6 +169,18 @@ def _serve(args: argparse.Namespace) -> int:
         sock.close()
 
 
+def tick_schedule(settings: Any) -> list[tuple[str, float]]:
+    """The ticker's tasks, in the order each tick sends them. The index task goes last: it
+    follows the chain until another task is queued, so a task queued behind it in the same
+    tick would stop it at once and leave the chain unfollowed until the next tick (new tasks
+    then waited up to an index interval to be seen)."""
+    from market.service import worker
+
+    return [(worker.TASK_RECOMMEND, settings.index_interval_s),
+            (worker.TASK_SWEEP, settings.sweep_interval_s),
+            (worker.TASK_INDEX, settings.index_interval_s)]
+
+
 def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -183,10 +195,7 @@ def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> i
         def send(name: str, expires: float) -> None:
             celery_app.send_task(name, expires=expires, retry=False)
 
-        ticker = Ticker([(worker.TASK_INDEX, settings.index_interval_s),
-                         (worker.TASK_RECOMMEND, settings.index_interval_s),
-                         (worker.TASK_SWEEP, settings.sweep_interval_s)],
-                        send, where=f"Redis at {settings.redis_url}")
+        ticker = Ticker(tick_schedule(settings), send, where=f"Redis at {settings.redis_url}")
         ticker.start()
     print(f"market: serving {settings.url} (API docs {settings.url}/docs), board "
           f"{settings.db_path}, Redis {settings.redis_url}", file=sys.stderr, flush=True)
