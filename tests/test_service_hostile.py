@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from market.jsonsafe import JsonTooDeep, loads, nesting_depth
 from market.protocol.errors import RequestError
@@ -52,6 +54,29 @@ def test_nesting_is_measured_without_recursion() -> None:
         parse_jsonl(DEEP + b"\n")
     with pytest.raises(ResultFormatError, match="result document is nested 80000 levels"):
         ShardResult.from_bytes(DEEP)
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:'),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(alphabet='[]{}"\\ab'), inner, max_size=4),
+    max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_nesting_depth_agrees_with_the_parsed_document(value: object) -> None:
+    """Strings full of brackets, quotes and escapes never count; the scan's depth is the
+    parsed value's."""
+    assert nesting_depth(json.dumps(value)) == _depth(value)
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,12 @@ class Chain:
     ) -> None:
         self.rpc_url = rpc_url
         self.timeout = timeout
-        self.w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+        # web3 validates every eth_call and estimate against the chain id, which it asks the
+        # node for each time unless cached: one extra round trip per call. Only the chain id
+        # is cached (blocks are not: a restarted devnet reuses their numbers).
+        self.w3 = Web3(Web3.HTTPProvider(
+            rpc_url, request_kwargs={"timeout": timeout}, cache_allowed_requests=True,
+            cacheable_requests={RPCEndpoint("eth_chainId")}))
         self._decoder = decoder
         self._chain_id: int | None = None
         self._contracts: dict[str, tuple[str, Contract]] = {}  # address -> (name, contract)
