@@ -231,8 +231,9 @@ def test_four_members_of_different_memory_get_a_covering_plan(swarm_factory: Any
 
 def test_a_join_and_a_silent_member_replan_under_the_churn_rules(swarm_factory: Any) -> None:
     s: Swarm = swarm_factory(swarm_member_ttl_s=2.0)
-    for i in range(4):
-        s.join(i)
+    first = [s.body(i) for i in range(4)]
+    for body in first:
+        post(s.url, f"/swarms/{s.model_id}/members", body)
     v1 = s.api.swarm_plan(s.model_id)
     # a fifth member joins: the next version, placed by the churn rules from v1
     joined = s.join(4)
@@ -278,9 +279,10 @@ def test_a_join_and_a_silent_member_replan_under_the_churn_rules(swarm_factory: 
     # survivors' layers
     assert v3["replanned"].startswith(f"leave {gone} (re-plan: layer-load CV")
     assert r3 == {n: r for n, r in r2.items() if n != gone}
-    # a replayed (no newer) join does not bring it back
-    with_old = s.body(1, timestamp=ts - 5)
-    post(s.url, f"/swarms/{s.model_id}/members", with_old)
+    # its last join, replayed (no newer than the stored one), does not bring it back; the
+    # replay must be that very body: the loop above advanced `ts` faster than the wall clock,
+    # so a body signed at `ts - 5` could be newer than it and count as a real rejoin
+    post(s.url, f"/swarms/{s.model_id}/members", first[1])
     assert s.api.swarm_plan(s.model_id)["version"] == v3["version"]
 
 
