@@ -181,11 +181,12 @@ class ChainIndex(BoardBase):
             stored_identity = self._meta(conn, "deployment")
             cursor_value = self._meta(conn, "cursor")
             cursor_hash = self._meta(conn, "cursor_hash")
+        head = int(rpc(lambda: w3.eth.block_number))
         if cursor_value is not None and stored_identity == identity and \
-                int(rpc(lambda: w3.eth.block_number)) == int(cursor_value):
+                head == int(cursor_value):
             # Nothing new: one call. A chain restarted to exactly this height is caught by
             # the checks below at its next block.
-            return int(cursor_value)
+            return head
         if stored_identity is not None and stored_identity != identity:
             raise BoardError(
                 f"board database {self.db_path} was built for another deployment "
@@ -195,7 +196,6 @@ class ChainIndex(BoardBase):
             raise BoardError(
                 f"chain reset: no TaskRegistry code at {q.tasks.address} on "
                 f"{q.deployment.rpc_url}; the chain was restarted without this deployment")
-        head = int(rpc(lambda: w3.eth.block_number))
         if cursor_value is None:
             cursor = q.deployment.deploy_block - 1
             self._init_params(q, identity)
