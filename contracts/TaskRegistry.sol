@@ -50,6 +50,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     uint16 public constant BPS = 10_000;
     /// @notice Hard cap on shards per task, so every per-task computation stays gas-bounded.
     uint32 public constant MAX_SHARDS_CAP = 1024;
+    /// @notice Most shards one {claimShards} call may claim.
+    uint256 public constant MAX_CLAIM_BATCH = 64;
 
     /// @notice Share of a shard's budget locked from the miner's stake while it holds the shard.
     uint16 public collateralBps;
@@ -136,6 +138,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     error UnknownTask(uint256 taskId);
     error BadShard(uint256 taskId, uint32 shard);
     error ShardNotOpen(ShardState state);
+    error BadClaimBatch(uint256 count, uint256 max);
     error ShardNotClaimed(ShardState state);
     error ShardNotSubmitted(ShardState state);
     error ShardNotDisputed(ShardState state);
@@ -313,6 +316,20 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     /// @param shard The shard index.
     function claimShard(uint256 taskId, uint32 shard) external nonReentrant {
         _claim(taskId, shard, 0);
+    }
+
+    /// @notice Claims several Open shards of one task, all or none: {claimShard} for each, in
+    /// order (a shard listed twice reverts ShardNotOpen). A miner that generates shards back to
+    /// back as one stream claims them in one transaction: one inclusion to wait for and one
+    /// base cost, instead of a claim per shard while the first is already generating.
+    /// @param taskId The task.
+    /// @param shards The shard indexes (1..MAX_CLAIM_BATCH of them).
+    function claimShards(uint256 taskId, uint32[] calldata shards) external nonReentrant {
+        uint256 n = shards.length;
+        if (n == 0 || n > MAX_CLAIM_BATCH) revert BadClaimBatch(n, MAX_CLAIM_BATCH);
+        for (uint256 i = 0; i < n; ++i) {
+            _claim(taskId, shards[i], 0);
+        }
     }
 
     /// @notice Claims an Open shard for swarm `swarmId`, whose head must be the caller; as

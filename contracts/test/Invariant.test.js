@@ -7,6 +7,7 @@
 //   - GPURegistry balance == sum of miner stakes; locked collateral per miner == sum of the
 //     collateral of its Claimed/Submitted/Disputed shards; reputation and probation (only
 //     reports of epochs that started at or after the registration count), registeredAt;
+//     untrusted reports in a row, each after the first burning a share of the free stake;
 //   - Arbitration balance == bonds of open disputes + bonds of open availability challenges;
 //   - VerifierCommittee balance == sum of verifierInfo.stake over every verifier registered and
 //     not withdrawn; each verifier's record, strikes, seats and the weight snapshots per epoch;
@@ -121,8 +122,14 @@ async function run(seed, steps, wideEvery) {
     const i = await gpu.minerInfo(m);
     mstate.set(m.address, {
       stake: i.stake, rep: i.reputationBps, onProbation: i.onProbation, passed: i.passedEpochs, registeredAt: i.registeredAt,
+      untrusted: 0n, // reports in a row that left it untrusted
     });
   }
+  // every such report after the first burns a share of the free stake (credited to BURN)
+  const BURN = await gpu.BURN();
+  const untrustedBelow = await gpu.untrustedBelowBps();
+  const untrustedSlash = await gpu.untrustedSlashBps();
+  w.set(BURN, 0n);
   expect(mstate.get(miner3.address).onProbation).to.equal(true);
   expect(mstate.get(miner3.address).registeredAt).to.equal(registered3);
   // reports list the miners strictly ascending by address
@@ -360,6 +367,8 @@ async function run(seed, steps, wideEvery) {
       expect(await escrow.withdrawable(a)).to.equal(w.get(a.address), `withdrawable of ${a.address}`);
       sumW += w.get(a.address);
     }
+    expect(await escrow.withdrawable(BURN)).to.equal(w.get(BURN), "burned");
+    sumW += w.get(BURN);
     expect(await escrow.totalWithdrawable()).to.equal(sumW);
     expect(await ethers.provider.getBalance(escrow)).to.equal(sumEscrowed + sumW);
     // miners
@@ -368,6 +377,7 @@ async function run(seed, steps, wideEvery) {
       const info = await gpu.minerInfo(m);
       const st = mstate.get(m.address);
       expect(info.stake).to.equal(st.stake, `stake of ${m.address}`);
+      expect(await gpu.untrustedReportsOf(m)).to.equal(st.untrusted, `untrusted reports of ${m.address}`);
       expect(info.locked).to.equal(lockedOf(m.address), `locked collateral of ${m.address}`);
       expect(info.reputationBps).to.equal(st.rep);
       expect(info.onProbation).to.equal(st.onProbation);
@@ -476,6 +486,32 @@ async function run(seed, steps, wideEvery) {
       Object.assign(shardOf(t, s), { state: S.Claimed, miner: m.address, claimExpiry: ts + P.claimTimeout, collateral: coll });
       t.committed += budget;
       return mstate.get(m.address).onProbation ? "claimOnProbationAllowed" : true;
+    },
+    async claimShards() {
+      const ts = await pin();
+      const open = tasks.filter((t) => ts < t.deadline).map((t) => [t, t.shards.flatMap((sh, i) => (sh.state === S.Open ? [i] : []))])
+        .filter(([, ks]) => ks.length >= 2);
+      if (!open.length) return false;
+      const [t, ks] = rnd.pick(open);
+      const picked = ks.filter(() => rnd.next() < 0.7).slice(0, 4);
+      if (picked.length < 2) picked.splice(0, picked.length, ks[0], ks[1]);
+      const m = rnd.pick(miners);
+      if (!eligible(m, t)) {
+        await expect(task.connect(m).claimShards(t.id, picked)).to.be.revertedWithCustomError(task, "NotEligible").withArgs(m.address);
+        return "claimsNotEligible";
+      }
+      const colls = picked.map((s) => (budgetOf(t, s) * BigInt(P.collateralBps)) / BPS);
+      const need = colls.reduce((a, x) => a + x, 0n);
+      if (need > mstate.get(m.address).stake - lockedOf(m.address)) return false; // claimShard's model never meets it either
+      const tx = task.connect(m).claimShards(t.id, picked);
+      for (const [j, s] of picked.entries()) {
+        await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, m.address, ts + P.claimTimeout, colls[j]);
+      }
+      picked.forEach((s, j) => {
+        Object.assign(shardOf(t, s), { state: S.Claimed, miner: m.address, claimExpiry: ts + P.claimTimeout, collateral: colls[j] });
+        t.committed += budgetOf(t, s);
+      });
+      return "claimShards";
     },
     async registerSwarm() {
       if (swarms.length >= 6) return false;
@@ -1004,6 +1040,17 @@ async function run(seed, steps, wideEvery) {
       for (let i = 0; i < reportMiners.length; i++) {
         const st = mstate.get(reportMiners[i].address);
         st.rep = BigInt(scores[i]);
+        if (st.rep >= untrustedBelow) st.untrusted = 0n;
+        else if (++st.untrusted > 1n) {
+          const free = st.stake - lockedOf(reportMiners[i].address);
+          const burn = min((st.stake * untrustedSlash) / BPS, free);
+          if (burn > 0n) {
+            await expect(tx).to.emit(gpu, "Slashed").withArgs(reportMiners[i].address, burn, BURN, await committee.getAddress());
+            st.stake -= burn;
+            credit(BURN, burn);
+          }
+          bump("untrustedSlash");
+        }
         // only an epoch that started at or after the registration counts towards probation
         if (st.onProbation && epochStart(e) < st.registeredAt) {
           bump("reportBeforeRegistration");
@@ -1162,7 +1209,7 @@ async function run(seed, steps, wideEvery) {
   }
 
   const weights = [
-    ["createTask", 6], ["claimShard", 10], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 12], ["finalizeShard", 8], ["reclaimExpired", 4],
+    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 12], ["finalizeShard", 8], ["reclaimExpired", 4],
     ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
     ["reportAbsence", 3], ["challengeAvailability", 5], ["answerAvailability", 7], ["settleUnanswered", 3],
     ["proveBillingFault", 4], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
@@ -1211,6 +1258,7 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "verifierWithdraw", "timeJump", "epochJump", "submit_overcap", "submit_miscount", "submit_inflated",
       "registerSwarm", "registerSwarmForged", "leaveSwarm", "swarmReplay", "claimShardSwarm", "claimSwarmInactive",
       "claimSwarmAskAbove", "claimSwarmMemberNotEligible", "finalizeSwarm", "swarmSlash",
+      "claimShards", "claimsNotEligible", "untrustedSlash",
     ]) {
       expect(agg[k] || 0, `${k}: ${JSON.stringify(agg)}`).to.be.greaterThan(0);
     }

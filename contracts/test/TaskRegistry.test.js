@@ -210,6 +210,40 @@ describe("TaskRegistry", function () {
     });
   });
 
+  describe("claimShards", function () {
+    it("claims several shards in one transaction, each as claimShard would", async function () {
+      const { task, gpu, miner, taskId } = await loadFixture(withTask);
+      const tx = await task.connect(miner).claimShards(taskId, [2, 0]);
+      const now = BigInt(await time.latest());
+      const coll2 = (BUDGET2 * BigInt(P.collateralBps)) / 10000n;
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 2, miner.address, now + P.claimTimeout, coll2);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 0, miner.address, now + P.claimTimeout, COLL4);
+      expect((await gpu.minerInfo(miner)).locked).to.equal(COLL4 + coll2);
+      expect((await task.getTask(taskId)).committed).to.equal(BUDGET4 + BUDGET2);
+      expect((await task.getShard(taskId, 1)).state).to.equal(S.Open);
+      for (const k of [0, 2]) expect((await task.getShard(taskId, k)).miner).to.equal(miner.address);
+    });
+    it("is all or none: a taken, repeated or bad shard, an empty or oversized list", async function () {
+      const { task, gpu, miner, miner2, outsider, taskId } = await loadFixture(withTask);
+      await task.connect(miner).claimShard(taskId, 1);
+      await expect(task.connect(miner2).claimShards(taskId, [0, 1]))
+        .to.be.revertedWithCustomError(task, "ShardNotOpen").withArgs(S.Claimed);
+      await expect(task.connect(miner2).claimShards(taskId, [0, 0]))
+        .to.be.revertedWithCustomError(task, "ShardNotOpen").withArgs(S.Claimed);
+      await expect(task.connect(miner2).claimShards(taskId, [0, 3]))
+        .to.be.revertedWithCustomError(task, "BadShard").withArgs(taskId, 3);
+      await expect(task.connect(miner2).claimShards(taskId, []))
+        .to.be.revertedWithCustomError(task, "BadClaimBatch").withArgs(0, 64);
+      await expect(task.connect(miner2).claimShards(taskId, Array(65).fill(0)))
+        .to.be.revertedWithCustomError(task, "BadClaimBatch").withArgs(65, 64);
+      await expect(task.connect(outsider).claimShards(taskId, [0, 2]))
+        .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Open);
+      expect((await gpu.minerInfo(miner2)).locked).to.equal(0n);
+      expect((await task.getTask(taskId)).committed).to.equal(BUDGET4);
+    });
+  });
+
   describe("submitResult", function () {
     it("records the result tree's root and sum and opens the challenge window", async function () {
       const q = await loadFixture(claimed);
