@@ -12,8 +12,8 @@ the torch engine, batches of 16, the same torch thread count) two ways, alternat
   (upload + createTask) through `job.wait()` to `job.results()` returning outputs whose
   receipts, Merkle proofs and output hashes all checked out. One shard of all the prompts,
   so the miner batches as the raw run does; and (`--multi-shard-size`, 64 by default) the
-  same batch in several shards, which the one miner claims back to back and generates as
-  one stream (its `max_shards_in_flight`, 4 by default), submitting each as it completes.
+  same batch in several shards, which the one miner claims in one transaction and generates
+  as one stream (its `max_shards_in_flight`, 4 by default), submitting each as it completes.
 
 The headline `market_vs_engine_throughput_ratio` is market tokens/s over raw tokens/s, both
 from median times (the same tokens: the greedy outputs are checked to be identical), and
@@ -140,6 +140,8 @@ def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> Non
                              lambda a, k: getattr(submitting, "task_id", None))
     worker.collect = timed("collect", worker.collect, lambda a, k: None)  # every loop turn
     worker.claim = timed("claim_tx", worker.claim, lambda a, k: int(a[0]))  # (task_id, shard)
+    if worker.claim_many is not None:  # (task_id, shards): the shards streamed together
+        worker.claim_many = timed("claim_tx", worker.claim_many, lambda a, k: int(a[0]))
     worker.q.tasks.submit_result = timed("submit_tx", worker.q.tasks.submit_result, by_arg)
     worker_module.build_shard_result = timed(
         "sign", worker_module.build_shard_result, lambda a, k: k.get("task_id"))

@@ -13,7 +13,7 @@ then command-line flags (each later source overrides the earlier).
     endpoint = "http://203.0.113.7:9100"  # advertised on-chain
     poll_interval_s = 2.0
     max_batch = 8
-    max_shards_in_flight = 4              # shards of one task claimed back to back and
+    max_shards_in_flight = 4              # shards of one task claimed together and
                                           # generated as one stream (batches run across
                                           # their boundaries); 1: one shard at a time
     auto_withdraw = false

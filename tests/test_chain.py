@@ -12,6 +12,7 @@ import pytest
 from eth_account.signers.local import LocalAccount
 
 from market.chain.contracts import (
+    MAX_CLAIM_BATCH,
     ZERO_ADDRESS,
     Ballot,
     ChallengeStatus,
@@ -662,3 +663,7 @@ def test_events_transfer_and_connect(devnet: Devnet, deployment_file) -> None:
     connected = Quarry.connect()  # reads $QUARRY_HOME/deployment.json
     assert connected.tasks.task_count() == q.tasks.task_count()
     assert connected.tasks.address == q.tasks.address
+
+
+def test_claim_batch_bound_matches_the_contract(devnet: Devnet) -> None:
+    assert devnet.q.tasks._call("MAX_CLAIM_BATCH") == MAX_CLAIM_BATCH

@@ -495,6 +495,9 @@ def test_run_streams_shards_of_a_task_through_full_batches(
     assert summary.failed == 0 and log.sizes == sizes
     assert sorted(o.shard for o in summary.submitted) == [0, 1, 2]
     assert [k for name, k in events if name == "claimed"] == [0, 1, 2]
+    # the shards streamed together were claimed in one transaction (Anvil: one per block)
+    blocks = [e["blockNumber"] for e in q.tasks.events("ShardClaimed", 0, taskId=task_id)]
+    assert len(set(blocks)) == -(-3 // in_flight)
     parsed = parse_jsonl(data)
     for k in range(3):
         sh = q.tasks.get_shard(task_id, k)
@@ -531,11 +534,46 @@ def test_engine_failure_mid_stream_fails_only_the_unfinished_shards(
         ShardState.SUBMITTED, ShardState.CLAIMED, ShardState.CLAIMED]
 
 
+def test_a_refused_batch_claim_falls_back_to_one_claim_per_shard(
+        devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
+    """Another miner takes shard 1 between this miner's checks and its `claimShards`: the
+    batch reverts (nothing locked), each shard is then claimed on its own, and only shard 1
+    is skipped, saying why."""
+    q, miner, rival = devnet.q, anvil_account(12), anvil_account(13)
+    register(devnet, miner, model_dir, dead_market)
+    register(devnet, rival, model_dir, dead_market)
+    task_id = post_task(devnet, store, engine.model_id, batch(9), shard_size=3)
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
+                    progress=False, max_batch=3)
+    assert worker.claim_many is not None
+    claim_many = worker.claim_many
+    tried: list[list[int]] = []
+
+    def rival_first(task: int, shards: Any) -> Any:
+        tried.append(list(shards))
+        q.tasks.claim_shard(rival, task, 1)
+        return claim_many(task, shards)
+
+    worker.claim_many = rival_first
+    outcomes = worker.process_shards(task_id, [0, 1, 2])
+    worker.close()
+    assert tried == [[0, 1, 2]]
+    assert [(o.shard, o.status) for o in outcomes] == [
+        (0, "submitted"), (1, "skipped"), (2, "submitted")]
+    assert "ShardNotOpen" in outcomes[1].reason
+    assert q.tasks.get_shard(task_id, 1).miner == rival.address
+    assert q.gpu.miner_info(miner.address).locked == sum(  # nothing left over from the batch
+        q.tasks.get_shard(task_id, k).collateral for k in (0, 2))
+    blocks = [e["blockNumber"] for e in q.tasks.events("ShardClaimed", 0, taskId=task_id)]
+    assert len(set(blocks)) == 3
+
+
 def test_an_abort_names_every_claim_held_including_those_made_ahead(
         devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str) -> None:
-    """Shards 1 and 2 are claimed in the background while shard 0 generates; an abort (a
-    second Ctrl-C) during shard 1's batch, once both claims are made, leaves them claimed,
-    and the abort message names both with their collateral."""
+    """Shards 1 and 2 are claimed in the background while shard 0 generates (the path when
+    they cannot be claimed together: here, no `claimShards`); an abort (a second Ctrl-C)
+    during shard 1's batch, once both claims are made, leaves them claimed, and the abort
+    message names both with their collateral."""
     q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     task_id = post_task(devnet, store, engine.model_id, batch(9), shard_size=3)
@@ -556,6 +594,7 @@ def test_an_abort_names_every_claim_held_including_those_made_ahead(
     worker = Worker(account=miner, quarry=q,
                     engines={engine.model_id: Hooked(engine, abort_on_second_batch)},
                     store=store, progress=False, max_batch=3, listener=on_event)
+    worker.claim_many = None
     with pytest.raises(KeyboardInterrupt):
         worker.process_shards(task_id, [0, 1, 2])
     message = worker.abort_message()

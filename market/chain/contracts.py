@@ -365,6 +365,10 @@ class GPURegistry(QuarryContract):
         return {to_checksum_address(m): int(p) for m, p in zip(members, parts, strict=True)}
 
 
+MAX_CLAIM_BATCH = 64
+"""Most shards one `claimShards` transaction claims (TaskRegistry.MAX_CLAIM_BATCH)."""
+
+
 class TaskRegistry(QuarryContract):
     NAME = "TaskRegistry"
 
@@ -398,6 +402,12 @@ class TaskRegistry(QuarryContract):
 
     def claim_shard(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
         return self._tx(sender, "claimShard", task_id, shard)
+
+    def claim_shards(self, sender: LocalAccount, task_id: int,
+                     shards: Sequence[int]) -> TxResult:
+        """Several Open shards of one task in one transaction, all or none (at most
+        `MAX_CLAIM_BATCH`): one `ShardClaimed` event each."""
+        return self._tx(sender, "claimShards", task_id, [int(k) for k in shards])
 
     def claim_shard_for_swarm(self, sender: LocalAccount, task_id: int, shard: int,
                               swarm_id: int) -> TxResult:
