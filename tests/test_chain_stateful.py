@@ -543,6 +543,37 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 sh.claim_expiry = self.now + claim_timeout
                 self._touch(sh)
 
+        def _do_claim_many(self, shards: list[ShardM], miner: LocalAccount) -> None:
+            """`claimShards`: all or none, each shard checked as `claimShard` checks it, in
+            order, with the collateral of those before it already locked."""
+            task = self.tasks[shards[0].task_id]
+            collaterals = [sh.budget * collateral_bps // BPS for sh in shards]
+
+            def outcome(t: int) -> str:
+                locking, seen = 0, set()
+                for sh, collateral in zip(shards, collaterals, strict=True):
+                    if sh.state != S.OPEN or sh.key in seen:
+                        return "ShardNotOpen"
+                    if t >= task.deadline:
+                        return "DeadlinePassed"
+                    verdict = self._eligible(miner.address, task, locking + collateral)
+                    if verdict != OK:
+                        return verdict
+                    locking += collateral
+                    seen.add(sh.key)
+                return OK
+
+            tx = self._run(outcome, lambda: q.tasks.claim_shards(
+                miner, shards[0].task_id, [sh.shard for sh in shards]))
+            if tx:
+                claimed = tx.all("ShardClaimed")
+                assert [(e["shard"], e["collateral"]) for e in claimed] == [
+                    (sh.shard, c) for sh, c in zip(shards, collaterals, strict=True)]
+                for sh, collateral in zip(shards, collaterals, strict=True):
+                    sh.state, sh.miner, sh.collateral = S.CLAIMED, miner.address, collateral
+                    sh.claim_expiry = self.now + claim_timeout
+                    self._touch(sh)
+
         def _do_submit(self, sh: ShardM, sender: LocalAccount, seed: int, mode: str) -> None:
             task = self.tasks[sh.task_id]
             work = build_work(sh.task_id, sh.shard, sh.start, sh.end, task.hashes,
@@ -951,6 +982,19 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
         def claim(self, i: int, who: int) -> None:
             sh = choose(self._in(S.OPEN), i, lambda s: self.now < self.tasks[s.task_id].deadline)
             self._do_claim(sh, miner_accounts[who])
+
+        @precondition(lambda self: self._in(S.OPEN))
+        @rule(i=st.integers(0, 50), n=st.integers(2, 3), who=st.sampled_from([0, 0, 1, 2]),
+              repeat=st.sampled_from([False] * 7 + [True]))
+        def claim_many(self, i: int, n: int, who: int, repeat: bool) -> None:
+            """Several shards of one task in one transaction; sometimes one listed twice."""
+            first = choose(self._in(S.OPEN), i,
+                           lambda s: self.now < self.tasks[s.task_id].deadline)
+            same = [sh for key, sh in sorted(self.shards.items()) if key[0] == first.task_id]
+            picked = [first] + [sh for sh in same if sh is not first][:n - 1]
+            if repeat:
+                picked.append(first)
+            self._do_claim_many(picked, miner_accounts[who])
 
         @precondition(lambda self: self._in(S.CLAIMED))
         @rule(i=st.integers(0, 50), seed=st.integers(0, 999), mode=st.sampled_from(MODES),
