@@ -552,13 +552,14 @@ class Worker:
     def process_shards(self, task_id: int, shards: Sequence[int], *,
                        pipelined: bool = False) -> list[ShardOutcome]:
         """`process_shard` for several shards of one task, run through the engine as one
-        stream: each is checked (chain state, inputs, tokenized), the first is claimed and
-        starts generating while the others are claimed one after another in a background
-        thread (all are claimed in one `claimShards` transaction first when they can be:
-        `_lock_together`); their requests are generated in batches of `max_batch` that run across shard
-        boundaries (the engine never drains its batch between shards), and each shard is
-        signed, uploaded and submitted as soon as its last output is out. One outcome per
-        shard, in order; a shard not reached (a first Ctrl-C stops claiming more) gets none.
+        stream: each is checked (chain state, inputs, tokenized), and all are claimed in one
+        `claimShards` transaction when they can be (`_lock_together`); otherwise the first is
+        claimed and starts generating while the others are claimed one after another in a
+        background thread. Their requests are generated in batches of `max_batch` that run
+        across shard boundaries (the engine never drains its batch between shards), and each
+        shard is signed, uploaded and submitted as soon as its last output is out. One outcome
+        per shard, in order; a shard not reached (a first Ctrl-C stops claiming more) gets
+        none.
 
         `run` passes at most `max_shards_in_flight` shards at a time, so one miner does not
         lock up a task other miners could share."""
@@ -624,8 +625,8 @@ class Worker:
             if r.resume or r.reclaim:
                 break
             run.append(r)
-        if self.claim_many is None or len(run) < 2:
-            return []
+        if self.claim_many is None or len(run) < 2 or self._stop.is_set():
+            return []  # after a first Ctrl-C only the first is claimed (`_lock_ahead`)
         task_id = run[0].task_id
         shards = [r.shard for r in run]
         try:
