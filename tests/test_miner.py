@@ -608,36 +608,44 @@ def test_an_abort_names_every_claim_held_including_those_made_ahead(
         assert f"{sh.collateral} wei of stake stays locked" in message
 
 
-def test_first_ctrl_c_finishes_the_shard_second_aborts(
+def test_first_ctrl_c_finishes_the_shards_claimed_second_aborts(
         devnet: Any, model_dir: Path, engine: Any, store: LocalStore, dead_market: str,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """A first Ctrl-C, as the first claim is announced, finishes what is claimed (here shards
+    0 and 1, claimed together: `max_shards_in_flight` 2) and claims nothing more (shard 2
+    stays open); two Ctrl-Cs abort and say what the claim left behind costs."""
     q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     task_id = post_task(devnet, store, engine.model_id, batch(6), shard_size=2)
 
     def interrupt(times: int) -> Any:
+        sent: list[int] = []
+
         def on_event(event: str, info: dict[str, Any]) -> None:
-            if event == "claimed":
+            if event == "claimed" and not sent:
+                sent.append(info["shard"])
                 for _ in range(times):
                     os.kill(os.getpid(), signal.SIGINT)
         return on_event
 
     worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=store,
-                    progress=False, poll_interval_s=0.1, listener=interrupt(1))
+                    progress=False, poll_interval_s=0.1, max_shards_in_flight=2,
+                    listener=interrupt(1))
     summary = worker.run()  # without stop_when_idle: only the Ctrl-C ends it
-    assert [(o.task_id, o.shard) for o in summary.submitted] == [(task_id, 0)]
+    assert sorted((o.task_id, o.shard) for o in summary.submitted) == [(task_id, 0),
+                                                                        (task_id, 1)]
     assert [q.tasks.get_shard(task_id, k).state for k in range(3)] == [
-        ShardState.SUBMITTED, ShardState.OPEN, ShardState.OPEN]
+        ShardState.SUBMITTED, ShardState.SUBMITTED, ShardState.OPEN]
     assert "finishing task" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is not worker._on_sigint  # handler restored
 
     worker.listener = interrupt(2)
     with pytest.raises(KeyboardInterrupt):
         worker.run()
-    sh = q.tasks.get_shard(task_id, 1)
+    sh = q.tasks.get_shard(task_id, 2)
     assert (sh.state, sh.miner) == (ShardState.CLAIMED, miner.address)
     err = capsys.readouterr().err
-    assert f"aborted task {task_id} shard 1: its claim expires at" in err
+    assert f"aborted task {task_id} shard 2: its claim expires at" in err
     assert f"{sh.collateral} wei of stake stays locked" in err
     penalty = sh.collateral * q.tasks.params()["reclaim_penalty_bps"] // 10_000
     assert f"{penalty} wei of it is slashed" in err
