@@ -250,21 +250,20 @@ class Chain:
         probe = {"from": sender.address, "value": hex(value), "data": call["data"]}
         if call.get("to"):
             probe["to"] = call["to"]
-        answers = self._batch([
-            ("eth_getTransactionCount", [sender.address, "pending"]),
-            ("eth_estimateGas", [probe]),
-            ("eth_maxPriorityFeePerGas", []),
-            ("eth_getBlockByNumber", ["latest", False]),
-        ])
-        nonce, estimate, tip, block = answers
-        for method, answer in zip(("nonce", "gas estimate", "priority fee", "latest block"),
-                                  answers, strict=True):
-            if "error" in answer and not (method == "priority fee" or
-                                          (method == "gas estimate" and gas is not None)):
-                raise self._rpc_error(answer["error"], where, f"asking for the {method}")
-        tx: dict[str, Any] = {**call, "nonce": int(nonce["result"], 16),
+        asks: dict[str, tuple[str, list[Any]]] = {
+            "nonce": ("eth_getTransactionCount", [sender.address, "pending"]),
+            "latest block": ("eth_getBlockByNumber", ["latest", False]),
+            "priority fee": ("eth_maxPriorityFeePerGas", [])}
+        if gas is None:
+            asks["gas estimate"] = ("eth_estimateGas", [probe])
+        answers = dict(zip(asks, self._batch(list(asks.values())), strict=True))
+        for what in ("nonce", "latest block", "gas estimate"):  # a tip has a fallback below
+            if "error" in answers.get(what, {}):
+                raise self._rpc_error(answers[what]["error"], where, f"asking for the {what}")
+        tx: dict[str, Any] = {**call, "nonce": int(answers["nonce"]["result"], 16),
                               "gas": int(gas) if gas is not None
-                              else gas_limit(int(estimate["result"], 16))}
+                              else gas_limit(int(answers["gas estimate"]["result"], 16))}
+        block, tip = answers["latest block"], answers["priority fee"]
         base_fee = (block.get("result") or {}).get("baseFeePerGas")
         if base_fee is None:  # no EIP-1559 on this chain
             for key in ("maxFeePerGas", "maxPriorityFeePerGas"):
@@ -295,14 +294,9 @@ class Chain:
         `where`: the contract's named error for a revert, otherwise a ChainError quoting
         the node (an "insufficient funds" one is told apart by `is_insufficient_funds`)."""
         error = error if isinstance(error, dict) else {"message": str(error)}
-        data = error.get("data")
-        if isinstance(data, dict):  # some nodes nest it: {"data": "0x..."}
-            data = data.get("data")
-        message = str(error.get("message") or error)
-        if isinstance(data, str) and data.startswith("0x") and len(data) > 2:
-            return self.decoder.exception(bytes.fromhex(data[2:]), where)
-        if "revert" in message.lower():
-            return self.decoder.exception(b"", where)
+        data, message = error.get("data"), str(error.get("message") or error)
+        if data not in (None, "0x") or "revert" in message.lower():
+            return self._revert_of(data, message, where)
         return ChainError(f"{where}: {doing}: the node answered {message!r}")
 
     def transfer(self, sender: LocalAccount, to: str, value: int) -> TxResult:
@@ -351,13 +345,17 @@ class Chain:
             address=address, balance=balance, needed=needed)
 
     def _revert(self, exc: ContractLogicError, where: str) -> Exception:
-        data = exc.data
+        return self._revert_of(exc.data, str(exc.message or exc), where)
+
+    def _revert_of(self, data: Any, message: str, where: str) -> Exception:
+        """The exception for a revert with `data` (the node's revert data, as web3 or a raw
+        JSON-RPC error carries it): the contract's named error when it decodes."""
         if isinstance(data, dict):  # some nodes nest it: {"data": "0x..."}
             data = data.get("data")
         if isinstance(data, str) and data.startswith("0x"):
             return self.decoder.exception(bytes.fromhex(data[2:]), where)
         return self.decoder.exception(b"", where) if data in (None, "0x") else ChainError(
-            f"{where} reverted: {exc.message or exc}"
+            f"{where} reverted: {message}"
         )
 
     def _decode_logs(self, logs: Sequence[Any]) -> list[tuple[str, dict[str, Any]]]:
