@@ -702,8 +702,7 @@ class Job:
     def _range(self, t: Task, shard: int) -> tuple[int, int]:
         return task_shard_range(t, shard)
 
-    def _shard_status(self, t: Task, k: int) -> ShardStatus:
-        s = self._q.tasks.get_shard(self.task_id, k)
+    def _shard_status(self, t: Task, k: int, s: Shard) -> ShardStatus:
         start, end = self._range(t, k)
         miner = None if s.miner == ZERO_ADDRESS else to_checksum_address(s.miner)
         return ShardStatus(k, s.state, miner, start, end, s.tokens_used, s.claim_expiry,
@@ -712,27 +711,39 @@ class Job:
     # ------------------------------------------------------------------ status
     def status(self) -> JobStatus:
         """Every shard's state, the wei moved so far and the task's disputes and availability
-        challenges, from the contracts and their events."""
-        t = self.task()
-        q, from_block = self._q, self._q.deployment.deploy_block
-        shards = tuple(self._shard_status(t, k) for k in range(t.num_shards))
+        challenges, from the contracts and their events: one batch of reads (`Chain.read`),
+        plus one read per dispute or challenge when there are any."""
+        q, since, tid = self._q, self._q.deployment.deploy_block, self.task_id
+        n = (self._task or self.task()).num_shards  # fixed at creation
+        t, states, (escrowed, block, released, reclaimed, disputes, challenges) = \
+            q.tasks.read_task(tid, n, also=[
+                q.escrow.fn("escrowed", tid), lambda eth: eth.get_block("latest"),
+                q.escrow.log_query("Released", since, taskId=tid),
+                q.tasks.log_query("ClaimReclaimed", since, taskId=tid),
+                q.arbitration.log_query("DisputeOpened", since, taskId=tid),
+                q.arbitration.log_query("AvailabilityChallenged", since, taskId=tid)])
+        self._task = t
         client = to_checksum_address(t.client)
         paid = refunded = 0
-        for ev in q.escrow.events("Released", from_block, taskId=self.task_id):
+        for ev in q.escrow.decode_events("Released", released):
             if to_checksum_address(ev["to"]) == client:
                 refunded += int(ev["amount"])
             else:
                 paid += int(ev["amount"])
         compensation = sum(int(ev["penalty"]) for ev in
-                           q.tasks.events("ClaimReclaimed", from_block, taskId=self.task_id))
+                           q.tasks.decode_events("ClaimReclaimed", reclaimed))
         return JobStatus(
-            task_id=self.task_id, client=client, model_id=t.model_id,
+            task_id=tid, client=client, model_id=t.model_id,
             num_requests=t.num_requests, shard_size=t.shard_size,
             max_tokens_per_request=t.max_tokens_per_request, price_per_token=t.price_per_token,
             deadline=t.deadline, cancelled=t.cancelled, payment=self.payment,
-            escrowed=q.escrow.escrowed(self.task_id), paid=paid, refunded=refunded,
-            compensation=compensation, chain_time=q.chain.timestamp(), shards=shards,
-            disputes=tuple(self.disputes()), challenges=tuple(self.challenges()))
+            escrowed=int(escrowed), paid=paid, refunded=refunded,
+            compensation=compensation, chain_time=int(block["timestamp"]),
+            shards=tuple(self._shard_status(t, k, s) for k, s in enumerate(states)),
+            disputes=tuple(task_disputes(
+                q, tid, q.arbitration.decode_events("DisputeOpened", disputes))),
+            challenges=tuple(self._challenges(
+                q.arbitration.decode_events("AvailabilityChallenged", challenges))))
 
     def wait(
         self,
@@ -761,13 +772,14 @@ class Job:
         shard's commitment. A shard that fails its checks here is left to `results()`,
         which checks it again and says why.
         """
-        t = self.task()
         target = {ShardState.FINALIZED} if finalized else HAS_RESULTS
         what = "finalized" if finalized else "with results"
         started = time.monotonic()
+        n = (self._task or self.task()).num_shards
         seen = self._q.chain.block_number()  # events after this block are read as they come
-        states = {k: self._q.tasks.get_shard(self.task_id, k).state
-                  for k in range(t.num_shards)}
+        t, shards, _ = self._q.tasks.read_task(self.task_id, n)
+        self._task = t
+        states = dict(enumerate(s.state for s in shards))
         pending = {k for k, s in states.items() if s not in target}
         next_report = time.monotonic()
         with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar:
@@ -803,8 +815,8 @@ class Job:
                 changed, cancelled = shard_changes(self._q, self.task_id, seen + 1, head)
                 seen = head
                 if cancelled:  # Open shards now read Refunded: ask the contract for all
-                    changed = {k: self._q.tasks.get_shard(self.task_id, k).state
-                               for k in pending}
+                    _, shards, _ = self._q.tasks.read_task(self.task_id, t.num_shards)
+                    changed = {k: shards[k].state for k in pending}
                 landed = []
                 for k, state in changed.items():
                     if k in pending:
@@ -961,8 +973,9 @@ class Job:
 
     def results(self) -> list[Output]:
         """Every output in request order, only after every shard's document checks out."""
-        t = self.task()
-        shards = [self._q.tasks.get_shard(self.task_id, k) for k in range(t.num_shards)]
+        t, shards, _ = self._q.tasks.read_task(self.task_id,
+                                                (self._task or self.task()).num_shards)
+        self._task = t
         missing = [f"{k} ({s.state.name.lower()})" for k, s in enumerate(shards)
                    if s.state not in HAS_RESULTS]
         if missing:
@@ -1025,10 +1038,11 @@ class Job:
 
     def challenges(self) -> list[ChallengeInfo]:
         """Every availability challenge opened on this task, oldest first, as it is now."""
-        return [challenge_info(self._q, int(ev["challengeId"])) for ev in
-                self._q.arbitration.events("AvailabilityChallenged",
-                                           self._q.deployment.deploy_block,
-                                           taskId=self.task_id)]
+        return self._challenges(self._q.arbitration.events(
+            "AvailabilityChallenged", self._q.deployment.deploy_block, taskId=self.task_id))
+
+    def _challenges(self, opened: Sequence[dict[str, Any]]) -> list[ChallengeInfo]:
+        return [challenge_info(self._q, int(ev["challengeId"])) for ev in opened]
 
     def challenge_info(self, challenge_id: int) -> ChallengeInfo:
         """Availability challenge `challenge_id` on this task, as the chain has it now."""

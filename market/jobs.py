@@ -504,10 +504,14 @@ def dispute_info(q: Quarry, dispute_id: int) -> DisputeInfo:
                        d.epoch, absent)
 
 
-def task_disputes(q: Quarry, task_id: int) -> list[DisputeInfo]:
-    """Every dispute opened on a task, oldest first, with its current status."""
-    return [dispute_info(q, int(ev["disputeId"])) for ev in
-            q.arbitration.events("DisputeOpened", q.deployment.deploy_block, taskId=task_id)]
+def task_disputes(q: Quarry, task_id: int,
+                  opened: Sequence[dict[str, Any]] | None = None) -> list[DisputeInfo]:
+    """Every dispute opened on a task, oldest first, with its current status (`opened`: the
+    task's `DisputeOpened` events, when already read)."""
+    if opened is None:
+        opened = q.arbitration.events("DisputeOpened", q.deployment.deploy_block,
+                                      taskId=task_id)
+    return [dispute_info(q, int(ev["disputeId"])) for ev in opened]
 
 
 def _challengeable(q: Quarry, account: LocalAccount, task_id: int, index: int,

@@ -5,10 +5,13 @@ committee registered; each test runs inside an `evm_snapshot`/`evm_revert` pair.
 - `devnet` (function): the same bundle, isolated: state and clock are rolled back after the
   test. Use this one in tests.
 - `one_torch_thread` (module): model tests run single-threaded (see its docstring).
+- `rpc_front`, `no_batch_node` (function): a counting JSON-RPC front for the devnet; the
+  second refuses batches, as nodes with batches turned off do.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -160,6 +163,73 @@ def devnet(devnet_session: Devnet) -> Iterator[Devnet]:
     finally:
         devnet_session.chain.revert_to(snapshot)
         keep_up_with_the_wall_clock(devnet_session)
+
+
+class RpcFront:
+    """A JSON-RPC endpoint in front of the devnet that passes requests through and counts
+    them; with `refuse_batches`, it answers a batch as nodes with batches turned off do (one
+    error object)."""
+
+    def __init__(self, upstream: str, *, refuse_batches: bool) -> None:
+        import http.server
+        import threading
+        import urllib.request
+
+        self.batches: list[int] = []  # each batch's size (refused or not)
+        self.singles = 0
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        node = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                batch = body.lstrip().startswith(b"[")
+                if batch:
+                    node.batches.append(len(json.loads(body)))
+                else:
+                    node.singles += 1
+                if batch and refuse_batches:
+                    answer = json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+                        "code": -32600, "message": "batch requests are disabled"}}).encode()
+                else:
+                    request = urllib.request.Request(
+                        upstream, body, {"Content-Type": "application/json"})
+                    with opener.open(request, timeout=30) as response:
+                        answer = response.read()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def rpc_front(devnet: Devnet) -> Iterator[RpcFront]:
+    node = RpcFront(devnet.chain.rpc_url, refuse_batches=False)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture
+def no_batch_node(devnet: Devnet) -> Iterator[RpcFront]:
+    node = RpcFront(devnet.chain.rpc_url, refuse_batches=True)
+    try:
+        yield node
+    finally:
+        node.close()
 
 
 def keep_up_with_the_wall_clock(net: Devnet) -> None:

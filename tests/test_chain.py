@@ -667,3 +667,74 @@ def test_events_transfer_and_connect(devnet: Devnet, deployment_file) -> None:
 
 def test_claim_batch_bound_matches_the_contract(devnet: Devnet) -> None:
     assert devnet.q.tasks._call("MAX_CLAIM_BATCH") == MAX_CLAIM_BATCH
+
+
+def _job_reads(q, task_id: int, since: int) -> list:
+    return [q.tasks.fn("getTask", task_id), q.tasks.fn("getShard", task_id, 0),
+            q.tasks.fn("getShard", task_id, 2), q.escrow.fn("escrowed", task_id),
+            lambda eth: eth.get_block_number(),
+            q.tasks.log_query("ShardClaimed", since, taskId=task_id)]
+
+
+def test_reads_go_in_one_batch_and_answer_as_alone(devnet: Devnet, rpc_front,
+                                                   no_batch_node) -> None:
+    """`Chain.read` asks a job's state in one JSON-RPC batch and decodes each answer as the
+    read alone would; a node that refuses batches gets the same reads one by one, and a
+    revert names the read that made it."""
+    from market.chain.client import Chain
+    from market.chain.deploy import Quarry
+
+    net, since = devnet, devnet.deployment.deploy_block
+    posted = post_task(net, 3, 1)
+    claim_and_submit(net, posted, 2)
+    q = Quarry(net.deployment, Chain(rpc_front.url))
+    task, s0, s2, escrowed, head, logs = q.chain.read(_job_reads(q, posted.task_id, since))
+    assert rpc_front.batches == [6] and rpc_front.singles == 0
+    assert task == net.q.tasks._call("getTask", posted.task_id)
+    assert (ShardState(s0.state), ShardState(s2.state)) == (ShardState.OPEN,
+                                                            ShardState.SUBMITTED)
+    assert escrowed == net.q.escrow.escrowed(posted.task_id)
+    assert head == net.chain.block_number()
+    claimed = q.tasks.decode_events("ShardClaimed", logs)
+    assert claimed == net.q.tasks.events("ShardClaimed", since, taskId=posted.task_id)
+    assert [(e["shard"], e["miner"]) for e in claimed] == [(2, net.miner.address)]
+
+    refused = Quarry(net.deployment, Chain(no_batch_node.url))
+    again = refused.chain.read(_job_reads(refused, posted.task_id, since))
+    assert again == [task, s0, s2, escrowed, head, logs]
+    assert no_batch_node.batches == [6] and no_batch_node.singles >= 6  # + eth_chainId
+
+    with pytest.raises(revert_class("BadShard"), match=r"TaskRegistry\.getShard reverted"):
+        q.chain.read([q.tasks.fn("getTask", posted.task_id),
+                      q.tasks.fn("getShard", posted.task_id, 7)])
+    t, shards, (left,) = q.tasks.read_task(posted.task_id, 3, also=[
+        q.escrow.fn("escrowed", posted.task_id)])
+    assert [s.state for s in shards] == [ShardState.OPEN, ShardState.OPEN,
+                                         ShardState.SUBMITTED]
+    assert t.num_shards == 3 and left == escrowed
+
+
+def test_long_reads_go_in_batches_of_read_batch(devnet: Devnet, rpc_front,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import market.chain.client as client_module
+    from market.chain.client import Chain
+    from market.chain.deploy import Quarry
+
+    monkeypatch.setattr(client_module, "READ_BATCH", 3)
+    posted = post_task(devnet, 7, 1)
+    q = Quarry(devnet.deployment, Chain(rpc_front.url))
+    _, shards, _ = q.tasks.read_task(posted.task_id, 7)
+    assert len(shards) == 7 and rpc_front.batches == [3, 3, 2] and rpc_front.singles == 0
+    assert q.chain.read([]) == [] and rpc_front.singles == 0
+
+
+def test_event_filters_are_checked(devnet: Devnet) -> None:
+    from market.chain.errors import ChainError
+
+    with pytest.raises(ChainError, match="TaskRegistry.ShardClaimed has no indexed "
+                       "argument.* tokens"):
+        devnet.q.tasks.log_query("ShardClaimed", 0, tokens=1)
+    with pytest.raises(ChainError, match="TaskRegistry has no event 'Nope'"):
+        devnet.q.tasks.events("Nope")
+    with pytest.raises(ChainError, match=r"bad filter taskId=-1"):
+        devnet.q.tasks.events("ShardClaimed", 0, taskId=-1)

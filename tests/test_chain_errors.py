@@ -163,29 +163,21 @@ def test_unfunded_transfer_names_the_gas_it_needs(devnet: Any) -> None:
 
 @pytest.mark.chain
 def test_a_node_that_refuses_batches_still_gets_transactions(devnet: Any,
-                                                             monkeypatch: Any) -> None:
+                                                             no_batch_node: Any) -> None:
     """`Chain.send` asks for the nonce, estimate and fees in one JSON-RPC batch; a node with
     batches turned off answers a single error object, and the same questions then go one
     by one. A revert is still named from the estimate, before anything is sent."""
-    provider = devnet.chain.w3.provider
-    batches: list[int] = []
-
-    def refuse(calls: Any) -> dict[str, Any]:
-        batches.append(len(calls))
-        return {"jsonrpc": "2.0", "id": None,
-                "error": {"code": -32600, "message": "batch requests are disabled"}}
-
-    monkeypatch.setattr(provider, "make_batch_request", refuse)
+    q = Quarry(devnet.deployment, Chain(no_batch_node.url))
     miner = Account.create()
     devnet.chain.set_balance(miner.address, 10**20)
-    result = devnet.q.gpu.register(miner, [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
-                                   "http://127.0.0.1:9", devnet.PRICE, devnet.MINER_STAKE)
+    result = q.gpu.register(miner, [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
+                            "http://127.0.0.1:9", devnet.PRICE, devnet.MINER_STAKE)
     assert result.event("MinerRegistered")["miner"] == miner.address
-    assert batches == [4]
+    assert no_batch_node.batches == [4]
     nonce = devnet.chain.w3.eth.get_transaction_count(miner.address)
     with pytest.raises(ContractRevert, match="GPURegistry.register reverted: AlreadyRegistered"):
-        devnet.q.gpu.register(miner, [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
-                              "http://127.0.0.1:9", devnet.PRICE, devnet.MINER_STAKE)
+        q.gpu.register(miner, [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1),
+                       "http://127.0.0.1:9", devnet.PRICE, devnet.MINER_STAKE)
     assert devnet.chain.w3.eth.get_transaction_count(miner.address) == nonce  # nothing sent
 
 
@@ -199,7 +191,7 @@ def test_a_transaction_the_node_refuses_for_funds_is_told_what_it_needs(devnet: 
     with pytest.raises(InsufficientFunds, match=rf"GPURegistry.register: account "
                        rf"{fresh.address} cannot pay .* holds {devnet.MINER_STAKE} wei .* plus "
                        r"up to \d+ wei of gas \(900000 gas at \d+ wei\)"):
-        devnet.chain.send(devnet.q.gpu._fn(
+        devnet.chain.send(devnet.q.gpu.fn(
             "register", [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1).as_tuple(),
             "http://127.0.0.1:9", devnet.PRICE), fresh, value=devnet.MINER_STAKE, gas=900_000)
     assert devnet.chain.rpc("eth_getTransactionCount", [fresh.address, "pending"]) == "0x0"

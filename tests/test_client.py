@@ -324,10 +324,11 @@ def test_wait_follows_the_task_events_not_every_pending_shard(
     events: however many polls run while the shards are served, the reads stay the same."""
     c = connect(devnet, market)
     job = c.submit([f"p{i}" for i in range(6)], model=MODEL, max_tokens=4, shard_size=1)
-    reads: list[int] = []
-    get_shard = c.q.tasks.get_shard
-    monkeypatch.setattr(c.q.tasks, "get_shard",
-                        lambda task_id, k: reads.append(k) or get_shard(task_id, k))
+    reads: list[int] = []  # shards read per batch of reads
+    read_task = c.q.tasks.read_task
+    monkeypatch.setattr(c.q.tasks, "read_task", lambda task_id, n, also=():
+                        reads.append(n) or read_task(task_id, n, also))
+    monkeypatch.setattr(c.q.tasks, "get_shard", lambda *a: pytest.fail("a shard read alone"))
     polls: list[int] = []
     head = c.chain.block_number
     monkeypatch.setattr(c.chain, "block_number", lambda: polls.append(1) or head())
@@ -345,7 +346,7 @@ def test_wait_follows_the_task_events_not_every_pending_shard(
         join()
     assert status.counts == {"SUBMITTED": 6}
     assert len(polls) > 6  # it polled while shards were still pending...
-    assert sorted(reads) == sorted([*range(6), *range(6)])  # ...but read each once, +status
+    assert reads == [6, 6]  # ...but read each once, in one batch, and again for the status
 
 
 def test_wait_checks_landed_shards_while_the_others_are_served(

@@ -4,7 +4,7 @@ reverts and events, and the devnet-only clock and snapshot controls."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, cast
@@ -16,7 +16,8 @@ from eth_utils import event_abi_to_log_topic, to_checksum_address
 from web3 import Web3
 from web3.contract import Contract
 from web3.contract.contract import ContractFunction
-from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception
+from web3.eth import Eth
+from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception, Web3RPCError
 from web3.types import BlockIdentifier, RPCEndpoint
 
 from market.chain.artifacts import Artifact
@@ -28,6 +29,14 @@ from market.chain.errors import (
     format_wei,
     is_insufficient_funds,
 )
+
+Read = ContractFunction | Callable[[Eth], Any]
+"""One read for `Chain.read`: a bound view (`contract.functions.f(args)`), or a function of
+web3's `eth` module that makes one request and returns what it returns, untouched (in a
+batch that is a placeholder): `lambda eth: eth.get_block("latest")`."""
+
+READ_BATCH = 200
+"""The most reads `Chain.read` puts in one batch."""
 
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
 
@@ -181,6 +190,35 @@ class Chain:
             return self._rpc(lambda: fn.call(block_identifier=block))
         except ContractLogicError as exc:
             raise self._revert(exc, self.where(fn)) from None
+
+    def read(self, reads: Sequence[Read]) -> list[Any]:
+        """The answers to several reads, in order, from one JSON-RPC batch: each decoded as
+        `call` (a view) or web3's `eth` method would decode it alone. A status assembled from a
+        dozen reads then costs one round trip instead of a dozen (each about 1 ms of CPU and
+        a turn on the node).
+
+        When the batch fails as a whole (a view reverts, or the node refuses batches), the
+        reads go again one by one, so a revert raises the named error of the read that made
+        it, as `call` does; a node that does not answer raises `ChainError`."""
+        def batched() -> list[Any]:
+            with self.w3.batch_requests() as batch:
+                for r in reads:
+                    batch.add(r if isinstance(r, ContractFunction) else r(self.w3.eth))
+                return list(batch.execute())
+
+        if len(reads) > READ_BATCH:  # nodes cap their batches (often at a few hundred)
+            return [a for i in range(0, len(reads), READ_BATCH)
+                    for a in self.read(reads[i:i + READ_BATCH])]
+        if len(reads) > 1:
+            try:
+                return cast(list[Any], self._rpc(batched))
+            except ContractLogicError:
+                pass  # one by one, below, says which read reverted
+            except ChainError as exc:
+                if not isinstance(exc.__cause__, Web3RPCError):
+                    raise  # the node did not answer; a refused batch goes one by one
+        return [self.call(r) if isinstance(r, ContractFunction)
+                else self._rpc(lambda r=r: r(self.w3.eth)) for r in reads]
 
     def send(
         self,

@@ -14,14 +14,16 @@ from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar, TypeVar
 
+from eth_abi import encode
 from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
+from eth_typing import ABIEvent
+from eth_utils import event_abi_to_log_topic, to_checksum_address
 from web3.contract import Contract
 from web3.exceptions import ABIFunctionNotFound, MismatchedABI, Web3ValidationError
 from web3.types import BlockIdentifier
 
 from market.chain.artifacts import load_artifact
-from market.chain.client import Chain, TxResult, plain
+from market.chain.client import Chain, Read, TxResult, plain
 from market.chain.errors import ChainError
 from market.protocol.eip712 import Receipt, Report, SwarmConsent
 from market.protocol.merkle import SumNode
@@ -175,7 +177,8 @@ class VerifierInfo:
 
 
 class QuarryContract:
-    """A thin wrapper: `_tx` sends as a given account, `_call` reads."""
+    """A thin wrapper: `_tx` sends as a given account, `_call` reads, `fn` binds a function
+    for `Chain.read` to batch."""
 
     NAME: ClassVar[str]
 
@@ -188,7 +191,9 @@ class QuarryContract:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.address})"
 
-    def _fn(self, name: str, *args: Any) -> Any:
+    def fn(self, name: str, *args: Any) -> Any:
+        """The contract function `name` bound to `args` (to send, call, or batch in
+        `Chain.read`); arguments its ABI refuses raise `ChainError`."""
         try:
             return self.contract.functions[name](*args)
         except _ABI_ERRORS as exc:
@@ -196,14 +201,14 @@ class QuarryContract:
 
     def _tx(self, sender: LocalAccount, name: str, *args: Any, value: int = 0) -> TxResult:
         try:
-            return self.chain.send(self._fn(name, *args), sender, value=value,
+            return self.chain.send(self.fn(name, *args), sender, value=value,
                                    where=f"{self.NAME}.{name}")
         except _ABI_ERRORS as exc:
             raise ChainError(f"{self.NAME}.{name}: bad arguments {args!r}: {exc}") from exc
 
     def _call(self, name: str, *args: Any) -> Any:
         try:
-            return self.chain.call(self._fn(name, *args))
+            return self.chain.call(self.fn(name, *args))
         except _ABI_ERRORS as exc:
             raise ChainError(f"{self.NAME}.{name}: bad arguments {args!r}: {exc}") from exc
 
@@ -212,10 +217,45 @@ class QuarryContract:
 
     def events(self, name: str, from_block: int = 0, **filters: Any) -> list[dict[str, Any]]:
         """Arguments of every `name` event since `from_block`, filtered on indexed args."""
-        event = self.contract.events[name]
-        logs = event().get_logs(from_block=from_block,
-                                argument_filters=filters or None)
-        return [plain(log["args"]) | {"blockNumber": log["blockNumber"]} for log in logs]
+        (logs,) = self.chain.read([self.log_query(name, from_block, **filters)])
+        return self.decode_events(name, logs)
+
+    def log_query(self, name: str, from_block: int = 0, **filters: Any) -> Read:
+        """The `eth_getLogs` read behind `events(name, from_block, **filters)`, for
+        `Chain.read` to batch with others; `decode_events` turns its answer into theirs."""
+        abi = self._event_abi(name)
+        indexed = [arg for arg in abi["inputs"] if arg.get("indexed")]
+        unknown = set(filters) - {arg["name"] for arg in indexed}
+        if unknown:
+            raise ChainError(f"{self.NAME}.{name} has no indexed argument(s) "
+                             f"{', '.join(sorted(unknown))}")
+        topics: list[str | None] = ["0x" + event_abi_to_log_topic(abi).hex()]
+        for arg in indexed:  # a topic per indexed argument, in order; None matches any
+            value = filters.get(arg["name"])
+            try:
+                topics.append(None if value is None
+                              else "0x" + encode([arg["type"]], [value]).hex())
+            except Exception as exc:  # eth_abi's encoding errors share no base class
+                raise ChainError(f"{self.NAME}.{name}: bad filter {arg['name']}={value!r}: "
+                                 f"{exc}") from exc
+        while topics[-1] is None:
+            topics.pop()
+        params = {"address": self.address, "fromBlock": int(from_block), "toBlock": "latest",
+                  "topics": topics}
+        return lambda eth: eth.get_logs(params)  # type: ignore[arg-type]
+
+    def decode_events(self, name: str, logs: Sequence[Any]) -> list[dict[str, Any]]:
+        """`log_query(name, ...)`'s answer as `events` returns it: each log's arguments and
+        its block number."""
+        event = self.contract.events[name]()
+        return [plain(event.process_log(log)["args"]) | {"blockNumber": log["blockNumber"]}
+                for log in logs]
+
+    def _event_abi(self, name: str) -> ABIEvent:
+        for item in self.contract.abi:
+            if item.get("type") == "event" and item.get("name") == name:
+                return item  # type: ignore[return-value]
+        raise ChainError(f"{self.NAME} has no event {name!r}")
 
 
 class PaymentEscrow(QuarryContract):
@@ -448,6 +488,18 @@ class TaskRegistry(QuarryContract):
     def get_shard(self, task_id: int, shard: int) -> Shard:
         return _struct(Shard, self._call("getShard", task_id, shard))
 
+    def read_task(self, task_id: int, num_shards: int,
+                  also: Sequence[Read] = ()) -> tuple[Task, list[Shard], list[Any]]:
+        """The task, its shards 0 .. `num_shards` - 1 (a task's count never changes) and the
+        answers to `also`, from one batch of reads (`Chain.read`): a job's whole state in one
+        round trip, however many shards it has."""
+        reads: list[Read] = [self.fn("getTask", task_id),
+                             *(self.fn("getShard", task_id, k) for k in range(num_shards)),
+                             *also]
+        answers = self.chain.read(reads)
+        shards = [_struct(Shard, a) for a in answers[1:1 + num_shards]]
+        return _struct(Task, answers[0]), shards, answers[1 + num_shards:]
+
     def shard_range(self, task_id: int, shard: int) -> tuple[int, int]:
         start, end = self._call("shardRange", task_id, shard)
         return int(start), int(end)
@@ -567,7 +619,7 @@ class VerifierCommittee(QuarryContract):
     def leader_of(self, epoch: int, block: BlockIdentifier = "latest") -> str:
         """`leaderOf(epoch)` as of `block`: it moves with lastCommitHash, so an epoch's
         leader is read at the block that committed its challenge set."""
-        return to_checksum_address(self.chain.call(self._fn("leaderOf", epoch), block=block))
+        return to_checksum_address(self.chain.call(self.fn("leaderOf", epoch), block=block))
 
     def challenge_set_of(self, epoch: int) -> bytes:
         return bytes(self._call("challengeSetOf", epoch))
