@@ -44,6 +44,7 @@ from market.chain.client import Chain, TxResult, as_account
 from market.chain.contracts import ZERO_ADDRESS, Shard, ShardState, Task
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert, DeploymentMismatch
+from market.chain.heads import HeadFeed
 from market.errors import QuarryError
 from market.jobs import (
     HAS_RESULTS,
@@ -763,9 +764,10 @@ class Job:
         seconds while shards are open), and `JobTimeout` after `timeout` seconds. The bar
         (on a terminal's stderr) counts shards done.
 
-        Each shard is read once; after that, each poll asks the chain for its head and, when
-        it moved, for TaskRegistry's events of this task since the last block seen (one
-        `eth_getLogs`), so a poll costs the same for 5 shards or 5,000.
+        Each shard is read once; after that, each new head (pushed by the node over
+        WebSocket where it can, else polled every `poll_s`; see `HeadFeed`) brings
+        TaskRegistry's events of this task since the last block seen (one `eth_getLogs`),
+        so a poll costs the same for 5 shards or 5,000.
 
         With `prefetch`, a shard's result document is fetched and checked as soon as it
         lands, while the others are still generating: `results()` then only rereads each
@@ -782,7 +784,8 @@ class Job:
         states = dict(enumerate(s.state for s in shards))
         pending = {k for k, s in states.items() if s not in target}
         next_report = time.monotonic()
-        with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar:
+        with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar, \
+                HeadFeed(self._q.chain) as heads:
             bar.update(t.num_shards - len(pending))
             while True:
                 if not pending:
@@ -808,8 +811,7 @@ class Job:
                                      f"{what} ({left})")
                 bar.set_postfix_str(", ".join(
                     f"{n} {s.name.lower()}" for s, n in _count(states[k] for k in pending)))
-                time.sleep(poll_s)
-                head = self._q.chain.block_number()
+                head = heads.next_head(seen, poll_s)
                 if head <= seen:
                     continue
                 changed, cancelled = shard_changes(self._q, self.task_id, seen + 1, head)

@@ -43,7 +43,7 @@ from market.chain.contracts import (
     Task,
 )
 from market.chain.deploy import Quarry
-from market.chain.errors import ContractRevert
+from market.chain.errors import ChainError, ContractRevert, is_insufficient_funds
 from market.chain.errors import InsufficientFunds as ChainInsufficientFunds
 from market.errors import QuarryError
 from market.marketapi import MarketAPI
@@ -197,19 +197,26 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
 def check_funds(q: Quarry, account: LocalAccount, value: int, fn: Any, where: str,
                 what: str) -> None:
     """Raise `InsufficientFunds` unless `value` plus the call's gas fits the balance, and the
-    contract's own revert (decoded, named) when the call would fail."""
-    address = str(account.address)
-    balance = q.chain.balance(address)
-    if balance < value:
-        raise InsufficientFunds(
-            f"not enough funds: the {what} is {value} wei but {address} holds {balance} wei")
+    contract's own revert (decoded, named) when the call would fail. The balance, the gas
+    estimate and the fee inputs are read in one batch (`Chain.read`)."""
+    address = account.address
     try:
-        gas = gas_limit(int(fn.estimate_gas({"from": address, "value": value})))
+        balance, estimate, block, tip = q.chain.read([
+            lambda eth: eth.get_balance(address),
+            lambda eth: fn.estimate_gas({"from": address, "value": value}),
+            lambda eth: eth.get_block("latest"),
+            lambda eth: eth.max_priority_fee])
     except ContractLogicError as exc:
         raise q.chain._revert(exc, where) from None  # the named custom error
-    w3 = q.chain.w3
-    base_fee = int(w3.eth.get_block("latest").get("baseFeePerGas", 0) or 0)
-    max_fee = 2 * base_fee + int(w3.eth.max_priority_fee)
+    except ChainError as exc:  # the estimate: the value alone is over the balance
+        if not is_insufficient_funds(exc):
+            raise
+        balance, estimate = q.chain.balance(address), None
+    if estimate is None or balance < value:
+        raise InsufficientFunds(
+            f"not enough funds: the {what} is {value} wei but {address} holds {balance} wei")
+    gas = gas_limit(int(estimate))
+    max_fee = 2 * int(block.get("baseFeePerGas", 0) or 0) + int(tip)
     need = value + gas * max_fee
     if balance < need:
         raise InsufficientFunds(
@@ -270,14 +277,15 @@ def post_batch(
         raise JobError(f"min_reputation_bps must be in [0, 10000], got {min_reputation_bps!r}")
     if not _is_int(shard_size) or shard_size < 1:
         raise JobError(f"shard_size must be a positive integer, got {shard_size!r}")
-    limit = max_shards(q)
+    limit, block = q.chain.read([q.tasks.fn("maxShardsPerTask"),
+                                 lambda eth: eth.get_block("latest")])
     if math.ceil(n / shard_size) > limit:
         raise JobError(f"shard_size {shard_size} gives {math.ceil(n / shard_size)} shards; "
                        f"a task may have at most {limit}")
     shard_size = min(shard_size, n)
     if not _is_int(deadline):
         raise JobError(f"deadline must be an absolute chain time (int), got {deadline!r}")
-    now = q.chain.timestamp()
+    now = int(block["timestamp"])
     if deadline <= now:
         raise DeadlineExpired(f"deadline {deadline} has already passed: the chain's time is "
                               f"{now}")

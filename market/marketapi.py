@@ -42,6 +42,10 @@ class MarketUnavailable(MarketError):
 
 MESSAGE_PAGE = 500
 """How many committee messages `MarketAPI.messages` asks for per request."""
+LIMITS_TTL_S = 60.0
+"""How long `MarketAPI.limits` reuses the market's answer: the limits are its settings,
+which change only with a restart, and an upload over a lowered limit is refused (413) and
+reported with the limits read afresh."""
 
 
 class MarketAPI:
@@ -50,6 +54,7 @@ class MarketAPI:
     def __init__(self, url: str, *, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._limits: tuple[float, dict[str, int]] | None = None  # (read at, limits)
 
     def close(self) -> None:
         self._http.close()
@@ -92,8 +97,12 @@ class MarketAPI:
     def deployment(self) -> Deployment:
         return Deployment.from_json(self._json("GET", "/deployment"), f"{self.url}/deployment")
 
-    def limits(self) -> dict[str, int]:
-        return {k: int(v) for k, v in self._json("GET", "/limits").items()}
+    def limits(self, fresh: bool = False) -> dict[str, int]:
+        """The market's size limits (read at most every `LIMITS_TTL_S` unless `fresh`)."""
+        now = time.monotonic()
+        if fresh or self._limits is None or now - self._limits[0] > LIMITS_TTL_S:
+            self._limits = (now, {k: int(v) for k, v in self._json("GET", "/limits").items()})
+        return dict(self._limits[1])
 
     # ------------------------------------------------------------------ store
     def put(self, data: bytes) -> str:
@@ -103,7 +112,7 @@ class MarketAPI:
                                   headers={"content-type": "application/octet-stream"})["uri"])
         except MarketError as exc:
             if exc.status == 413:
-                limit = self.limits()["maxFileBytes"]
+                limit = self.limits(fresh=True)["maxFileBytes"]
                 raise ContentTooLarge(len(data), limit) from exc
             raise
 

@@ -102,6 +102,13 @@ def test_health_deployment_limits_and_docs(market: Market, devnet: Devnet) -> No
         devnet.deployment.addresses, devnet.deployment.chain_id, devnet.deployment.deploy_block)
     assert api.limits() == {"maxFileBytes": MAX_FILE,
                             "maxRequestBytes": market.settings.max_request_bytes}
+    asked: list[str] = []  # the limits are reused for LIMITS_TTL_S, unless asked afresh
+    get = api._json
+    api._json = lambda method, path, **kw: asked.append(path) or get(method, path, **kw)
+    try:
+        assert api.limits() == api.limits(fresh=True) and asked == ["/limits"]
+    finally:
+        del api._json
     docs = httpx.get(f"{market.url}/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     spec = httpx.get(f"{market.url}/openapi.json").json()

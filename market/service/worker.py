@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import redis
 
     from market.chain.deploy import Quarry
+    from market.chain.heads import HeadFeed
     from market.service.board import Board
 
 log = logging.getLogger("quarry.worker")
@@ -61,7 +62,8 @@ FOLLOW_MAX_INTERVALS = 2.0
 """The longest an index task follows the chain, in index intervals; it stops sooner as soon
 as any task waits in the queue (normally the next tick's index task, which takes over)."""
 FOLLOW_EVERY_S = 0.05
-"""How often a following index task asks the chain for its head (one `eth_blockNumber`)."""
+"""How often a following index task asks the chain for its head (one `eth_blockNumber`) when
+the node pushed none (`HeadFeed`: pushed heads are indexed as they come)."""
 QUEUE = "quarry"
 
 TASK_INDEX = "quarry.index_events"
@@ -162,6 +164,19 @@ def _quarry() -> Quarry:
     if watched is None or watched.path != path:
         watched = _cache["deployment"] = WatchedDeployment(path)
     return watched.quarry()
+
+
+def _heads(q: Quarry) -> HeadFeed:
+    """This process's feed of the chain's new heads (kept between index tasks, so the
+    subscription outlives each), renewed when the deployment's chain changes."""
+    from market.chain.heads import HeadFeed
+
+    feed = _cache.get("heads")
+    if feed is None or feed.chain is not q.chain:
+        if feed is not None:
+            feed.close()
+        feed = _cache["heads"] = HeadFeed(q.chain)
+    return cast("HeadFeed", feed)
 
 
 @contextmanager
@@ -267,9 +282,10 @@ _beacon: dict[str, AliveBeacon] = {}
 def index_events() -> dict[str, Any]:
     """Apply every new chain event to the board; returns the cursor (last indexed block).
 
-    Then it follows the chain, indexing a new block as soon as `eth_blockNumber` shows one
-    (every `FOLLOW_EVERY_S`): a miner long-polling for open shards, or a client waiting on
-    the board, hears of a new task within about that instead of at the next tick; after new
+    Then it follows the chain, indexing a new block as soon as the node pushes its head
+    (`HeadFeed`; else as soon as `eth_blockNumber`, read every `FOLLOW_EVERY_S`, shows one):
+    a miner long-polling for open shards, or a client waiting on the board, hears of a new
+    task at once instead of at the next tick; after new
     blocks it refreshes the miners' recommendations at once (`recommend`), which the
     open-shards answer prefers while fresh. It follows until any task waits in the queue
     (the next tick's index task takes over; a sweep gets the worker at once), so the chain
@@ -283,14 +299,14 @@ def index_events() -> dict[str, Any]:
             before = board.cursor()
             cursor = out["cursor"] = board.index(q)
             until = started + FOLLOW_MAX_INTERVALS * settings().index_interval_s
+            heads = _heads(q)
             while True:
                 if cursor != before:  # new blocks: the miners' open shards, right away
                     recommend()
                 if time.monotonic() + FOLLOW_EVERY_S >= until or _queue_waiting():
                     break
-                time.sleep(FOLLOW_EVERY_S)
                 before = cursor
-                if q.chain.block_number() > cursor:
+                if heads.next_head(cursor, FOLLOW_EVERY_S) > cursor:
                     cursor = out["cursor"] = board.index(q)
             out["seconds"] = round(time.monotonic() - started, 3)
         return out
