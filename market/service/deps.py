@@ -11,7 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -23,8 +23,11 @@ from market.store import LocalStore
 
 WATCH_EVERY_S = 0.02
 """How often the one index watcher of an app reads the board's cursor while requests wait
-(one small SQLite read; none while nobody waits): a miner's long poll hears of a newly
-indexed shard within about that."""
+(one small SQLite read; none while nobody waits) when no worker announced an index: a
+miner's long poll hears of a newly indexed shard within about that, or at once when the
+worker's announcement comes (`worker.INDEXED_CHANNEL`)."""
+RESUBSCRIBE_S = 5.0
+"""After Redis fails the watcher, how long it polls before subscribing again."""
 SETTLE_S = 0.5
 """For this long after the cursor moves, the watcher wakes the waiting requests at every
 read: the workers store the miners' recommendations just after indexing, and a request
@@ -34,13 +37,18 @@ that asked in between (and found its fresh but older recommendations empty) look
 class IndexWatch:
     """Wakes long-polling requests when the board's cursor moves (a worker indexed blocks).
 
-    The workers index in other processes, so the app cannot be told in-process; instead one
-    asyncio task per app reads the cursor (one small SQLite read) every `WATCH_EVERY_S`
-    while any request waits, and wakes them all when it changes. Requests never poll SQLite
-    themselves, however many wait."""
+    The workers index in other processes: while any request waits, one asyncio task per app
+    reads the cursor (one small SQLite read) as soon as a worker announces an index on
+    Redis (`worker.INDEXED_CHANNEL`), or every `WATCH_EVERY_S` without one, and wakes them
+    all when it changes. Requests never poll SQLite themselves, however many wait; the
+    cursor, not the announcement, is what counts, so a lost announcement costs one
+    interval."""
 
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Board, redis_url: str | None = None) -> None:
         self.board = board
+        self.redis_url = redis_url
+        self._redis: Any = None  # (redis.asyncio client, its PubSub)
+        self._resubscribe_at = 0.0
         self._cond: asyncio.Condition | None = None
         self._task: asyncio.Task[None] | None = None
         self._waiters = 0
@@ -72,21 +80,58 @@ class IndexWatch:
             self._waiters -= 1
 
     async def _watch(self) -> None:
-        assert self._cond is not None
-        while self._waiters > 0:
-            await asyncio.sleep(WATCH_EVERY_S)
+        while self._waiters > 0:  # the subscription stays for the next waiters
+            await self._announced(WATCH_EVERY_S)
+            await self._read()
+
+    async def _announced(self, timeout: float) -> None:
+        """Until a worker announces an index on `worker.INDEXED_CHANNEL`, or `timeout`
+        passes (all of it without Redis)."""
+        if self._redis is None and self.redis_url and time.monotonic() >= self._resubscribe_at:
+            import redis.asyncio
+
+            from market.service.worker import INDEXED_CHANNEL
+
+            client = redis.asyncio.Redis.from_url(self.redis_url, socket_connect_timeout=0.5)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            self._redis = (client, pubsub)
             try:
-                cursor = await run_in_threadpool(self.board.cursor)
-            except Exception:  # a locked or vanished file: the next read retries
-                continue
-            now = time.monotonic()
-            if cursor != self.cursor:
-                self._moved_at = now
-            if cursor != self.cursor or now - self._moved_at < SETTLE_S:
-                async with self._cond:
-                    self.cursor = cursor
-                    self.wakes += 1
-                    self._cond.notify_all()
+                await pubsub.subscribe(INDEXED_CHANNEL)
+            except Exception:  # Redis down: poll, and subscribe again later
+                await self._unsubscribe()
+        if self._redis is None:
+            await asyncio.sleep(timeout)
+            return
+        try:
+            await self._redis[1].get_message(timeout=timeout)
+        except Exception:  # Redis went away: the same
+            await self._unsubscribe()
+
+    async def _unsubscribe(self) -> None:
+        """Drop a failed subscription; the watcher polls until `RESUBSCRIBE_S` passes."""
+        held, self._redis = self._redis, None
+        self._resubscribe_at = time.monotonic() + RESUBSCRIBE_S
+        for part in reversed(held or ()):
+            try:
+                await part.aclose()
+            except Exception:  # already gone
+                pass
+
+    async def _read(self) -> None:
+        """Read the cursor and wake the waiters when it moved (or while it settles)."""
+        assert self._cond is not None
+        try:
+            cursor = await run_in_threadpool(self.board.cursor)
+        except Exception:  # a locked or vanished file: the next read retries
+            return
+        now = time.monotonic()
+        if cursor != self.cursor:
+            self._moved_at = now
+        if cursor != self.cursor or now - self._moved_at < SETTLE_S:
+            async with self._cond:
+                self.cursor = cursor
+                self.wakes += 1
+                self._cond.notify_all()
 
 
 @dataclass
@@ -100,7 +145,7 @@ class Market:
     watch: IndexWatch = field(init=False)
 
     def __post_init__(self) -> None:
-        self.watch = IndexWatch(self.board)
+        self.watch = IndexWatch(self.board, self.settings.redis_url)
 
     @property
     def manifests_dir(self) -> Path:

@@ -53,6 +53,9 @@ RECOMMEND_LOCK = "quarry:lock:recommend"
 # third of it. The work under it is idempotent, so a run that loses its lock anyway (frozen
 # longer than the TTL) costs only duplicate reads.
 LOCK_TTL_S = 10
+INDEXED_CHANNEL = "quarry:indexed"
+"""Where a worker publishes its cursor once it has indexed new blocks and refreshed the
+miners' recommendations: the app's long polls (`deps.IndexWatch`) answer at once."""
 ALIVE_PREFIX = "quarry:worker:"
 ALIVE_TTL_S = 8
 """A worker's liveness key lives this long; the worker refreshes it every `ALIVE_EVERY_S`."""
@@ -164,6 +167,16 @@ def _quarry() -> Quarry:
     if watched is None or watched.path != path:
         watched = _cache["deployment"] = WatchedDeployment(path)
     return watched.quarry()
+
+
+def _announce(cursor: int) -> None:
+    """Tell the apps' long polls the board moved (best effort: they poll it anyway)."""
+    import redis
+
+    try:
+        _redis().publish(INDEXED_CHANNEL, cursor)
+    except redis.RedisError as exc:
+        log.debug("announcing cursor %d: %s", cursor, exc)
 
 
 def _heads(q: Quarry) -> HeadFeed:
@@ -303,6 +316,7 @@ def index_events() -> dict[str, Any]:
             while True:
                 if cursor != before:  # new blocks: the miners' open shards, right away
                     recommend()
+                    _announce(cursor)
                 if time.monotonic() + FOLLOW_EVERY_S >= until or _queue_waiting():
                     break
                 before = cursor
