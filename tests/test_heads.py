@@ -59,3 +59,17 @@ def test_without_websocket_or_after_a_drop_it_polls(devnet: Any, rpc_front: Any)
         chain.mine()
         assert feed.next_head(seen, 0.01) == seen + 1  # read, not pushed
         assert not feed.live and feed.pushed == 0
+
+
+def test_while_pushed_an_idle_interval_reads_the_head_once_a_second(devnet: Any,
+                                                                    rpc_front: Any) -> None:
+    """Subscribed, an interval without a push reads the head only every `CHECK_S` (reads go
+    through a counting front; pushes come from Anvil's WebSocket)."""
+    chain = devnet.chain
+    with HeadFeed(Chain(rpc_front.url), ws_url_of(chain.rpc_url)) as feed:
+        seen = chain.block_number()
+        for _ in range(5):
+            assert feed.next_head(seen, 0.01) == seen
+        assert feed.live and rpc_front.singles == 1  # the first interval's read only
+        chain.mine()
+        assert feed.next_head(seen, 60) == seen + 1 and rpc_front.singles == 1  # pushed

@@ -5,8 +5,9 @@ after it is mined, on average. Over WebSocket the node pushes each new head as i
 mined (`eth_subscribe("newHeads")`), so `HeadFeed.next_head` returns at once. Anvil and a
 Hardhat node serve WebSocket on their HTTP port; for a node that does not (or a dropped
 connection), the feed sleeps the interval and reads the head, which is what the waits did
-before. Each interval without a push still reads the head, so a missed push costs at most
-one interval, as polling did.
+before. While pushes come, an interval without one reads the head only every `CHECK_S`
+(so an idle wait makes about one request a second instead of one per interval), and a
+push the node failed to send costs at most that.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ log = logging.getLogger("quarry.heads")
 OPEN_TIMEOUT_S = 2.0
 RETRY_S = 5.0
 """After a failed or dropped connection, how long the feed polls before trying again."""
+CHECK_S = 1.0
+"""While heads are pushed, how often an interval without one still reads the head (a push
+the node failed to send is then noticed within this, not lost)."""
 
 
 def ws_url_of(rpc_url: str) -> str | None:
@@ -48,6 +52,7 @@ class HeadFeed:
         self.ws_url = ws_url or ws_url_of(chain.rpc_url)
         self._ws: ClientConnection | None = None
         self._retry_at = 0.0
+        self._checked_at = 0.0  # when the head was last read while subscribed
         self.pushed = 0  # heads the node pushed (read by the tests and the benchmark)
 
     def __enter__(self) -> HeadFeed:
@@ -63,7 +68,8 @@ class HeadFeed:
 
     def next_head(self, seen: int, interval: float) -> int:
         """The head once it is past block `seen` (as soon as the node pushes one), or after
-        `interval` seconds without one, the head as read then."""
+        `interval` seconds without one, the head as read then (while subscribed, read only
+        every `CHECK_S`: `seen` otherwise)."""
         ws = self._subscription()
         if ws is None:
             time.sleep(interval)
@@ -83,7 +89,13 @@ class HeadFeed:
         except Exception as exc:  # closed or garbled: poll, and subscribe again later
             log.info("head subscription at %s dropped (%s); polling", self.ws_url, exc)
             self._drop()
-        return head if head > seen else self.chain.block_number()
+        if head > seen:
+            return head
+        now = time.monotonic()
+        if self._ws is not None and now - self._checked_at < CHECK_S:
+            return seen
+        self._checked_at = now
+        return self.chain.block_number()
 
     def close(self) -> None:
         self._drop()

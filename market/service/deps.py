@@ -26,6 +26,9 @@ WATCH_EVERY_S = 0.02
 (one small SQLite read; none while nobody waits) when no worker announced an index: a
 miner's long poll hears of a newly indexed shard within about that, or at once when the
 worker's announcement comes (`worker.INDEXED_CHANNEL`)."""
+ANNOUNCED_EVERY_S = 0.5
+"""While the workers' announcements are heard, how often the watcher reads the cursor
+without one (outside `SETTLE_S` of a move): a lost announcement costs at most this."""
 RESUBSCRIBE_S = 5.0
 """After Redis fails the watcher, how long it polls before subscribing again."""
 SETTLE_S = 0.5
@@ -81,7 +84,9 @@ class IndexWatch:
 
     async def _watch(self) -> None:
         while self._waiters > 0:  # the subscription stays for the next waiters
-            await self._announced(WATCH_EVERY_S)
+            settling = time.monotonic() - self._moved_at < SETTLE_S
+            await self._announced(WATCH_EVERY_S if settling or self._redis is None
+                                  else ANNOUNCED_EVERY_S)
             await self._read()
 
     async def _announced(self, timeout: float) -> None:
