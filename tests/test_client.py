@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from client import sdk
 from client.batch import RequestTooLarge, encode_jsonl, prompt_lines
 from client.cli import main as client_main
 from client.sdk import (
@@ -329,23 +330,24 @@ def test_wait_follows_the_task_events_not_every_pending_shard(
     monkeypatch.setattr(c.q.tasks, "read_task", lambda task_id, n, also=():
                         reads.append(n) or read_task(task_id, n, also))
     monkeypatch.setattr(c.q.tasks, "get_shard", lambda *a: pytest.fail("a shard read alone"))
-    polls: list[int] = []
-    head = c.chain.block_number
-    monkeypatch.setattr(c.chain, "block_number", lambda: polls.append(1) or head())
+    followed: list[int] = []  # one eth_getLogs of the task's events per new head
+    changes = sdk.shard_changes
+    monkeypatch.setattr(sdk, "shard_changes", lambda q, task_id, first, last:
+                        followed.append(last) or changes(q, task_id, first, last))
 
     def serve_slowly() -> None:
         for k in range(6):
             serve_shard(devnet, market, job.task_id, k, devnet.miner)
             time.sleep(0.05)
 
-    join = when(lambda: len(polls) > 1, serve_slowly)
+    join = when(lambda: len(reads) == 1, serve_slowly)  # once wait() read the shards
     try:
         # Without prefetch: checking landed shards reads them again (the next test).
         status = job.wait(progress=False, timeout=120, poll_s=0.01, prefetch=False)
     finally:
         join()
     assert status.counts == {"SUBMITTED": 6}
-    assert len(polls) > 6  # it polled while shards were still pending...
+    assert len(followed) > 2  # it followed new heads while shards were still pending...
     assert reads == [6, 6]  # ...but read each once, in one batch, and again for the status
 
 
