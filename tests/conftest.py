@@ -11,6 +11,7 @@ committee registered; each test runs inside an `evm_snapshot`/`evm_revert` pair.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -216,20 +217,14 @@ class RpcFront:
 
 @pytest.fixture
 def rpc_front(devnet: Devnet) -> Iterator[RpcFront]:
-    node = RpcFront(devnet.chain.rpc_url, refuse_batches=False)
-    try:
+    with contextlib.closing(RpcFront(devnet.chain.rpc_url, refuse_batches=False)) as node:
         yield node
-    finally:
-        node.close()
 
 
 @pytest.fixture
 def no_batch_node(devnet: Devnet) -> Iterator[RpcFront]:
-    node = RpcFront(devnet.chain.rpc_url, refuse_batches=True)
-    try:
+    with contextlib.closing(RpcFront(devnet.chain.rpc_url, refuse_batches=True)) as node:
         yield node
-    finally:
-        node.close()
 
 
 def keep_up_with_the_wall_clock(net: Devnet) -> None:
