@@ -119,9 +119,10 @@ DEFAULT_MAX_TOKENS = 64
 DEFAULT_DEADLINE_S = 3600
 MAX_SHARD_SIZE = 256
 POLL_S = 0.05
-"""`Job.wait`'s default poll interval: a poll is one `eth_blockNumber` (0.7 ms of CPU against
-Anvil; plus one `eth_getLogs` when a block came), so polling this often costs about 1.5% of
-a core while waiting, and a finished job is seen within about this (25 ms on average)."""
+"""`Job.wait`'s default poll interval, for a node that does not push new heads (`HeadFeed`):
+a poll is one `eth_blockNumber` (0.7 ms of CPU against Anvil; plus one `eth_getLogs` when a
+block came), so polling this often costs about 1.5% of a core while waiting, and a finished
+job is seen within about this (25 ms on average)."""
 
 # The shared post/read/dispute path (market.jobs) raises these; re-exported here so that
 # `except ClientError` catches every client error, its own and the shared path's.

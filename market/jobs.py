@@ -29,9 +29,8 @@ from typing import Any, Protocol, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import encode_hex, to_checksum_address
-from web3.exceptions import ContractLogicError
 
-from market.chain.client import TxResult, gas_limit
+from market.chain.client import TxResult
 from market.chain.contracts import (
     ZERO_ADDRESS,
     AvailabilityChallenge,
@@ -197,30 +196,24 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
 def check_funds(q: Quarry, account: LocalAccount, value: int, fn: Any, where: str,
                 what: str) -> None:
     """Raise `InsufficientFunds` unless `value` plus the call's gas fits the balance, and the
-    contract's own revert (decoded, named) when the call would fail. The balance, the gas
-    estimate and the fee inputs are read in one batch (`Chain.read`)."""
+    contract's own revert (decoded, named) when the call would fail. The gas and the fee
+    cap are those `Chain.send` would use (`Chain.prepare`)."""
     address = account.address
     try:
-        balance, estimate, block, tip = q.chain.read([
-            lambda eth: eth.get_balance(address),
-            lambda eth: fn.estimate_gas({"from": address, "value": value}),
-            lambda eth: eth.get_block("latest"),
-            lambda eth: eth.max_priority_fee])
-    except ContractLogicError as exc:
-        raise q.chain._revert(exc, where) from None  # the named custom error
-    except ChainError as exc:  # the estimate: the value alone is over the balance
+        tx = q.chain.prepare(fn, account, value, where=where)
+    except ChainError as exc:  # a revert is named; the estimate refuses a value over the balance
         if not is_insufficient_funds(exc):
             raise
-        balance, estimate = q.chain.balance(address), None
-    if estimate is None or balance < value:
+        tx = None
+    balance = q.chain.balance(address)
+    if tx is None or balance < value:
         raise InsufficientFunds(
             f"not enough funds: the {what} is {value} wei but {address} holds {balance} wei")
-    gas = gas_limit(int(estimate))
-    max_fee = 2 * int(block.get("baseFeePerGas", 0) or 0) + int(tip)
-    need = value + gas * max_fee
+    gas_cost = int(tx["gas"]) * int(tx.get("maxFeePerGas", tx.get("gasPrice", 0)))
+    need = value + gas_cost
     if balance < need:
         raise InsufficientFunds(
-            f"not enough funds: the {what} is {value} wei plus up to {gas * max_fee} wei "
+            f"not enough funds: the {what} is {value} wei plus up to {gas_cost} wei "
             f"of gas, {need} wei in all, but {address} holds {balance} wei")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from market.chain import heads
 from market.chain.client import Chain
 from market.chain.heads import HeadFeed, ws_url_of
 
@@ -61,10 +62,12 @@ def test_without_websocket_or_after_a_drop_it_polls(devnet: Any, rpc_front: Any)
         assert not feed.live and feed.pushed == 0
 
 
-def test_while_pushed_an_idle_interval_reads_the_head_once_a_second(devnet: Any,
-                                                                    rpc_front: Any) -> None:
+def test_while_pushed_an_idle_interval_reads_the_head_once_per_check(
+        devnet: Any, rpc_front: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Subscribed, an interval without a push reads the head only every `CHECK_S` (reads go
-    through a counting front; pushes come from Anvil's WebSocket)."""
+    through a counting front; pushes come from Anvil's WebSocket). `CHECK_S` is raised so
+    that a slow machine cannot let it pass between the intervals."""
+    monkeypatch.setattr(heads, "CHECK_S", 600.0)
     chain = devnet.chain
     with HeadFeed(Chain(rpc_front.url), ws_url_of(chain.rpc_url)) as feed:
         seen = chain.block_number()

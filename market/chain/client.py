@@ -237,12 +237,12 @@ class Chain:
         sent raw: web3's `build_transaction` asks for them one request at a time, each through
         its formatting middleware, and that CPU is what a miner's claims and submissions
         take from the generation running beside them (a send cost 11 ms of CPU; see
-        `_prepare`)."""
+        `prepare`)."""
         where = where or self.where(fn)
         built: dict[str, Any] = {}  # the transaction once prepared; {} if estimating failed
         with self._send_lock:
             try:
-                built = self._prepare(fn, sender, int(value), gas, where)
+                built = self.prepare(fn, sender, int(value), gas, where=where)
                 signed = sender.sign_transaction(built)
                 tx_hash, shown = signed.hash, "0x" + bytes(signed.hash).hex()
                 raw = "0x" + bytes(signed.raw_transaction).hex()
@@ -275,12 +275,15 @@ class Chain:
             contract_address=receipt.get("contractAddress"),
         )
 
-    def _prepare(self, fn: Any, sender: LocalAccount, value: int, gas: int | None,
-                 where: str) -> dict[str, Any]:
-        """The unsigned transaction for `fn`: its calldata encoded here, then the pending
-        nonce, the gas estimate and the fee inputs (the tip and the latest base fee) in one
-        batch. The fee cap is web3's default (tip + twice the base fee); a chain without
-        EIP-1559 gets a legacy gas price. A revert in the estimate raises the named error."""
+    def prepare(self, fn: Any, sender: LocalAccount, value: int = 0, gas: int | None = None,
+                *, where: str | None = None) -> dict[str, Any]:
+        """The unsigned transaction `send` would sign for `fn`: its calldata encoded here,
+        then the pending nonce, the gas estimate and the fee inputs (the tip and the latest
+        base fee) in one batch. The fee cap is web3's default (tip + twice the base fee); a
+        chain without EIP-1559 gets a legacy gas price. A revert in the estimate raises the
+        named error; a value over the balance, a `ChainError` that `is_insufficient_funds`
+        tells apart."""
+        where = where or self.where(fn)
         # All fee fields given, so web3 only encodes: it makes no request here.
         call = fn.build_transaction({"from": sender.address, "value": value, "gas": 0,
                                      "chainId": self.chain_id, "nonce": 0,
