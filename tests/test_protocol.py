@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 from eth_abi import encode as abi_encode
 from eth_account import Account
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from market.errors import QuarryError
 from market.protocol import (
@@ -32,6 +35,8 @@ from market.protocol import (
     validate_request,
 )
 from market.protocol.canonical import UnsafeInteger
+from market.protocol.canonical import _encode as canonical_encode
+from market.protocol.canonical import _plain as canonical_plain
 from market.protocol.eip712 import TYPE_STRINGS, TYPES, domain, domain_separator, typed_digest
 from market.protocol.requests import MAX_SEED, token_ids_hash
 
@@ -109,6 +114,42 @@ def test_canonical_json_rejects_non_string_keys_and_lone_surrogates() -> None:
         canonical_json({1: "a"})
     with pytest.raises(CanonicalJSONError, match="Unicode"):
         request_hash({"custom_id": "\ud800"})
+
+
+_JSON_LEAVES = (st.none() | st.booleans() | st.integers(-(2**60), 2**60)
+                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
+_JSON_VALUES = st.recursive(_JSON_LEAVES, lambda inner: (
+    st.lists(inner, max_size=5) | st.lists(inner, max_size=5).map(tuple)
+    | st.lists(st.integers(-(2**54), 2**54), max_size=5)
+    | st.dictionaries(st.text(max_size=5), inner, max_size=5)), max_leaves=30)
+
+
+def _reference_json(value: object) -> str:
+    """The rule-by-rule encoder, which the C fast path must match."""
+    out: list[str] = []
+    canonical_encode(value, "", out)
+    return "".join(out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON_VALUES)
+def test_canonical_json_fast_path_writes_what_the_rules_write(value: object) -> None:
+    try:
+        expected = _reference_json(value)
+    except CanonicalJSONError as exc:
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == expected
+
+
+def test_canonical_json_shared_and_cyclic_containers() -> None:
+    shared = [1, 2]
+    assert canonical_json({"a": shared, "b": shared, "c": [], "d": []}) == (
+        '{"a":[1,2],"b":[1,2],"c":[],"d":[]}')
+    cyclic: list[object] = [1]
+    cyclic.append(cyclic)
+    assert not canonical_plain(cyclic)  # left to the reference encoder, not walked forever
 
 
 def test_request_hash_is_keccak_of_canonical_bytes_and_key_order_free() -> None:
