@@ -84,6 +84,28 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+class GcClock:
+    """The garbage collector's pauses in this process (seconds, summed), from `gc.callbacks`:
+    a full pass inside a generation is time the engine did not generate."""
+
+    def __init__(self, on_pause: Callable[[float, float, int], None] | None = None) -> None:
+        import gc
+
+        self.total = 0.0
+        self._start = 0.0
+        self._on_pause = on_pause
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.time()
+            return
+        end = time.time()
+        self.total += end - self._start
+        if self._on_pause is not None:
+            self._on_pause(self._start, end, info["generation"])
+
+
 # ------------------------------------------------------------------------ the miner process
 
 
@@ -163,18 +185,32 @@ def miner_child(config: Path, events_path: Path, threads: int) -> int:
     for noisy in ("httpx", "httpcore", "urllib3", "web3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    from market.engine.heap import freeze_startup_heap
     from miner.config import MinerConfig
     from miner.worker import Worker
+
+    # GC pauses are kept here and written with the next event: the collector can run inside
+    # a write, and a file is not reentrant.
+    pauses: list[tuple[float, float, int]] = []
 
     with open(events_path, "a", buffering=1, encoding="utf-8") as out:
 
         def emit(event: str, info: dict[str, Any]) -> None:
+            while pauses:
+                try:
+                    start, end, gen = pauses.pop(0)
+                except IndexError:  # another thread wrote it
+                    break
+                out.write(json.dumps({"event": "gc", "t": end, "start": start, "end": end,
+                                      "generation": gen}) + "\n")
             out.write(json.dumps({"event": event, "t": time.time(), **info}, default=str)
                       + "\n")
 
         worker = Worker.from_config(MinerConfig.load(config), progress=False, listener=emit)
         try:
             _instrument(worker, emit)
+            freeze_startup_heap()  # as `miner run` does once its models are loaded
+            GcClock(lambda start, end, gen: pauses.append((start, end, gen)))
             emit("ready", {"address": worker.address, "threads": torch.get_num_threads(),
                            "pid": os.getpid()})
             worker.run()
@@ -303,9 +339,11 @@ def market_run(client: Any, miner: MinerProcess, lines: list[dict[str, Any]], mo
         "verify": t3 - t2,
     }
     parts["other"] = (t3 - t0) - sum(parts.values())
+    gc_s = sum(e["end"] - e["start"] for e in ev if e["event"] == "gc" and t0 <= e["start"] < t3)
     t = time.time()
     job.status()  # untimed: what the final read inside job.wait costs (part of detect)
     return {"task_id": task, "shards": shards, "time_s": t3 - t0, "parts": parts,
+            "miner_gc_s": gc_s,
             "status_read_s": time.time() - t, "outputs": outputs,
             "tokens": sum(len(o.token_ids) for o in outputs)}
 
@@ -408,6 +446,7 @@ def summarize(runs: list[dict[str, Any]], raw_times: list[float], n: int) -> dic
         "breakdown_s": {k: round(median([r["parts"][k] for r in runs]), 4)
                         for k in (*PARTS, "other")},
         "sdk_status_read_s": round(median([r["status_read_s"] for r in runs]), 4),
+        "miner_gc_pauses_s": [round(r["miner_gc_s"], 4) for r in runs],
         "cpu_s": cpu_median([r["cpu"] for r in runs]),
     }
 
@@ -423,6 +462,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     from market.chain.client import anvil_account
     from market.chain.deploy import DeployParams
     from market.engine.factory import load_engine
+    from market.engine.heap import freeze_startup_heap
     from market.local.stack import LocalStack
     from market.model.create import create_model
     from miner.config import MinerConfig
@@ -461,18 +501,24 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                            shard_size=len(warm_lines), poll_s=args.client_poll_s,
                            timeout=args.timeout)
 
+                # The raw engine's process freezes its heap too: the miner's GC pauses are
+                # not a cost of the market, and the two runs stay alike.
+                freeze_startup_heap()
+                gc_clock = GcClock()
                 meter = CpuMeter(stack.pids(), miner.proc.group())
                 raw_times: list[float] = []
+                raw_gc: list[float] = []
                 raw_cpu: list[dict[str, float]] = []
                 single: list[dict[str, Any]] = []
                 multi: list[dict[str, Any]] = []
                 identical = multi_identical = True
                 raw_tokens = 0
                 for r in range(args.repeats):
-                    c0 = meter.read()
+                    c0, gc0 = meter.read(), gc_clock.total
                     raw_s, raw_out = raw_run(engine, lines, args.max_batch)
                     c1 = meter.read()
                     raw_times.append(raw_s)
+                    raw_gc.append(gc_clock.total - gc0)
                     raw_cpu.append(meter.used(c0, c1))
                     raw_ids = [o.token_ids for o in raw_out]
                     raw_tokens = sum(len(ids) for ids in raw_ids)
@@ -519,6 +565,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         "raw_times_s": [round(t, 4) for t in raw_times],
         "raw_tokens_per_s": round(raw_tokens / raw_s, 1),
         "raw_cpu_s": cpu_median(raw_cpu),
+        "raw_gc_pauses_s": [round(t, 4) for t in raw_gc],
         **{k: v for k, v in headline.items() if k != "shards"},
         "target_ratio": TARGET_RATIO,
         "meets_target": headline["market_vs_engine_throughput_ratio"] >= TARGET_RATIO,

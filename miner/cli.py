@@ -44,6 +44,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from market.engine.heap import freeze_startup_heap
     from miner.worker import Worker
 
     _logging(args.verbose)
@@ -59,6 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.swarm:
         return _run_swarm(cfg, progress=not args.no_progress)
     worker = Worker.from_config(cfg, progress=not args.no_progress)
+    freeze_startup_heap()  # the models are loaded: keep full GC passes off the generation
     try:
         print(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
               f"{cfg.engine} engine; Ctrl-C finishes the current shard and exits; copies "

@@ -260,3 +260,26 @@ def test_vllm_engine_matches_torch_greedy(model_dir: Path, prompts, greedy) -> N
             assert s.total_logprob == pytest.approx(sum(o.logprobs), abs=1e-2)
     finally:
         eng.close()
+
+
+def test_freeze_startup_heap_takes_the_loaded_model_out_of_full_collections(
+        model_dir: Path) -> None:
+    """In a fresh process (freezing this one would keep the tests' garbage forever): after
+    loading a model, everything alive is frozen, and a full collection no longer walks it."""
+    import subprocess
+
+    code = (
+        "import gc, sys\n"
+        "from market.engine.factory import load_engine\n"
+        "from market.engine.heap import freeze_startup_heap\n"
+        "engine = load_engine('torch', sys.argv[1])\n"
+        "frozen = freeze_startup_heap()\n"
+        "assert frozen == gc.get_freeze_count() > 10_000, frozen\n"
+        "gc.collect()\n"
+        "assert len(gc.get_objects()) < frozen // 10, len(gc.get_objects())\n"
+        "print(frozen)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) > 10_000

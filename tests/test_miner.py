@@ -741,9 +741,14 @@ def live_market(devnet: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 def test_register_and_run_through_the_market(
         devnet: Any, model_dir: Path, tmp_path: Path, live_market: tuple[str, Path],
         one_torch_thread: None, capsys: pytest.CaptureFixture[str],
-        caplog: pytest.LogCaptureFixture, quarry_home: Path) -> None:
+        caplog: pytest.LogCaptureFixture, quarry_home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from market.service.board import Board
 
+    # `miner run` freezes its startup heap; not this test process's (test_engine checks it).
+    frozen: list[bool] = []
+    monkeypatch.setattr("market.engine.heap.freeze_startup_heap",
+                        lambda: frozen.append(True) or 0)
     url, db_path = live_market
     q, miner = devnet.q, anvil_account(12)
     cfg_path = config_file(tmp_path, miner, model_dir, url, max_batch=2,
@@ -770,6 +775,7 @@ def test_register_and_run_through_the_market(
         code, out, _ = run_cli(capsys, "run", "--config", str(cfg_path), "--once",
                                "--no-progress")
     assert code == 0 and out.startswith("submitted 2 shard(s)")
+    assert frozen == [True]  # once, after loading the model
     assert "reading them from chain events" not in caplog.text  # the market recommended them
     kept = ResultArchive.for_miner(quarry_home / "miner", miner.address,
                                    q.identity())  # the default state_dir
