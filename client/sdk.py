@@ -412,19 +412,21 @@ class Client:
             model_id = _model_id_of(m.get("modelId"))
             if model_id is not None and m.get("name"):
                 names[model_id] = str(m["name"])
-        by_model: dict[bytes, list[MinerOffer]] = {}
+        listed: list[tuple[str, list[bytes], bool]] = []  # (miner, models, alive)
         for row in self.market.miners():
-            address = to_checksum_address(row["address"])
             served = [mid for mid in (_model_id_of(x) for x in row.get("models") or [])
                       if mid is not None]
-            if not served:
-                continue
-            info = self.q.gpu.miner_info(address)
-            for model_id in served:
-                if self.q.gpu.is_eligible(address, model_id, min_reputation_bps, True):
+            if served:
+                listed.append((to_checksum_address(row["address"]), served,
+                               bool(row.get("alive"))))
+        terms = self.q.gpu.offer_terms([(a, served) for a, served, _ in listed],
+                                       min_reputation_bps, allow_probation=True)
+        by_model: dict[bytes, list[MinerOffer]] = {}
+        for (address, served, alive), (info, eligible) in zip(listed, terms, strict=True):
+            for model_id, ok in zip(served, eligible, strict=True):
+                if ok:
                     by_model.setdefault(model_id, []).append(MinerOffer(
-                        address, info.price_per_token, bool(row.get("alive")),
-                        info.on_probation))
+                        address, info.price_per_token, alive, info.on_probation))
         return [ModelOffer(mid, names.get(mid), tuple(sorted(ms, key=lambda m: m.price_per_token)))
                 for mid, ms in by_model.items()]
 

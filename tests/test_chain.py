@@ -738,3 +738,21 @@ def test_event_filters_are_checked(devnet: Devnet) -> None:
         devnet.q.tasks.events("Nope")
     with pytest.raises(ChainError, match=r"bad filter taskId=-1"):
         devnet.q.tasks.events("ShardClaimed", 0, taskId=-1)
+
+
+def test_offer_terms_read_every_miner_in_one_batch(devnet: Devnet, rpc_front) -> None:
+    """A client's offer list: each miner's entry and eligibility per model, one round trip,
+    each answer as the single read gives it."""
+    from market.chain.client import Chain
+    from market.chain.deploy import Quarry
+
+    net = devnet
+    q = Quarry(net.deployment, Chain(rpc_front.url))
+    other = b"\x07" * 32
+    asked = [(net.miner.address, [MODEL_ID, other]), (net.outsider.address, [MODEL_ID])]
+    terms = q.gpu.offer_terms(asked, 0, allow_probation=True)
+    assert rpc_front.batches == [5] and rpc_front.singles == 0
+    assert terms == [(net.q.gpu.miner_info(a), [net.q.gpu.is_eligible(a, m, 0, True)
+                                                 for m in models]) for a, models in asked]
+    assert terms[0][1] == [True, False]  # the devnet's miner serves MODEL_ID only
+    assert q.gpu.offer_terms([]) == []

@@ -353,6 +353,21 @@ class GPURegistry(QuarryContract):
     def miner_info(self, miner: str) -> MinerInfo:
         return _struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
 
+    def offer_terms(self, miners: Sequence[tuple[str, Sequence[bytes]]], min_rep_bps: int = 0,
+                    allow_probation: bool = False) -> list[tuple[MinerInfo, list[bool]]]:
+        """For each (miner, its models): its registry entry and `isEligible` for each model,
+        all from one batch of reads (`Chain.read`): a client's offer list in one round trip,
+        however many miners the market lists."""
+        reads: list[Read] = []
+        for miner, models in miners:
+            address = to_checksum_address(miner)
+            reads.append(self.fn("minerInfo", address))
+            reads += [self.fn("isEligible", address, m, min_rep_bps, allow_probation)
+                      for m in models]
+        answers = iter(self.chain.read(reads))
+        return [(_struct(MinerInfo, next(answers)), [bool(next(answers)) for _ in models])
+                for _, models in miners]
+
     def models_of(self, miner: str) -> list[bytes]:
         return [bytes(m) for m in self._call("modelsOf", to_checksum_address(miner))]
 
