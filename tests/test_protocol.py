@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from eth_abi import encode as abi_encode
 from eth_account import Account
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from market.errors import QuarryError
@@ -133,6 +133,8 @@ def _reference_json(value: object) -> str:
 
 @settings(max_examples=400, deadline=None)
 @given(_JSON_VALUES)
+@example([0.0, -0.0, 1.0, 0.7, 123.456, 0.0001, 1e-5, 1e16, 2.0**53, -(2.0**53) + 1, 1e21,
+          1.5e15, 2**53 - 1, {"temperature": 0.0, "top_p": 0.95}])
 def test_canonical_json_fast_path_writes_what_the_rules_write(value: object) -> None:
     try:
         expected = _reference_json(value)
