@@ -68,6 +68,7 @@ from market.chain.contracts import (
     ChallengeStatus,
     MinerInfo,
     ShardState,
+    as_struct,
 )
 from market.chain.deploy import Quarry
 from market.chain.errors import ContractRevert
@@ -85,7 +86,7 @@ from miner.archive import ResultArchive, default_state_dir
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from market.chain.client import TxResult
+    from market.chain.client import Read, TxResult
     from miner.config import MinerConfig
 
 log = logging.getLogger("miner")
@@ -564,7 +565,7 @@ class Worker:
         `run` passes at most `max_shards_in_flight` shards at a time, so one miner does not
         lock up a task other miners could share."""
         outcomes: dict[int, ShardOutcome] = {}
-        seen: dict[str, Any] = {}  # the task and this miner's entry, read once per group
+        seen: dict[str, Any] = {}  # this miner's registry entry, read once per group
         ready = [r for k in shards if (r := self._attempt(
             task_id, k, outcomes, functools.partial(self._check, task_id, k, seen)))]
         group = self._lock_together(ready)
@@ -707,23 +708,28 @@ class Worker:
 
     def _check(self, task_id: int, shard: int, seen: dict[str, Any]) -> _Ready:
         """Check one shard against the chain and its inputs, and tokenize its requests;
-        `_Skip` when it is not to be taken. `seen` keeps the task and this miner's registry
-        entry for the next shards of the same group (the claim rechecks both on-chain)."""
+        `_Skip` when it is not to be taken. `seen` keeps this miner's registry entry for the
+        next shards of the same group (the claim rechecks it on-chain)."""
         q, me = self.q, self.address
         if task_id in self.skipped_tasks:
             raise _Skip(self.skipped_tasks[task_id])
         if (task_id, shard) in self.unservable:
             raise _Skip(self.unservable[(task_id, shard)], unservable=True)
+        # The shard, the chain's time, and (once per group) the task and this miner's entry:
+        # one batch of reads.
+        also: list[Read] = [lambda eth: eth.get_block("latest")]
+        if "info" not in seen:
+            also.append(q.gpu.fn("minerInfo", me))
         try:
-            task = seen.get("task") or q.tasks.get_task(task_id)
-            sh = q.tasks.get_shard(task_id, shard)
+            task, (sh,), (head, *info_answer) = q.tasks.read_shards(task_id, [shard], also)
         except ContractRevert as exc:
             raise _Skip(str(exc)) from exc
+        info = seen.get("info") or as_struct(MinerInfo, info_answer[0])
         engine = self.engines.get(task.model_id)
         if engine is None:
             raise _Skip(f"this miner runs no engine for model 0x{task.model_id.hex()}",
                         task_wide=True)
-        now = self.chain_now()
+        now = int(head["timestamp"])
         resume = (sh.state == ShardState.CLAIMED and sh.miner == me
                   and sh.claim_expiry > now + CLAIM_MARGIN_S)
         reclaim = (sh.state == ShardState.CLAIMED and sh.miner != me
@@ -732,8 +738,7 @@ class Worker:
             raise _Skip(f"shard is {sh.state.name}")
         if not resume and now >= task.deadline:
             raise _Skip(f"task deadline passed at {_utc(task.deadline)}", task_wide=True)
-        info = seen.get("info") or q.gpu.miner_info(me)
-        seen.update(task=task, info=info)
+        seen["info"] = info
         if not resume and task.price_per_token < info.price_per_token:
             raise _Skip(f"task pays {task.price_per_token} wei/token, below this miner's price "
                         f"of {info.price_per_token} wei/token", task_wide=True)

@@ -38,8 +38,9 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
 
 
-def _struct(cls: type[T], value: Any) -> T:
-    """A dataclass from a decoded struct (named tuple or dict), matching camelCase to snake."""
+def as_struct(cls: type[T], value: Any) -> T:
+    """A dataclass (`Task`, `Shard`, `MinerInfo`...) from a decoded struct (named tuple or
+    dict, as `call` or `Chain.read` answers it), matching camelCase to snake_case."""
     data = plain(value)
     if not isinstance(data, dict):
         raise ChainError(f"expected a struct for {cls.__name__}, got {type(value).__name__}")
@@ -88,7 +89,7 @@ class MinerInfo:
 
     @staticmethod
     def _convert(kw: dict[str, Any]) -> dict[str, Any]:
-        return {**kw, "gpu": _struct(GpuSpec, kw["gpu"])}
+        return {**kw, "gpu": as_struct(GpuSpec, kw["gpu"])}
 
 
 @dataclass(frozen=True)
@@ -351,7 +352,7 @@ class GPURegistry(QuarryContract):
         return self._tx(sender, "requestRechallenge", value=fee)
 
     def miner_info(self, miner: str) -> MinerInfo:
-        return _struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
+        return as_struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
 
     def offer_terms(self, miners: Sequence[tuple[str, Sequence[bytes]]], min_rep_bps: int = 0,
                     allow_probation: bool = False) -> list[tuple[MinerInfo, list[bool]]]:
@@ -365,7 +366,7 @@ class GPURegistry(QuarryContract):
             reads += [self.fn("isEligible", address, m, min_rep_bps, allow_probation)
                       for m in models]
         answers = iter(self.chain.read(reads))
-        return [(_struct(MinerInfo, next(answers)), [bool(next(answers)) for _ in models])
+        return [(as_struct(MinerInfo, next(answers)), [bool(next(answers)) for _ in models])
                 for _, models in miners]
 
     def models_of(self, miner: str) -> list[bytes]:
@@ -409,7 +410,7 @@ class GPURegistry(QuarryContract):
         return self._tx(sender, "cancelSwarmConsent")
 
     def swarm_info(self, swarm_id: int) -> SwarmInfo:
-        return _struct(SwarmInfo, self._call("swarmInfo", swarm_id))
+        return as_struct(SwarmInfo, self._call("swarmInfo", swarm_id))
 
     def swarm_count(self) -> int:
         return int(self._call("swarmCount"))
@@ -498,22 +499,28 @@ class TaskRegistry(QuarryContract):
         return self._tx(sender, "refundUnfinished", task_id, shard)
 
     def get_task(self, task_id: int) -> Task:
-        return _struct(Task, self._call("getTask", task_id))
+        return as_struct(Task, self._call("getTask", task_id))
 
     def get_shard(self, task_id: int, shard: int) -> Shard:
-        return _struct(Shard, self._call("getShard", task_id, shard))
+        return as_struct(Shard, self._call("getShard", task_id, shard))
 
     def read_task(self, task_id: int, num_shards: int,
                   also: Sequence[Read] = ()) -> tuple[Task, list[Shard], list[Any]]:
         """The task, its shards 0 .. `num_shards` - 1 (a task's count never changes) and the
         answers to `also`, from one batch of reads (`Chain.read`): a job's whole state in one
         round trip, however many shards it has."""
+        return self.read_shards(task_id, range(num_shards), also)
+
+    def read_shards(self, task_id: int, shards: Sequence[int],
+                    also: Sequence[Read] = ()) -> tuple[Task, list[Shard], list[Any]]:
+        """The task, the given shards and the answers to `also`, from one batch of reads;
+        a shard that does not exist raises its named revert (`BadShard`)."""
         reads: list[Read] = [self.fn("getTask", task_id),
-                             *(self.fn("getShard", task_id, k) for k in range(num_shards)),
-                             *also]
+                             *(self.fn("getShard", task_id, k) for k in shards), *also]
         answers = self.chain.read(reads)
-        shards = [_struct(Shard, a) for a in answers[1:1 + num_shards]]
-        return _struct(Task, answers[0]), shards, answers[1 + num_shards:]
+        n = len(shards)
+        return (as_struct(Task, answers[0]), [as_struct(Shard, a) for a in answers[1:1 + n]],
+                answers[1 + n:])
 
     def shard_range(self, task_id: int, shard: int) -> tuple[int, int]:
         start, end = self._call("shardRange", task_id, shard)
@@ -620,7 +627,7 @@ class VerifierCommittee(QuarryContract):
         return int(self._call("strikesOf", to_checksum_address(account)))
 
     def verifier_info(self, account: str) -> VerifierInfo:
-        return _struct(VerifierInfo, self._call("verifierInfo", to_checksum_address(account)))
+        return as_struct(VerifierInfo, self._call("verifierInfo", to_checksum_address(account)))
 
     def current_epoch(self) -> int:
         return int(self._call("currentEpoch"))
@@ -757,7 +764,7 @@ class Arbitration(QuarryContract):
                         [to_checksum_address(a) for a in absent])
 
     def get_dispute(self, dispute_id: int) -> Dispute:
-        return _struct(Dispute, self._call("getDispute", dispute_id))
+        return as_struct(Dispute, self._call("getDispute", dispute_id))
 
     def ballot_of(self, dispute_id: int, member: str) -> Ballot:
         return Ballot(int(self._call("ballotOf", dispute_id, to_checksum_address(member))))
@@ -795,7 +802,7 @@ class Arbitration(QuarryContract):
                         _proof(proof), text_hash, list(token_ids))
 
     def get_challenge(self, challenge_id: int) -> AvailabilityChallenge:
-        return _struct(AvailabilityChallenge, self._call("getChallenge", challenge_id))
+        return as_struct(AvailabilityChallenge, self._call("getChallenge", challenge_id))
 
     def challenge_count(self) -> int:
         return int(self._call("challengeCount"))
