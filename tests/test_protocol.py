@@ -284,6 +284,22 @@ def test_output_hash_encoding() -> None:
         output_hash("x", [-1])
 
 
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=40))
+@example([0, 1, 255, 256, 65535, 65536, 2**24, 2**32 - 1])
+def test_token_ids_hash_is_keccak_of_32_byte_words(ids: list[int]) -> None:
+    assert token_ids_hash(ids) == keccak(b"".join(i.to_bytes(32, "big") for i in ids))
+    assert token_ids_hash(tuple(ids)) == token_ids_hash(iter(ids)) == token_ids_hash(ids)
+
+
+@pytest.mark.parametrize(("bad", "at"), [([1, True], 1), ([1, 2.0], 1), ([3, -1], 1),
+                                         ([2**32, 1], 0), (["1"], 0), ([5, 6, 2**40], 2)])
+def test_token_ids_hash_names_the_first_id_that_is_not_a_uint32(bad: list[object],
+                                                                at: int) -> None:
+    with pytest.raises(RequestError, match="is not a uint32") as info:
+        token_ids_hash(bad)  # type: ignore[arg-type]
+    assert info.value.field == f"token_ids[{at}]"
+
+
 # -- EIP-712 ------------------------------------------------------------------------------
 
 CHAIN = 31337

@@ -125,16 +125,22 @@ class _Struct:
         return tuple(_wire(v) for v in self._values())
 
     def struct_hash(self) -> bytes:
-        return struct_hash(self.TYPE, self.message())
+        """hashStruct, computed once (the structs are frozen): a receipt's is both its
+        result-tree leaf and the input of the digest it signs."""
+        cached: bytes | None = self.__dict__.get("_struct_hash")
+        if cached is None:
+            cached = struct_hash(self.TYPE, self.message())
+            object.__setattr__(self, "_struct_hash", cached)
+        return cached
 
     def digest(self, chain_id: int, verifying_contract: str) -> bytes:
-        return typed_digest(self.TYPE, self.message(), chain_id, verifying_contract)
+        return _digest(self.struct_hash(), chain_id, verifying_contract)
 
     def sign(self, private_key: Any, chain_id: int, verifying_contract: str) -> bytes:
-        return sign(self.TYPE, self.message(), private_key, chain_id, verifying_contract)
+        return _signed(self.TYPE, self.digest(chain_id, verifying_contract), private_key)
 
     def recover(self, signature: bytes, chain_id: int, verifying_contract: str) -> str:
-        return recover(self.TYPE, self.message(), signature, chain_id, verifying_contract)
+        return _recovered(self.TYPE, self.digest(chain_id, verifying_contract), signature)
 
 
 def _wire(value: Any) -> Any:
@@ -373,10 +379,13 @@ def typed_digest(
     """keccak256("\\x19\\x01" ++ domainSeparator ++ hashStruct): the hash that is signed."""
     if primary_type not in TYPES:
         raise SignatureError(f"unknown struct {primary_type!r} (known: {', '.join(TYPES)})")
+    return _digest(struct_hash(primary_type, message), chain_id, verifying_contract)
+
+
+def _digest(struct_hash: bytes, chain_id: int, verifying_contract: str) -> bytes:
     if isinstance(chain_id, bool):  # True == 1 would hit chain 1's cached separator
         raise SignatureError(f"chainId must be a positive integer, got {chain_id!r}")
-    return keccak(b"\x19\x01" + domain_separator(chain_id, verifying_contract)
-                  + struct_hash(primary_type, message))
+    return keccak(b"\x19\x01" + domain_separator(chain_id, verifying_contract) + struct_hash)
 
 
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
@@ -453,7 +462,11 @@ def sign(
     verifying_contract: str,
 ) -> bytes:
     """Sign a typed-data struct; returns the 65-byte signature."""
-    digest = typed_digest(primary_type, message, chain_id, verifying_contract)
+    return _signed(primary_type, typed_digest(primary_type, message, chain_id,
+                                              verifying_contract), private_key)
+
+
+def _signed(primary_type: str, digest: bytes, private_key: Any) -> bytes:
     try:
         return sign_digest(digest, private_key)
     except SignatureError as exc:
@@ -468,7 +481,11 @@ def recover(
     verifying_contract: str,
 ) -> str:
     """The checksummed address that signed `message` under the given domain."""
-    digest = typed_digest(primary_type, message, chain_id, verifying_contract)
+    return _recovered(primary_type, typed_digest(primary_type, message, chain_id,
+                                                 verifying_contract), signature)
+
+
+def _recovered(primary_type: str, digest: bytes, signature: bytes) -> str:
     try:
         return recover_digest(digest, signature)
     except SignatureError as exc:

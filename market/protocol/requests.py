@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from eth_abi import encode as abi_encode
 
 from market.jsonsafe import JsonTooDeep, check_depth
 from market.protocol.canonical import MAX_SAFE_INTEGER, keccak, request_hash
@@ -67,6 +67,7 @@ MAX_SEED = MAX_SAFE_INTEGER
 """Seeds stop at 2**53-1: the request line is hashed as canonical JSON, which holds no larger
 integer exactly (a larger seed's requestHash could not be reproduced outside Python)."""
 MAX_TOKEN_ID = 2**32 - 1
+assert array("I").itemsize == 4, "token_ids_hash packs ids as 4-byte unsigned ints"
 MAX_STOP_STRINGS = 4
 """OpenAI's limit on `stop`."""
 MAX_STOP_BYTES = 64
@@ -402,11 +403,21 @@ def token_ids_hash(token_ids: Sequence[int]) -> bytes:
     the token ids as consecutive 32-byte big-endian words, and the empty list hashes to
     keccak256("").
     """
-    words = bytearray()
-    for i, token in enumerate(token_ids):
-        if not _is_int(token) or not 0 <= token <= MAX_TOKEN_ID:
-            raise RequestError(f"token id {token!r} is not a uint32", field=f"token_ids[{i}]")
-        words += token.to_bytes(32, "big")
+    ids = token_ids if isinstance(token_ids, list | tuple) else list(token_ids)
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+        for i, token in enumerate(ids):  # name the first one that is not a uint32
+            if not _is_int(token) or not 0 <= token <= MAX_TOKEN_ID:
+                raise RequestError(f"token id {token!r} is not a uint32",
+                                   field=f"token_ids[{i}]")
+    # Each id's 4 big-endian bytes go at the end of its 32-byte word, by strided slice
+    # assignment: a shard's receipts hash every output's ids, so no Python loop per id.
+    packed = array("I", ids)
+    if sys.byteorder == "little":
+        packed.byteswap()
+    be = packed.tobytes()
+    words = bytearray(32 * len(ids))
+    for k in range(4):
+        words[28 + k::32] = be[k::4]
     return keccak(bytes(words))
 
 
@@ -424,4 +435,4 @@ def output_hash(text: str, token_ids: Sequence[int]) -> bytes:
         text_hash = keccak(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise RequestError(f"output text is not valid Unicode: {exc.reason}") from exc
-    return keccak(abi_encode(["bytes32", "bytes32"], [text_hash, token_ids_hash(token_ids)]))
+    return keccak(text_hash + token_ids_hash(token_ids))  # abi.encode of two bytes32: concat
