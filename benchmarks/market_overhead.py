@@ -603,8 +603,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine batch size, raw and miner alike (16)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads, raw and miner alike (1)")
-    # Five, not three: on a shared 2-vCPU machine one slow repeat moves a median of three.
-    parser.add_argument("--repeats", type=int, default=5, help="alternating runs; medians (5)")
+    # Nine: on this shared 2-vCPU machine two identical engine processes, alternating, differ
+    # by up to 5% in the median of ten runs; five repeats left the headline that noisy.
+    parser.add_argument("--repeats", type=int, default=9, help="alternating runs; medians (9)")
     parser.add_argument("--multi-shard-size", type=int, default=64,
                         help="also run the batch in shards of this size (64; 0: skip); "
                         "a multiple of --max-batch batches exactly as the raw run")
