@@ -10,6 +10,7 @@ clock a day on, so it runs last.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -30,7 +31,7 @@ from conftest import write_miner_config
 from client.batch import encode_jsonl, output_line
 from market.chain.client import anvil_account
 from market.chain.contracts import ShardState
-from market.chain.devnet import free_port
+from market.chain.devnet import DEVNET_BLOCK_TIME, free_port
 from market.local.processes import ManagedProcess, spawn
 from market.local.stack import LocalStack
 
@@ -166,6 +167,35 @@ def lines(gw: Gateway, file_id: str | None) -> list[dict[str, Any]]:
     return [json.loads(x) for x in gw.sdk.files.content(file_id).content.splitlines()]
 
 
+@contextlib.contextmanager
+def held_chain(q: Any) -> Iterator[None]:
+    """Anvil mines nothing meanwhile (no block per transaction, no empty blocks): sent
+    transactions wait in its pool. On leaving, its usual mining is back and a block is mined."""
+    q.chain.rpc("evm_setIntervalMining", [0])
+    q.chain.rpc("evm_setAutomine", [False])
+    try:
+        yield
+    finally:
+        q.chain.rpc("evm_setAutomine", [True])
+        q.chain.rpc("evm_setIntervalMining", [DEVNET_BLOCK_TIME])
+        q.chain.mine()
+
+
+def pending_claim(q: Any, miner: str) -> bool:
+    """Whether `miner` has a claim waiting in the held chain's pool. Anything else it sent
+    first (finalizing an earlier test's shards, say) is mined, so it gets on to its claim."""
+    pool = q.chain.rpc("txpool_content")["pending"]
+    sent = next((txs for sender, txs in pool.items() if sender.lower() == miner.lower()), {})
+    for tx in sent.values():
+        if tx["to"] and tx["to"].lower() == q.tasks.address.lower():
+            fn, _ = q.tasks.contract.decode_function_input(tx["input"])
+            if fn.fn_name in ("claimShard", "claimShards"):
+                return True
+    if sent:
+        q.chain.mine()
+    return False
+
+
 def quarry(obj: Any) -> Any:
     """The gateway's `quarry` extension object on a batch or model (kept by the SDK as an
     extra field)."""
@@ -255,13 +285,13 @@ def test_cancel_mid_batch_refunds_the_open_shards_to_the_wei(
     task_id = quarry(wait_status(gateway, batch.id, "in_progress", timeout=120))["task_id"]
     proc_b = start_miner(stack, miners["b"])
     try:
-        # Its first claim, read from the chain, then Ctrl-C: the miner submits what it holds
-        # (at most max_shards_in_flight) and claims no more, so however fast it is, most
-        # shards are still open when the cancel lands.
-        stack.wait_until(lambda: any(q.tasks.get_shard(task_id, k).state != ShardState.OPEN
-                                     for k in range(shards)), "the miner's first claim",
-                         timeout=180)
-        os.killpg(proc_b.pid, signal.SIGINT)
+        # Ctrl-C while its first claim waits in the held chain's pool: the miner then submits
+        # what that claim takes (at most max_shards_in_flight) and claims no more, so most
+        # shards are still open when the cancel lands, however fast the miner is.
+        with held_chain(q):
+            stack.wait_until(lambda: pending_claim(q, MINERS["b"].address),
+                             "the miner's first claim", timeout=180)
+            os.killpg(proc_b.pid, signal.SIGINT)
         proc_b.popen.wait(timeout=120)
     finally:
         proc_b.stop()
