@@ -22,8 +22,9 @@ from median times (the same tokens: the greedy outputs are checked to be identic
 Model loading is outside both timings (the miner loads and warms up before the first job,
 and one untimed warm-up job goes through the whole path). Both processes then freeze their
 startup heap, as `miner run` does (`market/engine/heap.py`), and report the garbage
-collector's pauses per run (`raw_gc_pauses_s`, `miner_gc_pauses_s`). Settlement is not in the measured
-path: the challenge window is set long enough that no shard settles during the run. The
+collector's pauses per run (`raw_gc_pauses_s`, `miner_gc_pauses_s`). Settlement is not in
+the measured path: the challenge window is set long enough that no shard settles during the
+run. The
 miner's own timings (claim, generate, sign, upload, submitResult) come from its process
 through `Worker`'s listener and timing wrappers, and give the breakdown of the overhead.
 
