@@ -24,9 +24,9 @@ and one untimed warm-up job goes through the whole path). Both processes then fr
 startup heap, as `miner run` does (`market/engine/heap.py`), and report the garbage
 collector's pauses per run (`raw_gc_pauses_s`, `miner_gc_pauses_s`). Settlement is not in
 the measured path: the challenge window is set long enough that no shard settles during the
-run. The
-miner's own timings (claim, generate, sign, upload, submitResult) come from its process
-through `Worker`'s listener and timing wrappers, and give the breakdown of the overhead.
+run. The miner's own timings (claim, generate, sign, upload, submitResult) come from its
+process through `Worker`'s listener and timing wrappers, and give the breakdown of the
+overhead.
 
 Prints progress on stderr and one JSON object as the last line of stdout (also written to
 benchmarks/out/market_overhead.json).

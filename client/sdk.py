@@ -62,7 +62,6 @@ from market.jobs import (
     ResultsNotReady,
     challenge_availability,
     challenge_info,
-    max_shards,
     miner_ask,
     open_dispute,
     post_batch,
@@ -568,10 +567,12 @@ class Client:
         if price is None:
             price = ask
         self.check_context(batch, offer)
-        deadline_ts = self._deadline(deadline, self.chain.timestamp())
+        limit, block = self.chain.read([self.q.tasks.fn("maxShardsPerTask"),
+                                        lambda eth: eth.get_block("latest")])
+        deadline_ts = self._deadline(deadline, int(block["timestamp"]))
         if shard_size is None:  # two shards per miner that could take them, within the limit
             shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, miners)))))
-            shard_size = max(shard_size, math.ceil(n / max_shards(self.q)))
+            shard_size = max(shard_size, math.ceil(n / int(limit)))
         task_id, tx = post_batch(
             self.q, self.account, self.market, batch.data, batch.request_hashes,
             model_id=offer.model_id, shard_size=shard_size, max_tokens=batch.max_tokens,

@@ -77,7 +77,6 @@ __all__ = [
     "ChallengeInfo",
     "post_batch",
     "miner_ask",
-    "max_shards",
     "shard_changes",
     "check_funds",
     "fetch_result_document",
@@ -160,11 +159,6 @@ class JobTimeout(JobError):
 
 
 # ---------------------------------------------------------------------------- posting
-
-
-def max_shards(q: Quarry) -> int:
-    """TaskRegistry's `maxShardsPerTask`."""
-    return int(q.chain.call(q.tasks.contract.functions.maxShardsPerTask()))
 
 
 def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 0,

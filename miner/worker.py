@@ -715,8 +715,8 @@ class Worker:
             raise _Skip(self.skipped_tasks[task_id])
         if (task_id, shard) in self.unservable:
             raise _Skip(self.unservable[(task_id, shard)], unservable=True)
-        # The shard, the chain's time, and (once per group) the task and this miner's entry:
-        # one batch of reads.
+        # The task, the shard, the chain's time and (once per group) this miner's entry: one
+        # batch of reads.
         also: list[Read] = [lambda eth: eth.get_block("latest")]
         if "info" not in seen:
             also.append(q.gpu.fn("minerInfo", me))
