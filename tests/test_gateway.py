@@ -96,11 +96,29 @@ def miners(stack: LocalStack) -> Iterator[dict[str, Path]]:
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         configs[name] = cfg
-    proc = start_miner(stack, configs["a"])
+    proc = RUNNING["a"] = start_miner(stack, configs["a"])
     try:
         yield configs
     finally:
+        del RUNNING["a"]
         proc.stop()
+
+
+RUNNING: dict[str, ManagedProcess] = {}  # the miner processes that run throughout ("a")
+
+
+@contextlib.contextmanager
+def only_b_serves() -> Iterator[None]:
+    """Miner "a" is stopped (SIGSTOP) meanwhile, so a batch directed at "b" is "b"'s alone.
+    The market keeps a directed task from other miners only once the client's offer has come,
+    and the offer comes a moment after the task is created (it names the created task): in
+    that moment, a miner woken at once by the new task's index (pushed heads) can claim it."""
+    pid = RUNNING["a"].pid
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(pid, signal.SIGCONT)
 
 
 def start_miner(stack: LocalStack, cfg: Path) -> ManagedProcess:
@@ -280,24 +298,25 @@ def test_cancel_mid_batch_refunds_the_open_shards_to_the_wei(
     before = q.escrow.withdrawable(CLIENT.address)
     first_block = q.chain.block_number() + 1
     shards = 20
-    batch = create(gateway, chat_lines(2 * shards, "cancel"), quarry_shard_size="2",
-                   quarry_miner=MINERS["b"].address)  # "b" is not running yet
-    task_id = quarry(wait_status(gateway, batch.id, "in_progress", timeout=120))["task_id"]
-    proc_b = start_miner(stack, miners["b"])
-    try:
-        # Ctrl-C while its first claim waits in the held chain's pool: the miner then submits
-        # what that claim takes (at most max_shards_in_flight) and claims no more, so most
-        # shards are still open when the cancel lands, however fast the miner is.
-        with held_chain(q):
-            stack.wait_until(lambda: pending_claim(q, MINERS["b"].address),
-                             "the miner's first claim", timeout=180)
-            os.killpg(proc_b.pid, signal.SIGINT)
-        proc_b.popen.wait(timeout=120)
-    finally:
-        proc_b.stop()
-    cancelling = gateway.sdk.batches.cancel(batch.id)
-    assert cancelling.status == "cancelling" and cancelling.cancelling_at
-    done = wait_status(gateway, batch.id, "cancelled", timeout=240)
+    with only_b_serves():
+        batch = create(gateway, chat_lines(2 * shards, "cancel"), quarry_shard_size="2",
+                       quarry_miner=MINERS["b"].address)  # "b" is not running yet
+        task_id = quarry(wait_status(gateway, batch.id, "in_progress", timeout=120))["task_id"]
+        proc_b = start_miner(stack, miners["b"])
+        try:
+            # Ctrl-C while its first claim waits in the held chain's pool: the miner then
+            # submits what that claim takes (at most max_shards_in_flight) and claims no
+            # more, so most shards are still open when the cancel lands, however fast it is.
+            with held_chain(q):
+                stack.wait_until(lambda: pending_claim(q, MINERS["b"].address),
+                                 "the miner's first claim", timeout=180)
+                os.killpg(proc_b.pid, signal.SIGINT)
+            proc_b.popen.wait(timeout=120)
+        finally:
+            proc_b.stop()
+        cancelling = gateway.sdk.batches.cancel(batch.id)
+        assert cancelling.status == "cancelling" and cancelling.cancelling_at
+        done = wait_status(gateway, batch.id, "cancelled", timeout=240)
     assert quarry(done)["task_id"] == task_id
     [ev] = q.tasks.events("TaskCancelled", taskId=task_id)
     refunded = [k for k in range(shards)
@@ -387,12 +406,13 @@ def test_expired_batch_refunds_the_unused_budget(
     windows close too, and their unused budgets reach escrow: only this task's releases are
     counted)."""
     q = stack.quarry
-    batch = create(gateway, chat_lines(4, "expire"), quarry_shard_size="2",
-                   quarry_miner=MINERS["b"].address)  # "b" is not running
-    running = wait_status(gateway, batch.id, "in_progress", timeout=120)
-    task_id = quarry(running)["task_id"]
-    q.chain.advance_time(24 * 3600 + 5)
-    done = wait_status(gateway, batch.id, "expired", timeout=120)
+    with only_b_serves():
+        batch = create(gateway, chat_lines(4, "expire"), quarry_shard_size="2",
+                       quarry_miner=MINERS["b"].address)  # "b" is not running
+        running = wait_status(gateway, batch.id, "in_progress", timeout=120)
+        task_id = quarry(running)["task_id"]
+        q.chain.advance_time(24 * 3600 + 5)
+        done = wait_status(gateway, batch.id, "expired", timeout=120)
     payment = 4 * 24 * PRICE
     assert q.escrow.escrowed(task_id) == 0
     released = q.escrow.events("Released", taskId=task_id)
