@@ -11,7 +11,7 @@ SOL_SOURCES := $(shell find contracts -name '*.sol' -not -path '*/test/*' 2>/dev
 
 ABI_DIR := market/chain/abi
 
-.PHONY: help setup redis compile test test-contracts test-python lint typecheck check-deps \
+.PHONY: help setup redis browser compile test test-contracts test-python lint typecheck check-deps \
 	bench demo clean
 
 help:
@@ -41,6 +41,18 @@ redis:
 	    echo "redis-server is missing: run 'sudo apt-get install redis-server' and try again" >&2; exit 1; \
 	  fi; }
 
+# Debian's chromium and its driver, for the dashboard's browser tests (Selenium drives them).
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium and chromium-driver with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "chromium is missing: run 'sudo apt-get install chromium chromium-driver' and" \
+	      "try again" >&2; exit 1; \
+	  fi; }
+
 # Compiles, then regenerates the ABIs shipped as package data ($(ABI_DIR), committed).
 $(ARTIFACTS_STAMP): $(NODE_STAMP) $(PY_STAMP) hardhat.config.js $(SOL_SOURCES)
 	npx hardhat compile --quiet
@@ -64,7 +76,7 @@ check-deps: $(PY_STAMP)
 test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test
 
-test-python: setup $(ARTIFACTS_STAMP)
+test-python: setup browser $(ARTIFACTS_STAMP)
 	$(PY) -m pytest -q
 
 # The Hardhat suite (one core, ~1.5 min) runs beside pytest (mostly waiting on chains and
@@ -76,9 +88,10 @@ bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/*.py; do \
 	  echo "== $$script"; $(PY) $$script; done
 
-# The whole marketplace on private Redis/Anvil/market/worker/miners; stops all it started.
+# The whole marketplace on private Redis/Anvil/market/worker/miners; stops all it started
+# (`make demo ARGS=--keep` leaves it running, dashboard and all, until Ctrl-C).
 demo: setup $(ARTIFACTS_STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(ARGS)
 
 clean:
 	rm -rf artifacts cache .quarry .pytest_cache

@@ -1119,12 +1119,49 @@ _REMEDY_WHY = {
 }
 
 
-def _bar(total: int, unit: str, desc: str, progress: bool) -> Any:
-    """A tqdm bar on stderr, shown only when asked for and stderr is a terminal."""
+def _bar(total: int, unit: str, desc: str, progress: bool, counts: bool = True) -> Any:
+    """When asked for: a tqdm bar on a terminal's stderr, else (a pipe, a log file, CI) one
+    line per milestone (`_Milestones`). `counts`: the bar's position is a count worth
+    reporting (shards done), not a clock."""
     from tqdm import tqdm
 
+    if progress and not sys.stderr.isatty():
+        return _Milestones(total, unit, desc, counts)
     return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=False,
-                disable=not (progress and sys.stderr.isatty()))
+                disable=not progress)
+
+
+class _Milestones:
+    """The part of tqdm's interface the waits use, writing a line to stderr only when what
+    it would show changes (a shard done, a state reached): a redrawn bar in a file is
+    thousands of carriage-return frames on one line."""
+
+    def __init__(self, total: int, unit: str, desc: str, counts: bool) -> None:
+        self.n, self.total, self.unit, self.desc, self.counts = 0, total, unit, desc, counts
+        self._postfix = ""
+        self._said = ""
+
+    def __enter__(self) -> _Milestones:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.counts and self.n >= self.total:
+            self._postfix = ""  # the states of the shards still pending: none are
+            self._say()
+
+    def update(self, k: int = 1) -> None:
+        self.n += k  # said with the next postfix: shards landing together make one line
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self._postfix = text
+        self._say()
+
+    def _say(self) -> None:
+        done = f"{self.n}/{self.total} {self.unit}s done" if self.counts else ""
+        line = ", ".join(p for p in (done, self._postfix) if p)
+        if line and line != self._said:
+            self._said = line
+            print(f"{self.desc}: {line}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -1132,7 +1169,7 @@ def _window_bar(opened_at: int, deadline: int, desc: str,
                 progress: bool) -> Iterator[Callable[[Any, int], None]]:
     """A bar of the chain time used of a window from `opened_at` to `deadline`, and the
     `on_poll` callback that moves it and shows the polled record's status."""
-    with _bar(max(1, deadline - opened_at), "s", desc, progress) as bar:
+    with _bar(max(1, deadline - opened_at), "s", desc, progress, counts=False) as bar:
 
         def show(record: Any, now: int) -> None:
             bar.n = min(bar.total, max(0, now - opened_at))

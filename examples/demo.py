@@ -1,7 +1,8 @@
 """The whole marketplace on one machine, from nothing: `make demo` runs this.
 
 1. Private Redis and Anvil (the five contracts deployed, 20 s epochs), the market service
-   and a Celery worker, all on free ports under a fresh directory.
+   and a Celery worker, all on free ports under a fresh directory. The market's dashboard
+   (`/ui`) shows everything below as it happens.
 2. The embedded tiny model.
 3. A verifier committee: two verifiers staking (`verifier register`; their seats take
    effect at the next epoch boundary) and running (`verifier run`, each with its own Celery
@@ -19,7 +20,8 @@
 8. The market's settlement sweep finalizing each shard once its challenge window closes:
    each miner is paid for its own tokens, the unused budget goes back to the client.
 
-Everything started here is stopped at the end, also on Ctrl-C or an error. Nothing in this
+Everything started here is stopped at the end, also on Ctrl-C or an error; with `--keep`
+(`make demo ARGS=--keep`) it stays up, dashboard and all, until Ctrl-C. Nothing in this
 file is special to the demo: it is what a client script, an arbiter, two verifier operators
 and two miner operators would do.
 """
@@ -27,11 +29,16 @@ and two miner operators would do.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from client import Client
@@ -123,8 +130,27 @@ def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) 
     return path
 
 
-def run(args: argparse.Namespace, home: Path) -> None:
-    began = time.monotonic()
+@dataclass
+class Demo:
+    """What a finished demo leaves running: the stack, the role processes and the job."""
+
+    stack: LocalStack
+    procs: list[ManagedProcess]
+    task_id: int
+    dispute_id: int
+    epoch: int
+    miners: list[str]
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"{self.stack.market_url}/ui"
+
+
+@contextmanager
+def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
+    """Run the demo's eight steps and yield while everything is still up; stop it all on
+    exit (tests use this to look at a market with a finished job, a dispute and a reported
+    epoch)."""
     procs: list[ManagedProcess] = []
     params = DeployParams(epoch_duration=EPOCH_S, challenge_window=45)
     with LocalStack(home, deploy_params=params) as stack:
@@ -133,6 +159,8 @@ def run(args: argparse.Namespace, home: Path) -> None:
                 f"{stack.timings['total']:.1f} s")
         print(f"      market {stack.market_url} (OpenAPI at {stack.market_url}/docs), "
               f"chain {stack.deployment.chain_id} at {stack.rpc_url}, {EPOCH_S} s epochs")
+        print(f"      dashboard {stack.market_url}/ui, metrics {stack.market_url}/metrics",
+              flush=True)
 
         t = time.monotonic()
         model_dir = home / "models" / "quarry-tiny"
@@ -235,11 +263,16 @@ def run(args: argparse.Namespace, home: Path) -> None:
                                           f"{tokens[miner]} tokens at {PRICE_WEI} wei")
                 print(f"      client refunded {eth(final.refunded)} of unused budget; "
                       f"{final.tokens} tokens in all")
+                dispute_id = max(d.dispute_id for d in job.disputes())
+            yield Demo(stack=stack, procs=procs, task_id=job.task_id, dispute_id=dispute_id,
+                       epoch=int(first["epoch"]), miners=addresses)
         finally:
             for p in procs:
                 p.stop()
-    print(f"demo done in {time.monotonic() - began:.1f} s; every process it started is "
-          "stopped", flush=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,18 +283,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-size", type=int, default=15, help="requests per shard (15)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds to wait (240)")
     parser.add_argument("--keep", action="store_true",
-                        help="keep the demo directory (logs, store, board) afterwards")
+                        help="leave everything running (look at the dashboard) until Ctrl-C, "
+                        "then keep the demo directory (logs, store, board)")
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="the processes' log lines (in the demo directory's logs/): text, "
+                        "or one JSON object per line (default: $QUARRY_LOG_FORMAT, else text)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops a kept demo as Ctrl-C does
+    if args.log_format:
+        os.environ["QUARRY_LOG_FORMAT"] = args.log_format  # every process inherits it
     home = Path(tempfile.mkdtemp(prefix="quarry-demo-"))
+    began = time.monotonic()
     try:
-        run(args, home)
+        with demo(args, home) as d:
+            print(f"demo done in {time.monotonic() - began:.1f} s; dashboard: "
+                  f"{d.dashboard_url}", flush=True)
+            if args.keep:
+                print(f"everything stays up for you to look (logs in {home / 'logs'}); "
+                      "Ctrl-C stops it", flush=True)
+                while True:
+                    time.sleep(3600)
+        print("every process the demo started is stopped", flush=True)
     except QuarryError as exc:
         print(f"demo failed: {exc} (logs in {home / 'logs'})", file=sys.stderr)
         args.keep = True
         return 1
     except KeyboardInterrupt:
-        print("demo interrupted; everything it started is stopped", file=sys.stderr)
-        return 130
+        if not args.keep:
+            print("demo interrupted; everything it started is stopped", file=sys.stderr)
+            return 130
+        print("everything the demo started is stopped", flush=True)
     finally:
         if args.keep:
             print(f"demo directory kept: {home}")

@@ -1,7 +1,7 @@
 """The market's HTTP API (FastAPI): `create_app(settings)` mounts one router per resource
 (`market.service.routers`: service, store, models, jobs and shards, tasks and offers, miners,
-swarms, committee) over one `Market` (board, store, settings, deployment; `market.service.deps`)
-that the routers get through `Depends`.
+swarms, committee, and the dashboard with /metrics) over one `Market` (board, store,
+settings, deployment; `market.service.deps`) that the routers get through `Depends`.
 
 The app only reads the chain (the head for /health, eligibility and verifier seats) and never
 writes to it; the board it serves is filled by the Celery workers (`market.service.worker`).
@@ -29,6 +29,7 @@ from market.service.board import Board, BoardError
 from market.service.deps import Market
 from market.service.guards import JsonBodyGuard
 from market.service.http import ERROR_STATUS
+from market.service.metrics import MarketMetrics, RequestMetrics
 from market.service.routers import (
     committee,
     jobs,
@@ -38,6 +39,7 @@ from market.service.routers import (
     store,
     swarms,
     tasks,
+    ui,
 )
 from market.service.settings import MarketSettings
 from market.store import LocalStore
@@ -68,6 +70,9 @@ signed declarations (memory, speed, stage endpoint and key, RTTs) repeated as he
 the market plans the layers over the live members (Parallax by default), re-plans on joins
 and leaves, relays the members' EIP-712 consents to each plan's terms and serves the
 on-chain swarm id once the head reports it and swarmInfo matches.
+
+Outside this document: the read-only dashboard at `/ui` (jobs, miners, committee, disputes
+and challenges, linked to the transactions behind them) and Prometheus metrics at `/metrics`.
 """
 
 
@@ -93,6 +98,8 @@ def create_app(settings: MarketSettings) -> FastAPI:
                     store=LocalStore(settings.store_dir, settings.max_file_bytes),
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market
+    app.state.metrics = MarketMetrics(market)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: times all
     app.state.settings, app.state.board, app.state.store = settings, market.board, market.store
     _reload_manifests(market)
 
@@ -109,7 +116,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
         status = next(code for cls, code in ERROR_STATUS if isinstance(exc, cls))
         return _error(status, str(exc))
 
-    for module in (service, store, models, jobs, tasks, miners, swarms, committee):
+    for module in (service, store, models, jobs, tasks, miners, swarms, committee, ui):
         app.include_router(module.router)
     return app
 

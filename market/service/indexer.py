@@ -17,6 +17,7 @@ ProbationEnded later clears), so a board rebuilt later ends in the same state.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ from market.service.boarddb import (
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
 
-CHAIN_LAYOUT = "2"
+CHAIN_LAYOUT = "3"
 """The chain tables' layout; bump it when they change (they are then rebuilt, not migrated)."""
 
 # The events the board applies, by contract (Quarry attribute, contract name).
@@ -60,13 +61,27 @@ INDEXED_EVENTS: dict[tuple[str, str], tuple[str, ...]] = {
         "CollateralLocked", "CollateralUnlocked", "Slashed", "ReputationSet", "MinStakeSet",
         "UntrustedBelowSet", "InitialReputationSet", "ProbationEnded",
     ),
-    ("committee", "VerifierCommittee"): ("UnbondingPeriodSet",),
+    ("committee", "VerifierCommittee"): (
+        "UnbondingPeriodSet", "VerifierRegistered", "VerifierDisplaced",
+        "VerifierExitRequested", "VerifierStakeWithdrawn", "AbsencePenalized",
+        "ChallengeSetCommitted", "ReputationSubmitted", "ReputationSkipped",
+    ),
     ("arbitration", "Arbitration"): (
         "DisputeOpened", "VoteCast", "DisputeResolved", "DisputeExpired", "AbsenceReported",
         "AvailabilityChallenged", "AvailabilityAnswered", "AvailabilityUnanswered",
         "BillingFaultProven",
     ),
 }
+
+RECORDED_ONLY = frozenset({
+    "VerifierRegistered", "VerifierDisplaced", "VerifierExitRequested",
+    "VerifierStakeWithdrawn", "AbsencePenalized", "ChallengeSetCommitted",
+    "ReputationSubmitted", "ReputationSkipped",
+})
+"""Events kept only in the `events` table, for the history views (committee membership,
+reported epochs, reputation over epochs): no chain table follows them."""
+
+log = logging.getLogger("quarry.index")
 
 
 CHAIN_SCHEMA = """
@@ -138,6 +153,20 @@ def _gpu(value: Any) -> dict[str, Any]:
                 "count": int(value.get("count", 0))}
     name, memory, count = value
     return {"name": name, "memoryMiB": int(memory), "count": int(count)}
+
+
+def _log_event(event: dict[str, Any]) -> None:
+    """One line per indexed event, tagged with the task and shard it concerns (structured
+    logs follow one job through the market, its miners and the verifiers)."""
+    a = event["args"]
+    fields = {"event": event["name"], "block": event["block"], "tx": event["tx"]}
+    for key, name in (("taskId", "task"), ("shard", "shard"), ("disputeId", "dispute"),
+                      ("challengeId", "challenge"), ("epoch", "epoch"), ("miner", "miner")):
+        if key in a:
+            fields[name] = a[key]
+    where = "".join(f" {k} {fields[k]}" for k in ("task", "shard", "dispute", "challenge",
+                                                    "epoch", "miner") if k in fields)
+    log.info("indexed %s%s in block %d", event["name"], where, event["block"], extra=fields)
 
 
 class ChainIndex(BoardBase):
@@ -229,13 +258,15 @@ class ChainIndex(BoardBase):
                         "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?)",
                         (*key, event["tx"], event["contract"], event["name"],
                          json.dumps(_jsonable(event["args"]), sort_keys=True))).rowcount
-                    if inserted:
+                    if inserted and event["name"] not in RECORDED_ONLY:
                         getattr(self, f"_on_{event['name']}")(conn, event, extra)
                 stored = self._meta(conn, "cursor")
                 if stored is None or int(stored) < end:
                     self._set_meta(conn, "cursor", end)
                     self._set_meta(conn, "cursor_hash", _hex(block["hash"]))
                     self._set_meta(conn, "cursor_time", int(block["timestamp"]))
+            for event in events:
+                _log_event(event)
             cursor = end
         return cursor
 

@@ -262,6 +262,75 @@ class BoardQueries(BoardBase):
             return None
         return list(json.loads(row[0]))
 
+    # ------------------------------------------------------------------ history views
+    def recent_jobs(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` tasks, newest first, each with its shards (as `job`)."""
+        with self._read() as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT task_id FROM tasks ORDER BY task_id DESC LIMIT ?", (limit,))]
+        return [job for task_id in ids if (job := self.job(task_id)) is not None]
+
+    def recent_disputes(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` disputes of every task, newest first (`_dispute_json` with
+        its `taskId`)."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM disputes ORDER BY dispute_id DESC LIMIT ?",
+                                (limit,)).fetchall()
+        return [{"taskId": d["task_id"], **_dispute_json(d)} for d in rows]
+
+    def recent_challenges(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` availability challenges, newest first, with their `taskId`."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM challenges ORDER BY challenge_id DESC LIMIT ?",
+                                (limit,)).fetchall()
+        return [{"taskId": c["task_id"], **_challenge_json(c)} for c in rows]
+
+    def events(self, names: tuple[str, ...], *, tx: str | None = None,
+               limit: int = 10_000) -> list[dict[str, Any]]:
+        """Indexed events named in `names` (every name when empty; only transaction `tx`'s
+        when given), oldest first: block, logIndex, tx, contract, name and decoded args."""
+        where, params = [], []
+        if names:
+            where.append(f"name IN ({','.join('?' * len(names))})")
+            params += list(names)
+        if tx is not None:
+            where.append("tx_hash = ?")
+            params.append(tx.lower())
+        sql = ("SELECT * FROM (SELECT * FROM events"
+               + (" WHERE " + " AND ".join(where) if where else "")
+               + " ORDER BY block DESC, log_index DESC LIMIT ?) ORDER BY block, log_index")
+        with self._read() as conn:
+            rows = conn.execute(sql, (*params, limit)).fetchall()
+        return [{"block": r["block"], "logIndex": r["log_index"], "tx": r["tx_hash"],
+                 "contract": r["contract"], "name": r["name"], "args": json.loads(r["args"])}
+                for r in rows]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """How many shards are in each state, tasks active / done / cancelled, disputes and
+        challenges by status: the market's gauges."""
+        out: dict[str, dict[str, int]] = {
+            "shards": dict.fromkeys(STATE_NAMES, 0),
+            "tasks": {"active": 0, "done": 0, "cancelled": 0},
+            "disputes": dict.fromkeys(DISPUTE_STATUS[1:], 0),
+            "challenges": dict.fromkeys(CHALLENGE_STATUS[1:], 0),
+        }
+        with self._read() as conn:
+            for state, n in conn.execute("SELECT state, COUNT(*) FROM shards GROUP BY state"):
+                out["shards"][STATE_NAMES[state]] = n
+            for status, n in conn.execute("SELECT status, COUNT(*) FROM disputes GROUP BY "
+                                          "status"):
+                out["disputes"][DISPUTE_STATUS[status]] = n
+            for status, n in conn.execute("SELECT status, COUNT(*) FROM challenges GROUP BY "
+                                          "status"):
+                out["challenges"][CHALLENGE_STATUS[status]] = n
+            row = conn.execute(
+                "SELECT SUM(t.cancelled), SUM(t.cancelled = 0 AND NOT EXISTS (SELECT 1 FROM "
+                "shards s WHERE s.task_id = t.task_id AND s.state NOT IN (?, ?))), COUNT(*) "
+                "FROM tasks t", (FINALIZED, REFUNDED)).fetchone()
+        cancelled, done, total = (int(v or 0) for v in row)
+        out["tasks"].update(cancelled=cancelled, done=done, active=total - cancelled - done)
+        return out
+
     # ------------------------------------------------------------------ inspection
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:
         """Every chain-derived row, table by table (what a rebuild must reproduce)."""
