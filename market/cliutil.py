@@ -10,6 +10,13 @@ from collections.abc import Callable, Sequence
 from market.errors import QuarryError
 
 
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    """`--log-format {text,json}` for a command that logs (see `market.logs`)."""
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="text (default) or one JSON object per line on stderr, tagged "
+                        "with the task and shard (default: $QUARRY_LOG_FORMAT, else text)")
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, call the chosen subcommand's `func`, and turn a QuarryError into one line.
 

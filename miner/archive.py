@@ -77,7 +77,8 @@ class ResultArchive:
         except FileNotFoundError:
             return None
         except (OSError, ResultFormatError) as exc:
-            log.warning("local result copy %s is unreadable: %s", path, exc)
+            log.warning("local result copy %s is unreadable: %s", path, exc,
+                        extra={"task": task_id, "shard": shard})
             return None
 
     def remove(self, task_id: int, shard: int) -> None:

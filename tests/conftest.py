@@ -55,6 +55,29 @@ def sigint_handler_restored() -> Iterator[None]:
     signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
 
 
+@pytest.fixture(autouse=True)
+def root_logger_restored() -> Iterator[None]:
+    """A CLI run in-process sets up logging (`market.logs.configure_logging` replaces the
+    root handlers with one bound to that test's captured stderr): the next test gets the
+    root logger back as it was, as a new process would. pytest's own capturing handlers,
+    added and removed around each phase, are left to pytest."""
+    import logging
+
+    def ours(h: logging.Handler) -> bool:
+        return not type(h).__module__.startswith("_pytest")
+
+    root = logging.getLogger()
+    before, level = [h for h in root.handlers if ours(h)], root.level
+    yield
+    for h in root.handlers[:]:
+        if ours(h) and h not in before:
+            root.removeHandler(h)
+    for h in before:
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)
+
+
 def write_miner_config(path: Path, key: bytes, market_url: str, model_dir: Path, *,
                        price: int, port: int, max_batch: int) -> Path:
     """A `[miner]` config as a test miner process reads it (fast polls and heartbeats)."""

@@ -84,6 +84,7 @@ def config_file(tmp_path: Path, account: Any, model_dir: Path, market_url: str,
                 deployment: Path | None = None, **extra: str) -> Path:
     key_file = tmp_path / f"{account.address}.key"
     key_file.write_text(bytes(account.key).hex())
+    key_file.chmod(0o600)  # private, as a key file should be: no warning about it
     lines = ["[miner]", f'key_file = "{key_file}"', f'market_url = "{market_url}"',
              f'model_dirs = ["{model_dir}"]', f"price_per_token = {PRICE}",
              f'stake = "{STAKE}"', 'endpoint = "http://127.0.0.1:9200"',
@@ -152,7 +153,14 @@ def last_tx_gas(devnet: Any) -> int:
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
+    """One command, as if in its own process: the logging it sets up goes with it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = cli.main(list(argv))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     out = capsys.readouterr()
     return code, out.out, out.err
 

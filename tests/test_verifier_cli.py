@@ -29,7 +29,17 @@ def _verifier(tmp_path: Path, index: int) -> tuple[Any, list[str]]:
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    """One command, as if in its own process: the logging it sets up (register does) goes
+    with it, so the next command's stderr holds only what that command says."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = main(list(argv))
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     out = capsys.readouterr()
     return code, out.out, out.err
 

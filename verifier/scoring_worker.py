@@ -301,9 +301,17 @@ def run_worker(redis_url: str, queue: str, concurrency: int = 1, *, name: str | 
         raise ScoringError(f"queue must be a non-empty name, got {queue!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ScoringError(f"threads must be at least 1, got {threads!r}")
+    from market.logs import NOISY, celery_worker_logging, configure_logging
+
     global _threads
     _threads = threads
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Text as ever, or JSON lines when $QUARRY_LOG_FORMAT says so (`verifier run` puts its
+    # own format there, and this process inherits it); the app does not hijack the root
+    # logger, so Celery keeps this handler.
+    configure_logging("verifier-scorer", level=logging.INFO,
+                      text_format="%(asctime)s %(name)s: %(message)s",
+                      quiet=[n for n in NOISY if n not in ("celery", "kombu")])
+    celery_worker_logging("verifier-scorer")
     app = scoring_app(redis_url)
     pool = (["--pool=solo", "--concurrency=1"] if concurrency == 1
             else ["--pool=prefork", f"--concurrency={concurrency}"])

@@ -9,14 +9,18 @@ import: uvicorn, Celery and web3 load inside the handlers.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from market.cliutil import add_log_format
+from market.logs import ENV as LOG_FORMAT_ENV
+from market.logs import configure_logging, json_logs, log_format, say
 
 
 def add_commands(subparsers: Any) -> None:
@@ -33,7 +37,9 @@ def add_commands(subparsers: Any) -> None:
                        help="serve the API only; another `market serve` schedules the work")
     serve.add_argument("--log-level", default="warning",
                        choices=("critical", "error", "warning", "info", "debug"),
-                       help="uvicorn's log level (default warning)")
+                       help="uvicorn's log level (default warning; the market's own "
+                       "quarry.* lines log at info)")
+    add_log_format(serve)
     serve.set_defaults(func=_serve)
 
     worker = subparsers.add_parser(
@@ -49,7 +55,10 @@ def add_commands(subparsers: Any) -> None:
                         help="worker node name (default quarry-<pid>@<host>)")
     worker.add_argument("--log-level", default="warning",
                         choices=("critical", "error", "warning", "info", "debug"),
-                        help="Celery's log level (default warning)")
+                        help="Celery's log level (default warning; the work's own quarry.* "
+                        "lines, e.g. each sweep's transactions and each indexed event, log "
+                        "at info)")
+    add_log_format(worker)
     worker.set_defaults(func=_worker)
 
 
@@ -100,7 +109,8 @@ class Ticker(threading.Thread):
         self.schedule = schedule
         self.send = send
         self.where = where
-        self.warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.warn = warn or (lambda line: say(line, logger="quarry.ticker",
+                                              level=logging.WARNING))
         self.clock = clock
         self.stopped = threading.Event()
         self.down = False
@@ -161,6 +171,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    level = getattr(logging, args.log_level.upper())
+    configure_logging("market", fmt=args.log_format, level=level,
+                      quarry_level=min(level, logging.INFO))
     settings = _load(args, host=args.host, port=args.port)
     sock = listen(settings.host, settings.port)
     try:
@@ -197,11 +210,14 @@ def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> i
 
         ticker = Ticker(tick_schedule(settings), send, where=f"Redis at {settings.redis_url}")
         ticker.start()
-    print(f"market: serving {settings.url} (API docs {settings.url}/docs), board "
-          f"{settings.db_path}, Redis {settings.redis_url}", file=sys.stderr, flush=True)
+    say(f"market: serving {settings.url} (API docs {settings.url}/docs), board "
+        f"{settings.db_path}, Redis {settings.redis_url}", logger="quarry.serve")
+    # JSON: uvicorn's own loggers (uvicorn, uvicorn.error, uvicorn.access) get no handlers
+    # of their own and go through the root's JSON one; text keeps uvicorn's look.
+    extra: dict[str, Any] = {"log_config": None} if json_logs() else {}
     try:
         config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                                log_level=args.log_level)
+                                log_level=args.log_level, **extra)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         if ticker is not None:
@@ -214,6 +230,10 @@ def _worker(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, got {args.concurrency}")
+    # Checked here, then handed to the worker through the environment: its setup (see
+    # `market.logs.celery_worker_logging`) reads it as Celery starts, as it does in a worker
+    # started with `celery -A market.service.worker:celery_app worker`.
+    os.environ[LOG_FORMAT_ENV] = log_format(args.log_format)
     settings = _load(args)
     os.environ.update(settings.to_env())  # pool processes and anything they start
     from market.service import worker

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from market.logs import log_context
+
 if TYPE_CHECKING:
     import redis
     from eth_account.signers.local import LocalAccount
@@ -286,7 +288,12 @@ class _Runner:
     report: SweepReport
 
     def __call__(self, item: Item) -> bool:
-        """Returns False when the chain stopped answering (the sweep ends)."""
+        """Returns False when the chain stopped answering (the sweep ends). Whatever is
+        logged meanwhile names the item's task and shard (and dispute or challenge)."""
+        with log_context(task=item.task_id, shard=item.shard, **_ref_fields(item)):
+            return self._run(item)
+
+    def _run(self, item: Item) -> bool:
         from market.chain.errors import ChainError, ContractRevert
 
         report = self.report
@@ -335,8 +342,11 @@ class _Runner:
             report.tx_hashes.append(result.tx_hash)
             report.gas_cost += result.gas_cost
         report.sent.append(item)
+        done = {"absent": [str(m) for m in result]} if action == REPORT else {
+            "tx": result.tx_hash}
         log.info("%s %s: %s", action, where,
-                 f"{len(tuple(result))} absent" if action == REPORT else result.tx_hash)
+                 f"{len(tuple(result))} absent" if action == REPORT else result.tx_hash,
+                 extra={"task": task_id, "shard": shard, "action": action, **done})
         if action == EXPIRE:
             # Report the silent members now rather than after the board indexes the expiry:
             # nobody else may, and absence must cost them.
@@ -389,6 +399,13 @@ class _Runner:
         from market.jobs import report_absent
 
         return report_absent(q, settler, ref)
+
+
+def _ref_fields(item: Item) -> dict[str, int]:
+    """The log fields naming what a settle, expire or report action settles."""
+    if item.action == SETTLE:
+        return {"challenge": item.ref}
+    return {"dispute": item.ref} if item.action in (EXPIRE, REPORT) else {}
 
 
 def _describe(item: Item) -> str:

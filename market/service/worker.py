@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
+from market.logs import celery_worker_logging
 from market.service.settings import MarketSettings
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ TASK_SWEEP = "quarry.sweep"
 TASK_RECOMMEND = "quarry.recommend"
 
 celery_app = Celery("quarry", set_as_current=False)
+# JSON lines when $QUARRY_LOG_FORMAT=json (`market worker --log-format json` sets it; a local
+# stack's workers inherit it), and the quarry.* loggers at INFO whatever Celery's --loglevel:
+# each sweep's transactions and each indexed event (quarry.index) show up either way.
+celery_worker_logging("market-worker")
 _settings: MarketSettings | None = None
 _cache: dict[str, Any] = {}
 
