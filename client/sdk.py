@@ -788,7 +788,8 @@ class Job:
         states = dict(enumerate(s.state for s in shards))
         pending = {k for k, s in states.items() if s not in target}
         next_report = time.monotonic()
-        with _bar(t.num_shards, "shard", f"task {self.task_id}", progress) as bar, \
+        desc = f"task {self.task_id}" + (" paid out" if finalized else "")
+        with _bar(t.num_shards, "shard", desc, progress) as bar, \
                 HeadFeed(self._q.chain) as heads:
             bar.update(t.num_shards - len(pending))
             while True:

@@ -44,6 +44,7 @@ from pathlib import Path
 from client import Client
 from market.chain.client import anvil_account
 from market.chain.deploy import DeployParams
+from market.chain.devnet import free_port
 from market.errors import QuarryError
 from market.local.processes import ManagedProcess, spawn
 from market.local.stack import LocalStack
@@ -81,7 +82,8 @@ def step(n: int, text: str) -> None:
 
 
 def verifier_config(path: Path, *, account: int, stake: str, market_url: str,
-                    redis_url: str, model_dir: Path, state_dir: Path) -> Path:
+                    redis_url: str, model_dir: Path, state_dir: Path,
+                    metrics_port: int) -> Path:
     key = "0x" + bytes(anvil_account(account).key).hex()
     path.write_text(
         "[verifier]\n"
@@ -92,6 +94,7 @@ def verifier_config(path: Path, *, account: int, stake: str, market_url: str,
         f'state_dir = "{state_dir}"\n'
         f'stake = "{stake}"\n'
         "scoring_workers = 1\n"
+        f"metrics_port = {metrics_port}\n"
         "poll_interval_s = 0.5\n"
         "challenge_requests = 6\n"
         "challenge_max_tokens = 16\n"
@@ -111,7 +114,8 @@ def run_command(home: Path, *argv: str) -> str:
     return lines[-1] if lines else ""
 
 
-def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) -> Path:
+def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path,
+                 metrics_port: int) -> Path:
     key = "0x" + bytes(anvil_account(account).key).hex()
     path.write_text(
         "[miner]\n"
@@ -125,6 +129,7 @@ def miner_config(path: Path, *, account: int, market_url: str, model_dir: Path) 
         "heartbeat_interval_s = 2.0\n"
         "max_batch = 16\n"
         "auto_withdraw = true\n"
+        f"metrics_port = {metrics_port}\n"
     )
     path.chmod(0o600)  # it holds a raw key
     return path
@@ -140,6 +145,7 @@ class Demo:
     dispute_id: int
     epoch: int
     miners: list[str]
+    metrics_ports: list[int]  # the miners' Prometheus ports, then the verifiers'
 
     @property
     def dashboard_url(self) -> str:
@@ -168,12 +174,15 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
         step(2, f"tiny model {manifest.name} {manifest.model_id_hex[:18]}... written in "
                 f"{time.monotonic() - t:.1f} s")
 
+        miner_ports = [free_port() for _ in MINER_ACCOUNTS]
+        verifier_ports = [free_port() for _ in VERIFIER_ACCOUNTS]
         try:
             vcfgs = [verifier_config(home / f"verifier{i}.toml", account=a, stake=stake,
                                      market_url=stack.market_url, redis_url=stack.redis_url,
-                                     model_dir=model_dir, state_dir=home / "verifier-state")
-                     for i, (a, stake) in enumerate(zip(VERIFIER_ACCOUNTS, VERIFIER_STAKES,
-                                                        strict=True))]
+                                     model_dir=model_dir, state_dir=home / "verifier-state",
+                                     metrics_port=port)
+                     for i, (a, stake, port) in enumerate(zip(
+                         VERIFIER_ACCOUNTS, VERIFIER_STAKES, verifier_ports, strict=True))]
             for cfg in vcfgs:
                 run_command(home, "verifier", "register", "--config", str(cfg))
             for cfg in vcfgs:
@@ -184,11 +193,14 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                          for a in VERIFIER_ACCOUNTS)
             step(3, f"committee: 2 verifiers staked {' and '.join(VERIFIER_STAKES)}, seats "
                     f"from epoch {seated} (now {q.committee.current_epoch()}); each scores "
-                    "on its own Celery worker")
+                    "on its own Celery worker; metrics on ports "
+                    + ", ".join(map(str, verifier_ports)))
 
             configs = [miner_config(home / f"miner{i}.toml", account=a,
-                                    market_url=stack.market_url, model_dir=model_dir)
-                       for i, a in enumerate(MINER_ACCOUNTS)]
+                                    market_url=stack.market_url, model_dir=model_dir,
+                                    metrics_port=port)
+                       for i, (a, port) in enumerate(zip(MINER_ACCOUNTS, miner_ports,
+                                                         strict=True))]
             for cfg in configs:
                 run_command(home, "miner", "register", "--config", str(cfg))
             for cfg in configs:
@@ -198,7 +210,8 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                                    log_path=home / "logs" / f"{cfg.stem}.log"))
             addresses = [anvil_account(a).address for a in MINER_ACCOUNTS]
             step(4, "two miners registered (0.5 ETH stake, 1 gwei/token) and running, on "
-                    "probation until the committee has vetted them: " + ", ".join(addresses))
+                    "probation until the committee has vetted them: " + ", ".join(addresses)
+                    + "; metrics on ports " + ", ".join(map(str, miner_ports)))
 
             arbiter = anvil_account(ARBITER_ACCOUNT)
             with Client(stack.rpc_url, anvil_account(CLIENT_ACCOUNT).key,
@@ -265,7 +278,8 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                       f"{final.tokens} tokens in all")
                 dispute_id = max(d.dispute_id for d in job.disputes())
             yield Demo(stack=stack, procs=procs, task_id=job.task_id, dispute_id=dispute_id,
-                       epoch=int(first["epoch"]), miners=addresses)
+                       epoch=int(first["epoch"]), miners=addresses,
+                       metrics_ports=miner_ports + verifier_ports)
         finally:
             for p in procs:
                 p.stop()

@@ -6,8 +6,9 @@ A bad value is refused with a `ConfigError` that names the setting and where it 
 (`miner setting engine (from /etc/miner.toml [miner]): ...`), so a CLI prints one line.
 
 Typed values shared by the roles: hex private keys checked on secp256k1 (`Key`), wei
-amounts with units (`Wei`: "1500", "0.5ether", "2 gwei"), URLs (`Url`, `OptionalUrl`) and paths
-(`SettingPath`; relative ones in a config file are relative to that file).
+amounts with units (`Wei`: "1500", "0.5ether", "2 gwei"), URLs (`Url`, `OptionalUrl`), ports
+(`OptionalPort`) and paths (`SettingPath`; relative ones in a config file are relative to
+that file).
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def optional_url(value: Any) -> str | None:
     return None if value is None or value == "" else url(value)
 
 
+def optional_port(value: Any) -> int | None:
+    """A TCP port, 0 to 65535 (0: any free one), or None for nothing or an empty value."""
+    if value is None or value == "":
+        return None
+    try:
+        port = None if isinstance(value, bool | float) else int(value)
+    except (TypeError, ValueError):
+        port = None
+    if port is None or not 0 <= port <= 65535:
+        raise ValueError(f"{value!r} is not a port number (0 to 65535)")
+    return port
+
+
 def path(value: Any) -> Path:
     if not isinstance(value, str | Path) or not str(value):
         raise ValueError(f"{value!r} is not a path")
@@ -128,6 +142,7 @@ Key = Annotated[str, BeforeValidator(hex_key)]
 Wei = Annotated[int, BeforeValidator(wei)]
 Url = Annotated[str, BeforeValidator(url)]
 OptionalUrl = Annotated[str | None, BeforeValidator(optional_url)]
+OptionalPort = Annotated[int | None, BeforeValidator(optional_port)]
 SettingPath = Annotated[Path, BeforeValidator(path), _FileRelative()]
 
 

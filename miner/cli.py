@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from market.cliutil import run_cli
+from market.cliutil import add_log_format, run_cli
+from market.logs import configure_logging, export_format, say
 
 if TYPE_CHECKING:
     from miner.config import MinerConfig
@@ -26,17 +27,17 @@ def _load(args: argparse.Namespace, **flags: Any) -> MinerConfig:
     return MinerConfig.load(args.config, **common, **flags)
 
 
-def _logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="miner: %(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpcore", "urllib3", "web3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def _logging(args: argparse.Namespace, verbose: bool = False) -> None:
+    """Text (`miner: message`) or JSON lines (--log-format, else $QUARRY_LOG_FORMAT); the
+    format goes in the environment too, so processes started from here log the same way."""
+    configure_logging("miner", fmt=args.log_format, verbose=verbose)
+    export_format()
 
 
 def cmd_register(args: argparse.Namespace) -> int:
     from miner.register import register_miner
 
-    _logging()
+    _logging(args)
     cfg = _load(args, model_dirs=args.model_dir or None, price_per_token=args.price_per_token,
                 stake=args.stake, endpoint=args.endpoint)
     print(register_miner(cfg).format())
@@ -47,34 +48,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     from market.engine.heap import freeze_startup_heap
     from miner.worker import Worker
 
-    _logging(args.verbose)
+    _logging(args, args.verbose)
     cfg = _load(args, model_dirs=args.model_dir or None, engine=args.engine,
                 max_batch=args.max_batch, max_shards_in_flight=args.max_shards_in_flight,
                 poll_interval_s=args.poll_interval_s,
                 auto_withdraw=True if args.auto_withdraw else None, test_mode=args.test_mode,
-                state_dir=args.state_dir)
+                state_dir=args.state_dir, metrics_port=args.metrics_port,
+                metrics_host=args.metrics_host)
     if cfg.test_mode:
-        print(f"miner: WARNING: TEST MODE {cfg.test_mode!r}: this miner CHEATS ON PURPOSE "
-              "(for tests and detection benchmarks only); its results are wrong and it will "
-              "be slashed", file=sys.stderr)
+        say(f"miner: WARNING: TEST MODE {cfg.test_mode!r}: this miner CHEATS ON PURPOSE "
+            "(for tests and detection benchmarks only); its results are wrong and it will "
+            "be slashed", logger="miner", level=logging.WARNING)
+    if cfg.metrics_port is not None:  # before the models load: a busy port fails at once
+        from market.metrics import metrics_url, serve_metrics
+
+        port = serve_metrics(cfg.metrics_port, cfg.metrics_host)
+        logging.getLogger("miner").info("metrics on %s", metrics_url(cfg.metrics_host, port))
     if cfg.swarm:
         return _run_swarm(cfg, progress=not args.no_progress)
     worker = Worker.from_config(cfg, progress=not args.no_progress)
     freeze_startup_heap()  # the models are loaded: keep full GC passes off the generation
     try:
-        print(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
-              f"{cfg.engine} engine; Ctrl-C finishes the current shard and exits; copies "
-              f"of submitted results in {worker.archive.root}", file=sys.stderr)
+        say(f"miner {worker.address}: serving {len(worker.engines)} model(s) with the "
+            f"{cfg.engine} engine; Ctrl-C finishes the current shard and exits; copies "
+            f"of submitted results in {worker.archive.root}", logger="miner",
+            miner=worker.address)
         summary = worker.run(stop_when_idle=args.once)
     finally:
         worker.close()
-    print(f"submitted {len(summary.submitted)} shard(s) ({summary.tokens} tokens), "
-          f"{summary.failed} failed, {summary.finalized} finalized for {summary.paid_wei} wei, "
-          f"{summary.withdrawn_wei} wei withdrawn")
+    say(f"submitted {len(summary.submitted)} shard(s) ({summary.tokens} tokens), "
+        f"{summary.failed} failed, {summary.finalized} finalized for {summary.paid_wei} wei, "
+        f"{summary.withdrawn_wei} wei withdrawn", logger="miner", file=sys.stdout)
     if summary.challenges_answered or summary.challenges_missed:
-        print(f"availability challenges: {summary.challenges_answered} answered "
-              f"({summary.challenge_bonds_wei} wei of bonds), {summary.challenges_missed} "
-              "missed")
+        say(f"availability challenges: {summary.challenges_answered} answered "
+            f"({summary.challenge_bonds_wei} wei of bonds), {summary.challenges_missed} "
+            "missed", logger="miner", file=sys.stdout)
     return 0
 
 
@@ -87,15 +95,15 @@ def _run_swarm(cfg: MinerConfig, progress: bool) -> int:
         raise ConfigError("miner setting test_mode is for a single miner, not a swarm member")
     member = SwarmMember.from_config(cfg, progress=progress)
     try:
-        print(f"miner {member.address}: swarm member for {member.model.manifest.name}, stage "
-              f"{member.endpoint}, memory cap {member.memory_mib} MiB, {member.tflops:.3g} "
-              "TFLOP/s declared; Ctrl-C leaves", file=sys.stderr)
+        say(f"miner {member.address}: swarm member for {member.model.manifest.name}, stage "
+            f"{member.endpoint}, memory cap {member.memory_mib} MiB, {member.tflops:.3g} "
+            "TFLOP/s declared; Ctrl-C leaves", logger="miner", miner=member.address)
         summary = member.run()
     finally:
         member.close()
-    print(f"as the swarm's head: submitted {len(summary.submitted)} shard(s) "
-          f"({summary.tokens} tokens), {summary.failed} failed, {summary.finalized} finalized "
-          f"for {summary.paid_wei} wei to the members")
+    say(f"as the swarm's head: submitted {len(summary.submitted)} shard(s) "
+        f"({summary.tokens} tokens), {summary.failed} failed, {summary.finalized} finalized "
+        f"for {summary.paid_wei} wei to the members", logger="miner", file=sys.stdout)
     return 0
 
 
@@ -180,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-per-token", help="asking price, wei (or e.g. 1gwei)")
     p.add_argument("--stake", help="total stake, wei (or e.g. 0.5ether)")
     p.add_argument("--endpoint", help="URL advertised on-chain")
+    add_log_format(p)
 
     p = command("run", "claim and serve open shards until Ctrl-C", cmd_run)
     p.add_argument("--model-dir", action="append", type=Path, metavar="DIR")
@@ -200,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CHEAT ON PURPOSE, for tests and benchmarks only: one of the modes "
                    "of miner/cheats.py (substitute, perturb, random, wrong-prompt, "
                    "greedy-sampled, cold, noise, truncate, selective)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any "
+                   "free port)")
+    p.add_argument("--metrics-host", metavar="HOST",
+                   help="address the metrics server binds (default 127.0.0.1)")
     p.add_argument("-v", "--verbose", action="store_true")
+    add_log_format(p)
 
     p = command("status", "stake, collateral, reputation, shards and earnings", cmd_status)
     p.add_argument("--address", help="another miner's address (no key needed)")

@@ -21,6 +21,9 @@ then command-line flags (each later source overrides the earlier).
                                           # results, to answer availability challenges
     # test_mode = "random"                # CHEATS ON PURPOSE (tests/benchmarks only):
                                           # any mode of miner/cheats.py
+    # metrics_port = 9101                 # `miner run` serves Prometheus metrics at
+                                          # http://metrics_host:port/metrics (0: any port)
+    # metrics_host = "127.0.0.1"
 
     # swarm = true                        # serve the model as a member of a swarm (one
                                           # model across several miners: miner/swarm.py)
@@ -53,6 +56,7 @@ from pydantic_settings import NoDecode
 
 from market.roleconfig import (
     KeyedSettings,
+    OptionalPort,
     OptionalUrl,
     SettingPath,
     Table,
@@ -112,6 +116,8 @@ class MinerConfig(KeyedSettings):
     auto_withdraw: bool = False
     state_dir: SettingPath | None = None  # None: $QUARRY_HOME/miner (miner.archive)
     test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose
+    metrics_port: OptionalPort = None  # None: no metrics server (market.metrics)
+    metrics_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     # swarm membership (miner/swarm.py)
     swarm: bool = False
     memory_mib: Annotated[int, Field(ge=1)] | None = None  # None: the GPU's memory
@@ -130,7 +136,7 @@ class MinerConfig(KeyedSettings):
     def _router(cls, value: Any) -> str:
         return _one_of(value, SWARM_ROUTERS)
 
-    @field_validator("endpoint", "stage_host", mode="before")
+    @field_validator("endpoint", "stage_host", "metrics_host", mode="before")
     @classmethod
     def _endpoint(cls, value: Any) -> Any:
         return value.strip() if isinstance(value, str) else value

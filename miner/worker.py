@@ -67,6 +67,7 @@ from market.chain.contracts import (
     AvailabilityChallenge,
     ChallengeStatus,
     MinerInfo,
+    Shard,
     ShardState,
     as_struct,
 )
@@ -76,11 +77,13 @@ from market.engine.base import GenerationOutput, GenerationRequest
 from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.jobs import task_shard_range
+from market.logs import json_logs, log_context, say
 from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
 from market.store import StoreError, parse_uri
+from miner import metrics
 from miner.archive import ResultArchive, default_state_dir
 
 if TYPE_CHECKING:
@@ -171,6 +174,9 @@ class ActiveClaim:
     shard: int
     claim_expiry: int
     collateral: int
+    # monotonic time of the claim (for the claim-to-submit metric); None: an earlier run's
+    claimed_at: float | None = field(default_factory=time.monotonic, compare=False,
+                                     repr=False)
 
 
 @dataclass(eq=False)
@@ -231,6 +237,17 @@ def task_groups(candidates: Sequence[tuple[int, int]],
         yield task_id, shards
 
 
+def _batch_metrics(model_id: bytes, outputs: Sequence[GenerationOutput],
+                   seconds: float) -> None:
+    """One engine batch in the metrics: its size, its output tokens and their rate."""
+    model = "0x" + bytes(model_id).hex()
+    tokens = sum(len(o.token_ids) for o in outputs)
+    metrics.BATCH_SIZE.observe(len(outputs))
+    metrics.TOKENS.labels(model).inc(tokens)
+    if seconds > 0:
+        metrics.TOKENS_PER_SECOND.labels(model).set(tokens / seconds)
+
+
 def _utc(ts: int) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -278,6 +295,7 @@ class Worker:
         self.progress = progress
         self.listener = listener
         self.engine_kind = engine_kind
+        metrics.INFO.info({"address": self.address, "engine": engine_kind})
         # How a checked shard is claimed: `claimShard` by default; a swarm's head passes
         # `claimShardForSwarm` for its swarm (miner.swarm). Its reverts are handled alike.
         self.claim = claim or functools.partial(self.q.tasks.claim_shard, account)
@@ -290,6 +308,9 @@ class Worker:
         # context); never tried again, and the latest are in the heartbeat for the client.
         self.unservable: OrderedDict[tuple[int, int], str] = OrderedDict()
         self.pending: set[tuple[int, int]] = set()  # submitted, not yet finalized
+        # Shards signed here -> their task's wei per token: what a finalization by someone
+        # else (the market's sweep) paid, for the metrics, without reading the chain.
+        self._prices: dict[tuple[int, int], int] = {}
         # Window ends already read from the chain: no call for a shard until its end passes.
         self._window_ends: dict[tuple[int, int], int] = {}
         self.failed: set[tuple[int, int]] = set()
@@ -595,7 +616,8 @@ class Worker:
         skipped (nothing locked) or failed after claiming (the claim will expire). A
         KeyboardInterrupt passes: the claims stay held and the abort message names them."""
         try:
-            return step()
+            with log_context(task=task_id, shard=shard):  # what the step logs names the shard
+                return step()
         except _Skip as skip:
             outcomes[shard] = self._skipped(task_id, shard, skip)
         except KeyboardInterrupt:
@@ -608,7 +630,9 @@ class Worker:
                 outcomes[shard] = self._failed(held[0], reason)
             else:
                 self.summary.skipped += 1
-                log.error("task %d shard %d not taken: %s", task_id, shard, reason)
+                metrics.SHARDS.labels("skipped").inc()
+                log.error("task %d shard %d not taken: %s", task_id, shard, reason,
+                          extra={"task": task_id, "shard": shard})
                 outcomes[shard] = ShardOutcome(task_id, shard, "skipped", reason)
                 self._emit("skipped", task_id=task_id, shard=shard, reason=reason)
         return None
@@ -636,7 +660,7 @@ class Worker:
             raise
         except Exception as exc:  # nothing locked on a revert; one by one says why
             log.info("task %d: shards %s not claimed together (%s); claiming one by one",
-                     task_id, shards, exc)
+                     task_id, shards, exc, extra={"task": task_id, "shards": shards})
             return []
         events = {int(e["shard"]): e for e in tx.all("ShardClaimed")}
         del ready[:len(run)]
@@ -668,8 +692,10 @@ class Worker:
             self.unservable[(task_id, shard)] = skip.reason
             while len(self.unservable) > UNSERVABLE_REMEMBERED:
                 self.unservable.popitem(last=False)
-        log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason)
+        log.info("task %d shard %d skipped: %s", task_id, shard, skip.reason,
+                 extra={"task": task_id, "shard": shard})
         self.summary.skipped += 1
+        metrics.SHARDS.labels("skipped").inc()
         self._emit("skipped", task_id=task_id, shard=shard, reason=skip.reason)
         return ShardOutcome(task_id, shard, "skipped", skip.reason)
 
@@ -677,9 +703,12 @@ class Worker:
         """A claimed shard that cannot be submitted: said loudly (the claim will expire)."""
         key = (claim.task_id, claim.shard)
         self.failed.add(key)
+        self._prices.pop(key, None)
         self.summary.failed += 1
+        metrics.SHARDS.labels("failed").inc()
         log.error("task %d shard %d failed after claiming (%s); the claim expires at %s",
-                  *key, reason, _utc(claim.claim_expiry))
+                  *key, reason, _utc(claim.claim_expiry),
+                  extra={"task": claim.task_id, "shard": claim.shard, "gave_up": True})
         self._emit("failed", task_id=claim.task_id, shard=claim.shard, reason=reason)
         return ShardOutcome(claim.task_id, claim.shard, "failed", reason)
 
@@ -766,7 +795,7 @@ class Worker:
             except ContractRevert as exc:
                 raise _Skip(f"could not reclaim the expired claim: {exc}") from exc
         if resume:
-            claim = ActiveClaim(task_id, shard, sh.claim_expiry, sh.collateral)
+            claim = ActiveClaim(task_id, shard, sh.claim_expiry, sh.collateral, claimed_at=None)
             log.info("task %d shard %d: resuming this miner's own claim", task_id, shard)
         else:
             claim = self._claim(task, task_id, shard)
@@ -780,7 +809,9 @@ class Worker:
             self.current = claim
         if not r.resume:
             log.info("task %d shard %d claimed: %d wei collateral locked until %s", r.task_id,
-                     r.shard, claim.collateral, _utc(claim.claim_expiry))
+                     r.shard, claim.collateral, _utc(claim.claim_expiry),
+                     extra={"task": r.task_id, "shard": r.shard, "collateral": claim.collateral,
+                            "claim_expiry": claim.claim_expiry})
         self._emit("claimed", task_id=r.task_id, shard=r.shard,
                    claim_expiry=claim.claim_expiry, collateral=claim.collateral)
         return _Claimed(r.task, claim, r.engine, r.requests, r.gen)
@@ -817,6 +848,7 @@ class Worker:
             result, data = self._sign(c)
         except Exception as exc:  # e.g. a malformed output: this shard only
             return self._failed(c.claim, f"{type(exc).__name__}: {exc}")
+        self._prices[(c.claim.task_id, c.claim.shard)] = int(c.task.price_per_token)
 
         def finish() -> ShardOutcome:
             return self._finish(c.claim, result, data)
@@ -850,30 +882,36 @@ class Worker:
     def _finish(self, claim: ActiveClaim, result: ShardResult, data: bytes) -> ShardOutcome:
         """Keep, upload and submit a signed shard result."""
         task_id, shard = claim.task_id, claim.shard
-        uri = self._submit(result, data)
+        uri, tx_hash = self._submit(result, data)
         outcome = ShardOutcome(task_id, shard, "submitted", "", len(result.items),
                                result.tokens_used, uri, result.result_root)
         self.summary.submitted.append(outcome)
+        metrics.SHARDS.labels("submitted").inc()
+        if claim.claimed_at is not None:
+            metrics.CLAIM_TO_SUBMIT.observe(time.monotonic() - claim.claimed_at)
         log.info("task %d shard %d submitted: %d requests, %d tokens, %s", task_id, shard,
-                 len(result.items), result.tokens_used, uri)
+                 len(result.items), result.tokens_used, uri,
+                 extra={"task": task_id, "shard": shard, "tx": tx_hash, "uri": uri,
+                        "tokens": result.tokens_used})
         self._emit("submitted", task_id=task_id, shard=shard, tokens_used=result.tokens_used,
                    result_uri=uri)
         return outcome
 
-    def _submit(self, result: ShardResult, data: bytes) -> str:
+    def _submit(self, result: ShardResult, data: bytes) -> tuple[str, str]:
         """Keep the document (`data`: its bytes) locally, so challenges can be answered
-        whatever the store does, upload it, and submit its root; returns its URI."""
+        whatever the store does, upload it, and submit its root; returns its URI and the
+        submitting transaction's hash."""
         key = (result.task_id, result.shard)
         self.archive.save(result, data)
         try:
             uri = self.store.put(data)
-            self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
-                                       result.tokens_used)
+            tx = self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
+                                            result.tokens_used)
         except (ContractRevert, StoreError, MarketError):  # surely not submitted
             self.archive.remove(*key)
             raise
         self.pending.add(key)
-        return uri
+        return uri, tx.tx_hash
 
     def _claim(self, task: Any, task_id: int, shard: int) -> ActiveClaim:
         try:
@@ -948,7 +986,7 @@ class Worker:
         clock_at = -math.inf  # monotonic time of the last chain-time read
         chain_t = 0
         with tqdm(total=len(stream), desc=desc, unit="req", file=sys.stderr,
-                  disable=not self.progress, leave=False) as bar:
+                  disable=not (self.progress and sys.stderr.isatty()), leave=False) as bar:
             while True:
                 while ahead and (len(stream) - pos < self.max_batch or ahead[0].done()):
                     joined = ahead.pop(0).result()
@@ -978,8 +1016,10 @@ class Worker:
                         batch.append((c, i))
                 if not batch:
                     continue
-                for (c, _), out in zip(batch, engine.generate([c.gen[i] for c, i in batch]),
-                                       strict=True):
+                started = time.monotonic()
+                outputs = engine.generate([c.gen[i] for c, i in batch])
+                _batch_metrics(batch[0][0].task.model_id, outputs, time.monotonic() - started)
+                for (c, _), out in zip(batch, outputs, strict=True):
                     c.outputs.append(out)
                 bar.update(len(batch))
                 # Shards complete in order: every one before the batch's last is done.
@@ -1001,7 +1041,16 @@ class Worker:
     def _done(self, task_id: int, shard: int) -> None:
         """The shard is settled (or no longer this miner's): nothing left to answer for."""
         self.pending.discard((task_id, shard))
+        self._prices.pop((task_id, shard), None)
         self.archive.remove(task_id, shard)
+
+    def _finalized_elsewhere(self, sh: Shard, key: tuple[int, int]) -> None:
+        """Metrics of this miner's shard finalized by another account (usually the market's
+        settlement sweep): it paid the shard's tokens at the task's price."""
+        price = self._prices.get(key)
+        if price is not None and sh.miner == self.address:
+            metrics.SHARDS.labels("finalized").inc()
+            metrics.WEI_EARNED.inc(sh.tokens_used * price)
 
     def _prune_archive(self) -> None:
         """Local copies of shards not pending (e.g. from an earlier run): kept while the
@@ -1029,6 +1078,11 @@ class Worker:
                 continue  # known to be still inside its window
             sh = tasks.get_shard(task_id, shard)
             if sh.state in (ShardState.FINALIZED, ShardState.REFUNDED) or sh.miner != self.address:
+                if sh.state == ShardState.FINALIZED:
+                    self._finalized_elsewhere(sh, (task_id, shard))
+                if sh.miner == self.address:  # settled by another account (the market's sweep)
+                    log.info("task %d shard %d %s", task_id, shard, sh.state.name.lower(),
+                             extra={"task": task_id, "shard": shard})
                 self._done(task_id, shard)
                 continue
             if sh.state == ShardState.SUBMITTED:
@@ -1039,16 +1093,22 @@ class Worker:
                 tx = tasks.finalize_shard(self.account, task_id, shard)
             except ContractRevert as exc:
                 if exc.error == "AlreadyFinalized":
+                    self._finalized_elsewhere(sh, (task_id, shard))
                     self._done(task_id, shard)
                 elif exc.error not in ("WindowNotClosed", "DisputeOpen"):
-                    log.warning("finalizing task %d shard %d: %s", task_id, shard, exc)
+                    log.warning("finalizing task %d shard %d: %s", task_id, shard, exc,
+                                extra={"task": task_id, "shard": shard})
                 continue
             payment = int(tx.event("ShardFinalized")["payment"])
             paid += payment
             self.summary.finalized += 1
             self.summary.paid_wei += payment
+            metrics.SHARDS.labels("finalized").inc()
+            metrics.WEI_EARNED.inc(payment)
             self._done(task_id, shard)
-            log.info("task %d shard %d finalized: %d wei to escrow", task_id, shard, payment)
+            log.info("task %d shard %d finalized: %d wei to escrow", task_id, shard, payment,
+                     extra={"task": task_id, "shard": shard, "payment": payment,
+                            "tx": tx.tx_hash})
             self._emit("finalized", task_id=task_id, shard=shard, payment=payment)
         self._window_ends = {k: v for k, v in self._window_ends.items() if k in self.pending}
         if self.auto_withdraw:
@@ -1079,8 +1139,10 @@ class Worker:
             try:
                 answered += self._answer(challenge_id)
             except QuarryError as exc:  # e.g. the chain did not answer: retried next poll
+                c = self.open_challenges.get(challenge_id)
+                where = {} if c is None else {"task": c.task_id, "shard": c.shard}
                 log.error("answering availability challenge %d failed (retrying): %s",
-                          challenge_id, exc)
+                          challenge_id, exc, extra={"challenge": challenge_id, **where})
         return answered
 
     def _maybe_answer_challenges(self) -> None:
@@ -1106,7 +1168,8 @@ class Worker:
             self.open_challenges[challenge_id] = c
             log.warning("task %d shard %d: availability challenge %d on request %d by %s "
                         "(bond %d wei): answering, deadline %s", c.task_id, c.shard,
-                        challenge_id, c.index, c.challenger, c.bond, _utc(c.deadline))
+                        challenge_id, c.index, c.challenger, c.bond, _utc(c.deadline),
+                        extra={"task": c.task_id, "shard": c.shard, "challenge": challenge_id})
             self._emit("challenged", challenge_id=challenge_id, task_id=c.task_id,
                        shard=c.shard, index=c.index, bond=c.bond, deadline=c.deadline)
         self._challenge_scan_from = head + 1
@@ -1118,7 +1181,8 @@ class Worker:
         if c.status == ChallengeStatus.UNANSWERED:
             self._window_ends.pop((c.task_id, c.shard), None)  # refunded: `collect` rereads
             log.error("task %d shard %d: availability challenge %d was settled UNANSWERED: "
-                      "the shard's collateral was slashed", c.task_id, c.shard, challenge_id)
+                      "the shard's collateral was slashed", c.task_id, c.shard, challenge_id,
+                      extra={"task": c.task_id, "shard": c.shard, "challenge": challenge_id})
 
     def _answer(self, challenge_id: int) -> bool:
         """Answer one open challenge; True when this call answered it."""
@@ -1136,7 +1200,9 @@ class Worker:
                 log.error("CANNOT ANSWER availability challenge %d (task %d shard %d request "
                           "%d): %s. Unless the document is found before %s, the miner is at "
                           "fault and loses the shard's collateral", challenge_id, c.task_id,
-                          c.shard, c.index, source, _utc(c.deadline))
+                          c.shard, c.index, source, _utc(c.deadline),
+                          extra={"task": c.task_id, "shard": c.shard,
+                                 "challenge": challenge_id})
                 self._emit("challenge_unanswerable", challenge_id=challenge_id,
                            task_id=c.task_id, shard=c.shard, index=c.index, reason=source)
             return False
@@ -1157,9 +1223,12 @@ class Worker:
         self._window_ends[(c.task_id, c.shard)] = window_end
         self.summary.challenges_answered += 1
         self.summary.challenge_bonds_wei += c.bond
+        metrics.CHALLENGES.labels("answered").inc()
         log.info("task %d shard %d: answered availability challenge %d (request %d) from the "
                  "%s; bond of %d wei credited, window now ends %s", c.task_id, c.shard,
-                 challenge_id, c.index, source, c.bond, _utc(window_end))
+                 challenge_id, c.index, source, c.bond, _utc(window_end),
+                 extra={"task": c.task_id, "shard": c.shard, "challenge": challenge_id,
+                        "tx": tx.tx_hash})
         self._emit("answered", challenge_id=challenge_id, task_id=c.task_id, shard=c.shard,
                    index=c.index, bond=c.bond, window_end=window_end, source=source)
         return True
@@ -1169,9 +1238,11 @@ class Worker:
         self._closed.add(challenge_id)
         self._window_ends.pop((c.task_id, c.shard), None)  # to be refunded: `collect` rereads
         self.summary.challenges_missed += 1
+        metrics.CHALLENGES.labels("missed").inc()
         log.error("MISSED availability challenge %d (task %d shard %d request %d): %s; the "
                   "miner is at fault and the shard's collateral will be slashed", challenge_id,
-                  c.task_id, c.shard, c.index, why)
+                  c.task_id, c.shard, c.index, why,
+                  extra={"task": c.task_id, "shard": c.shard, "challenge": challenge_id})
         self._emit("challenge_missed", challenge_id=challenge_id, task_id=c.task_id,
                    shard=c.shard, index=c.index)
         return False
@@ -1217,10 +1288,11 @@ class Worker:
         if claims:
             cur, more = claims[0], ", ".join(str(c.shard) for c in claims[1:])
             also = f" (and shard(s) {more} claimed with it)" if more else ""
-            print(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}{also}, then "
-                  "exiting (Ctrl-C again to abort it)", file=sys.stderr, flush=True)
+            say(f"miner: Ctrl-C: finishing task {cur.task_id} shard {cur.shard}{also}, then "
+                "exiting (Ctrl-C again to abort it)", logger="miner", task=cur.task_id,
+                shard=cur.shard)
         else:
-            print("miner: Ctrl-C: exiting", file=sys.stderr, flush=True)
+            say("miner: Ctrl-C: exiting", logger="miner")
         self.request_stop()
 
     def abort_message(self) -> str:
@@ -1325,7 +1397,8 @@ class Worker:
         except KeyboardInterrupt:
             msg = self.abort_message()
             log.error("%s", msg)
-            print(f"miner: {msg}", file=sys.stderr, flush=True)
+            if not json_logs():  # said once more where it is seen even without logging set up
+                print(f"miner: {msg}", file=sys.stderr, flush=True)
             raise
         finally:
             if previous is not None:

@@ -45,7 +45,9 @@ from market.jobs import (
     open_dispute,
     wait_challenge,
 )
+from market.logs import log_context
 from market.marketapi import MarketAPI
+from verifier import metrics
 from verifier.scoring import GREEDY_MARGIN
 from verifier.shards import DisputeDeferred, ShardJudge, ShardVerdict
 
@@ -127,13 +129,17 @@ class AuditDesk:
         for case in list(self.cases.values()):
             if case.status in ("passed", "disputed", "settled", "closed"):
                 continue
-            try:
-                self._advance(case, now, epoch)
-            except DisputeDeferred as exc:
-                log.info("audit of task %d shard %d deferred: %s", case.task_id, case.shard,
-                         exc)
-            except QuarryError as exc:
-                log.warning("audit of task %d shard %d: %s", case.task_id, case.shard, exc)
+            # What the audit logs (its events too, with the default `on_event`) names the
+            # shard.
+            with log_context(task=case.task_id, shard=case.shard):
+                try:
+                    self._advance(case, now, epoch)
+                except DisputeDeferred as exc:
+                    log.info("audit of task %d shard %d deferred: %s", case.task_id,
+                             case.shard, exc)
+                except QuarryError as exc:
+                    log.warning("audit of task %d shard %d: %s", case.task_id, case.shard,
+                                exc)
 
     # ------------------------------------------------------------------ internals
     def _discover(self) -> None:
@@ -167,6 +173,7 @@ class AuditDesk:
                 case.status, case.reason = "closed", "another model"
                 return
             verdict = self.judge.judge(case.task_id, case.shard)
+            metrics.AUDITS.labels("failed" if verdict.fault else "passed").inc()
             if not verdict.fault:
                 case.status, case.reason = "passed", verdict.reason
                 self.on_event(f"audit of task {case.task_id} shard {case.shard} "
@@ -188,8 +195,11 @@ class AuditDesk:
                 case.challenge_id = challenge_availability(self.q, self.account, case.task_id,
                                                            verdict.start)
                 case.status = "challenged"
-                self.on_event(f"audit: challenged the availability of task {case.task_id} "
-                              f"shard {case.shard} (challenge {case.challenge_id})")
+                metrics.AUDITS.labels("challenged").inc()
+                with log_context(challenge=case.challenge_id):
+                    self.on_event(f"audit: challenged the availability of task "
+                                  f"{case.task_id} shard {case.shard} (challenge "
+                                  f"{case.challenge_id})")
                 return
             index = verdict.most_suspicious(self.judge.greedy_margin)
             case.dispute_id = open_dispute(self.q, self.account, self.market, case.task_id,
@@ -198,8 +208,10 @@ class AuditDesk:
             case.status, case.reason = "closed", str(exc)
             return
         case.status = "disputed"
-        self.on_event(f"audit: disputed task {case.task_id} shard {case.shard} at request "
-                      f"{index} (dispute {case.dispute_id})")
+        metrics.AUDITS.labels("disputed").inc()
+        with log_context(dispute=case.dispute_id):
+            self.on_event(f"audit: disputed task {case.task_id} shard {case.shard} at request "
+                          f"{index} (dispute {case.dispute_id})")
 
     def _follow_challenge(self, case: AuditCase) -> None:
         """Settle this desk's availability challenge once unanswered past its deadline; an

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from market.cliutil import run_cli
+from market.cliutil import add_log_format, run_cli
+from market.logs import configure_logging, export_format, json_logs, say
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -32,11 +33,16 @@ def _load(args: argparse.Namespace, **flags: Any) -> VerifierConfig:
     return VerifierConfig.load(args.config, **common, **flags)
 
 
-def _logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="verifier: %(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpcore", "urllib3", "web3", "celery", "kombu"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def _logging(args: argparse.Namespace, verbose: bool = False) -> None:
+    """Text (`verifier: message`) or JSON lines (--log-format, else $QUARRY_LOG_FORMAT); the
+    format goes in the environment too, so the scoring workers started from here (which
+    inherit it) log the same way."""
+    configure_logging("verifier", fmt=args.log_format, verbose=verbose)
+    export_format()
+
+
+def _print_event(line: str) -> None:
+    print(line, flush=True)
 
 
 def scoring_queue(address: str) -> str:
@@ -68,6 +74,7 @@ def _on_chain(cfg: VerifierConfig) -> tuple[LocalAccount, Quarry, VerifierInfo]:
 def cmd_register(args: argparse.Namespace) -> int:
     from market.errors import QuarryError
 
+    _logging(args)
     cfg = _load(args, stake=args.stake)
     account, q, info = _on_chain(cfg)
     committee = q.committee
@@ -154,15 +161,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from verifier.disputes import DisputeDesk
     from verifier.scoring_worker import ScoringClient, start_scoring_worker
 
-    _logging(args.verbose)
+    _logging(args, args.verbose)
     cfg = _load(args, model_dir=args.model_dir, redis_url=args.redis_url,
                 scoring_workers=args.scoring_workers, poll_interval_s=args.poll_interval_s,
-                test_mode=args.test_mode)
+                test_mode=args.test_mode, metrics_port=args.metrics_port,
+                metrics_host=args.metrics_host)
     cfg.require("key", "model_dir")
     assert cfg.model_dir is not None
     if cfg.test_mode:
-        print(f"verifier: WARNING: TEST MODE {cfg.test_mode!r}: this verifier is BYZANTINE ON "
-              "PURPOSE (for tests only)", file=sys.stderr)
+        say(f"verifier: WARNING: TEST MODE {cfg.test_mode!r}: this verifier is BYZANTINE ON "
+            "PURPOSE (for tests only)", logger="verifier", level=logging.WARNING)
+    if cfg.metrics_port is not None:  # before anything slow: a busy port fails at once
+        from market.metrics import metrics_url, serve_metrics
+
+        port = serve_metrics(cfg.metrics_port, cfg.metrics_host)
+        logging.getLogger("verifier").info("metrics on %s",
+                                           metrics_url(cfg.metrics_host, port))
     manifest = load_manifest(cfg.model_dir)
     manifest.verify(cfg.model_dir)
     account = cfg.account()
@@ -174,9 +188,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     home = cfg.state_dir or quarry_home() / "verifier"
     state = home / f"{account.address}-{q.chain.chain_id}-{q.committee.address}.json"
     queue = scoring_queue(account.address)
+    if cfg.metrics_port is not None:
+        from verifier import metrics
+
+        metrics.INFO.info({"address": account.address, "model": manifest.name})
+        metrics.watch_scoring_queue(cfg.redis_url, queue)
     workers = [start_scoring_worker(cfg.redis_url, queue,
                                     home / "logs" / f"scorer-{account.address}-{i}.log")
                for i in range(cfg.scoring_workers)]
+    # Text: the members' events on stdout as ever; JSON: logged, with their task and shard.
+    on_event = None if json_logs() else _print_event
     try:
         scorer = ScoringClient(cfg.redis_url, queue, cfg.model_dir)
         member = CommitteeMember(
@@ -184,16 +205,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             params=cfg.reputation_params(), state_path=state,
             requests=cfg.challenge_requests, max_tokens=cfg.challenge_max_tokens,
             tolerance_bps=cfg.tolerance_bps, greedy_margin=cfg.greedy_margin,
-            test_mode=cfg.test_mode, on_event=lambda line: print(line, flush=True))
+            test_mode=cfg.test_mode, on_event=on_event)
         desk = DisputeDesk(q, account, market, scorer, greedy_margin=cfg.greedy_margin,
                            model_id=manifest.model_id,
                            lie=cfg.test_mode == "lie")
         audits = AuditDesk(q, account, market, scorer, rate_bps=cfg.audit_rate_bps,
                            greedy_margin=cfg.greedy_margin, model_id=manifest.model_id,
-                           on_event=lambda line: print(line, flush=True))
-        print(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
-              f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
-              f"worker(s) on {queue}; Ctrl-C stops", file=sys.stderr, flush=True)
+                           on_event=on_event)
+        say(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
+            f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
+            f"worker(s) on {queue}; Ctrl-C stops", logger="verifier")
         # A verifier whose seat has not taken effect yet (or that has left) runs too: the
         # member says once why it waits, and the desk still votes on disputes its old seat
         # judges.
@@ -205,11 +226,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     part()
                 except (ChainError, MarketError, QuarryError) as exc:
                     # One failed pass (chain or market briefly down) must not stop the loop.
-                    print(f"verifier: {type(exc).__name__}: {exc}", file=sys.stderr,
-                          flush=True)
+                    say(f"verifier: {type(exc).__name__}: {exc}", logger="verifier",
+                        level=logging.WARNING)
             time.sleep(cfg.poll_interval_s)
     except KeyboardInterrupt:
-        print("verifier: stopped", file=sys.stderr)
+        say("verifier: stopped", logger="verifier")
         return 0
     finally:
         for w in workers:
@@ -220,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from verifier.scoring_worker import run_worker
 
+    _logging(args)  # and exported: run_worker sets up the worker's logs from the environment
     cfg = _load(args, redis_url=args.redis_url)
     queue = args.queue or scoring_queue(cfg.account().address)
     run_worker(cfg.redis_url, queue, concurrency=args.concurrency)
@@ -230,14 +252,16 @@ def cmd_dispute(args: argparse.Namespace) -> int:
     from market.connect import connect
     from market.jobs import open_dispute, wait_dispute
 
+    _logging(args)
     cfg = _load(args)
     account = cfg.account()
     q, market = connect(cfg)
     try:
         dispute_id = open_dispute(q, account, market, args.task_id, args.index,
                                   bond=args.bond)
-        print(f"dispute {dispute_id} opened on task {args.task_id} request {args.index}",
-              flush=True)
+        say(f"dispute {dispute_id} opened on task {args.task_id} request {args.index}",
+            logger="verifier", file=sys.stdout, task=args.task_id, dispute=dispute_id,
+            index=args.index)
         if args.no_wait:
             return 0
         info = wait_dispute(q, dispute_id, timeout=args.timeout, expire_as=account)
@@ -327,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("register", "stake into VerifierCommittee; the seat takes effect at the next "
                 "epoch boundary the committee allows (printed)", cmd_register)
     p.add_argument("--stake", help="stake, wei (or e.g. 0.1ether; default the minimum)")
+    add_log_format(p)
 
     command("exit", "leave the committee at the next possible boundary (a join that has not "
             "taken effect is cancelled and refunded at once)", cmd_exit)
@@ -341,12 +366,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval-s", type=float)
     p.add_argument("--test-mode", metavar="MODE",
                    help="BYZANTINE ON PURPOSE, for tests only: lie or withhold")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any "
+                   "free port)")
+    p.add_argument("--metrics-host", metavar="HOST",
+                   help="address the metrics server binds (default 127.0.0.1)")
     p.add_argument("-v", "--verbose", action="store_true")
+    add_log_format(p)
 
     p = command("worker", "a scoring worker (Celery) on this verifier's queue", cmd_worker)
     p.add_argument("--redis-url", help="Celery broker")
     p.add_argument("--queue", help="queue name (default: this verifier's own)")
     p.add_argument("--concurrency", type=int, default=1)
+    add_log_format(p)
 
     p = command("dispute", "as a task's arbiter (or client), dispute one output and wait for "
                 "the committee's verdict", cmd_dispute)
@@ -356,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wait", action="store_true", help="print the dispute id and exit")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait")
     p.add_argument("--json", action="store_true")
+    add_log_format(p)
 
     p = command("status", "the epoch, its committee's weights and quorum, pending and leaving "
                 "members, reports and miners' reputations", cmd_status)

@@ -56,6 +56,7 @@ from market import jsonsafe
 from market.chain.contracts import ChallengeStatus, ShardState
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
+from market.logs import log_context
 from market.protocol.canonical import canonical_json_bytes
 from market.protocol.eip712 import ChallengeSet as ChallengeSetStruct
 from market.protocol.eip712 import Report, SignatureError, sort_signatures
@@ -66,6 +67,7 @@ from market.protocol.messages import (
 )
 from market.protocol.results import ResultCheckFailed
 from market.store import ContentNotFound, StoreError
+from verifier import metrics
 from verifier.challenges import (
     Answer,
     ChallengeSet,
@@ -245,21 +247,25 @@ class CommitteeMember:
         genesis, duration = self._epoch_clock()
         now = self.q.chain.timestamp()
         epoch = (now - genesis) // duration
-        if not self._seated(epoch):
-            return
-        into = (now - genesis) % duration / duration
-        self._read_inbox()
-        snap = self.snapshot(epoch)
-        open_from = self.q.committee.next_report_epoch()  # older epochs are closed
-        self._next_set(epoch, into, snap)
-        if epoch >= open_from:
-            self._run_epoch(epoch, into, snap, deadline=genesis + (epoch + 1) * duration)
-        if epoch - 1 >= max(open_from, 0):
-            self._cosign_late(epoch - 1)
-        for e in (epoch - 1, epoch):
-            if e >= max(open_from, 0):
-                self._submit_if_quorum(e)
-        self._watch_equivocation()
+        metrics.EPOCH.set(epoch)
+        with log_context(epoch=epoch):  # what this pass logs names the epoch it concerns
+            if not self._seated(epoch):
+                return
+            into = (now - genesis) % duration / duration
+            self._read_inbox()
+            snap = self.snapshot(epoch)
+            open_from = self.q.committee.next_report_epoch()  # older epochs are closed
+            self._next_set(epoch, into, snap)
+            if epoch >= open_from:
+                self._run_epoch(epoch, into, snap, deadline=genesis + (epoch + 1) * duration)
+            if epoch - 1 >= max(open_from, 0):
+                with log_context(epoch=epoch - 1):
+                    self._cosign_late(epoch - 1)
+            for e in (epoch - 1, epoch):
+                if e >= max(open_from, 0):
+                    with log_context(epoch=e):
+                        self._submit_if_quorum(e)
+            self._watch_equivocation()
 
     def _epoch_clock(self) -> tuple[int, int]:
         if self._clock is None:
@@ -448,11 +454,16 @@ class CommitteeMember:
                 # end on the epoch boundary, which would set it apart from clients' tasks.
                 own = deadline + secrets.randbelow(2 * duration + 1)
                 try:
-                    sent.append(post_challenge(self.q, self.account, self.market, c,
-                                               self.model_id, own).to_json())
+                    made = post_challenge(self.q, self.account, self.market, c,
+                                          self.model_id, own)
                 except QuarryError as exc:
                     log.warning("epoch %d: could not post %s's challenge: %s", epoch,
-                                c.miner, exc)
+                                c.miner, exc, extra={"miner": c.miner})
+                    continue
+                sent.append(made.to_json())
+                log.info("epoch %d: posted %s's challenge as task %d", epoch, c.miner,
+                         made.task_id, extra={"task": made.task_id, "shard": 0,
+                                              "miner": c.miner})
             self.state.posted[key] = sent
             self._save_state()
             self.on_event(f"epoch {epoch}: leader, sent {len(sent)} challenges")
@@ -507,9 +518,12 @@ class CommitteeMember:
             assert challenge is not None
             by_index = {it.index: it for it in a.items}
             items = [by_index[i] for i in range(len(challenge.lines))]
-            self._scored[a.task_id] = self.scorer.score(
-                challenge.lines, [list(it.token_ids) for it in items],
-                [it.finish_reason for it in items], [it.text for it in items])
+            with log_context(task=a.task_id, shard=0, miner=a.miner):
+                self._scored[a.task_id] = self.scorer.score(
+                    challenge.lines, [list(it.token_ids) for it in items],
+                    [it.finish_reason for it in items], [it.text for it in items])
+                log.info("epoch %d: scored %s's answer to its challenge (task %d, %d "
+                         "outputs)", cs.epoch, a.miner, a.task_id, len(items))
         return self._scored[a.task_id]
 
     def _observe(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any]) -> None:
@@ -533,6 +547,8 @@ class CommitteeMember:
                     problems.append(str(exc))
             scores = self._score(cs, answers)
             missing = [a.miner for a in answers if a.status == "missing"]
+            for s in scores.values():  # this member's honest scores, once per epoch
+                metrics.CHALLENGE_SCORE.observe(s)
         if self.test_mode == "lie":  # a Byzantine member: inverted scores, frames everyone
             scores = {m: BPS - s for m, s in scores.items()}
             missing = list(cs.miners)
@@ -618,6 +634,7 @@ class CommitteeMember:
         report = Report(epoch, tuple(miners), tuple(changed[m].reputation_bps for m in miners),
                         hashlib.sha256(data).digest())
         self._sign_report(report, uri)
+        metrics.EPOCHS_REPORTED.labels("led").inc()
         self.on_event(f"epoch {epoch}: leader, reported reputations "
                       f"{dict(zip(miners, report.scores_bps, strict=True))}")
 
@@ -669,8 +686,10 @@ class CommitteeMember:
             log.warning("epoch %d: not co-signing the leader's report: %s", epoch, exc)
             self.state.signed_reports.setdefault(str(epoch), "refused")
             self._save_state()
+            metrics.EPOCHS_REPORTED.labels("refused").inc()
             return
         self._sign_report(report, str(leader_msg["body"]["evidenceUri"]))
+        metrics.EPOCHS_REPORTED.labels("cosigned").inc()
         self.on_event(f"epoch {epoch}: co-signed the report")
 
     def _submit_if_quorum(self, epoch: int) -> None:
@@ -691,6 +710,7 @@ class CommitteeMember:
             return
         try:
             self.q.committee.submit_reputation(self.account, report, self._sorted(report, sigs))
+            metrics.EPOCHS_REPORTED.labels("submitted").inc()
             self.on_event(f"epoch {epoch}: submitted the report ({len(sigs)} signatures, "
                           f"weight {snap.weight_of(sigs)} of quorum {snap.quorum})")
         except ContractRevert as exc:
@@ -732,12 +752,14 @@ class CommitteeMember:
                 dispute_id = open_dispute(self.q, Account.from_key(keys[a.task_id]),
                                           self.market, a.task_id, worst)
             except QuarryError as exc:
-                log.warning("could not dispute %s's challenge answer: %s", a.miner, exc)
+                log.warning("could not dispute %s's challenge answer: %s", a.miner, exc,
+                            extra={"task": a.task_id, "shard": 0, "miner": a.miner})
                 continue
             self.state.disputed.append(a.task_id)
             self._save_state()
-            self.on_event(f"disputed {a.miner}'s challenge answer (task {a.task_id}, request "
-                          f"{worst}): dispute {dispute_id}")
+            with log_context(task=a.task_id, shard=0, dispute=dispute_id, miner=a.miner):
+                self.on_event(f"disputed {a.miner}'s challenge answer (task {a.task_id}, "
+                              f"request {worst}): dispute {dispute_id}")
 
     # ------------------------------------------------------------------ withheld answers
     def challenge_withheld(self, epoch: int, posted: Iterable[PostedChallenge],
@@ -761,13 +783,16 @@ class CommitteeMember:
                     self.q, Account.from_key(keys[a.task_id]), a.task_id, index)
             except QuarryError as exc:
                 log.warning("could not challenge the availability of %s's answer (task %d): "
-                            "%s", a.miner, a.task_id, exc)
+                            "%s", a.miner, a.task_id, exc,
+                            extra={"task": a.task_id, "shard": 0, "miner": a.miner})
                 continue
             self.state.availability[str(a.task_id)] = {
                 "epoch": epoch, "challengeId": challenge_id, "index": index, "status": "open"}
             self._save_state()
-            self.on_event(f"epoch {epoch}: {a.miner} committed task {a.task_id}'s result but "
-                          f"published no document: availability challenge {challenge_id}")
+            with log_context(task=a.task_id, shard=0, challenge=challenge_id, miner=a.miner):
+                self.on_event(f"epoch {epoch}: {a.miner} committed task {a.task_id}'s result "
+                              f"but published no document: availability challenge "
+                              f"{challenge_id}")
 
     def follow_availability(self) -> None:
         """Settle this member's unanswered availability challenges once their deadline has
@@ -777,9 +802,12 @@ class CommitteeMember:
             if entry["status"] != "open":
                 continue
             try:
-                status = self._settle_or_dispute(int(task_key), entry)
+                with log_context(task=int(task_key), shard=0, epoch=int(entry["epoch"]),
+                                 challenge=int(entry["challengeId"])):
+                    status = self._settle_or_dispute(int(task_key), entry)
             except QuarryError as exc:  # chain or market briefly down: next step
-                log.warning("availability challenge on task %s: %s", task_key, exc)
+                log.warning("availability challenge on task %s: %s", task_key, exc,
+                            extra={"task": int(task_key), "shard": 0})
                 continue
             if status != "open":
                 entry["status"] = status

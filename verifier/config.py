@@ -16,6 +16,9 @@ variables, then command-line flags (each later source overrides the earlier).
     greedy_margin = 0.01                  # nats a greedy token may lose to the argmax by
     audit_rate_bps = 1000                 # share of client shards re-scored (audits)
     state_dir = "~/.quarry/verifier"      # what this verifier signed (never equivocate)
+    # metrics_port = 9102                 # `verifier run` serves Prometheus metrics at
+                                          # http://metrics_host:port/metrics (0: any port)
+    # metrics_host = "127.0.0.1"
 
     [verifier.reputation]                 # verifier.reputation.ReputationParams
     alpha = 0.5
@@ -30,7 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from market.roleconfig import KeyedSettings, OptionalUrl, SettingPath, Url, Wei
+from market.roleconfig import KeyedSettings, OptionalPort, OptionalUrl, SettingPath, Url, Wei
 
 ROLE = "verifier"
 DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
@@ -62,6 +65,13 @@ class VerifierConfig(KeyedSettings):
     state_dir: SettingPath | None = None
     test_mode: str = ""
     reputation: dict[str, Any] = Field(default_factory=dict)
+    metrics_port: OptionalPort = None  # None: no metrics server (market.metrics)
+    metrics_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+
+    @field_validator("metrics_host", mode="before")
+    @classmethod
+    def _host(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("test_mode", mode="before")
     @classmethod

@@ -46,10 +46,12 @@ from eth_utils import encode_hex, to_checksum_address
 from market.chain.contracts import Ballot, Dispute, DisputeStatus
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
+from market.logs import log_context
 from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.eip712 import Vote, sort_signatures
 from market.protocol.errors import SignatureError
 from market.protocol.messages import committee_message
+from verifier import metrics
 from verifier.scoring import GREEDY_MARGIN, ChallengeScore
 from verifier.shards import DisputeDeferred, ShardJudge
 
@@ -158,6 +160,7 @@ class DisputeDesk:
         self._scan_from = q.deployment.deploy_block
         self._said: dict[int, str] = {}  # last deferral logged per dispute (log once)
         self._snapshots: dict[int, dict[str, int]] = {}  # epoch -> member -> weight
+        self._shards: dict[int, tuple[int, int]] = {}  # dispute id -> (task, shard), for logs
 
     # ------------------------------------------------------------------ judging
     def judge(self, dispute_id: int) -> Verdict:
@@ -192,12 +195,14 @@ class DisputeDesk:
         # dispute opened still judges it, and votes on-chain alone.
         on_relay = self.q.committee.is_member(self.address)
         for dispute_id in sorted(self.open):
-            try:
-                self._handle(dispute_id, now, on_relay)
-            except DisputeDeferred as exc:
-                self._note(dispute_id, str(exc) + self._absence_warning(dispute_id, now))
-            except QuarryError as exc:
-                self._note(dispute_id, f"dispute {dispute_id}: {exc}")
+            task, shard = self._shards.get(dispute_id, (None, None))
+            with log_context(dispute=dispute_id, task=task, shard=shard):
+                try:
+                    self._handle(dispute_id, now, on_relay)
+                except DisputeDeferred as exc:
+                    self._note(dispute_id, str(exc) + self._absence_warning(dispute_id, now))
+                except QuarryError as exc:
+                    self._note(dispute_id, f"dispute {dispute_id}: {exc}")
 
     def _handle(self, dispute_id: int, now: int, on_relay: bool) -> None:
         d = self.q.arbitration.get_dispute(dispute_id)
@@ -262,10 +267,13 @@ class DisputeDesk:
             return
         for event in self.q.arbitration.events("DisputeOpened", self._scan_from):
             dispute_id = int(event["disputeId"])
+            self._shards[dispute_id] = (int(event["taskId"]), int(event["shard"]))
             if dispute_id not in self.closed and dispute_id not in self.open:
                 self.open.add(dispute_id)
                 log.info("dispute %d opened on task %s shard %s (miner %s)", dispute_id,
-                         event["taskId"], event["shard"], event["miner"])
+                         event["taskId"], event["shard"], event["miner"],
+                         extra={"dispute": dispute_id, "task": int(event["taskId"]),
+                                "shard": int(event["shard"]), "miner": event["miner"]})
         # Events mined after `head` may come again next time; the id sets dedupe them.
         self._scan_from = head + 1
 
@@ -309,6 +317,7 @@ class DisputeDesk:
             if dispute_id in self.votes:  # an earlier vote of ours was there: kept
                 return
         self.votes[dispute_id] = CastVote(dispute_id, fault, signature, reason)
+        metrics.DISPUTES_VOTED.labels("fault" if fault else "no_fault").inc()
 
     def _post_vote(self, dispute_id: int, fault: bool, signature: bytes, reason: str) -> None:
         msg = committee_message(self.account, VOTE_KIND, VOTE_EPOCH, str(dispute_id),

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -56,10 +56,11 @@ templates.env.filters["short"] = short
 
 
 @router.get("/ui", response_class=HTMLResponse)
-def ui(request: Request, market: MarketDep) -> HTMLResponse:
-    """The dashboard; it redraws itself every `REFRESH_S` seconds."""
+def ui(request: Request, market: MarketDep,
+       refresh: float = Query(REFRESH_S, ge=0, le=3600)) -> HTMLResponse:
+    """The dashboard; it redraws itself every `refresh` seconds (0: never)."""
     return templates.TemplateResponse(request, "dashboard.html",
-                                      {"v": dashboard(market), "refresh_s": REFRESH_S})
+                                      {"v": dashboard(market), "refresh_s": refresh})
 
 
 @router.get("/ui/tx/{tx}", response_class=HTMLResponse)

@@ -1,0 +1,46 @@
+"""Prometheus metrics shared by the roles: `serve_metrics` puts the default registry on
+`/metrics` over HTTP (`miner run` and `verifier run` with `metrics_port`), and `metric`
+declares a module-level metric that survives its module being imported twice (the default
+registry lives in prometheus_client, which outlives a re-import of ours: tests do that)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import CollectorRegistry
+
+from market.errors import ConfigError
+
+__all__ = ["metric", "metrics_url", "serve_metrics"]
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+def metric(kind: type[M], name: str, documentation: str, labelnames: Sequence[str] = (),
+           registry: CollectorRegistry = REGISTRY, **options: Any) -> M:
+    """`kind(name, documentation, labelnames, **options)` registered in `registry`, or the
+    one of that kind and name already there (a second import would otherwise be refused
+    as a duplicate time series)."""
+    existing = registry._names_to_collectors.get(name)  # no public lookup by name
+    if isinstance(existing, kind):
+        return existing
+    return kind(name, documentation, labelnames, registry=registry, **options)
+
+
+def metrics_url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1",
+                  registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve `registry` at http://host:port/metrics from a daemon thread; returns the bound
+    port (`port` 0: any free one). ConfigError naming the address when it cannot bind."""
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host} port {port} (metrics_port): "
+                          f"{exc.strerror or exc}") from None
+    return int(server.server_port)
