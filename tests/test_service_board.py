@@ -28,6 +28,7 @@ from market.protocol import (
     request_hash,
 )
 from market.service.board import (
+    CHAIN_LAYOUT,
     CHALLENGE_STATUS,
     DISPUTE_STATUS,
     STATE_NAMES,
@@ -645,12 +646,14 @@ def test_schema_mismatch_and_bad_file(tmp_path: Path) -> None:
 
     path = tmp_path / "b.sqlite"
     Board(path)
+    newer = str(int(CHAIN_LAYOUT) + 1)
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value='3' WHERE key='schema'")
-    with pytest.raises(BoardError, match="has chain layout 3, newer than this market's 2"):
+        conn.execute("UPDATE meta SET value=? WHERE key='schema'", (newer,))
+    with pytest.raises(BoardError, match=f"has chain layout {newer}, newer than this "
+                       f"market's {CHAIN_LAYOUT}"):
         Board(path)
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value='2' WHERE key='schema'")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema'", (CHAIN_LAYOUT,))
         conn.execute(f"PRAGMA user_version = {STATE_VERSION + 1}")
     with pytest.raises(BoardError, match=f"market state of version {STATE_VERSION + 1}, "
                        "newer than"):
@@ -689,7 +692,8 @@ def test_an_older_board_is_rebuilt_keeping_what_only_the_market_knows(
     assert [m["body"] for m in migrated.messages("dep")] == [{"x": 1}]
     assert migrated.offer("dep", 3) is not None
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == "2"
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == \
+            CHAIN_LAYOUT
     Board(path)  # opening it again changes nothing
     assert Board(path).messages("dep")[0]["body"] == {"x": 1}
 
