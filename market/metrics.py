@@ -5,6 +5,7 @@ registry lives in prometheus_client, which outlives a re-import of ours: tests d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -14,7 +15,12 @@ from prometheus_client.registry import CollectorRegistry
 
 from market.errors import ConfigError
 
-__all__ = ["metric", "metrics_url", "serve_metrics"]
+__all__ = ["metric", "metrics_url", "queue_depth", "serve_metrics"]
+
+CELERY_PRIORITY_SEP = "\x06\x16"
+"""kombu's Redis transport keeps a queue's prioritized messages in lists named
+`<queue><sep><priority>` beside `<queue>` itself."""
+CELERY_PRIORITIES = (3, 6, 9)
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -28,6 +34,19 @@ def metric(kind: type[M], name: str, documentation: str, labelnames: Sequence[st
     if isinstance(existing, kind):
         return existing
     return kind(name, documentation, labelnames, registry=registry, **options)
+
+
+def queue_depth(client: Any, queue: str) -> float:
+    """Celery messages waiting on `queue` in Redis (every priority's list); NaN when Redis
+    fails: a scrape never fails for Redis (down, wrong type, timeout)."""
+    keys = [queue] + [f"{queue}{CELERY_PRIORITY_SEP}{p}" for p in CELERY_PRIORITIES]
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+        return float(sum(pipe.execute()))
+    except Exception:
+        return math.nan
 
 
 def metrics_url(host: str, port: int) -> str:

@@ -70,11 +70,15 @@ def test_the_dashboard_and_metrics_answer_before_any_deployment(tmp_path: Path) 
         assert "No task on the board yet." in page.text
         assert "the chain cannot be read" in page.text
         assert httpx.get(f"{url}/ui/tx/0x1234", timeout=10).status_code == 404
+        for method in ("BREW", "SPAM"):  # a client's method does not become a new series
+            httpx.request(method, f"{url}/ui", timeout=10)
         samples = metrics(f"{url}/metrics")
     assert total(samples, "quarry_market_requests_total", route="/ui", status="200") == 1
     assert total(samples, "quarry_market_requests_total", route="/ui/tx/{tx}",
                  status="404") == 1
     assert total(samples, "quarry_market_shards", state="open") == 0
+    assert total(samples, "quarry_market_requests_total", method="other") == 2
+    assert not {ls for n, ls in samples if ("method", "BREW") in ls}
     # Redis and the chain are down: their gauges are left out, the rest still answers.
     names = {n for n, _ in samples}
     assert "quarry_market_celery_queue_depth" not in names
@@ -229,7 +233,8 @@ def test_metrics_parse_and_their_counters_move_with_a_job(demo_run: Any) -> None
                                        route="/store", status="201")
     assert total(after, "quarry_market_request_seconds_count", route="/shards/open") > total(
         before, "quarry_market_request_seconds_count", route="/shards/open")
-    assert (total(after, "quarry_market_shards") == total(before, "quarry_market_shards") + 1)
+    # The committee may post its next epoch's challenge tasks meanwhile: at least this one.
+    assert total(after, "quarry_market_shards") >= total(before, "quarry_market_shards") + 1
     generated = sum(total(metrics(u), "quarry_miner_tokens_generated_total")
                     - total(b, "quarry_miner_tokens_generated_total")
                     for u, b in zip(miner_urls, miners_before, strict=True))
@@ -237,7 +242,7 @@ def test_metrics_parse_and_their_counters_move_with_a_job(demo_run: Any) -> None
     submitted = sum(total(metrics(u), "quarry_miner_shards_total", outcome="submitted")
                     - total(b, "quarry_miner_shards_total", outcome="submitted")
                     for u, b in zip(miner_urls, miners_before, strict=True))
-    assert submitted == 1
+    assert submitted >= 1
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from test_miner import PRICE, batch, post_task, register  # the miner tests' hel
 from market.chain.client import anvil_account
 from market.chain.devnet import free_port
 from market.errors import ConfigError
-from market.metrics import metric, metrics_url, serve_metrics
+from market.metrics import metric, metrics_url, queue_depth, serve_metrics
 from market.store import LocalStore
 from miner import cli as miner_cli
 from miner import metrics as miner_metrics
@@ -163,7 +163,7 @@ def test_queue_depth_is_nan_when_redis_does_not_answer() -> None:
 
     client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0",
                                   socket_connect_timeout=1, socket_timeout=1)
-    assert math.isnan(verifier_metrics.queue_depth(client, "quarry.score.nobody"))
+    assert math.isnan(queue_depth(client, "quarry.score.nobody"))
 
 
 @pytest.fixture(scope="module")

@@ -5,18 +5,11 @@ at scrape time (`watch_scoring_queue`)."""
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from prometheus_client import Counter, Gauge, Histogram, Info
 
-from market.metrics import metric
+from market.metrics import metric, queue_depth
 
 BPS = 10_000
-CELERY_PRIORITY_SEP = "\x06\x16"
-"""kombu's Redis transport keeps a queue's prioritized messages in lists named
-`<queue><sep><priority>` beside `<queue>` itself."""
-CELERY_PRIORITIES = (3, 6, 9)
 
 INFO = metric(Info, "quarry_verifier", "This verifier: its address and model")
 EPOCH = metric(Gauge, "quarry_verifier_epoch", "The committee epoch at the member's last step")
@@ -43,18 +36,6 @@ for _outcome in ("passed", "failed", "challenged", "disputed"):
     AUDITS.labels(_outcome)
 for _vote in ("fault", "no_fault"):
     DISPUTES_VOTED.labels(_vote)
-
-
-def queue_depth(client: Any, queue: str) -> float:
-    """Messages waiting on `queue` (every priority's list); NaN when Redis fails."""
-    keys = [queue] + [f"{queue}{CELERY_PRIORITY_SEP}{p}" for p in CELERY_PRIORITIES]
-    try:
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.llen(key)
-        return float(sum(pipe.execute()))
-    except Exception:  # a scrape never fails for Redis (down, wrong type, timeout)
-        return math.nan
 
 
 def watch_scoring_queue(redis_url: str, queue: str) -> None:

@@ -10,6 +10,7 @@ Each app has its own registry, so two apps in one process (tests) never share se
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from market.metrics import queue_depth
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,6 +33,7 @@ log = logging.getLogger("quarry.metrics")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
 """Seconds; the long polls (`waitSeconds`, up to 30 s) land in the last buckets."""
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class MarketMetrics:
@@ -47,8 +51,8 @@ class MarketMetrics:
 
 class RequestMetrics:
     """ASGI middleware: counts and times every HTTP request by method, route template and
-    status. Unrouted paths (404s) share the route `<unmatched>`, so scanners cannot grow
-    the series without bound."""
+    status. Unrouted paths (404s) share the route `<unmatched>` and unknown methods the
+    method `other`, so strangers cannot grow the series without bound."""
 
     def __init__(self, app: ASGIApp, metrics: MarketMetrics) -> None:
         self.app, self.metrics = app, metrics
@@ -71,6 +75,8 @@ class RequestMetrics:
         finally:
             route = getattr(scope.get("route"), "path", None) or "<unmatched>"
             method = scope.get("method", "")
+            if method not in HTTP_METHODS:
+                method = "other"  # a client picks the method: unbounded series otherwise
             self.metrics.requests.labels(method, route, str(status)).inc()
             self.metrics.latency.labels(method, route).observe(time.perf_counter() - began)
 
@@ -82,6 +88,7 @@ class BoardCollector(Collector):
 
     def __init__(self, market: Market) -> None:
         self.market = market
+        self._client: Any = None
 
     def collect(self) -> Iterator[Metric]:
         market = self.market
@@ -105,12 +112,14 @@ class BoardCollector(Collector):
             yield GaugeMetricFamily("quarry_market_indexer_lag_blocks",
                                     "Blocks between the chain head and the indexed block",
                                     value=max(0, head - cursor))
-        depth = self._read("the Celery queue depth", self._queue_depth)
-        if depth is not None:
+        from market.service.worker import QUEUE  # Celery loads only when scraped
+
+        depth = queue_depth(self._redis(), QUEUE)
+        if not math.isnan(depth):
             family = GaugeMetricFamily("quarry_market_celery_queue_depth",
                                        "Tasks waiting in the market's Celery queue",
                                        labels=["queue"])
-            family.add_metric([depth[0]], depth[1])
+            family.add_metric([QUEUE], depth)
             yield family
         yield GaugeMetricFamily("quarry_market_store_bytes",
                                 "Bytes in the content store (requests, results, evidence)",
@@ -137,17 +146,14 @@ class BoardCollector(Collector):
         chain = self.market.deployment.quarry().chain
         return int(chain._rpc(lambda: chain.w3.eth.block_number))
 
-    def _queue_depth(self) -> tuple[str, int]:
-        import redis
+    def _redis(self) -> Any:
+        """One Redis client for every scrape (short timeouts: a scrape must not hang)."""
+        if self._client is None:
+            import redis
 
-        from market.service.worker import QUEUE
-
-        client = redis.Redis.from_url(self.market.settings.redis_url, socket_timeout=2,
-                                      socket_connect_timeout=2)
-        try:
-            return QUEUE, int(client.llen(QUEUE))
-        finally:
-            client.close()
+            self._client = redis.Redis.from_url(self.market.settings.redis_url,
+                                                socket_timeout=1, socket_connect_timeout=1)
+        return self._client
 
 
 def _snake(name: str) -> str:
