@@ -246,11 +246,14 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                         f"whole shard and voted: {verdict}")
 
                 def reported() -> list[dict]:
-                    return q.committee.events("ReputationSubmitted",
-                                              q.deployment.deploy_block)
+                    """Reports that rated every miner: a miner registered after the next
+                    epoch's challenge set was drawn is first challenged an epoch later."""
+                    return [r for r in q.committee.events("ReputationSubmitted",
+                                                          q.deployment.deploy_block)
+                            if r["count"] >= len(addresses)]
 
-                first = stack.wait_until(reported, "the committee's first challenge epoch "
-                                         "report", timeout=args.timeout)[0]
+                first = stack.wait_until(reported, "the committee's first report rating "
+                                         "every miner", timeout=args.timeout)[0]
                 reps = {m: q.gpu.miner_info(m).reputation_bps for m in addresses}
                 step(7, f"challenge epoch {first['epoch']}: every miner answered a challenge "
                         "posted like a client job from a fresh address; the members "

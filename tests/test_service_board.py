@@ -641,6 +641,18 @@ def test_models_heartbeats_recommendations(tmp_path: Path) -> None:
     assert again.models()[0]["modelId"] == model_id
 
 
+def test_a_snapshot_reads_one_state_of_the_board(tmp_path: Path) -> None:
+    board = Board(tmp_path / "b.sqlite")
+    board.put_model(tiny_manifest("one"))
+    with board.snapshot():
+        assert [m["name"] for m in board.models()] == ["one"]
+        board.put_model(tiny_manifest("two"))  # the indexer or a request, meanwhile
+        with board.snapshot():  # nested: the same read transaction
+            assert [m["name"] for m in board.models()] == ["one"]
+        assert [m["name"] for m in board.models()] == ["one"]
+    assert sorted(m["name"] for m in board.models()) == ["one", "two"]
+
+
 def test_schema_mismatch_and_bad_file(tmp_path: Path) -> None:
     import sqlite3
 

@@ -12,6 +12,7 @@ clock).
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,11 +122,40 @@ class BoardBase:
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
+        held = self._held().conn
+        if held is not None:  # inside snapshot(): the same read transaction
+            yield held
+            return
         conn = self._connect()
         try:
             yield conn
         finally:
             conn.close()
+
+    def _held(self) -> threading.local:
+        """This thread's snapshot connection, if any (per board, created on first use)."""
+        local = self.__dict__.setdefault("_snapshot_local", threading.local())
+        if not hasattr(local, "conn"):
+            local.conn = None
+        return local
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Every read in this thread inside the block sees one state of the file (one WAL
+        read transaction), so a page drawn from several queries is never part before and
+        part after an indexed batch of blocks."""
+        local = self._held()
+        if local.conn is not None:
+            yield
+            return
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN")
+            local.conn = conn
+            yield
+        finally:
+            local.conn = None
+            conn.close()  # ends the read transaction (nothing was written)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

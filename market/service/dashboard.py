@@ -37,7 +37,12 @@ LINKED_EVENTS = (
 
 
 def dashboard(market: Market) -> dict[str, Any]:
-    """Everything `/ui` draws, as plain values."""
+    """Everything `/ui` draws, as plain values, from one state of the board."""
+    with market.board.snapshot():
+        return _dashboard(market)
+
+
+def _dashboard(market: Market) -> dict[str, Any]:
     board = market.board
     events = board.events(LINKED_EVENTS)
     txs = _transactions(events)
