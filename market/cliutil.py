@@ -17,6 +17,16 @@ def add_log_format(parser: argparse.ArgumentParser) -> None:
                         "with the task and shard (default: $QUARRY_LOG_FORMAT, else text)")
 
 
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """`--metrics-port` and `--metrics-host` for a long-running role (`metrics_port` and
+    `metrics_host` in its config; see `market.metrics.serve_metrics`)."""
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: "
+                        "any free port)")
+    parser.add_argument("--metrics-host", metavar="HOST",
+                        help="address the metrics server binds (default 127.0.0.1)")
+
+
 def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
     """Parse `argv`, call the chosen subcommand's `func`, and turn a QuarryError into one line.
 

@@ -5,6 +5,7 @@ registry lives in prometheus_client, which outlives a re-import of ours: tests d
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ CELERY_PRIORITY_SEP = "\x06\x16"
 CELERY_PRIORITIES = (3, 6, 9)
 
 M = TypeVar("M", bound=MetricWrapperBase)
+log = logging.getLogger("quarry.metrics")
 
 
 def metric(kind: type[M], name: str, documentation: str, labelnames: Sequence[str] = (),
@@ -55,11 +57,14 @@ def metrics_url(host: str, port: int) -> str:
 
 def serve_metrics(port: int, host: str = "127.0.0.1",
                   registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve `registry` at http://host:port/metrics from a daemon thread; returns the bound
-    port (`port` 0: any free one). ConfigError naming the address when it cannot bind."""
+    """Serve `registry` at http://host:port/metrics from a daemon thread, and log where;
+    returns the bound port (`port` 0: any free one). ConfigError naming the address when it
+    cannot bind."""
     try:
         server, _ = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on {host} port {port} (metrics_port): "
                           f"{exc.strerror or exc}") from None
-    return int(server.server_port)
+    bound = int(server.server_port)
+    log.info("metrics on %s", metrics_url(host, bound))
+    return bound

@@ -7,8 +7,8 @@ A bad value is refused with a `ConfigError` that names the setting and where it 
 
 Typed values shared by the roles: hex private keys checked on secp256k1 (`Key`), wei
 amounts with units (`Wei`: "1500", "0.5ether", "2 gwei"), URLs (`Url`, `OptionalUrl`), ports
-(`OptionalPort`) and paths (`SettingPath`; relative ones in a config file are relative to
-that file).
+(`OptionalPort`), hosts (`Host`) and paths (`SettingPath`; relative ones in a config file
+are relative to that file).
 """
 
 from __future__ import annotations
@@ -128,6 +128,13 @@ def optional_port(value: Any) -> int | None:
     return port
 
 
+def host(value: Any) -> str:
+    """A host name or address to bind or advertise, surrounding spaces dropped."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{value!r} is not a host name or address")
+    return value.strip()
+
+
 def path(value: Any) -> Path:
     if not isinstance(value, str | Path) or not str(value):
         raise ValueError(f"{value!r} is not a path")
@@ -143,6 +150,7 @@ Wei = Annotated[int, BeforeValidator(wei)]
 Url = Annotated[str, BeforeValidator(url)]
 OptionalUrl = Annotated[str | None, BeforeValidator(optional_url)]
 OptionalPort = Annotated[int | None, BeforeValidator(optional_port)]
+Host = Annotated[str, BeforeValidator(host)]
 SettingPath = Annotated[Path, BeforeValidator(path), _FileRelative()]
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from market.cliutil import add_log_format, run_cli
+from market.cliutil import add_log_format, add_metrics_options, run_cli
 from market.logs import configure_logging, export_format, say
 
 if TYPE_CHECKING:
@@ -60,10 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             "(for tests and detection benchmarks only); its results are wrong and it will "
             "be slashed", logger="miner", level=logging.WARNING)
     if cfg.metrics_port is not None:  # before the models load: a busy port fails at once
-        from market.metrics import metrics_url, serve_metrics
+        from market.metrics import serve_metrics
 
-        port = serve_metrics(cfg.metrics_port, cfg.metrics_host)
-        logging.getLogger("miner").info("metrics on %s", metrics_url(cfg.metrics_host, port))
+        serve_metrics(cfg.metrics_port, cfg.metrics_host)
     if cfg.swarm:
         return _run_swarm(cfg, progress=not args.no_progress)
     worker = Worker.from_config(cfg, progress=not args.no_progress)
@@ -209,11 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CHEAT ON PURPOSE, for tests and benchmarks only: one of the modes "
                    "of miner/cheats.py (substitute, perturb, random, wrong-prompt, "
                    "greedy-sampled, cold, noise, truncate, selective)")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any "
-                   "free port)")
-    p.add_argument("--metrics-host", metavar="HOST",
-                   help="address the metrics server binds (default 127.0.0.1)")
+    add_metrics_options(p)
     p.add_argument("-v", "--verbose", action="store_true")
     add_log_format(p)
 

@@ -55,6 +55,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode
 
 from market.roleconfig import (
+    Host,
     KeyedSettings,
     OptionalPort,
     OptionalUrl,
@@ -117,12 +118,12 @@ class MinerConfig(KeyedSettings):
     state_dir: SettingPath | None = None  # None: $QUARRY_HOME/miner (miner.archive)
     test_mode: str | None = None  # a miner.cheats mode: this miner cheats on purpose
     metrics_port: OptionalPort = None  # None: no metrics server (market.metrics)
-    metrics_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    metrics_host: Host = "127.0.0.1"
     # swarm membership (miner/swarm.py)
     swarm: bool = False
     memory_mib: Annotated[int, Field(ge=1)] | None = None  # None: the GPU's memory
     stage_port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    stage_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    stage_host: Host = "127.0.0.1"
     tflops: Annotated[float, Field(gt=0)] | None = None  # None: measured at start
     swarm_router: str = "parallax"
 
@@ -136,7 +137,7 @@ class MinerConfig(KeyedSettings):
     def _router(cls, value: Any) -> str:
         return _one_of(value, SWARM_ROUTERS)
 
-    @field_validator("endpoint", "stage_host", "metrics_host", mode="before")
+    @field_validator("endpoint", mode="before")
     @classmethod
     def _endpoint(cls, value: Any) -> Any:
         return value.strip() if isinstance(value, str) else value

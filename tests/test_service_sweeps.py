@@ -655,7 +655,8 @@ def test_ticker_rejects_bad_interval() -> None:
 
 def test_task_failures_logged_once_per_reason(caplog: pytest.LogCaptureFixture) -> None:
     from market.errors import QuarryError
-    from market.service.worker import miner_alive, reported
+    from market.service.matching import miner_alive
+    from market.service.worker import reported
 
     def run(fail: str | None) -> dict[str, Any]:
         with reported("index") as out:

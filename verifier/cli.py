@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from market.cliutil import add_log_format, run_cli
+from market.cliutil import add_log_format, add_metrics_options, run_cli
 from market.logs import configure_logging, export_format, json_logs, say
 
 if TYPE_CHECKING:
@@ -172,11 +172,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(f"verifier: WARNING: TEST MODE {cfg.test_mode!r}: this verifier is BYZANTINE ON "
             "PURPOSE (for tests only)", logger="verifier", level=logging.WARNING)
     if cfg.metrics_port is not None:  # before anything slow: a busy port fails at once
-        from market.metrics import metrics_url, serve_metrics
+        from market.metrics import serve_metrics
 
-        port = serve_metrics(cfg.metrics_port, cfg.metrics_host)
-        logging.getLogger("verifier").info("metrics on %s",
-                                           metrics_url(cfg.metrics_host, port))
+        serve_metrics(cfg.metrics_port, cfg.metrics_host)
     manifest = load_manifest(cfg.model_dir)
     manifest.verify(cfg.model_dir)
     account = cfg.account()
@@ -366,11 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval-s", type=float)
     p.add_argument("--test-mode", metavar="MODE",
                    help="BYZANTINE ON PURPOSE, for tests only: lie or withhold")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any "
-                   "free port)")
-    p.add_argument("--metrics-host", metavar="HOST",
-                   help="address the metrics server binds (default 127.0.0.1)")
+    add_metrics_options(p)
     p.add_argument("-v", "--verbose", action="store_true")
     add_log_format(p)
 

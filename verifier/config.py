@@ -33,7 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from market.roleconfig import KeyedSettings, OptionalPort, OptionalUrl, SettingPath, Url, Wei
+from market.roleconfig import Host, KeyedSettings, OptionalPort, OptionalUrl, SettingPath, Url, Wei
 
 ROLE = "verifier"
 DEFAULT_MARKET_URL = "http://127.0.0.1:8600"
@@ -66,12 +66,7 @@ class VerifierConfig(KeyedSettings):
     test_mode: str = ""
     reputation: dict[str, Any] = Field(default_factory=dict)
     metrics_port: OptionalPort = None  # None: no metrics server (market.metrics)
-    metrics_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
-
-    @field_validator("metrics_host", mode="before")
-    @classmethod
-    def _host(cls, value: Any) -> Any:
-        return value.strip() if isinstance(value, str) else value
+    metrics_host: Host = "127.0.0.1"
 
     @field_validator("test_mode", mode="before")
     @classmethod

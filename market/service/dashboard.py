@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from eth_typing import HexStr
 
+from market.service.matching import miner_alive
+
 if TYPE_CHECKING:
     from market.service.deps import Market
 
@@ -59,7 +61,7 @@ def _dashboard(market: Market) -> dict[str, Any]:
     wall, ttl = time.time(), market.settings.heartbeat_ttl_s
     miners = board.miners()
     for m in miners:
-        m["alive"] = m["lastSeen"] is not None and wall - m["lastSeen"] < ttl
+        m["alive"] = miner_alive(m, wall, ttl)
         m["seenAgo"] = None if m["lastSeen"] is None else max(0, int(wall - m["lastSeen"]))
         m["tx"] = txs["miner"].get(m["address"])
         m["history"] = history.get(m["address"], [])
@@ -88,8 +90,8 @@ def transaction(market: Market, tx: str) -> dict[str, Any]:
     try:
         q = market.deployment.quarry()
         chain = q.chain
-        receipt = chain._rpc(lambda: chain.w3.eth.get_transaction_receipt(HexStr(tx)))
-        block = chain._rpc(lambda: chain.w3.eth.get_block(receipt["blockNumber"]))
+        (receipt,) = chain.read([lambda eth: eth.get_transaction_receipt(HexStr(tx))])
+        (block,) = chain.read([lambda eth: eth.get_block(receipt["blockNumber"])])
         out["receipt"] = {
             "block": int(receipt["blockNumber"]), "from": receipt["from"],
             "to": receipt["to"], "status": "success" if receipt["status"] == 1 else "reverted",

@@ -23,6 +23,16 @@ def rendezvous_score(miner: str, task_id: int, shard: int) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
 
 
+def miner_alive(miner: dict[str, Any], wall: float, ttl_s: float) -> bool:
+    """Whether a `Board.miners()` row's miner is alive at wall-clock `wall`: its own `alive`
+    when already computed, else a heartbeat within `ttl_s` (the market's
+    `heartbeat_ttl_s`)."""
+    if miner.get("alive") is not None:
+        return bool(miner["alive"])
+    last = miner.get("lastSeen")
+    return last is not None and wall - float(last) < ttl_s
+
+
 def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
     """Whether `miner` (a `Board.miners()` row) may claim `shard` (a `Board.open_shards()`
     row) at chain time `now`, as far as the board knows, and is the one it is offered to when

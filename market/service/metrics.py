@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from market.metrics import queue_depth
+from market.service.matching import miner_alive
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -128,8 +129,7 @@ class BoardCollector(Collector):
         wall, ttl = time.time(), market.settings.heartbeat_ttl_s
         family = GaugeMetricFamily("quarry_market_miners", "Registered miners by liveness",
                                    labels=["alive"])
-        alive = sum(1 for m in miners if m["lastSeen"] is not None
-                    and wall - m["lastSeen"] < ttl)
+        alive = sum(1 for m in miners if miner_alive(m, wall, ttl))
         family.add_metric(["true"], alive)
         family.add_metric(["false"], len(miners) - alive)
         yield family
@@ -143,8 +143,7 @@ class BoardCollector(Collector):
             return None
 
     def _head(self) -> int:
-        chain = self.market.deployment.quarry().chain
-        return int(chain._rpc(lambda: chain.w3.eth.block_number))
+        return self.market.deployment.quarry().chain.block_number()
 
     def _redis(self) -> Any:
         """One Redis client for every scrape (short timeouts: a scrape must not hang)."""

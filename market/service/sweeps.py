@@ -401,14 +401,17 @@ class _Runner:
         return report_absent(q, settler, ref)
 
 
+_REF_KIND = {SETTLE: "challenge", EXPIRE: "dispute", REPORT: "dispute"}
+"""What an action's `ref` names (the other actions have none)."""
+
+
 def _ref_fields(item: Item) -> dict[str, int]:
     """The log fields naming what a settle, expire or report action settles."""
-    if item.action == SETTLE:
-        return {"challenge": item.ref}
-    return {"dispute": item.ref} if item.action in (EXPIRE, REPORT) else {}
+    what = _REF_KIND.get(item.action)
+    return {} if what is None else {what: item.ref}
 
 
 def _describe(item: Item) -> str:
-    what = {SETTLE: "challenge", EXPIRE: "dispute", REPORT: "dispute"}.get(item.action)
+    what = _REF_KIND.get(item.action)
     shard = f"task {item.task_id} shard {item.shard}"
     return shard if what is None else f"{what} {item.ref} ({shard})"

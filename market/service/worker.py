@@ -369,7 +369,7 @@ def recommend(limit: int = RECOMMEND_LIMIT) -> dict[str, Any]:
             wall = time.time()
             miners = 0
             for miner in board.miners():
-                if not miner_alive(miner, wall, ttl):
+                if not matching.miner_alive(miner, wall, ttl):
                     continue
                 rows = matching.rank_open_shards(open_shards, miner, now, limit)
                 board.set_recommendations(str(miner["address"]), rows, now)
@@ -399,14 +399,6 @@ def reported(task: str) -> Iterator[dict[str, Any]]:
         return
     if _cache.pop(key, None) is not None:
         log.warning("%s recovered", task)
-
-
-def miner_alive(miner: dict[str, Any], wall: float, ttl_s: float) -> bool:
-    """The row's own `alive` when the board computed it, else last heartbeat within ttl."""
-    if miner.get("alive") is not None:
-        return bool(miner["alive"])
-    last = miner.get("lastSeen")
-    return last is not None and wall - float(last) < ttl_s
 
 
 configure(MarketSettings.load())

@@ -12,6 +12,7 @@ from fastapi.encoders import jsonable_encoder
 from market.protocol.messages import recover_heartbeat
 from market.service.deps import BoardDep, MarketDep, SettingsDep
 from market.service.http import check_skew, errors, require_signer
+from market.service.matching import miner_alive
 from market.service.schemas import HeartbeatIn, HeartbeatOut, MinerOut
 
 router = APIRouter(tags=["miners"])
@@ -50,6 +51,5 @@ def miners(board: BoardDep, settings: SettingsDep) -> list[dict[str, Any]]:
     wall = time.time()
     rows = board.miners()
     for row in rows:
-        seen = row["lastSeen"]
-        row["alive"] = seen is not None and wall - seen < settings.heartbeat_ttl_s
+        row["alive"] = miner_alive(row, wall, settings.heartbeat_ttl_s)
     return list(jsonable_encoder(rows))
