@@ -68,6 +68,7 @@ from typing import Any
 
 from market.engine.base import Engine, GenerationRequest, ScoreResult, text_for
 from market.errors import QuarryError
+from market.protocol.precision import Precision
 from market.protocol.requests import find_stop
 
 BPS = 10_000
@@ -340,6 +341,9 @@ def score_outputs(
     output_ids: Sequence[Sequence[int]],
     finish_reasons: Sequence[str] | None = None,
     texts: Sequence[str] | None = None,
+    *,
+    precision: object = Precision.FP32,
+    commitments: Sequence[bytes] | None = None,
 ) -> list[ChallengeScore]:
     """The evidence from each miner output against `engine` (the reference model); see the
     module doc. `finish_reasons`, when given, are checked against the tokens, and so are

@@ -18,6 +18,7 @@ worker answered within the timeout (the job then expires unrun), the worker's ow
 from __future__ import annotations
 
 import argparse
+import base64
 import logging
 import os
 import sys
@@ -70,12 +71,16 @@ def _load_engine(model_dir: str) -> TextEngine:
 
 def score_task(model_dir: str, request_lines: list[dict[str, Any]],
                output_ids: list[list[int]], finish_reasons: list[str] | None = None,
-               texts: list[str] | None = None) -> list[dict[str, Any]]:
-    """The Celery task body: score a miner's outputs for request lines against `model_dir`.
+               texts: list[str] | None = None, precision: int | str = "fp32",
+               commitments: list[str] | None = None) -> list[dict[str, Any]]:
+    """The Celery task body: score a miner's outputs for request lines against `model_dir`,
+    judged at the miner's declared `precision`, with its activation `commitments` (base64,
+    "" for an output without one) when given.
 
     Any failure is raised as a ScoringError whose message names the problem, which the
     result backend carries back to the client."""
     from market.errors import QuarryError
+    from market.protocol.precision import parse_precision
     from verifier.scoring import score_outputs
 
     started = time.monotonic()
@@ -94,7 +99,10 @@ def score_task(model_dir: str, request_lines: list[dict[str, Any]],
                 requests.append(engine.request_from_line(line))
             except QuarryError as exc:
                 raise ScoringError(f"request line {i}: {exc}") from exc
-        scores = score_outputs(engine, requests, output_ids, finish_reasons, texts)
+        scores = score_outputs(engine, requests, output_ids, finish_reasons, texts,
+                               precision=parse_precision(precision),
+                               commitments=None if commitments is None
+                               else [_unbase64(c, i) for i, c in enumerate(commitments)])
     except ScoringError:
         raise
     except QuarryError as exc:
@@ -102,6 +110,15 @@ def score_task(model_dir: str, request_lines: list[dict[str, Any]],
     log.info("scored %d output(s) against %s in %.2fs", len(scores), model_dir,
              time.monotonic() - started)
     return [s.to_json() for s in scores]
+
+
+def _unbase64(text: object, index: int) -> bytes:
+    if not isinstance(text, str):
+        raise ScoringError(f"commitment {index} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise ScoringError(f"commitment {index} is not base64: {exc}") from exc
 
 
 def scoring_app(redis_url: str) -> Celery:
@@ -181,11 +198,17 @@ class ScoringClient:
     def score(self, request_lines: Sequence[Mapping[str, Any]],
               output_ids: Sequence[Sequence[int]],
               finish_reasons: Sequence[str] | None = None,
-              texts: Sequence[str] | None = None) -> list[ChallengeScore]:
+              texts: Sequence[str] | None = None, *,
+              precision: object = "fp32",
+              commitments: Sequence[bytes] | None = None) -> list[ChallengeScore]:
         """Evidence per output, in request order (`finish_reasons` and, for requests with
-        stop strings, `texts`, when given, are checked against the tokens); raises
+        stop strings, `texts`, when given, are checked against the tokens), judged at the
+        miner's declared `precision` (`market.protocol.precision`; the shard records it),
+        with each output's activation commitment (b"" for none) when given; raises
         ScoringError naming what went wrong."""
         from celery.exceptions import TimeoutError as CeleryTimeout
+
+        from market.protocol.precision import PrecisionError, parse_precision
 
         lines, ids = _check_payload(request_lines, output_ids)
         if not lines:
@@ -195,13 +218,25 @@ class ScoringClient:
             reasons = [str(f) for f in finish_reasons]
             if len(reasons) != len(lines):
                 raise ScoringError(f"{len(lines)} outputs but {len(reasons)} finish reasons")
-        args: list[Any] = [str(self.model_dir), lines, ids, reasons]
         if texts is not None:
             if isinstance(texts, str | bytes) or any(not isinstance(t, str) for t in texts):
                 raise ScoringError("texts must be a list of strings")
             if len(texts) != len(lines):
                 raise ScoringError(f"{len(lines)} outputs but {len(texts)} texts")
-            args.append(list(texts))
+        try:
+            declared = parse_precision(precision)
+        except PrecisionError as exc:
+            raise ScoringError(str(exc)) from exc
+        encoded = None
+        if commitments is not None:
+            if isinstance(commitments, bytes) or any(not isinstance(c, bytes)
+                                                     for c in commitments):
+                raise ScoringError("commitments must be a list of bytes")
+            if len(commitments) != len(lines):
+                raise ScoringError(f"{len(lines)} outputs but {len(commitments)} commitments")
+            encoded = [base64.b64encode(c).decode("ascii") for c in commitments]
+        args: list[Any] = [str(self.model_dir), lines, ids, reasons,
+                           None if texts is None else list(texts), declared.label, encoded]
         self._ping_redis()
         try:
             result = self.app.send_task(SCORE_TASK, args=args,

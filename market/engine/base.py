@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from market.protocol.commitments import ChunkCheck
 from market.protocol.requests import find_stop
 
 
@@ -47,6 +48,9 @@ class GenerationOutput:
     text: str
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens)
+    # The output's activation commitment (`market.protocol.commitments`), from engines that
+    # can see their hidden states; b"" from the others.
+    commitment: bytes = b""
 
 
 def text_for(
@@ -76,6 +80,9 @@ class ScoreResult:
     # (`sampling.likelihood_ratios`).
     top_logprobs: tuple[float, ...] = field(default=())
     log_ratios: tuple[float, ...] = field(default=())
+    # From `Engine.evidence` given the output's activation commitment: how far each of its
+    # chunks is from this engine's own hidden states (`commitments.check`).
+    commitment_checks: tuple[ChunkCheck, ...] = field(default=())
 
     @property
     def total_logprob(self) -> float:
@@ -107,10 +114,12 @@ class Engine(ABC):
         output_ids: Sequence[Sequence[int]],
         sampling: Sequence[tuple[float, float]],
         exponents: Sequence[float],
+        commitments: Sequence[bytes] | None = None,
     ) -> list[ScoreResult]:
         """`score` plus what a verifier's statistical tests need from the full next-token
         distribution: `top_logprobs` at every position and, for each row whose
-        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`."""
+        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`; and,
+        for each row whose entry of `commitments` is not empty, its `commitment_checks`."""
         from market.errors import QuarryError
 
         raise QuarryError(f"{type(self).__name__} cannot compute verification evidence (it "

@@ -29,6 +29,9 @@ from market.engine.sampling import likelihood_ratios, make_generators, select_ne
 from market.engine.text import EngineError, TextEngine
 from market.model.loading import load_model, resolve_device, resolve_dtype
 from market.model.manifest import Manifest, load_manifest
+from market.protocol.commitments import ChunkCheck, CommitmentError
+from market.protocol.commitments import build_many as build_commitments
+from market.protocol.commitments import check_many as check_commitments
 
 
 def left_pad(
@@ -73,6 +76,7 @@ class TorchEngine(TextEngine):
         max_batch_size: int = 32,
         max_batch_tokens: int = 65536,
         stop_token_ids: Iterable[int] | None = None,
+        commit: bool = True,
     ) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1:
             raise EngineError("max_batch_size and max_batch_tokens must be >= 1")
@@ -85,6 +89,7 @@ class TorchEngine(TextEngine):
         )
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.commit = bool(commit)  # build each output's activation commitment
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
@@ -131,16 +136,17 @@ class TorchEngine(TextEngine):
 
     def _next_logits(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
-    ) -> torch.Tensor:
-        """Run the decoder (extending `cache`) and the lm_head on the last position only."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the decoder (extending `cache`) and the lm_head on the last position only:
+        (last hidden states [B, d], logits [B, V])."""
         hidden = self.model.get_decoder()(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-        ).last_hidden_state
-        return self.model.get_output_embeddings()(hidden[:, -1, :])
+        ).last_hidden_state[:, -1, :]
+        return hidden, self.model.get_output_embeddings()(hidden)
 
     @fresh_frame_chunk
     @torch.inference_mode()
@@ -152,13 +158,14 @@ class TorchEngine(TextEngine):
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
         texts: list[str | None] = [None] * n  # set where a stop string cut the text
+        states: list[list[torch.Tensor]] = [[] for _ in range(n)]  # for commitments
         live = [i for i in range(n) if requests[i].max_tokens > 0]
         if live:
             ids, mask, positions = left_pad(
                 [requests[i].prompt_ids for i in live], self.pad_id, self.device
             )
             cache = DynamicCache()
-            logits = self._next_logits(ids, mask, positions, cache)
+            hidden, logits = self._next_logits(ids, mask, positions, cache)
             next_pos = positions[:, -1] + 1
             generators = make_generators([requests[i] for i in live])
         while live:
@@ -170,6 +177,8 @@ class TorchEngine(TextEngine):
             for row, i in enumerate(live):
                 tokens[i].append(chosen_list[row])
                 logprobs[i].append(lp_list[row])
+                if self.commit:
+                    states[i].append(hidden[row])
                 if chosen_list[row] in self.stop_token_ids:
                     finish[i] = "stop"
                     continue
@@ -189,14 +198,19 @@ class TorchEngine(TextEngine):
                 generators = [generators[row] for row in keep]
                 live = [live[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            logits = self._next_logits(chosen.unsqueeze(1), mask, next_pos.unsqueeze(1), cache)
+            hidden, logits = self._next_logits(chosen.unsqueeze(1), mask,
+                                               next_pos.unsqueeze(1), cache)
             next_pos = next_pos + 1
+        commitments = (build_commitments([torch.stack(h) if h else torch.empty(0, 0)
+                                          for h in states])
+                       if self.commit else [b""] * n)
         return [
             GenerationOutput(
                 token_ids=tuple(tokens[i]),
                 text=self.decode(tokens[i]) if texts[i] is None else str(texts[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=finish[i],
+                commitment=commitments[i],
             )
             for i in range(n)
         ]
@@ -213,11 +227,16 @@ class TorchEngine(TextEngine):
         output_ids: Sequence[Sequence[int]],
         sampling: Sequence[tuple[float, float]],
         exponents: Sequence[float],
+        commitments: Sequence[bytes] | None = None,
     ) -> list[ScoreResult]:
         if len(sampling) != len(prompt_ids):
             raise EngineError(f"{len(prompt_ids)} prompts but {len(sampling)} sampling "
                               "settings; they pair up")
-        return self._score_all(prompt_ids, output_ids, list(sampling), tuple(exponents))
+        if commitments is not None and len(commitments) != len(prompt_ids):
+            raise EngineError(f"{len(prompt_ids)} prompts but {len(commitments)} "
+                              "commitments; they pair up")
+        return self._score_all(prompt_ids, output_ids, list(sampling), tuple(exponents),
+                               None if commitments is None else list(commitments))
 
     def _score_all(
         self,
@@ -225,6 +244,7 @@ class TorchEngine(TextEngine):
         output_ids: Sequence[Sequence[int]],
         sampling: list[tuple[float, float]] | None,
         exponents: tuple[float, ...],
+        commitments: list[bytes] | None = None,
     ) -> list[ScoreResult]:
         pairs = self.validate_score_inputs(prompt_ids, output_ids)
         prompts = [p for p, _ in pairs]
@@ -236,7 +256,8 @@ class TorchEngine(TextEngine):
         for chunk in self._batches(todo, lengths):
             scored = self._score_batch(
                 [prompts[i] for i in chunk], [outputs[i] for i in chunk],
-                None if sampling is None else [sampling[i] for i in chunk], exponents)
+                None if sampling is None else [sampling[i] for i in chunk], exponents,
+                None if commitments is None else [commitments[i] for i in chunk])
             for i, res in zip(chunk, scored, strict=True):
                 results[i] = res
         return results
@@ -249,6 +270,7 @@ class TorchEngine(TextEngine):
         outputs: list[tuple[int, ...]],
         sampling: list[tuple[float, float]] | None = None,
         exponents: tuple[float, ...] = (),
+        commitments: list[bytes] | None = None,
     ) -> list[ScoreResult]:
         seqs = [p + o for p, o in zip(prompts, outputs, strict=True)]
         width = max(len(s) for s in seqs)
@@ -283,6 +305,7 @@ class TorchEngine(TextEngine):
         lp_all = torch.cat(lps).tolist()
         arg_all = torch.cat(arg).tolist()
         top_all = torch.cat(top).tolist()
+        checks = self._commitment_checks(picked, outputs, commitments)
         results, pos = [], 0
         for r, o in enumerate(outputs):
             ratios: tuple[float, ...] = ()
@@ -295,10 +318,33 @@ class TorchEngine(TextEngine):
                     argmax_ids=tuple(arg_all[pos : pos + len(o)]),
                     top_logprobs=() if sampling is None else tuple(top_all[pos : pos + len(o)]),
                     log_ratios=ratios,
+                    commitment_checks=checks[r],
                 )
             )
             pos += len(o)
         return results
+
+    @staticmethod
+    def _commitment_checks(picked: torch.Tensor, outputs: list[tuple[int, ...]],
+                           commitments: list[bytes] | None) -> list[tuple[ChunkCheck, ...]]:
+        """Each row's commitment checked against its hidden states (rows of `picked`, the
+        states that predict its output tokens); () where no commitment was given. A
+        commitment whose length does not fit its output raises EngineError."""
+        if not commitments or not any(commitments):
+            return [() for _ in outputs]
+        starts = [0]
+        for o in outputs:
+            starts.append(starts[-1] + len(o))
+        rows = [r for r, c in enumerate(commitments) if c]
+        try:
+            found = check_commitments([picked[starts[r]: starts[r + 1]] for r in rows],
+                                      [commitments[r] for r in rows])
+        except CommitmentError as exc:
+            raise EngineError(f"a commitment does not fit its output: {exc}") from exc
+        checks: list[tuple[ChunkCheck, ...]] = [() for _ in outputs]
+        for r, c in zip(rows, found, strict=True):
+            checks[r] = tuple(c)
+        return checks
 
     def _row_ratios(self, hidden: torch.Tensor, targets: torch.Tensor,
                     setting: tuple[float, float], exponents: tuple[float, ...]

@@ -232,8 +232,6 @@ def _write_model(
     vocab_size: int,
     max_positions: int,
 ) -> Manifest:
-    from safetensors.numpy import save_file  # numpy stays out of `market model --help`
-
     actual_vocab = write_tokenizer(out_dir, vocab_size)
     cfg = llama_config(
         layers=layers,
@@ -244,11 +242,6 @@ def _write_model(
         intermediate=intermediate,
         max_positions=max_positions,
     )
-    _write_json(out_dir / "config.json", cfg)
-    _write_json(
-        out_dir / "generation_config.json",
-        {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
-    )
     tensors = {
         tname: _random_tensor(seed, tname, shape, std)
         for tname, shape, std in _tensor_specs(cfg)
@@ -256,7 +249,23 @@ def _write_model(
     # Zero logits for pad/bos/role tokens: far below the peaked top-1, so the random model
     # never emits them, while EOS keeps a random row and ends some generations naturally.
     tensors["lm_head.weight"][list(NEVER_GENERATED)] = 0.0
-    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    return write_model_files(out_dir, name, cfg, tensors)
+
+
+def write_model_files(out_dir: Path, name: str, cfg: dict[str, Any],
+                      tensors: dict[str, np.ndarray]) -> Manifest:
+    """Write config, generation config, float32 safetensors weights and the manifest of a
+    model whose embedded tokenizer is already in `out_dir`; the same inputs give the same
+    bytes (also used by the trained test model's script, testmodels/train.py)."""
+    from safetensors.numpy import save_file  # numpy stays out of `market model --help`
+
+    _write_json(out_dir / "config.json", cfg)
+    _write_json(
+        out_dir / "generation_config.json",
+        {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
+    )
+    save_file({k: tensors[k] for k in sorted(tensors)}, str(out_dir / WEIGHTS_FILE),
+              metadata={"format": "pt"})
     manifest = build_manifest(out_dir, name)
     write_manifest(manifest, out_dir)
     return manifest
