@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+TRAINED_MODEL = ROOT / "testmodels" / "quarry-pydoc"
 DEFAULT_OUT = ROOT / "benchmarks" / "out" / "detection.json"
 TARGET_EPOCHS_TO_UNTRUSTED = 3
 SWEEP_ALPHAS = (0.5, 0.6, 0.7, 0.8)
@@ -68,6 +69,11 @@ def miner_address(i: int) -> str:
     from eth_utils import to_checksum_address
 
     return to_checksum_address(f"0x{i + 1:040x}")
+
+
+def commitment(args: argparse.Namespace, output: Any) -> bytes:
+    """The output's activation commitment, or none when the run checks statistics only."""
+    return output.commitment if args.commitments else b""
 
 
 def epochs_to(trajectory: list[int], below: int) -> int | None:
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from market.engine.torch_engine import TorchEngine
     from market.model.create import create_model
+    from market.model.manifest import load_manifest
     from miner.cheats import CHEAT_MODES, SELECTIVE_MODES, cheating_engine
     from verifier.challenges import SAMPLED_TEMPERATURE, draw_challenge_set
     from verifier.reputation import PENALTY_LEVELS, MinerRecord, ReputationParams, update
@@ -115,15 +122,21 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    model_dir = work / "tiny"
-    manifest = create_model(model_dir)
-    verifier = TorchEngine(model_dir)
-    honest_engine = TorchEngine(model_dir)
-    labels = [f"honest-{i + 1}" for i in range(args.honest)] + list(CHEAT_MODES)
+    if args.model == "tiny":
+        model_dir = work / "tiny"
+        manifest = create_model(model_dir)
+    else:
+        model_dir = TRAINED_MODEL if args.model == "trained" else Path(args.model)
+        manifest = load_manifest(model_dir)
+    verifier = TorchEngine(model_dir, precision="fp32", device="cpu")
+    miner_options = {"precision": args.precision, "device": "cpu"}
+    honest_engine = TorchEngine(model_dir, **miner_options)
+    modes = [m for m in CHEAT_MODES if m in args.modes]
+    labels = [f"honest-{i + 1}" for i in range(args.honest)] + modes
     engines: dict[str, Any] = {f"honest-{i + 1}": honest_engine for i in range(args.honest)}
-    for mode in CHEAT_MODES:
-        engines[mode] = cheating_engine(mode, TorchEngine(model_dir), model_dir, seed=0,
-                                        cache_dir=work / "cheat-models")
+    for mode in modes:
+        engines[mode] = cheating_engine(mode, TorchEngine(model_dir, **miner_options),
+                                        model_dir, seed=0, cache_dir=work / "cheat-models")
     addresses = {miner_address(i): label for i, label in enumerate(labels)}
     say(f"loaded {len(labels)} miners and the verifier in {time.monotonic() - started:.1f}s")
 
@@ -136,6 +149,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     epoch_bps: dict[str, list[int]] = {label: [] for label in labels}
     evidence: dict[str, list[float]] = {label: [] for label in labels}
     mismatches: dict[str, list[int]] = {label: [] for label in labels}
+    failed_chunks: dict[str, list[int]] = {label: [] for label in labels}
     audits = {label: {"audited": 0, "failed": 0} for label in labels}
     faulted: set[str] = set()  # found at fault by an audit in the previous epoch
     carry: dict[str, tuple[float, ...]] = {}  # each miner's sampled evidence of last epoch
@@ -145,7 +159,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         cs = draw_challenge_set(epoch, manifest.model_id, manifest.name, list(addresses),
                                 requests=args.requests, max_tokens=args.max_tokens, rng=rng)
-        all_requests, all_outputs, all_finish, owners = [], [], [], []
+        all_requests, all_outputs, all_finish, owners, all_commits = [], [], [], [], []
         for challenge in cs.challenges:
             label = addresses[challenge.miner]
             # The selective cheater is given a perfect oracle: it answers every challenge
@@ -157,8 +171,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             all_requests += [verifier.request_from_line(line) for line in challenge.lines]
             all_outputs += [o.token_ids for o in outputs]
             all_finish += [o.finish_reason for o in outputs]
+            all_commits += [commitment(args, o) for o in outputs]
             owners += [label] * len(reqs)
-        scores = score_outputs(verifier, all_requests, all_outputs, all_finish)
+        scores = score_outputs(verifier, all_requests, all_outputs, all_finish,
+                               precision=args.precision, commitments=all_commits)
         faults_now = audit_client_traffic(args, engines, verifier, labels, audit_rng, audits)
         for label in labels:
             verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label],
@@ -174,6 +190,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 faults_now.add(label)
             evidence[label].append(round(verdict.log_evidence, 2))
             mismatches[label].append(verdict.mismatches + verdict.impossible)
+            failed_chunks[label].append(verdict.failed_chunks)
             for level, p in params.items():
                 records[level][label] = update(records[level][label], score, p,
                                                fault=fault)
@@ -186,7 +203,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     levels: dict[str, Any] = {}
     for level, p in params.items():
         traj = trajectories[level]
-        to_untrusted = {m: epochs_to(traj[m][1:], p.untrusted_below_bps) for m in CHEAT_MODES}
+        to_untrusted = {m: epochs_to(traj[m][1:], p.untrusted_below_bps) for m in modes}
         false_pos = sum(
             1 for m in honest for t in range(args.epochs)
             if epoch_bps[m][t] < p.abnormal_below_bps or traj[m][t + 1] < p.untrusted_below_bps)
@@ -196,7 +213,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "max_epochs_to_untrusted": (max(known) if len(known) == len(to_untrusted)
                                         else None),
             "epochs_to_untrusted": to_untrusted,
-            "epochs_to_below_2000": {m: epochs_to(traj[m][1:], 2000) for m in CHEAT_MODES},
+            "epochs_to_below_2000": {m: epochs_to(traj[m][1:], 2000) for m in modes},
             "honest_false_positive_epochs": false_pos,
             "honest_min_reputation_bps": min(min(traj[m][1:]) for m in honest),
             "trajectories": traj,
@@ -208,7 +225,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"{time.monotonic() - t0:.0f}s: {false_faults['at_fault']} at fault")
     return {
         "benchmark": "detection",
+        "model": args.model,
         "model_id": manifest.model_id_hex,
+        "precision": args.precision,
+        "commitments": args.commitments,
         "threads": torch.get_num_threads(),
         "epochs": args.epochs,
         "miners": labels,
@@ -234,9 +254,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for level, d in levels.items()},
         "log_evidence_threshold": round(math.log(1e6), 2),
         "honest_max_log_evidence": max(max(evidence[m]) for m in honest),
-        "cheat_min_log_evidence": {m: min(evidence[m]) for m in CHEAT_MODES},
+        "cheat_min_log_evidence": {m: min(evidence[m]) for m in modes},
         "epoch_log_evidence": evidence,
         "epoch_mismatches": mismatches,
+        "epoch_failed_chunks": failed_chunks,
         "epoch_scores_bps": epoch_bps,
         "client_shards_per_epoch": args.client_shards,
         "audit_rate_bps": args.audit_rate_bps,
@@ -280,7 +301,9 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], veri
                                       seed=rng.randrange(1 << 63)) for a in asks]
             outs = engines[label].generate(reqs)
             verdict = judge(score_outputs(verifier, reqs, [o.token_ids for o in outs],
-                                          [o.finish_reason for o in outs]))
+                                          [o.finish_reason for o in outs],
+                                          precision=args.precision,
+                                          commitments=[commitment(args, o) for o in outs]))
             audits[label]["audited"] += 1
             if not verdict.passed:
                 audits[label]["failed"] += 1
@@ -313,7 +336,8 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
                                           seed=rng.randrange(1 << 63)))
         outs = honest.generate(reqs)
         scores = score_outputs(verifier, reqs, [o.token_ids for o in outs],
-                               [o.finish_reason for o in outs])
+                               [o.finish_reason for o in outs], precision=args.precision,
+                               commitments=[commitment(args, o) for o in outs])
         for r, s in zip(reqs, scores, strict=True):
             key = str(r.temperature)
             verdict = judge([s])
@@ -326,7 +350,9 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
             "max_log_evidence_by_temperature": {k: round(v, 2) for k, v in worst.items()}}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options (also how `numerics.py` runs it on the trained model)."""
+    from miner.cheats import CHEAT_MODES
     from verifier.config import VerifierConfig
 
     committee = VerifierConfig()
@@ -352,14 +378,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_tokens of those outputs (32)")
     parser.add_argument("--seed", type=int, default=2024, help="challenge-drawing seed (2024)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1)")
+    parser.add_argument("--model", default="tiny",
+                        help="tiny (the embedded model, made afresh), trained "
+                        "(testmodels/quarry-pydoc) or a model directory (tiny)")
+    parser.add_argument("--precision", default="fp32",
+                        help="every miner's declared precision, which the honest ones and "
+                        "the cheats' honest parts compute in (fp32)")
+    parser.add_argument("--no-commitments", dest="commitments", action="store_false",
+                        help="drop the miners' activation commitments: statistics only")
+    parser.add_argument("--modes", default=",".join(CHEAT_MODES),
+                        help="comma-separated cheating modes (all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="JSON result file; the PNG goes beside it")
     args = parser.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - set(CHEAT_MODES))
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; modes: {', '.join(CHEAT_MODES)}")
     for name in ("epochs", "honest", "requests", "max_tokens", "honest_outputs",
                  "fault_max_tokens", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quarry-detection-") as tmp:
         result = run(args, Path(tmp))
     args.out.parent.mkdir(parents=True, exist_ok=True)

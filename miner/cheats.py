@@ -30,6 +30,10 @@ the way the request asks, where it is cheaper or hard to see:
 - `cold`: samples at `COLD_FACTOR` (half) the requested temperature.
 - `noise`: the real weights plus a fifth of `perturb`'s noise (`NOISE_SCALE`): small
   logit deviations, like a coarser quantization, that only move near-ties.
+- `int8`: the model with int8 weights (`market.engine.quantize`), served under whatever
+  more exact precision the miner declared: a cheaper model whose tokens look likely.
+- `logit-noise`: Gaussian noise of `LOGIT_NOISE` (0.1) nats added to every logit before the
+  token is chosen (seeded per request): the activations are honest, the choices are not.
 - `truncate`: stops at half of max_tokens with a stop token and `finish_reason: "stop"`,
   saving the rest of the generation.
 - `selective`: honest on what looks like a committee challenge, the cheaper `substitute`
@@ -64,7 +68,7 @@ from market.errors import QuarryError
 
 CRUDE_MODES = ("substitute", "perturb", "random", "wrong-prompt")
 """Modes that change what is computed: another model, noisy weights, junk, another prompt."""
-SAMPLING_MODES = ("greedy-sampled", "cold", "noise", "truncate")
+SAMPLING_MODES = ("greedy-sampled", "cold", "noise", "truncate", "int8", "logit-noise")
 """Modes that serve the real model but not the way the request asks (module doc)."""
 SELECTIVE_MODES = ("selective",)
 """Modes that are honest on the committee's challenges and cheat on client traffic."""
@@ -74,6 +78,8 @@ PERTURB_SCALE = 0.05
 """Noise std as a fraction of each weight tensor's std: slight, not random (module doc)."""
 NOISE_SCALE = 0.01
 """`noise`: a fifth of PERTURB_SCALE, small enough to move only near-ties."""
+LOGIT_NOISE = 0.1
+"""`logit-noise`: the standard deviation, in nats, of the noise on each logit."""
 COLD_FACTOR = 0.5
 """`cold`: the share of the requested temperature it samples at."""
 SUBSTITUTE_SEED_BASE = 7919
@@ -189,6 +195,52 @@ class NoiseEngine(_OtherModel):
     mode = "noise"
 
 
+class Int8Engine(_OtherModel):
+    mode = "int8"
+
+
+class LogitNoiseEngine(_OtherModel):
+    mode = "logit-noise"
+
+
+def _noisy_torch_engine(model_dir: Path, engine: TextEngine, *, seed: int, sigma: float
+                        ) -> TextEngine:
+    """A torch copy of the model whose every token choice sees its logits plus Gaussian
+    noise of `sigma` nats (a generator per request, seeded by the request and `seed`)."""
+    import torch
+
+    from market.engine.torch_engine import TorchEngine
+
+    class NoisyLogits(TorchEngine):
+        def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
+                    generators: list[torch.Generator | None]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+            from market.engine.sampling import select_next
+
+            noise = torch.stack([
+                torch.randn(logits.shape[1], generator=self._noise_for(r), dtype=torch.float32)
+                for r in requests]).to(logits.device)
+            ids, _ = select_next(logits.float() + sigma * noise, requests, generators)
+            honest_lp = torch.log_softmax(logits.float(), -1).gather(1, ids[:, None])
+            return ids, honest_lp.squeeze(1)
+
+        def _noise_for(self, request: GenerationRequest) -> torch.Generator:
+            key = (request.prompt_ids, request.seed)
+            gen = self._noise.get(key)
+            if gen is None:
+                gen = torch.Generator().manual_seed(int.from_bytes(
+                    _digest("logit-noise", seed, list(request.prompt_ids), request.seed)[:8],
+                    "big"))
+                self._noise[key] = gen
+            return gen
+
+        def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+            self._noise: dict[tuple[tuple[int, ...], int], torch.Generator] = {}
+            return super().generate(requests)
+
+    return NoisyLogits(model_dir, manifest=engine.manifest, **_engine_options(engine))
+
+
 class GreedySampledEngine(CheatingEngine):
     """Every request answered greedily, whatever temperature it asks for."""
 
@@ -213,7 +265,9 @@ class ColdEngine(CheatingEngine):
 
 
 class TruncateEngine(CheatingEngine):
-    """Half the tokens, then a stop token: less work, and fewer tokens nobody asked to cut."""
+    """Half the tokens, then a stop token: less work, and fewer tokens nobody asked to cut.
+    It generates one token more than it keeps and puts the stop token in that place, so its
+    activation commitment (over every returned position) is the honest engine's own."""
 
     mode = "truncate"
 
@@ -223,14 +277,17 @@ class TruncateEngine(CheatingEngine):
         stop = min(self.stop_token_ids) if self.stop_token_ids else None
         if stop is None:
             raise CheatError("truncate needs a model with a stop token")
-        cut = [replace(r, max_tokens=r.max_tokens // 2) for r in requests]
+        cut = [replace(r, max_tokens=min(r.max_tokens, r.max_tokens // 2 + 1))
+               for r in requests]
         outputs = []
         for r, o in zip(cut, self.honest.generate(cut), strict=True):
             if o.finish_reason == "stop" or r.max_tokens == 0:  # nothing to cut
                 outputs.append(o)
                 continue
-            outputs.append(GenerationOutput(token_ids=(*o.token_ids, stop), text=o.text,
-                                            logprobs=(*o.logprobs, 0.0), finish_reason="stop"))
+            ids = (*o.token_ids[:-1], stop)
+            outputs.append(GenerationOutput(token_ids=ids, text=self.decode(ids[:-1]),
+                                            logprobs=(*o.logprobs[:-1], 0.0),
+                                            finish_reason="stop", commitment=o.commitment))
         return outputs
 
 
@@ -319,9 +376,9 @@ class WrongPromptEngine(CheatingEngine):
 
 # ---------------------------------------------------------------------------- model copies
 def _engine_options(engine: TextEngine) -> dict[str, Any]:
-    """Device and dtype of the honest engine when it has them, for the torch copy."""
+    """Device and precision of the honest engine when it has them, for the torch copy."""
     opts: dict[str, Any] = {}
-    for name in ("device", "dtype", "max_batch_size", "max_batch_tokens"):
+    for name in ("device", "precision", "max_batch_size", "max_batch_tokens"):
         value = getattr(engine, name, None)
         if value is not None:
             opts[name] = value
@@ -448,6 +505,15 @@ def cheating_engine(mode: str, engine: TextEngine, model_dir: Path, *, seed: int
     if mode == "noise":
         return NoiseEngine(engine, seed, perturbed_engine(model_dir, engine, seed=seed,
                                                           scale=NOISE_SCALE))
+    if mode == "int8":
+        from market.engine.torch_engine import TorchEngine
+
+        opts = {k: v for k, v in _engine_options(engine).items() if k != "precision"}
+        return Int8Engine(engine, seed, TorchEngine(model_dir, manifest=engine.manifest,
+                                                    precision="int8", **opts))
+    if mode == "logit-noise":
+        return LogitNoiseEngine(engine, seed, _noisy_torch_engine(model_dir, engine, seed=seed,
+                                                                  sigma=LOGIT_NOISE))
     if mode == "greedy-sampled":
         return GreedySampledEngine(engine, seed)
     if mode == "cold":

@@ -48,7 +48,6 @@ from market.jobs import (
 from market.logs import log_context
 from market.marketapi import MarketAPI
 from verifier import metrics
-from verifier.scoring import GREEDY_MARGIN
 from verifier.shards import DisputeDeferred, ShardJudge, ShardVerdict
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ class AuditDesk:
 
     def __init__(self, q: Quarry, account: LocalAccount, market: MarketAPI,
                  scorer: ScoringClient, *, rate_bps: int = DEFAULT_AUDIT_RATE_BPS,
-                 greedy_margin: float = GREEDY_MARGIN, model_id: bytes | None = None,
+                 model_id: bytes | None = None,
                  stagger_s: int = 3, on_event: Callable[[str], None] | None = None) -> None:
         if isinstance(rate_bps, bool) or not isinstance(rate_bps, int) \
                 or not 0 <= rate_bps <= BPS:
@@ -112,7 +111,7 @@ class AuditDesk:
         self.me = to_checksum_address(account.address)
         self.rate_bps = rate_bps
         self.stagger_s = stagger_s
-        self.judge = ShardJudge(q, market, scorer, greedy_margin=greedy_margin,
+        self.judge = ShardJudge(q, market, scorer,
                                 model_id=model_id)
         self.on_event = on_event or (lambda line: log.info("%s", line))
         self.cases: dict[tuple[int, int], AuditCase] = {}
@@ -201,7 +200,7 @@ class AuditDesk:
                                   f"{case.task_id} shard {case.shard} (challenge "
                                   f"{case.challenge_id})")
                 return
-            index = verdict.most_suspicious(self.judge.greedy_margin)
+            index = verdict.most_suspicious()
             case.dispute_id = open_dispute(self.q, self.account, self.market, case.task_id,
                                            index)
         except DisputeNotPossible as exc:  # another member was first, or the window closed

@@ -192,7 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics.INFO.info({"address": account.address, "model": manifest.name})
         metrics.watch_scoring_queue(cfg.redis_url, queue)
     workers = [start_scoring_worker(cfg.redis_url, queue,
-                                    home / "logs" / f"scorer-{account.address}-{i}.log")
+                                    home / "logs" / f"scorer-{account.address}-{i}.log",
+                                    precision=cfg.scoring_precision)
                for i in range(cfg.scoring_workers)]
     # Text: the members' events on stdout as ever; JSON: logged, with their task and shard.
     on_event = None if json_logs() else _print_event
@@ -202,13 +203,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             q, account, market, scorer, model_id=manifest.model_id, model_name=manifest.name,
             params=cfg.reputation_params(), state_path=state,
             requests=cfg.challenge_requests, max_tokens=cfg.challenge_max_tokens,
-            tolerance_bps=cfg.tolerance_bps, greedy_margin=cfg.greedy_margin,
+            tolerance_bps=cfg.tolerance_bps,
             test_mode=cfg.test_mode, on_event=on_event)
-        desk = DisputeDesk(q, account, market, scorer, greedy_margin=cfg.greedy_margin,
-                           model_id=manifest.model_id,
+        desk = DisputeDesk(q, account, market, scorer, model_id=manifest.model_id,
                            lie=cfg.test_mode == "lie")
         audits = AuditDesk(q, account, market, scorer, rate_bps=cfg.audit_rate_bps,
-                           greedy_margin=cfg.greedy_margin, model_id=manifest.model_id,
+                           model_id=manifest.model_id,
                            on_event=on_event)
         say(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
             f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
@@ -242,7 +242,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _logging(args)  # and exported: run_worker sets up the worker's logs from the environment
     cfg = _load(args, redis_url=args.redis_url)
     queue = args.queue or scoring_queue(cfg.account().address)
-    run_worker(cfg.redis_url, queue, concurrency=args.concurrency)
+    run_worker(cfg.redis_url, queue, concurrency=args.concurrency,
+               precision=cfg.scoring_precision)
     return 0
 
 

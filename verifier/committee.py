@@ -80,7 +80,7 @@ from verifier.challenges import (
     post_challenge,
 )
 from verifier.reputation import MinerRecord, ReputationParams, update
-from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
+from verifier.scoring import ChallengeScore, judge
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -165,7 +165,6 @@ class CommitteeMember:
         requests: int = 16,
         max_tokens: int = 64,
         tolerance_bps: int = 500,
-        greedy_margin: float = GREEDY_MARGIN,
         test_mode: str = "",
         timing: EpochTiming | None = None,
         on_event: Callable[[str], None] | None = None,
@@ -174,7 +173,7 @@ class CommitteeMember:
         self.me = to_checksum_address(account.address)
         self.model_id, self.model_name, self.params = model_id, model_name, params
         self.requests, self.max_tokens = requests, max_tokens
-        self.tolerance_bps, self.greedy_margin = tolerance_bps, greedy_margin
+        self.tolerance_bps = tolerance_bps
         self.test_mode = test_mode
         self.timing = timing or EpochTiming()
         self.on_event = on_event or (lambda line: log.info("%s", line))
@@ -505,7 +504,7 @@ class CommitteeMember:
             if a.status == "invalid":
                 scores[a.miner] = 0
             elif a.status == "answered":
-                verdict = judge(self._request_scores(cs, a), greedy_margin=self.greedy_margin,
+                verdict = judge(self._request_scores(cs, a),
                                 prior=prior.get(a.miner, ()))
                 scores[a.miner] = verdict.score_bps
                 if verdict.passed and any(verdict.own):
@@ -747,7 +746,7 @@ class CommitteeMember:
                 continue
             per_request = self._request_scores(cs, a)
             worst = max(range(len(per_request)),
-                        key=lambda i: per_request[i].suspicion(self.greedy_margin))
+                        key=lambda i: per_request[i].suspicion())
             try:
                 dispute_id = open_dispute(self.q, Account.from_key(keys[a.task_id]),
                                           self.market, a.task_id, worst)

@@ -13,7 +13,7 @@ variables, then command-line flags (each later source overrides the earlier).
     challenge_requests = 16               # requests per miner per epoch (greedy and sampled)
     challenge_max_tokens = 64
     tolerance_bps = 500                   # co-sign when |own score - leader's| <= this
-    greedy_margin = 0.01                  # nats a greedy token may lose to the argmax by
+    scoring_precision = "fp32"            # the scoring workers' precision: fp32 or bf16
     audit_rate_bps = 1000                 # share of client shards re-scored (audits)
     state_dir = "~/.quarry/verifier"      # what this verifier signed (never equivocate)
     # metrics_port = 9102                 # `verifier run` serves Prometheus metrics at
@@ -33,6 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
+from market.protocol.precision import parse_precision
 from market.roleconfig import Host, KeyedSettings, OptionalPort, OptionalUrl, SettingPath, Url, Wei
 
 ROLE = "verifier"
@@ -59,14 +60,25 @@ class VerifierConfig(KeyedSettings):
     challenge_requests: Annotated[int, Field(ge=1)] = 16
     challenge_max_tokens: Annotated[int, Field(ge=1)] = 64
     tolerance_bps: Bps = 500
-    # verifier.scoring.GREEDY_MARGIN; raise it for bf16 GPUs
-    greedy_margin: Annotated[float, Field(ge=0)] = 0.01
+    # the reference's own precision; verifier.scoring.ERROR_MODELS has each pair's model
+    scoring_precision: str = "fp32"
     audit_rate_bps: Bps = 1000  # verifier.audits.DEFAULT_AUDIT_RATE_BPS
     state_dir: SettingPath | None = None
     test_mode: str = ""
     reputation: dict[str, Any] = Field(default_factory=dict)
     metrics_port: OptionalPort = None  # None: no metrics server (market.metrics)
     metrics_host: Host = "127.0.0.1"
+
+    @field_validator("scoring_precision", mode="before")
+    @classmethod
+    def _scoring_precision(cls, value: Any) -> str:
+        from verifier.scoring import VERIFIER_PRECISIONS
+
+        precision = parse_precision(value)
+        if precision not in VERIFIER_PRECISIONS:
+            names = " or ".join(p.label for p in VERIFIER_PRECISIONS)
+            raise ValueError(f"verifiers score in {names}, not {precision.label}")
+        return precision.label
 
     @field_validator("test_mode", mode="before")
     @classmethod

@@ -52,7 +52,7 @@ from market.protocol.eip712 import Vote, sort_signatures
 from market.protocol.errors import SignatureError
 from market.protocol.messages import committee_message
 from verifier import metrics
-from verifier.scoring import GREEDY_MARGIN, ChallengeScore
+from verifier.scoring import ChallengeScore
 from verifier.shards import DisputeDeferred, ShardJudge
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class DisputeDesk:
     """
 
     def __init__(self, q: Quarry, account: LocalAccount, market: MarketAPI,
-                 scorer: ScoringClient, *, greedy_margin: float = GREEDY_MARGIN,
+                 scorer: ScoringClient, *,
                  lie: bool = False,
                  model_id: bytes | None = None, own_vote_after: float = 0.5) -> None:
         if not 0 <= own_vote_after < 1:
@@ -147,7 +147,7 @@ class DisputeDesk:
         self.account = account
         self.address = account.address
         self.market = market
-        self.shards = ShardJudge(q, market, scorer, greedy_margin=greedy_margin,
+        self.shards = ShardJudge(q, market, scorer,
                                  model_id=model_id)
         self.lie = lie
         self.open: set[int] = set()  # disputes seen and not yet closed

@@ -1,46 +1,77 @@
 """The statistical check of a miner's outputs: could honest generation have produced them?
 
 One teacher-forced pass of the reference model over prompt + the miner's exact token ids
-(`Engine.evidence`) gives, at every position, the whole next-token distribution. The model
-of an honest miner, stated once:
+(`Engine.evidence`) gives, at every position, the whole next-token distribution and the
+hidden state the LM head read. Three kinds of evidence come out of it, each an e-value
+(a nonnegative statistic whose expectation under honest generation is at most 1), so that
+by Ville's inequality an honest miner's evidence reaches 1 / alpha with probability at
+most alpha, for any length, any number of outputs, and at any stopping time.
 
-- **Greedy requests** (temperature 0): the token at every position is the reference's
-  argmax given the prefix, up to floating-point noise. An honest miner on other hardware
-  may pick another token only where the two best are within `greedy_margin` nats of each
-  other. So a token that loses to the argmax by more than the margin (a *mismatch*) is
-  evidence no honest run gives; honest outputs have none.
+**The honest miner.** It runs the registered model in the precision it declared for it
+(`market.protocol.precision`, recorded on the shard at claim) on its own hardware: another
+GPU, kernel, batch shape or engine than the verifier's. Its numbers differ from the
+reference by rounding; it never changes the weights, the prompt or the sampling rule. The
+reference is this verifier's engine in its own precision (fp32 by default; `ERROR_MODELS`
+has a calibration for each pair).
+
 - **Sampled requests** (temperature T > 0, top_p p): token t is drawn from q_t, the softmax
-  of logits / T cut to the top_p nucleus, exactly as `market.engine.sampling` draws it.
-  For any exponent e > 0 let q_t^(e) be proportional to q_t ** e (the same model at
-  temperature T / e): e > 1 is *more* likely than honest sampling (greedy answers, a lower
-  temperature), e < 1 *less* likely (another model, noise, random tokens). Under honest
-  sampling every factor q_t^(e)(y_t) / q_t(y_t) has expectation exactly 1 given the
-  prefix, so the product over positions (and over outputs) is a test martingale, and the
-  mean over the fixed grid `EXPONENTS` is one too. By Ville's inequality an honest
-  miner's evidence E reaches 1 / alpha with probability at most alpha, for any length
-  and any number of outputs, without a normal approximation. That is the two-sided test:
-  `log_evidence = log mean_e prod_t q_t^(e)(y_t) / q_t(y_t)` against
-  `log(1 / FALSE_FAULT_RATE)`. A token outside the nucleus (impossible for honest
-  sampling) is judged against the untruncated distribution, so nucleus-edge rounding on
-  another accelerator cannot make an infinite ratio.
+  of logits / T cut to the top_p nucleus, exactly as `market.engine.sampling` draws it (the
+  protocol's only sampler: no top_k, no min_p, no penalties). For any exponent e > 0 let
+  q_t^(e) be proportional to q_t ** e (the same model at temperature T / e): e > 1 is
+  *more* likely than honest sampling (greedy answers, a lower temperature), e < 1 *less*
+  likely (another model, noise, random tokens). Under honest sampling every factor
+  q_t^(e)(y_t) / q_t(y_t) has expectation exactly 1 given the prefix, so the product over
+  positions (and outputs) is a test martingale, and so is the mean over the fixed grid
+  `EXPONENTS`. Rounding moves q_t a little; this test has never needed a tolerance for it
+  (0 of 20,000 honest outputs at fault in every precision, `benchmarks/numerics.py`). A
+  token outside the nucleus is judged against the untruncated distribution, so
+  nucleus-edge rounding on another accelerator cannot make an infinite ratio.
+- **Greedy requests** (temperature 0): the token at every position is the argmax of the
+  miner's logits, which are the reference's plus the miner's rounding. The error model,
+  for declared precision P against a verifier in precision V, is two parts:
+  1. *Rounding of the logits themselves* is bounded: a logit l rounded to a float with m
+     mantissa bits moves by at most half an ulp, 2^(floor(log2 |l|) - m - 1). So any token
+     whose reference logit is within both halves of the argmax's (`half_ulp` of each, for
+     P's and V's mantissa) ties with it and carries no evidence.
+  2. *Error accumulated through the layers* is random-like and dominated by Gumbel noise
+     of scale beta(P, V): beyond the tie, an honest miner returns token j no more often
+     than a Gumbel-max draw over the logits at scale beta would, p_t(j) = softmax(-g'/beta)
+     with g'_j the gap left after part 1.
+  The alternatives are the same draw with more noise, q_t^(e) = softmax(-e g'/beta) for e in
+  `GREEDY_EXPONENTS` (all below 1). Because q^(e)/p grows as p falls, every factor
+  q_t^(e)(y_t)/p_t(y_t) has expectation at most 1 whenever the honest chance of each
+  non-tied token is at most p_t(j), whatever the honest chance of the argmax and its ties;
+  so the product is a test supermartingale. beta(P, V) is calibrated from measured honest
+  runs (`benchmarks/calibrate_numerics.py`: fp32, fp16, bf16, fp8 and int8 weights over
+  bf16, batch 1, 32 and shuffled batches of 5, sdpa and eager attention; the tiny and the
+  trained test models), as the smallest scale under which observed flips stay below
+  half the bound in every gap bin, times a safety factor for unmeasured hardware.
+- **Activation commitments** (`market.protocol.commitments`, TOPLOC), where the miner's
+  engine made them: each chunk of 32 positions is compared with the verifier's own hidden
+  states; a chunk fails when it is further than the declared precision's `ChunkTolerance`,
+  set above every honest chunk measured in calibration. Taking an honest chunk's chance to
+  fail as at most `CHUNK_FALSE_RATE` (1e-3; none failed in calibration), the product over
+  chunks of (q / eps if failed else (1 - q) / (1 - eps)) is a test supermartingale for each
+  alternative failure rate q in `COMMIT_ALTERNATIVES`, and so is their mean.
 
-Greedy and sampled evidence are judged separately (`judge`): an epoch's or a shard's
-outputs fail if any is impossible, if any greedy token is a mismatch, or if the sampled
-outputs' pooled evidence passes the threshold. Neither can hide in the other, and the
-chance that an honest set fails is at most `FALSE_FAULT_RATE` = 1e-6 by the model above.
-Because the product is a martingale across sets as well, evidence may be pooled over more
-than one set (`judge(prior=...)`): the committee judges each epoch's challenge together
-with the same miner's sampled evidence of the previous epoch, so a subtle cheat meets twice
-the tokens, while each test is still exact at 1e-6 (an honest miner is falsely flagged in
-at most one epoch in a million, in expectation). Only one epoch is carried, so honest
-epochs cannot be banked to hide a later cheat.
+**The verdict** (`judge`). A set of outputs (one miner's epoch, or one shard) fails if any
+output is impossible, or if its evidence, the mean of the e-values of the kinds the set
+holds (greedy, sampled, commitments; which kinds is fixed by the requests and the engine,
+not by the outcome), reaches 1 / `FALSE_FAULT_RATE` = 10^6. An average of e-values is an
+e-value, so an honest set fails with probability at most 1e-6 under the model above. The
+evidence is a product across sets too, so it may be pooled over more than one
+(`judge(prior=...)`): the committee judges each epoch's challenge together with the same
+miner's evidence of the previous epoch, so a subtle cheat meets twice the tokens, while
+each test stays exact at 1e-6. Only one epoch is carried, so honest epochs cannot be banked
+to hide a later cheat.
 
 An output the model cannot have produced fails without a forward pass: a token id outside
 the vocabulary, more tokens than max_tokens, a stop token before the end, an output that
 stops short of max_tokens without a stop token (the engines stop only at a stop token or
-at max_tokens), or a `finish_reason` that does not match the tokens ("stop" needs a final
-stop token, "length" needs max_tokens tokens and none). An empty output is the short case,
-unless max_tokens is 0, which passes.
+at max_tokens), a `finish_reason` that does not match the tokens ("stop" needs a final
+stop token, "length" needs max_tokens tokens and none), or a commitment whose length does
+not fit the output. An empty output is the short case, unless max_tokens is 0, which
+passes. In a set where any output carries a commitment, every nonempty one must.
 
 Stop strings (`body.stop`) add one more way to end, decided on the decoded ids by the rule
 the engines use (`market.engine.base.text_for`): generation ends at the first token after
@@ -51,12 +82,12 @@ past one), that an output ending short of max_tokens without a stop token does c
 (else it stopped early claiming a stop string it did not produce), that "length" never
 completes one, and, when the miner's texts are given, that the text is exactly the decoded
 ids cut before the stop string (so it holds none, and the cut is where the ids say). The
-token test below is unchanged and covers every returned id: whether to stop is a function
-of the tokens so far, so stopping is a stopping time and the product of likelihood ratios
-is still a test martingale there (Ville's inequality holds at any stopping time).
+token tests cover every returned id: whether to stop is a function of the tokens so far, so
+stopping is a stopping time and the products are still test supermartingales there.
 
 All the work is batched: one `evidence` call over every distinct (prompt, output,
-sampling) row. Same model, same inputs -> the same numbers on every verifier.
+sampling) row. Same model, same inputs -> the same numbers on every verifier of the same
+precision.
 """
 
 from __future__ import annotations
@@ -67,23 +98,90 @@ from dataclasses import dataclass
 from typing import Any
 
 from market.engine.base import Engine, GenerationRequest, ScoreResult, text_for
+from market.engine.sampling import GreedyTest
 from market.errors import QuarryError
-from market.protocol.precision import Precision
+from market.protocol.commitments import ChunkCheck, chunk_sizes, expected_length
+from market.protocol.precision import Precision, PrecisionError, parse_precision
 from market.protocol.requests import find_stop
 
 BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
 """Alternatives of the sampled test: the same model at temperature T / e. 16 is nearly
 greedy; 0.25 is four times hotter. The grid is fixed in advance (it is part of the test)."""
+GREEDY_EXPONENTS = (0.05, 0.15, 0.35, 0.6)
+"""Alternatives of the greedy test: Gumbel noise of scale beta / e, from 1.7 to 20 times the
+honest bound (another model, weight noise, cheaper precision)."""
+COMMIT_ALTERNATIVES = (0.02, 0.1, 0.5)
+"""Alternatives of the commitment test: the share of chunks a dishonest miner fails."""
+CHUNK_FALSE_RATE = 1e-3
+"""The honest chance, taken as an upper bound, that one chunk fails its tolerance."""
 FALSE_FAULT_RATE = 1e-6
 """The most often an honest set of outputs may fail, by the stated model."""
-GREEDY_MARGIN = 0.01
-"""Nats by which a greedy token may lose to the argmax and still be honest rounding."""
 FINISH_REASONS = ("stop", "length")
+KINDS = ("greedy", "sampled", "commitments")
+"""The kinds of evidence, in the order of `Judgement.own` (and of a `prior`)."""
+GRIDS = {"greedy": GREEDY_EXPONENTS, "sampled": EXPONENTS, "commitments": COMMIT_ALTERNATIVES}
+EVIDENCE_WIDTH = sum(len(g) for g in GRIDS.values())
+
+
+@dataclass(frozen=True)
+class ChunkTolerance:
+    """How far an honest commitment chunk may be from the verifier's activations."""
+
+    mismatches: int  # points whose sign or exponent differ
+    mant_err_mean: float  # bf16 ulps
+    mant_err_median: float
+
+    def passes(self, c: ChunkCheck) -> bool:
+        return (c.mismatches <= self.mismatches and c.mant_err_mean <= self.mant_err_mean
+                and c.mant_err_median <= self.mant_err_median)
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """The honest error of a miner in one declared precision against a verifier in
+    another (module doc): the greedy test's Gumbel scale and logit mantissa, and the
+    commitment chunks' tolerance."""
+
+    beta: float
+    roundings: tuple[int, ...]  # the logits' mantissa widths: the miner's, the verifier's
+    chunks: ChunkTolerance
+
+    def greedy_test(self) -> GreedyTest:
+        return GreedyTest(self.beta, self.roundings, GREEDY_EXPONENTS)
+
+
+VERIFIER_PRECISIONS = (Precision.FP32, Precision.BF16)
+"""The precisions a verifier's reference may compute in (each has its error models)."""
+MANTISSA_BITS = {Precision.FP32: 23, Precision.FP16: 10, Precision.BF16: 7,
+                 Precision.FP8: 7, Precision.INT8: 7}
+"""The mantissa of the logits each precision rounds to (int8 and fp8 compute in bf16)."""
+# Calibrated by benchmarks/calibrate_numerics.py (see its JSON in benchmarks/out/): the
+# measured scales and chunk statistics, with the safety factors stated there.
+ERROR_MODELS: dict[tuple[Precision, Precision], ErrorModel] = {
+    (miner, verifier): ErrorModel(
+        0.001 if miner == verifier == Precision.FP32 else 0.1,
+        (MANTISSA_BITS[miner], MANTISSA_BITS[verifier]), ChunkTolerance(16, 3.0, 3.0))
+    for miner in Precision for verifier in (Precision.FP32, Precision.BF16)}
 
 
 class ScoringError(QuarryError):
     """Scoring could not run: bad input, an engine failure, or (remote) no scorer answered."""
+
+
+def error_model(declared: object, verifier: object = Precision.FP32) -> ErrorModel:
+    """The calibrated error model of a miner in `declared` precision judged by a verifier
+    computing in `verifier` precision; ScoringError for a pair without a calibration."""
+    try:
+        key = (parse_precision(declared), parse_precision(verifier))
+    except PrecisionError as exc:
+        raise ScoringError(str(exc)) from exc
+    model = ERROR_MODELS.get(key)
+    if model is None:
+        raise ScoringError(f"no calibrated error model for a {key[0].label} miner against a "
+                           f"{key[1].label} verifier; verifiers score in "
+                           f"{' or '.join(sorted({v.label for _, v in ERROR_MODELS}))}")
+    return model
 
 
 def _logmeanexp(values: Sequence[float]) -> float:
@@ -91,6 +189,14 @@ def _logmeanexp(values: Sequence[float]) -> float:
     if top == -math.inf:
         return -math.inf
     return top + math.log(math.fsum(math.exp(v - top) for v in values) / len(values))
+
+
+def _commit_log_ratios(chunks: int, failed: int) -> tuple[float, ...]:
+    """log of the commitment e-value's factors over `chunks` chunks with `failed` failures,
+    per alternative in COMMIT_ALTERNATIVES (module doc)."""
+    eps = CHUNK_FALSE_RATE
+    return tuple(failed * math.log(q / eps) + (chunks - failed) * math.log((1 - q) / (1 - eps))
+                 for q in COMMIT_ALTERNATIVES)
 
 
 @dataclass(frozen=True)
@@ -101,32 +207,50 @@ class ChallengeScore:
     tokens: int  # the miner's output length
     problem: str = ""  # why no honest run could return this output ("" when it could)
     margins: tuple[float, ...] = ()  # greedy: nats lost to the argmax, where not the argmax
-    log_ratios: tuple[float, ...] = ()  # sampled: sum of log q^(e)/q per exponent
+    log_ratios: tuple[float, ...] = ()  # sampled: sum of log q^(e)/q per EXPONENTS
+    greedy_log_ratios: tuple[float, ...] = ()  # greedy: per GREEDY_EXPONENTS
+    chunks: int = 0  # commitment chunks checked (0: the output carries no commitment)
+    failed_chunks: int = 0  # of those, beyond the declared precision's tolerance
     log_perplexity: float = 0.0  # untempered, for the record (inf when impossible)
+    precision: int = int(Precision.FP32)  # the miner's declared precision it was judged at
 
     @property
     def possible(self) -> bool:
         return not self.problem
 
-    def mismatches(self, greedy_margin: float = GREEDY_MARGIN) -> int:
-        """Greedy tokens that lost to the argmax by more than the margin."""
-        return sum(m > greedy_margin for m in self.margins)
+    def mismatches(self) -> int:
+        """Greedy tokens that were not the reference's argmax (rounding included; for the
+        record: the test weighs each by how far it lost)."""
+        return len(self.margins)
+
+    def own_log_ratios(self) -> tuple[float, ...]:
+        """This output's evidence per alternative, laid out as `Judgement.own`."""
+        greedy = self.greedy_log_ratios or (0.0,) * len(GREEDY_EXPONENTS)
+        sampled = self.log_ratios or (0.0,) * len(EXPONENTS)
+        commit = _commit_log_ratios(self.chunks, self.failed_chunks)
+        return (*greedy, *sampled, *commit)
 
     @property
     def log_evidence(self) -> float:
-        """log of this output's own e-value (0 for greedy outputs: no sampled evidence)."""
-        return _logmeanexp(self.log_ratios) if self.log_ratios else 0.0
+        """log of this output's own e-value, over the kinds of evidence it carries (0 when
+        it carries none)."""
+        kinds = [v for v in (self.greedy_log_ratios, self.log_ratios) if v]
+        if self.chunks:
+            kinds.append(_commit_log_ratios(self.chunks, self.failed_chunks))
+        return _logmeanexp([_logmeanexp(v) for v in kinds]) if kinds else 0.0
 
-    def suspicion(self, greedy_margin: float = GREEDY_MARGIN) -> tuple[int, int, float]:
-        """A sort key, larger = more clearly wrong: impossible, then mismatches, then the
-        sampled evidence. The committee disputes its most suspicious output."""
-        return (int(not self.possible), self.mismatches(greedy_margin), self.log_evidence)
+    def suspicion(self) -> tuple[int, float]:
+        """A sort key, larger = more clearly wrong: impossible, then the evidence. The
+        committee disputes its most suspicious output."""
+        return (int(not self.possible), self.log_evidence)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (an infinite perplexity is written as null, since JSON has no inf)."""
         return {
             "greedy": self.greedy, "tokens": self.tokens, "problem": self.problem,
             "margins": list(self.margins), "log_ratios": list(self.log_ratios),
+            "greedy_log_ratios": list(self.greedy_log_ratios), "chunks": self.chunks,
+            "failed_chunks": self.failed_chunks, "precision": self.precision,
             "log_perplexity": (self.log_perplexity if math.isfinite(self.log_perplexity)
                                else None),
         }
@@ -136,7 +260,8 @@ class ChallengeScore:
         """The inverse of `to_json`; raises ScoringError naming a missing or bad field."""
         if not isinstance(d, Mapping):
             raise ScoringError(f"a challenge score must be a JSON object, got {type(d).__name__}")
-        fields = ("greedy", "tokens", "problem", "margins", "log_ratios", "log_perplexity")
+        fields = ("greedy", "tokens", "problem", "margins", "log_ratios", "greedy_log_ratios",
+                  "chunks", "failed_chunks", "precision", "log_perplexity")
         missing = [f for f in fields if f not in d]
         if missing:
             raise ScoringError(f"challenge score lacks {', '.join(missing)}")
@@ -144,20 +269,26 @@ class ChallengeScore:
         if unknown:
             raise ScoringError(f"challenge score has unknown field(s) {', '.join(unknown)}")
 
-        def numbers(name: str) -> tuple[float, ...]:
+        def numbers(name: str, width: int | None = None) -> tuple[float, ...]:
             value = d[name]
             if not isinstance(value, list) or any(
                     isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v)
                     for v in value):
                 raise ScoringError(f"challenge score field {name} must be a list of numbers, "
                                    f"got {value!r}")
+            if width is not None and value and len(value) != width:
+                raise ScoringError(f"challenge score has {len(value)} {name}, the test uses "
+                                   f"{width} alternatives")
             return tuple(float(v) for v in value)
 
-        tokens, greedy, problem, log_ppl = d["tokens"], d["greedy"], d["problem"], \
-            d["log_perplexity"]
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise ScoringError(f"challenge score field tokens must be an integer >= 0, "
-                               f"got {tokens!r}")
+        def count(name: str) -> int:
+            value = d[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ScoringError(f"challenge score field {name} must be an integer >= 0, "
+                                   f"got {value!r}")
+            return value
+
+        greedy, problem, log_ppl = d["greedy"], d["problem"], d["log_perplexity"]
         if not isinstance(greedy, bool) or not isinstance(problem, str):
             raise ScoringError("challenge score fields greedy and problem must be a boolean "
                                "and a string")
@@ -165,30 +296,37 @@ class ChallengeScore:
                                     or not isinstance(log_ppl, int | float)):
             raise ScoringError(f"challenge score field log_perplexity must be a number, "
                                f"got {log_ppl!r}")
-        ratios = numbers("log_ratios")
-        if ratios and len(ratios) != len(EXPONENTS):
-            raise ScoringError(f"challenge score has {len(ratios)} log ratios, the test uses "
-                               f"{len(EXPONENTS)} exponents")
-        return cls(greedy=greedy, tokens=tokens, problem=problem, margins=numbers("margins"),
-                   log_ratios=ratios,
+        chunks, failed = count("chunks"), count("failed_chunks")
+        if failed > chunks:
+            raise ScoringError(f"challenge score has {failed} failed of {chunks} chunks")
+        try:
+            precision = int(parse_precision(d["precision"]))
+        except PrecisionError as exc:
+            raise ScoringError(f"challenge score field precision: {exc}") from exc
+        return cls(greedy=greedy, tokens=count("tokens"), problem=problem,
+                   margins=numbers("margins"), log_ratios=numbers("log_ratios", len(EXPONENTS)),
+                   greedy_log_ratios=numbers("greedy_log_ratios", len(GREEDY_EXPONENTS)),
+                   chunks=chunks, failed_chunks=failed, precision=precision,
                    log_perplexity=math.inf if log_ppl is None else float(log_ppl))
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """The verdict on a set of outputs (one miner's epoch, or one shard), each kind of
-    evidence against its own threshold."""
+    """The verdict on a set of outputs (one miner's epoch, or one shard)."""
 
     outputs: int
     impossible: int
     greedy_tokens: int
-    mismatches: int
+    mismatches: int  # greedy tokens that were not the reference argmax (the record)
     sampled_tokens: int
-    log_evidence: float  # pooled over every sampled output (and the prior)
+    chunks: int  # commitment chunks checked
+    failed_chunks: int
+    log_evidence: float  # the set's e-value (with the prior), over the kinds it holds
+    kind_log_evidence: tuple[float, float, float]  # greedy, sampled, commitments (KINDS)
     threshold: float  # log(1 / false_fault_rate)
     reason: str
-    pooled: tuple[float, ...] = ()  # per exponent: the prior plus these outputs' log ratios
-    own: tuple[float, ...] = ()  # per exponent: these outputs' log ratios alone (to carry)
+    pooled: tuple[float, ...] = ()  # per alternative: the prior plus these outputs' ratios
+    own: tuple[float, ...] = ()  # per alternative: these outputs' ratios alone (to carry)
 
     @property
     def passed(self) -> bool:
@@ -200,48 +338,83 @@ class Judgement:
         failure is evidence at the 1e-6 level, never noise, so it is not graded)."""
         return BPS if self.passed else 0
 
+    def summary(self) -> str:
+        """One line on what was checked, for a passing verdict's record."""
+        return (f"no impossible output; greedy evidence e^{self.kind_log_evidence[0]:.1f} over "
+                f"{self.greedy_tokens} tokens ({self.mismatches} off the reference argmax), "
+                f"sampled e^{self.kind_log_evidence[1]:.1f} over {self.sampled_tokens}, "
+                f"commitments {self.failed_chunks} of {self.chunks} chunks beyond tolerance; "
+                f"the set's e^{self.log_evidence:.1f} < e^{self.threshold:.1f}")
 
-def judge(scores: Sequence[ChallengeScore], *, greedy_margin: float = GREEDY_MARGIN,
-          false_fault_rate: float = FALSE_FAULT_RATE, prior: Sequence[float] = ()
-          ) -> Judgement:
-    """Judge a set of outputs: fail on any impossible output, any greedy mismatch, or
-    pooled sampled evidence of at least 1 / false_fault_rate (the module doc's model).
-    `prior`: sampled log ratios per exponent carried from an earlier set of the same miner
-    (`Judgement.own` of its last judgement)."""
+
+_WHAT = {
+    "greedy": "greedy tokens left the reference's argmax further or more often than the "
+              "declared precision's rounding allows",
+    "sampled": "sampled tokens are not what honest sampling at the requested temperature "
+               "gives",
+    "commitments": "activation commitments are further from the reference than the declared "
+                   "precision allows",
+}
+
+
+def judge(scores: Sequence[ChallengeScore], *, false_fault_rate: float = FALSE_FAULT_RATE,
+          prior: Sequence[float] = ()) -> Judgement:
+    """Judge a set of outputs: fail on any impossible output, on partial commitments, or on
+    an e-value of at least 1 / false_fault_rate (the module doc's model). `prior`: log
+    ratios per alternative carried from an earlier set of the same miner (`Judgement.own`
+    of its last judgement)."""
     if not scores:
         raise ScoringError("no outputs to judge (a miner needs at least one)")
     if not 0 < false_fault_rate < 1:
         raise ScoringError(f"false_fault_rate must be in (0, 1), got {false_fault_rate!r}")
-    if not greedy_margin >= 0:
-        raise ScoringError(f"greedy_margin must be >= 0, got {greedy_margin!r}")
-    impossible = [s.problem for s in scores if s.problem]
-    greedy = [s for s in scores if s.greedy and s.possible]
-    sampled = [s for s in scores if not s.greedy and s.possible and s.log_ratios]
-    mismatches = sum(s.mismatches(greedy_margin) for s in greedy)
-    if prior and len(prior) != len(EXPONENTS):
+    if prior and len(prior) != EVIDENCE_WIDTH:
         raise ScoringError(f"prior has {len(prior)} log ratios, the test uses "
-                           f"{len(EXPONENTS)} exponents")
-    base = [float(x) for x in prior] if prior else [0.0] * len(EXPONENTS)
-    own = [math.fsum(s.log_ratios[k] for s in sampled) for k in range(len(EXPONENTS))]
-    pooled = [math.fsum([base[k], own[k]]) for k in range(len(EXPONENTS))]
-    log_evidence = _logmeanexp(pooled) if (sampled or prior) else 0.0
+                           f"{EVIDENCE_WIDTH} alternatives")
+    impossible = [s.problem for s in scores if s.problem]
+    possible = [s for s in scores if s.possible]
+    greedy = [s for s in possible if s.greedy]
+    sampled = [s for s in possible if not s.greedy and s.log_ratios]
+    committed = [s for s in possible if s.chunks]
+    uncommitted = [i for i, s in enumerate(scores) if s.possible and s.tokens and not s.chunks]
+    base = [float(x) for x in prior] if prior else [0.0] * EVIDENCE_WIDTH
+    own = [math.fsum(col) for col in zip(*(s.own_log_ratios() for s in possible),
+                                         strict=True)] if possible else [0.0] * EVIDENCE_WIDTH
+    pooled = [math.fsum([b, o]) for b, o in zip(base, own, strict=True)]
+    present = {"greedy": bool(greedy and any(s.greedy_log_ratios for s in greedy)),
+               "sampled": bool(sampled), "commitments": bool(committed)}
+    kind_evidence: list[float] = []
+    start = 0
+    for kind in KINDS:
+        width = len(GRIDS[kind])
+        part = pooled[start: start + width]
+        if prior and any(base[start: start + width]):
+            present[kind] = True
+        kind_evidence.append(_logmeanexp(part) if present[kind] else 0.0)
+        start += width
+    held = [e for kind, e in zip(KINDS, kind_evidence, strict=True) if present[kind]]
+    log_evidence = _logmeanexp(held) if held else 0.0
     threshold = math.log(1 / false_fault_rate)
-    greedy_tokens = sum(s.tokens for s in greedy)
     if impossible:
         reason = f"{len(impossible)} impossible output(s), first: {impossible[0]}"
-    elif mismatches:
-        reason = (f"{mismatches} of {greedy_tokens} greedy token(s) lost to the reference "
-                  f"argmax by more than {greedy_margin:g} nats")
+    elif committed and uncommitted:
+        reason = (f"output {uncommitted[0]} carries no activation commitment while "
+                  f"{len(committed)} other(s) do (an engine commits to all or none)")
     elif log_evidence >= threshold:
-        reason = (f"sampled outputs' evidence e^{log_evidence:.1f} >= 1/{false_fault_rate:g} "
-                  "(not what honest sampling at the requested temperature gives)")
+        top = max((k for k in KINDS if present[k]),
+                  key=lambda k: kind_evidence[KINDS.index(k)])
+        reason = (f"evidence e^{log_evidence:.1f} >= 1/{false_fault_rate:g}: {_WHAT[top]} "
+                  f"(e^{kind_evidence[KINDS.index(top)]:.1f})")
     else:
         reason = ""
+    ke = (kind_evidence[0], kind_evidence[1], kind_evidence[2])
     return Judgement(outputs=len(scores), impossible=len(impossible),
-                     greedy_tokens=greedy_tokens, mismatches=mismatches,
-                     sampled_tokens=sum(s.tokens for s in sampled), log_evidence=log_evidence,
-                     threshold=threshold, reason=reason, pooled=tuple(pooled),
-                     own=tuple(own))
+                     greedy_tokens=sum(s.tokens for s in greedy),
+                     mismatches=sum(s.mismatches() for s in greedy),
+                     sampled_tokens=sum(s.tokens for s in sampled),
+                     chunks=sum(s.chunks for s in committed),
+                     failed_chunks=sum(s.failed_chunks for s in committed),
+                     log_evidence=log_evidence, kind_log_evidence=ke, threshold=threshold,
+                     reason=reason, pooled=tuple(pooled), own=tuple(own))
 
 
 def _log_perplexity(result: ScoreResult) -> float:
@@ -345,16 +518,20 @@ def score_outputs(
     precision: object = Precision.FP32,
     commitments: Sequence[bytes] | None = None,
 ) -> list[ChallengeScore]:
-    """The evidence from each miner output against `engine` (the reference model); see the
+    """The evidence from each miner output against `engine` (the reference model, whose own
+    `precision` is the verifier's), judged at the miner's declared `precision`; see the
     module doc. `finish_reasons`, when given, are checked against the tokens, and so are
-    `texts` (the miner's output texts) for requests with stop strings.
+    `texts` (the miner's output texts) for requests with stop strings; `commitments` are
+    the outputs' activation commitments (b"" where there is none).
 
     Raises ScoringError naming the problem for malformed input (counts that do not pair up,
-    non-integer ids, a request the engine rejects); an output the model could not have
-    produced is not an error, it carries its `problem`.
+    non-integer ids, a request the engine rejects, a precision pair without a calibration);
+    an output the model could not have produced is not an error, it carries its `problem`.
     """
     outputs = _check_inputs(engine, requests, output_ids)
     requests = list(requests)
+    model = error_model(precision, getattr(engine, "precision", Precision.FP32))
+    declared = int(parse_precision(precision))
     if finish_reasons is not None:
         if isinstance(finish_reasons, str) or len(finish_reasons) != len(outputs):
             raise ScoringError(f"{len(outputs)} outputs but finish reasons "
@@ -369,23 +546,29 @@ def score_outputs(
         if any(not isinstance(t, str) for t in texts):
             raise ScoringError("every output text must be a string")
     text_list = list(texts) if texts is not None else [None] * len(outputs)
-    problems = [_problem(engine, r, o, f, t)
-                for r, o, f, t in zip(requests, outputs, reasons, text_list, strict=True)]
+    commits = _check_commitments(engine, outputs, commitments)
+    problems = [_problem(engine, r, o, f, t) or _commitment_problem(engine, o, c)
+                for r, o, f, t, c in zip(requests, outputs, reasons, text_list, commits,
+                                         strict=True)]
 
-    # One evidence call over every distinct (prompt, output, sampling) row.
-    rows: dict[tuple[tuple[int, ...], tuple[int, ...], float, float], int] = {}
+    # One evidence call over every distinct (prompt, output, sampling, commitment) row.
+    rows: dict[tuple[tuple[int, ...], tuple[int, ...], float, float, bytes], int] = {}
     slots: list[int | None] = []
-    for request, output, problem in zip(requests, outputs, problems, strict=True):
+    for request, output, problem, commit in zip(requests, outputs, problems, commits,
+                                                strict=True):
         if problem or not output:
             slots.append(None)
             continue
         setting = (0.0, 1.0) if request.greedy else (float(request.temperature),
                                                      float(request.top_p))
-        slots.append(rows.setdefault((tuple(request.prompt_ids), output, *setting), len(rows)))
+        slots.append(rows.setdefault((tuple(request.prompt_ids), output, *setting, commit),
+                                     len(rows)))
     keys = list(rows)
     try:
         results = engine.evidence([k[0] for k in keys], [k[1] for k in keys],
-                                  [(k[2], k[3]) for k in keys], EXPONENTS) if keys else []
+                                  [(k[2], k[3]) for k in keys], EXPONENTS,
+                                  commitments=[k[4] for k in keys],
+                                  greedy=model.greedy_test()) if keys else []
     except QuarryError as exc:
         raise ScoringError(f"the reference engine could not score the outputs: {exc}") from exc
     if len(results) != len(keys):
@@ -393,23 +576,58 @@ def score_outputs(
                            f"for {len(keys)} sequences")
 
     scores = []
-    for request, output, problem, slot in zip(requests, outputs, problems, slots, strict=True):
+    for request, output, problem, slot, commit in zip(requests, outputs, problems, slots,
+                                                      commits, strict=True):
         if slot is None:  # impossible, or empty with max_tokens 0
             scores.append(ChallengeScore(greedy=request.greedy, tokens=len(output),
-                                         problem=problem,
+                                         problem=problem, precision=declared,
                                          log_perplexity=math.inf if problem else 0.0))
             continue
         result = results[slot]
         if len(result.top_logprobs) != len(output) or (not request.greedy and len(
-                result.log_ratios) != len(EXPONENTS)):
+                result.log_ratios) != len(EXPONENTS)) or (request.greedy and len(
+                result.greedy_log_ratios) != len(GREEDY_EXPONENTS)) or (commit and len(
+                result.commitment_checks) != len(chunk_sizes(len(output), 1))):
             raise ScoringError("the reference engine returned incomplete evidence")
         margins: tuple[float, ...] = ()
         if request.greedy:
             margins = tuple(max(0.0, top - lp) for top, lp, am, t in zip(
                 result.top_logprobs, result.logprobs, result.argmax_ids, output, strict=True)
                 if am != t)
+        checks = result.commitment_checks
         scores.append(ChallengeScore(
             greedy=request.greedy, tokens=len(output), margins=margins,
             log_ratios=() if request.greedy else tuple(result.log_ratios),
-            log_perplexity=_log_perplexity(result)))
+            greedy_log_ratios=tuple(result.greedy_log_ratios) if request.greedy else (),
+            chunks=len(checks), failed_chunks=sum(not model.chunks.passes(c) for c in checks),
+            precision=declared, log_perplexity=_log_perplexity(result)))
     return scores
+
+
+def _check_commitments(engine: Engine, outputs: Sequence[tuple[int, ...]],
+                       commitments: Sequence[bytes] | None) -> list[bytes]:
+    """The commitments as a list of bytes beside the outputs (b"" each when none given)."""
+    if commitments is None:
+        return [b""] * len(outputs)
+    if isinstance(commitments, bytes | str) or len(commitments) != len(outputs):
+        raise ScoringError(f"{len(outputs)} outputs but {len(commitments)} commitments; "
+                           "each output needs one (b\"\" for none)")
+    if any(not isinstance(c, bytes) for c in commitments):
+        raise ScoringError("every commitment must be bytes")
+    if any(commitments) and not isinstance(getattr(engine, "hidden_size", None), int):
+        raise ScoringError(f"{type(engine).__name__} cannot check activation commitments "
+                           "(it does not expose its hidden states)")
+    return list(commitments)
+
+
+def _commitment_problem(engine: Engine, output: tuple[int, ...], commitment: bytes) -> str:
+    """Why `commitment` cannot be the commitment of `output` ("" when it can, or is none)."""
+    if not commitment:
+        return ""
+    if not output:
+        return "a commitment for an empty output"
+    want = expected_length(len(output), int(getattr(engine, "hidden_size", 0)))
+    if len(commitment) != want:
+        return (f"a commitment of {len(commitment)} bytes for {len(output)} tokens "
+                f"({want} expected)")
+    return ""

@@ -48,6 +48,7 @@ SCORE_TASK = "quarry.verifier.score"
 log = logging.getLogger("quarry.scoring")
 _engines: dict[str, TextEngine] = {}
 _threads = 1  # torch threads per worker process, set by run_worker
+_precision = "fp32"  # the reference's precision, set by run_worker
 
 
 def _load_engine(model_dir: str) -> TextEngine:
@@ -62,7 +63,9 @@ def _load_engine(model_dir: str) -> TextEngine:
         torch.set_num_threads(_threads)
 
         started = time.monotonic()
-        engine = TorchEngine(key)  # market.model.loading verifies every file first
+        # market.model.loading verifies every file first; the precision is explicit, never
+        # the GPU default (bf16), so that a verifier scores at the calibration it names.
+        engine = TorchEngine(key, precision=_precision)
         _engines[key] = engine
         log.info("loaded %s (%s) in %.1fs", key, engine.model_id.hex(),
                  time.monotonic() - started)
@@ -295,8 +298,8 @@ def _node_name(queue: str) -> str:
 
 
 def start_scoring_worker(redis_url: str, queue: str, log_path: Path, *, concurrency: int = 1,
-                         wait: bool = True, timeout: float = 60.0, threads: int = 1
-                         ) -> ManagedProcess:
+                         wait: bool = True, timeout: float = 60.0, threads: int = 1,
+                         precision: str = "fp32") -> ManagedProcess:
     """`python -m verifier.scoring_worker` on `queue` in its own process group, dying with
     this process; with `wait`, returns once it answers a ping (it consumes jobs)."""
     from market.config import PROJECT_ROOT
@@ -308,7 +311,7 @@ def start_scoring_worker(redis_url: str, queue: str, log_path: Path, *, concurre
     node = _node_name(queue)
     cmd = [sys.executable, "-m", "verifier.scoring_worker", "--redis-url", redis_url,
            "--queue", queue, "--concurrency", str(concurrency), "--name", node,
-           "--threads", str(threads)]
+           "--threads", str(threads), "--precision", precision]
     env = dict(os.environ)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
@@ -327,7 +330,7 @@ def start_scoring_worker(redis_url: str, queue: str, log_path: Path, *, concurre
 
 
 def run_worker(redis_url: str, queue: str, concurrency: int = 1, *, name: str | None = None,
-               threads: int = 1) -> None:
+               threads: int = 1, precision: str = "fp32") -> None:
     """Run a scoring worker on `queue` until stopped (solo pool for one job at a time,
     prefork above; each process loads its own engine on its first job)."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -337,9 +340,17 @@ def run_worker(redis_url: str, queue: str, concurrency: int = 1, *, name: str | 
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ScoringError(f"threads must be at least 1, got {threads!r}")
     from market.logs import NOISY, celery_worker_logging, configure_logging
+    from market.protocol.precision import PrecisionError, parse_precision
+    from verifier.scoring import VERIFIER_PRECISIONS
 
-    global _threads
-    _threads = threads
+    try:
+        reference = parse_precision(precision)
+    except PrecisionError as exc:
+        raise ScoringError(str(exc)) from exc
+    if reference not in VERIFIER_PRECISIONS:
+        raise ScoringError(f"a scoring worker computes in fp32 or bf16, not {reference.label}")
+    global _threads, _precision
+    _threads, _precision = threads, reference.label
     # Text as ever, or JSON lines when $QUARRY_LOG_FORMAT says so (`verifier run` puts its
     # own format there, and this process inherits it); the app does not hijack the root
     # logger, so Celery keeps this handler.
@@ -364,8 +375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1, help="jobs at once (1)")
     parser.add_argument("--name", default=None, help="Celery node name")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per job (1)")
+    parser.add_argument("--precision", default="fp32",
+                        help="the reference's precision: fp32 (default) or bf16")
     parser.set_defaults(func=lambda a: run_worker(a.redis_url, a.queue, a.concurrency,
-                                                  name=a.name, threads=a.threads))
+                                                  name=a.name, threads=a.threads,
+                                                  precision=a.precision))
     return run_cli(parser, argv)
 
 

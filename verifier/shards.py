@@ -33,7 +33,7 @@ from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import ResultCheckFailed, ResultItem
 from market.store import ContentNotFound, StoreError, parse_uri
-from verifier.scoring import GREEDY_MARGIN, ChallengeScore, judge
+from verifier.scoring import ChallengeScore, judge
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -71,12 +71,12 @@ class ShardVerdict:
     withheld: bool = False
     inputs_unusable: bool = False
 
-    def most_suspicious(self, greedy_margin: float = GREEDY_MARGIN) -> int:
+    def most_suspicious(self) -> int:
         """The request index to name in a dispute: the output with the clearest evidence."""
         if not self.scores:
             return self.start
         k = max(range(len(self.scores)),
-                key=lambda i: self.scores[i].suspicion(greedy_margin))  # type: ignore[index]
+                key=lambda i: self.scores[i].suspicion())  # type: ignore[index]
         return self.start + k
 
 
@@ -94,11 +94,8 @@ class ShardJudge:
     """Judges submitted shards of tasks over this verifier's model (see the module doc)."""
 
     def __init__(self, q: Quarry, market: MarketAPI, scorer: ScoringClient, *,
-                 greedy_margin: float = GREEDY_MARGIN, model_id: bytes | None = None) -> None:
-        if not greedy_margin >= 0:
-            raise QuarryError(f"greedy_margin must be >= 0, got {greedy_margin}")
+                 model_id: bytes | None = None) -> None:
         self.q, self.market, self.scorer = q, market, scorer
-        self.greedy_margin = greedy_margin
         self._model_id = model_id
 
     @property
@@ -149,7 +146,7 @@ class ShardJudge:
         if len(scores) != len(items):
             raise DisputeDeferred(f"task {task_id} shard {shard}: the scorer returned "
                                   f"{len(scores)} scores for {len(items)} outputs")
-        verdict = judge(scores, greedy_margin=self.greedy_margin)
+        verdict = judge(scores)
         reason = f"shard of {verdict.outputs} output(s): " + (
             verdict.reason if not verdict.passed else
             f"passes (no impossible output, no greedy mismatch in {verdict.greedy_tokens} "

@@ -10,8 +10,12 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from market.protocol.commitments import ChunkCheck
+
+if TYPE_CHECKING:
+    from market.engine.sampling import GreedyTest
 from market.protocol.requests import find_stop
 
 
@@ -80,6 +84,9 @@ class ScoreResult:
     # (`sampling.likelihood_ratios`).
     top_logprobs: tuple[float, ...] = field(default=())
     log_ratios: tuple[float, ...] = field(default=())
+    # From `Engine.evidence` given a greedy test, for a greedy row: its log likelihood
+    # ratios summed over its positions, one per alternative (`sampling.greedy_ratios`).
+    greedy_log_ratios: tuple[float, ...] = field(default=())
     # From `Engine.evidence` given the output's activation commitment: how far each of its
     # chunks is from this engine's own hidden states (`commitments.check`).
     commitment_checks: tuple[ChunkCheck, ...] = field(default=())
@@ -115,11 +122,13 @@ class Engine(ABC):
         sampling: Sequence[tuple[float, float]],
         exponents: Sequence[float],
         commitments: Sequence[bytes] | None = None,
+        greedy: GreedyTest | None = None,
     ) -> list[ScoreResult]:
         """`score` plus what a verifier's statistical tests need from the full next-token
-        distribution: `top_logprobs` at every position and, for each row whose
-        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`; and,
-        for each row whose entry of `commitments` is not empty, its `commitment_checks`."""
+        distribution: `top_logprobs` at every position; for each row whose
+        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`; for
+        each greedy row, with `greedy`, its `greedy_log_ratios`; and for each row whose
+        entry of `commitments` is not empty, its `commitment_checks`."""
         from market.errors import QuarryError
 
         raise QuarryError(f"{type(self).__name__} cannot compute verification evidence (it "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -173,4 +174,68 @@ def likelihood_ratios(
         ly = lq.gather(1, target_rank[rows][:, None])  # [n, 1]
         log_z = torch.stack([torch.logsumexp(lq * e, dim=-1) for e in exps.tolist()], -1)
         out[rows] = (exps[None, :] - 1.0) * ly - log_z
+    return out
+
+
+@dataclass(frozen=True)
+class GreedyTest:
+    """The parameters of the greedy token test (`verifier.scoring` states its model):
+    `beta`, the Gumbel scale in nats that dominates the honest miner's accumulated numeric
+    error beyond rounding; `roundings`, the mantissa widths the logits were rounded to on
+    each side (the miner's declared precision and the verifier's: 7 for bf16, 10 for fp16,
+    23 for fp32), each of whose rounding is forgiven in full; `exponents`, the fixed grid
+    of alternatives (noise scales beta / e, e < 1)."""
+
+    beta: float
+    roundings: tuple[int, ...]
+    exponents: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not (self.beta > 0 and math.isfinite(self.beta)):
+            raise SamplingError(f"greedy beta must be a positive number, got {self.beta!r}")
+        if not self.exponents or any(not 0 < e < 1 for e in self.exponents):
+            raise SamplingError(f"greedy exponents must be in (0, 1), got {self.exponents!r}")
+
+    def slack(self, logits: torch.Tensor) -> torch.Tensor:
+        """How far rounding may move each logit, summed over the roundings."""
+        total = torch.zeros_like(logits)
+        for bits in self.roundings:
+            total += half_ulp(logits, bits)
+        return total
+
+
+def half_ulp(logits: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
+    """Half the spacing of floats with `mantissa_bits` at each logit: the most rounding to
+    that format can move it."""
+    exponent = torch.floor(torch.log2(logits.abs().clamp(min=2.0 ** -14)))
+    return torch.exp2(exponent - mantissa_bits - 1)
+
+
+def forgiven_gaps(logits: torch.Tensor, test: GreedyTest) -> torch.Tensor:
+    """Each token's gap below the argmax after forgiving both logits' rounding,
+    max(0, l_a - l_j - slack(l_a) - slack(l_j)), in float64 [N, V]; 0 at the argmax and
+    at every token tied with it within rounding."""
+    raw = logits.to("cpu", torch.float64)
+    top, arg = raw.max(dim=-1, keepdim=True)
+    gap = (top - raw - test.slack(raw) - test.slack(top)).clamp(min=0.0)
+    return gap.scatter_(1, arg, 0.0)
+
+
+def greedy_ratios(logits: torch.Tensor, targets: torch.Tensor, test: GreedyTest
+                  ) -> torch.Tensor:
+    """Per-position log likelihood ratios of greedy `targets` [N] under the reference
+    `logits` [N, V]: column k is log q_k(y) - log p(y), where p is the honest bound
+    (softmax of -g'/beta over the `forgiven_gaps` g') and q_k the same at noise scale
+    beta / exponents[k]; tokens within rounding of the argmax tie with it. Computed in
+    float64 on the CPU; returns [N, len(exponents)]."""
+    if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise SamplingError(f"logits must be [N, V] and targets [N], got "
+                            f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    base = -forgiven_gaps(logits, test) / test.beta
+    y = targets.to("cpu")[:, None]
+    out = torch.empty((base.shape[0], len(test.exponents)), dtype=torch.float64)
+    log_p = base.gather(1, y).squeeze(1) - torch.logsumexp(base, dim=-1)
+    for k, e in enumerate(test.exponents):
+        scaled = base * e
+        out[:, k] = scaled.gather(1, y).squeeze(1) - torch.logsumexp(scaled, dim=-1) - log_p
     return out

@@ -1,4 +1,6 @@
-"""The default single-process engine: transformers model classes, fp32 on CPU, bf16 on GPU.
+"""The default single-process engine: transformers model classes, fp32 on CPU, bf16 on GPU
+unless told a `precision` (`market.protocol.precision`: fp32, fp16, bf16, or int8/fp8
+weights over bf16, `market.engine.quantize`).
 
 generate: requests are batched (up to `max_batch_size`), left-padded with an attention mask
 and explicit position ids (so a padded row sees exactly the positions it would see alone),
@@ -25,9 +27,16 @@ import torch
 
 from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.framestack import fresh_frame_chunk
-from market.engine.sampling import likelihood_ratios, make_generators, select_next
+from market.engine.quantize import quantize_weights_
+from market.engine.sampling import (
+    GreedyTest,
+    greedy_ratios,
+    likelihood_ratios,
+    make_generators,
+    select_next,
+)
 from market.engine.text import EngineError, TextEngine
-from market.model.loading import load_model, resolve_device, resolve_dtype
+from market.model.loading import load_model, resolve_device, resolve_precision
 from market.model.manifest import Manifest, load_manifest
 from market.protocol.commitments import ChunkCheck, CommitmentError
 from market.protocol.commitments import build_many as build_commitments
@@ -77,21 +86,27 @@ class TorchEngine(TextEngine):
         max_batch_tokens: int = 65536,
         stop_token_ids: Iterable[int] | None = None,
         commit: bool = True,
+        precision: Any = None,
+        attention: str | None = None,
     ) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1:
             raise EngineError("max_batch_size and max_batch_tokens must be >= 1")
         self.model_dir = Path(model_dir)
         self.manifest = manifest if manifest is not None else load_manifest(self.model_dir)
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.precision, self.dtype, quantize = resolve_precision(precision, dtype, self.device)
         self.model, self.tokenizer = load_model(
-            self.model_dir, self.manifest, device=self.device, dtype=self.dtype
+            self.model_dir, self.manifest, device=self.device, dtype=self.dtype,
+            attention=attention,
         )
+        if quantize is not None:
+            quantize_weights_(self.model, quantize)
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.commit = bool(commit)  # build each output's activation commitment
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
+        self.hidden_size = int(config.hidden_size)  # what commitments are built over
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.stop_token_ids = (
             frozenset(int(t) for t in stop_token_ids)
@@ -148,6 +163,12 @@ class TorchEngine(TextEngine):
         ).last_hidden_state[:, -1, :]
         return hidden, self.model.get_output_embeddings()(hidden)
 
+    def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
+                generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of every live row: the protocol's rule (`sampling.select_next`).
+        Only `miner.cheats` overrides it, to serve what the protocol forbids."""
+        return select_next(logits, requests, generators)
+
     @fresh_frame_chunk
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
@@ -170,7 +191,7 @@ class TorchEngine(TextEngine):
             generators = make_generators([requests[i] for i in live])
         while live:
             live_reqs = [requests[i] for i in live]
-            chosen, chosen_lp = select_next(logits, live_reqs, generators)
+            chosen, chosen_lp = self._select(logits, live_reqs, generators)
             chosen_list = chosen.tolist()
             lp_list = chosen_lp.tolist()
             keep: list[int] = []
@@ -228,6 +249,7 @@ class TorchEngine(TextEngine):
         sampling: Sequence[tuple[float, float]],
         exponents: Sequence[float],
         commitments: Sequence[bytes] | None = None,
+        greedy: GreedyTest | None = None,
     ) -> list[ScoreResult]:
         if len(sampling) != len(prompt_ids):
             raise EngineError(f"{len(prompt_ids)} prompts but {len(sampling)} sampling "
@@ -236,7 +258,7 @@ class TorchEngine(TextEngine):
             raise EngineError(f"{len(prompt_ids)} prompts but {len(commitments)} "
                               "commitments; they pair up")
         return self._score_all(prompt_ids, output_ids, list(sampling), tuple(exponents),
-                               None if commitments is None else list(commitments))
+                               None if commitments is None else list(commitments), greedy)
 
     def _score_all(
         self,
@@ -245,6 +267,7 @@ class TorchEngine(TextEngine):
         sampling: list[tuple[float, float]] | None,
         exponents: tuple[float, ...],
         commitments: list[bytes] | None = None,
+        greedy: GreedyTest | None = None,
     ) -> list[ScoreResult]:
         pairs = self.validate_score_inputs(prompt_ids, output_ids)
         prompts = [p for p, _ in pairs]
@@ -257,7 +280,7 @@ class TorchEngine(TextEngine):
             scored = self._score_batch(
                 [prompts[i] for i in chunk], [outputs[i] for i in chunk],
                 None if sampling is None else [sampling[i] for i in chunk], exponents,
-                None if commitments is None else [commitments[i] for i in chunk])
+                None if commitments is None else [commitments[i] for i in chunk], greedy)
             for i, res in zip(chunk, scored, strict=True):
                 results[i] = res
         return results
@@ -271,6 +294,7 @@ class TorchEngine(TextEngine):
         sampling: list[tuple[float, float]] | None = None,
         exponents: tuple[float, ...] = (),
         commitments: list[bytes] | None = None,
+        greedy: GreedyTest | None = None,
     ) -> list[ScoreResult]:
         seqs = [p + o for p, o in zip(prompts, outputs, strict=True)]
         width = max(len(s) for s in seqs)
@@ -309,15 +333,19 @@ class TorchEngine(TextEngine):
         results, pos = [], 0
         for r, o in enumerate(outputs):
             ratios: tuple[float, ...] = ()
+            greedy_ratios_: tuple[float, ...] = ()
+            rows_hidden, rows_target = picked[pos : pos + len(o)], target[pos : pos + len(o)]
             if sampling is not None and sampling[r][0] > 0:
-                ratios = self._row_ratios(picked[pos : pos + len(o)], target[pos : pos + len(o)],
-                                          sampling[r], exponents)
+                ratios = self._row_ratios(rows_hidden, rows_target, sampling[r], exponents)
+            elif sampling is not None and greedy is not None:
+                greedy_ratios_ = self._row_greedy(rows_hidden, rows_target, greedy)
             results.append(
                 ScoreResult(
                     logprobs=tuple(lp_all[pos : pos + len(o)]),
                     argmax_ids=tuple(arg_all[pos : pos + len(o)]),
                     top_logprobs=() if sampling is None else tuple(top_all[pos : pos + len(o)]),
                     log_ratios=ratios,
+                    greedy_log_ratios=greedy_ratios_,
                     commitment_checks=checks[r],
                 )
             )
@@ -345,6 +373,16 @@ class TorchEngine(TextEngine):
         for r, c in zip(rows, found, strict=True):
             checks[r] = tuple(c)
         return checks
+
+    def _row_greedy(self, hidden: torch.Tensor, targets: torch.Tensor, test: GreedyTest
+                    ) -> tuple[float, ...]:
+        """One greedy row's greedy-test log ratios, summed over its positions."""
+        head = self.model.get_output_embeddings()
+        total = torch.zeros(len(test.exponents), dtype=torch.float64)
+        for start in range(0, hidden.shape[0], 512):
+            logits = head(hidden[start : start + 512]).float()
+            total += greedy_ratios(logits, targets[start : start + 512], test).sum(0)
+        return tuple(total.tolist())
 
     def _row_ratios(self, hidden: torch.Tensor, targets: torch.Tensor,
                     setting: tuple[float, float], exponents: tuple[float, ...]

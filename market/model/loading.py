@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from market.model.manifest import Manifest, ModelError, load_manifest
+from market.protocol.precision import Precision, PrecisionError, parse_precision
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,34 @@ def resolve_dtype(dtype: Any, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def resolve_precision(precision: Any, dtype: Any, device: torch.device
+                      ) -> tuple[Precision, torch.dtype, str | None]:
+    """(precision served, compute dtype, weight quantisation or None) from an engine's
+    `precision` and `dtype` options: a precision sets the dtype (int8 and fp8 compute in
+    bf16 over 8-bit weights, `market.engine.quantize`); without one the dtype decides
+    (`resolve_dtype`'s default) and names the precision. Both given must agree."""
+    import torch
+
+    if precision is None:
+        resolved = resolve_dtype(dtype, device)
+        by_dtype = {torch.float32: Precision.FP32, torch.float16: Precision.FP16,
+                    torch.bfloat16: Precision.BF16}
+        if resolved not in by_dtype:
+            raise ModelError(f"dtype {resolved} is not a precision Quarry verifies "
+                             "(fp32, fp16, bf16; int8 and fp8 through precision=)")
+        return by_dtype[resolved], resolved, None
+    try:
+        declared = parse_precision(precision)
+    except PrecisionError as exc:
+        raise ModelError(str(exc)) from exc
+    compute = getattr(torch, declared.torch_dtype_name)
+    if dtype is not None and resolve_dtype(dtype, device) != compute:
+        raise ModelError(f"dtype {dtype!r} contradicts precision {declared.label!r} "
+                         f"(which computes in {declared.torch_dtype_name}); give one of them")
+    quantize = declared.label if declared in (Precision.INT8, Precision.FP8) else None
+    return declared, compute, quantize
+
+
 def _dtype_kwarg() -> str:
     """transformers renamed `torch_dtype` to `dtype` in 4.56; older versions ignore `dtype`."""
     import transformers
@@ -69,11 +98,14 @@ def load_model(
     manifest: Manifest | None = None,
     device: Any = None,
     dtype: Any = None,
+    attention: str | None = None,
 ) -> tuple[Any, Any]:
     """Verify `model_dir` against `manifest` (default: its quarry-manifest.json), then load.
 
     Returns `(model, tokenizer)`: an eval-mode `AutoModelForCausalLM` on `device` in `dtype`
-    and its fast tokenizer. Raises ModelFileMismatch naming any file whose sha256 differs.
+    and its fast tokenizer. `attention` picks transformers' attention kernel ("sdpa",
+    "eager"; None: its default). Raises ModelFileMismatch naming any file whose sha256
+    differs.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -94,6 +126,7 @@ def load_model(
         loaded = AutoModelForCausalLM.from_pretrained(
             model_dir,
             **{_dtype_kwarg(): torch_dtype},
+            **({"attn_implementation": attention} if attention else {}),
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=False,

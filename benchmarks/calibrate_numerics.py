@@ -1,0 +1,166 @@
+"""Calibrate the verifier's error model: how far do honest miners' numbers drift?
+
+For each model (the embedded tiny one and the trained `testmodels/quarry-pydoc`), honest
+miners in every precision and batch shape (`_numerics.HONEST_SETUPS`: fp32, fp16, bf16,
+int8 and fp8 weights; batch 32, 1 and shuffled batches of 5; sdpa and eager attention)
+answer the same greedy requests; each verifier precision (fp32, bf16) re-reads them:
+
+- **Greedy flips.** At every position, each token's gap below the reference's argmax after
+  forgiving both sides' logit rounding (`market.engine.sampling.forgiven_gaps`); the honest
+  token's gap is binned (`_numerics.FlipTable`), against the flips the Gumbel bound would
+  allow at each scale beta. `smallest_beta` is the smallest scale under which the observed
+  flips stay at most half the allowed in every bin; the error model takes it times
+  `SAFETY` (for GPUs, kernels and engines not measured here).
+- **Commitment chunks.** Each output's activation commitment against the verifier's own
+  hidden states (`market.protocol.commitments.check`): the worst chunk's sign/exponent
+  mismatches and mantissa errors; the tolerance is above the worst honest chunk.
+
+The numbers `verifier.scoring.ERROR_MODELS` holds come from a full run of this script (its
+JSON is in README "Verification under real numerics"). Prints one JSON object as its last
+line; `--smoke` runs tiny sizes on the tiny model only (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _numerics import (  # noqa: E402
+    HONEST_SETUPS,
+    TRAINED_MODEL,
+    VERIFIER_PRECISIONS,
+    Engines,
+    FlipTable,
+    draw_lines,
+    generate,
+    reference_logits,
+    say,
+)
+
+SAFETY = 2.0
+"""The greedy scale the error model uses, as a multiple of the smallest that fits."""
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "calibrate_numerics.json"
+
+
+def chunk_summary(checks: list[Any]) -> dict[str, Any]:
+    if not checks:
+        return {"chunks": 0}
+    mism = sorted(c.mismatches for c in checks)
+    means = sorted(c.mant_err_mean for c in checks)
+    medians = sorted(c.mant_err_median for c in checks)
+    q = max(0, math.ceil(0.999 * len(checks)) - 1)
+    return {"chunks": len(checks), "max_mismatches": mism[-1], "p999_mismatches": mism[q],
+            "max_mant_err_mean": round(means[-1], 3), "p999_mant_err_mean": round(means[q], 3),
+            "max_mant_err_median": medians[-1]}
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import torch
+
+    from market.model.create import create_model
+    from market.protocol.precision import parse_precision
+    from verifier.scoring import EXPONENTS, MANTISSA_BITS
+
+    torch.set_num_threads(args.threads)
+    started = time.monotonic()
+    engines = Engines()
+    models = {"tiny": work / "tiny", "trained": TRAINED_MODEL}
+    create_model(models["tiny"])
+    tables: dict[str, FlipTable] = {}
+    per_setup: dict[str, dict[str, Any]] = {}
+    chunks: dict[str, list[Any]] = {}
+    setups = HONEST_SETUPS if not args.smoke else HONEST_SETUPS[:1] + HONEST_SETUPS[4:5]
+    for name in args.models:
+        model_dir = models[name]
+        rng = random.Random(f"{args.seed}-{name}")
+        probe = engines.get(model_dir, "fp32")
+        lines = draw_lines(args.outputs, rng, model_name=probe.manifest.name,
+                           temperatures=(0.0,), max_tokens=args.max_tokens)
+        for setup in setups:
+            t0 = time.monotonic()
+            engine = engines.get(model_dir, setup.precision, setup.attention)
+            requests = [engine.request_from_line(line) for line in lines]
+            outputs = generate(engine, requests, setup.batching, rng)
+            prompts = [r.prompt_ids for r in requests]
+            ids = [o.token_ids for o in outputs]
+            gen_s = time.monotonic() - t0
+            for v in VERIFIER_PRECISIONS:
+                reference = engines.get(model_dir, v)
+                key = f"{setup.precision}/{v}"
+                roundings = (MANTISSA_BITS[parse_precision(setup.precision)],
+                             MANTISSA_BITS[parse_precision(v)])
+                table = tables.setdefault(key, FlipTable())
+                own = FlipTable()
+                for logits, out in zip(reference_logits(reference, prompts, ids), ids,
+                                       strict=True):
+                    if out:
+                        table.add(logits, out, roundings)
+                        own.add(logits, out, roundings)
+                results = reference.evidence(prompts, ids, [(0.0, 1.0)] * len(ids), EXPONENTS,
+                                             commitments=[o.commitment for o in outputs])
+                found = [c for r in results for c in r.commitment_checks]
+                chunks.setdefault(key, []).extend(found)
+                per_setup[f"{name}/{setup.label}/{v}"] = {
+                    "positions": own.positions, "off_argmax": own.positions - own.argmax,
+                    "largest_gap": round(own.largest_gap, 4),
+                    "smallest_beta": own.smallest_beta(), **chunk_summary(found)}
+            say(f"{name} {setup.label}: {len(lines)} outputs in {gen_s:.0f}s; "
+                + ", ".join(f"{v}: {per_setup[f'{name}/{setup.label}/{v}']['off_argmax']} off "
+                            f"argmax, largest gap "
+                            f"{per_setup[f'{name}/{setup.label}/{v}']['largest_gap']}"
+                            for v in VERIFIER_PRECISIONS))
+    pairs = {}
+    for key, table in sorted(tables.items()):
+        beta = table.smallest_beta()
+        pairs[key] = {"positions": table.positions, "off_argmax": table.positions - table.argmax,
+                      "largest_gap": round(table.largest_gap, 4), "smallest_beta": beta,
+                      "beta": None if beta is None else round(beta * SAFETY, 6),
+                      "observed_by_bin": table.observed,
+                      **chunk_summary(chunks.get(key, []))}
+    return {"benchmark": "calibrate_numerics", "models": list(args.models),
+            "outputs_per_setup": args.outputs, "max_tokens": args.max_tokens,
+            "safety": SAFETY, "setups": [s.label for s in setups], "pairs": pairs,
+            "per_setup": per_setup, "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,trained",
+                        help="comma-separated: tiny, trained (both)")
+    parser.add_argument("--outputs", type=int, default=192,
+                        help="greedy outputs per miner setup (192)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens (64)")
+    parser.add_argument("--seed", default="calibration", help="request seed")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
+    parser.add_argument("--smoke", action="store_true", help="seconds: tiny sizes, tiny model")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    args.models = [m.strip() for m in str(args.models).split(",") if m.strip()]
+    if args.smoke:
+        args.models, args.outputs, args.max_tokens = ["tiny"], 6, 8
+    if not set(args.models) <= {"tiny", "trained"} or not args.models:
+        parser.error("--models takes tiny and/or trained")
+    with tempfile.TemporaryDirectory(prefix="quarry-calibrate-") as tmp:
+        result = run(args, Path(tmp))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for key, pair in result["pairs"].items():
+        say(f"{key}: beta {pair['beta']} (smallest {pair['smallest_beta']}), largest gap "
+            f"{pair['largest_gap']}, chunks: worst mismatches {pair.get('max_mismatches')}, "
+            f"mean {pair.get('max_mant_err_mean')}, median {pair.get('max_mant_err_median')}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""Does verification hold where real miners run: other precisions, kernels, batch shapes?
+
+Three measurements, one JSON object (last line; also benchmarks/out/numerics.json):
+
+1. **Honest false faults.** On the embedded tiny model and the trained test model
+   (`testmodels/quarry-pydoc`), every honest miner setup of `_numerics.HONEST_SETUPS` (fp32,
+   fp16, bf16, int8 and fp8 weights; batch 32, 1, shuffled batches of 5; sdpa and eager
+   attention) answers its own requests, a quarter greedy and a quarter each sampled at
+   temperatures 0.5, 0.8 and 1.0, drawn like challenges and like client questions
+   (`_numerics.draw_lines`). Each verifier precision (fp32, bf16) scores every output
+   (`verifier.scoring.score_outputs` at the miner's declared precision, with its activation
+   commitment), judging each output alone (a one-output shard: the strictest use) and each
+   run of `--shard-size` outputs as a shard. `honest_outputs_at_fault` and
+   `honest_shards_at_fault` count the failures (target 0 each; the stated model bounds
+   the rate by 1e-6).
+2. **Cheats.** `detection.py` on the trained model with every miner declaring bf16 (the
+   common GPU case; honest miners compute in it): 2 honest miners and every mode of
+   `miner.cheats`, the int8 substitute and logit noise (sigma 0.1) included, over
+   `--epochs` epochs with audits of client traffic; epochs to untrusted per mode (target
+   <= 3), with commitments and with statistics alone (what commitments add).
+3. **Cost.** On the trained model, a bf16 miner's generation of a batch with and without
+   building commitments, and the fp32 verifier's whole check of the same outputs (greedy
+   and sampled evidence and the commitments): `check_to_generate_ratio` (target <= 0.25);
+   commitment bytes per 32 tokens.
+
+`--smoke` runs tiny sizes (seconds) on the tiny model only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import detection  # noqa: E402
+from _numerics import (  # noqa: E402
+    HONEST_SETUPS,
+    TRAINED_MODEL,
+    VERIFIER_PRECISIONS,
+    Engines,
+    draw_lines,
+    generate,
+    say,
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "numerics.json"
+TEMPERATURES = (0.0, 0.5, 0.8, 1.0)
+TARGET_EPOCHS_TO_UNTRUSTED = 3
+TARGET_CHECK_RATIO = 0.25
+
+
+def outputs_for(setup: Any, per_setup: int) -> int:
+    """Fewer outputs for the slow batch shapes: one at a time costs a decode step each."""
+    return {"1": max(1, per_setup // 8), "shuffled5": max(1, per_setup // 2)}.get(
+        setup.batching, per_setup)
+
+
+def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict[str, Any]:
+    from market.model.create import create_model
+    from verifier.scoring import judge, score_outputs
+
+    models = {"tiny": work / "tiny", "trained": TRAINED_MODEL}
+    create_model(models["tiny"])
+    setups = HONEST_SETUPS if not args.smoke else HONEST_SETUPS[:1] + HONEST_SETUPS[4:5]
+    total = {"outputs": 0, "at_fault": 0, "shards": 0, "shards_at_fault": 0}
+    worst: dict[str, float] = {"greedy": -math.inf, "sampled": -math.inf,
+                               "commitments": -math.inf, "shard": -math.inf}
+    rows: dict[str, Any] = {}
+    for name in args.models:
+        model_dir = models[name]
+        rng = random.Random(f"{args.seed}-{name}")
+        probe = engines.get(model_dir, "fp32")
+        for setup in setups:
+            n = outputs_for(setup, args.outputs_per_setup)
+            lines = draw_lines(n, rng, model_name=probe.manifest.name,
+                               temperatures=TEMPERATURES, max_tokens=args.max_tokens)
+            engine = engines.get(model_dir, setup.precision, setup.attention)
+            requests = [engine.request_from_line(line) for line in lines]
+            t0 = time.monotonic()
+            outputs = generate(engine, requests, setup.batching, rng)
+            gen_s = time.monotonic() - t0
+            for v in VERIFIER_PRECISIONS:
+                reference = engines.get(model_dir, v)
+                scores = score_outputs(reference, requests, [o.token_ids for o in outputs],
+                                       [o.finish_reason for o in outputs],
+                                       [o.text for o in outputs], precision=setup.precision,
+                                       commitments=[o.commitment for o in outputs])
+                alone = [judge([s]) for s in scores]
+                shards = [judge(scores[i: i + args.shard_size])
+                          for i in range(0, len(scores), args.shard_size)]
+                faults = [j.reason for j in alone if not j.passed]
+                shard_faults = [j.reason for j in shards if not j.passed]
+                for j in alone:
+                    for k, kind in enumerate(("greedy", "sampled", "commitments")):
+                        worst[kind] = max(worst[kind], j.kind_log_evidence[k])
+                worst["shard"] = max([worst["shard"], *(j.log_evidence for j in shards)])
+                rows[f"{name}/{setup.label}/{v}"] = {
+                    "outputs": len(scores), "at_fault": len(faults),
+                    "shards": len(shards), "shards_at_fault": len(shard_faults),
+                    "first_fault": (faults or shard_faults or [""])[0],
+                    "max_log_evidence": round(max(j.log_evidence for j in alone), 2),
+                    "off_argmax_tokens": sum(j.mismatches for j in alone),
+                    "failed_chunks": sum(j.failed_chunks for j in alone)}
+                total["outputs"] += len(scores)
+                total["at_fault"] += len(faults)
+                total["shards"] += len(shards)
+                total["shards_at_fault"] += len(shard_faults)
+            say(f"{name} {setup.label}: {n} outputs in {gen_s:.0f}s; "
+                + ", ".join(f"{v}: {rows[f'{name}/{setup.label}/{v}']['at_fault']} at fault"
+                            for v in VERIFIER_PRECISIONS))
+    return {"generated_outputs": total["outputs"] // len(VERIFIER_PRECISIONS),
+            "judged_outputs": total["outputs"], "at_fault": total["at_fault"],
+            "judged_shards": total["shards"], "shards_at_fault": total["shards_at_fault"],
+            "max_honest_log_evidence": {k: round(v, 2) for k, v in worst.items()},
+            "by_setup": rows}
+
+
+def cheats(args: argparse.Namespace, commitments: bool) -> dict[str, Any]:
+    argv = ["--model", "trained" if not args.smoke else "tiny", "--precision", "bf16",
+            "--epochs", str(args.epochs), "--honest", "2",
+            "--honest-outputs", str(args.cheat_honest_outputs), "--threads", str(args.threads)]
+    if args.smoke:
+        argv += ["--requests", "2", "--max-tokens", "4", "--client-shards", "2",
+                 "--modes", "noise,int8,logit-noise"]
+    if not commitments:
+        argv.append("--no-commitments")
+    d_args = detection.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="quarry-numerics-cheats-") as tmp:
+        result = detection.run(d_args, Path(tmp))
+    level = result["levels"][result["default_level"]]
+    return {"epochs": args.epochs, "epochs_to_untrusted": level["epochs_to_untrusted"],
+            "max_epochs_to_untrusted": level["max_epochs_to_untrusted"],
+            "honest_false_positive_epochs": level["honest_false_positive_epochs"],
+            "honest_outputs_at_fault": result["honest_outputs_at_fault"],
+            "cheat_min_log_evidence": result["cheat_min_log_evidence"],
+            "epoch_failed_chunks": {m: v for m, v in result["epoch_failed_chunks"].items()
+                                    if not m.startswith("honest")}}
+
+
+def cost(args: argparse.Namespace, engines: Engines, work: Path) -> dict[str, Any]:
+    from market.protocol.commitments import CHUNK_TOKENS
+    from verifier.scoring import score_outputs
+
+    model_dir = TRAINED_MODEL if not args.smoke else work / "tiny"
+    miner = engines.get(model_dir, "bf16")
+    reference = engines.get(model_dir, "fp32")
+    rng = random.Random(f"{args.seed}-cost")
+    lines = draw_lines(args.cost_batch, rng, model_name=miner.manifest.name,
+                       temperatures=TEMPERATURES, max_tokens=args.max_tokens)
+    requests = [miner.request_from_line(line) for line in lines]
+    times: dict[str, list[float]] = {"generate": [], "generate_no_commit": [], "check": []}
+    outputs: list[Any] = []
+    for _ in range(args.repeats):
+        for commit in (False, True):
+            miner.commit = commit
+            t0 = time.perf_counter()
+            outputs = miner.generate(requests)
+            times["generate" if commit else "generate_no_commit"].append(
+                time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        score_outputs(reference, requests, [o.token_ids for o in outputs],
+                      [o.finish_reason for o in outputs], precision="bf16",
+                      commitments=[o.commitment for o in outputs])
+        times["check"].append(time.perf_counter() - t0)
+    miner.commit = True
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    tokens = sum(len(o.token_ids) for o in outputs)
+    commit_bytes = sum(len(o.commitment) for o in outputs)
+    chunks = sum(math.ceil(len(o.token_ids) / CHUNK_TOKENS) for o in outputs if o.token_ids)
+    return {"outputs": len(outputs), "tokens": tokens, "repeats": args.repeats,
+            "generate_s": round(med["generate"], 3),
+            "generate_without_commitments_s": round(med["generate_no_commit"], 3),
+            "commitment_overhead_ratio": round(med["generate"] / med["generate_no_commit"] - 1,
+                                               4),
+            "check_s": round(med["check"], 3),
+            "check_to_generate_ratio": round(med["check"] / med["generate"], 4),
+            "commitment_bytes": commit_bytes, "commitment_chunks": chunks,
+            "commitment_bytes_per_chunk": round(commit_bytes / max(1, chunks), 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,trained", help="tiny and/or trained")
+    parser.add_argument("--outputs-per-setup", type=int, default=1150,
+                        help="outputs per batch-32 setup and model; batch 1 gets an eighth, "
+                        "shuffled batches half (880: 20,240 generated in all)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens (32)")
+    parser.add_argument("--shard-size", type=int, default=16, help="outputs per shard (16)")
+    parser.add_argument("--epochs", type=int, default=12, help="cheat epochs (12)")
+    parser.add_argument("--cheat-honest-outputs", type=int, default=400,
+                        help="detection.py's own false-fault sample (400; part 1 is the "
+                        "large one)")
+    parser.add_argument("--cost-batch", type=int, default=32, help="outputs timed (32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timing repeats (3)")
+    parser.add_argument("--seed", default="numerics", help="request seed")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
+    parser.add_argument("--skip", default="", help="parts to skip: faults, cheats, cost")
+    parser.add_argument("--smoke", action="store_true", help="seconds: tiny sizes, tiny model")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.smoke:
+        args.models, args.outputs_per_setup, args.max_tokens = ["tiny"], 4, 6
+        args.epochs, args.cheat_honest_outputs, args.cost_batch, args.repeats = 2, 4, 2, 1
+    import torch
+
+    torch.set_num_threads(args.threads)
+    started = time.monotonic()
+    engines = Engines()
+    result: dict[str, Any] = {"benchmark": "numerics", "models": args.models,
+                              "max_tokens": args.max_tokens, "temperatures": TEMPERATURES,
+                              "setups": [s.label for s in HONEST_SETUPS],
+                              "verifiers": VERIFIER_PRECISIONS}
+    with tempfile.TemporaryDirectory(prefix="quarry-numerics-") as tmp:
+        work = Path(tmp)
+        if "faults" not in skip:
+            faults = false_faults(args, work, engines)
+            result |= {"honest_outputs": faults["generated_outputs"],
+                       "honest_outputs_at_fault": faults["at_fault"],
+                       "honest_shards_at_fault": faults["shards_at_fault"],
+                       "false_faults": faults}
+        if "cheats" not in skip:
+            with_commit = cheats(args, commitments=True)
+            without = cheats(args, commitments=False)
+            result |= {"epochs_to_untrusted": with_commit["epochs_to_untrusted"],
+                       "max_epochs_to_untrusted": with_commit["max_epochs_to_untrusted"],
+                       "epochs_to_untrusted_statistics_only": without["epochs_to_untrusted"],
+                       "cheats": with_commit, "cheats_statistics_only": without}
+        if "cost" not in skip:
+            if "faults" in skip:
+                from market.model.create import create_model
+
+                create_model(work / "tiny")
+            result["cost"] = cost(args, engines, work)
+            result["check_to_generate_ratio"] = result["cost"]["check_to_generate_ratio"]
+    result["targets"] = {"honest_outputs_at_fault": 0, "honest_shards_at_fault": 0,
+                         "max_epochs_to_untrusted": TARGET_EPOCHS_TO_UNTRUSTED,
+                         "check_to_generate_ratio": TARGET_CHECK_RATIO}
+    result["seconds"] = round(time.monotonic() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
