@@ -85,7 +85,7 @@ test: setup lint typecheck
 	$(MAKE) --no-print-directory -j2 test-contracts test-python
 
 bench: setup $(ARTIFACTS_STAMP)
-	@set -e; for script in benchmarks/*.py; do \
+	@set -e; for script in benchmarks/[!_]*.py; do \
 	  echo "== $$script"; $(PY) $$script; done
 
 # The whole marketplace on private Redis/Anvil/market/worker/miners; stops all it started

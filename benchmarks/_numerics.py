@@ -217,13 +217,24 @@ class FlipTable:
             for k, v in enumerate(sums.tolist()):
                 row[k] += v
 
-    def smallest_beta(self, slack: float = 0.5, min_expected: float = 0.0) -> float | None:
-        """The smallest BETAS scale under which every bin's observed flips are at most
-        `slack` times the expected (None when none is)."""
+    def smallest_beta(self, slack: float = 0.5) -> float | None:
+        """The smallest BETAS scale under which, beyond every gap, the honest flips observed
+        are at most `slack` times those the bound allows (tails, because the e-values grow
+        with the gap: a flip beyond the largest gaps the bound expects is what would fault
+        an honest miner). None when none fits."""
         assert self.observed is not None and self.expected is not None
+        observed = _tails(self.observed)
         for b, beta in enumerate(BETAS):
-            if all(o <= slack * max(e, min_expected) for o, e in zip(self.observed,
-                                                                    self.expected[b],
-                                                                    strict=True)):
+            expected = _tails(self.expected[b])
+            if all(o <= slack * e for o, e in zip(observed, expected, strict=True) if o):
                 return beta
         return None
+
+
+def _tails(counts: Sequence[float]) -> list[float]:
+    """Each bin's count plus every later bin's."""
+    out, total = [], 0.0
+    for c in reversed(counts):
+        total += c
+        out.append(total)
+    return out[::-1]

@@ -8,12 +8,22 @@ answer the same greedy requests; each verifier precision (fp32, bf16) re-reads t
 - **Greedy flips.** At every position, each token's gap below the reference's argmax after
   forgiving both sides' logit rounding (`market.engine.sampling.forgiven_gaps`); the honest
   token's gap is binned (`_numerics.FlipTable`), against the flips the Gumbel bound would
-  allow at each scale beta. `smallest_beta` is the smallest scale under which the observed
-  flips stay at most half the allowed in every bin; the error model takes it times
-  `SAFETY` (for GPUs, kernels and engines not measured here).
+  allow at each scale beta. `smallest_beta` is the smallest scale under which, beyond every
+  gap, the observed flips stay at most half the allowed.
 - **Commitment chunks.** Each output's activation commitment against the verifier's own
   hidden states (`market.protocol.commitments.check`): the worst chunk's sign/exponent
-  mismatches and mantissa errors; the tolerance is above the worst honest chunk.
+  mismatches and mantissa errors.
+
+The error models (`models` in the JSON, what `verifier.scoring.ERROR_MODELS` holds):
+- against an fp32 verifier, beta is `SAFETY` times the largest smallest_beta over both
+  models and every setup of the precision (at least `FP32_FLOOR`: fp32 shows no flip at all
+  here, and a GPU's fp32 may use TF32 products); the chunk tolerance is `SAFETY` times the
+  worst honest chunk, plus `CHUNK_SLACK`;
+- against a bf16 verifier, the miner's error and the verifier's own add up: beta(P, bf16)
+  = beta(P, fp32) + beta(bf16, fp32), and so do the tolerances. (Measured directly, a bf16
+  miner and a bf16 verifier on this CPU agree far better than that, but only because they
+  share kernels; a GPU miner would not.) `covered` checks each composed model against
+  what was measured for its pair.
 
 The numbers `verifier.scoring.ERROR_MODELS` holds come from a full run of this script (its
 JSON is in README "Verification under real numerics"). Prints one JSON object as its last
@@ -47,7 +57,11 @@ from _numerics import (  # noqa: E402
 )
 
 SAFETY = 2.0
-"""The greedy scale the error model uses, as a multiple of the smallest that fits."""
+"""The error model's scale and tolerances, as a multiple of the smallest that fit here."""
+FP32_FLOOR = 0.005
+"""The least greedy scale of an fp32 miner (nats)."""
+CHUNK_SLACK = (2, 0.5, 1.0)
+"""Added to SAFETY times the worst honest chunk: mismatches, mean and median ulps."""
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "calibrate_numerics.json"
 
 
@@ -61,6 +75,42 @@ def chunk_summary(checks: list[Any]) -> dict[str, Any]:
     return {"chunks": len(checks), "max_mismatches": mism[-1], "p999_mismatches": mism[q],
             "max_mant_err_mean": round(means[-1], 3), "p999_mant_err_mean": round(means[q], 3),
             "max_mant_err_median": medians[-1]}
+
+
+def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[str, Any]:
+    """The error model of every (miner, verifier) pair from the measured ones (module doc)."""
+    from market.protocol.precision import Precision
+
+    fp32_models: dict[str, dict[str, Any]] = {}
+    for p in Precision:
+        pair = pairs.get(f"{p.label}/fp32")
+        if pair is None:
+            continue
+        beta = pair["smallest_beta"]
+        fp32_models[p.label] = {
+            "beta": None if beta is None else round(max(SAFETY * beta, FP32_FLOOR), 4),
+            "chunks": [math.ceil(SAFETY * pair.get("max_mismatches", 0)) + CHUNK_SLACK[0],
+                       round(SAFETY * pair.get("max_mant_err_mean", 0) + CHUNK_SLACK[1], 2),
+                       SAFETY * pair.get("max_mant_err_median", 0) + CHUNK_SLACK[2]]}
+    out: dict[str, Any] = {f"{k}/fp32": v for k, v in fp32_models.items()}
+    verifier = fp32_models.get("bf16")
+    for label, m in fp32_models.items():
+        if verifier is None or m["beta"] is None or verifier["beta"] is None:
+            continue
+        composed = {"beta": round(m["beta"] + verifier["beta"], 4),
+                    "chunks": [a + b for a, b in zip(m["chunks"], verifier["chunks"],
+                                                     strict=True)]}
+        measured = pairs.get(f"{label}/bf16")
+        table = tables.get(f"{label}/bf16")
+        if measured is not None and table is not None:
+            fits = table.smallest_beta(slack=1.0)
+            composed["covered"] = bool(
+                fits is not None and fits <= composed["beta"]
+                and measured.get("max_mismatches", 0) <= composed["chunks"][0]
+                and measured.get("max_mant_err_mean", 0) <= composed["chunks"][1]
+                and measured.get("max_mant_err_median", 0) <= composed["chunks"][2])
+        out[f"{label}/bf16"] = composed
+    return out
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -118,7 +168,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                             f"argmax, largest gap "
                             f"{per_setup[f'{name}/{setup.label}/{v}']['largest_gap']}"
                             for v in VERIFIER_PRECISIONS))
-    pairs = {}
+    pairs: dict[str, Any] = {}
     for key, table in sorted(tables.items()):
         beta = table.smallest_beta()
         pairs[key] = {"positions": table.positions, "off_argmax": table.positions - table.argmax,
@@ -126,10 +176,48 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                       "beta": None if beta is None else round(beta * SAFETY, 6),
                       "observed_by_bin": table.observed,
                       **chunk_summary(chunks.get(key, []))}
+    models = error_models(pairs, tables)
     return {"benchmark": "calibrate_numerics", "models": list(args.models),
+            "error_models": models,
+            "tables": {k: {"positions": t.positions, "argmax": t.argmax,
+                           "observed": t.observed, "expected": t.expected,
+                           "largest_gap": t.largest_gap, "chunks": chunk_summary(chunks[k])}
+                       for k, t in tables.items()},
             "outputs_per_setup": args.outputs, "max_tokens": args.max_tokens,
             "safety": SAFETY, "setups": [s.label for s in setups], "pairs": pairs,
             "per_setup": per_setup, "seconds": round(time.monotonic() - started, 1)}
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """The error models from several runs' tables (e.g. one process per model)."""
+    tables: dict[str, FlipTable] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    runs = [json.loads(path.read_text()) for path in paths]
+    for run_ in runs:
+        for key, t in run_["tables"].items():
+            table = tables.setdefault(key, FlipTable())
+            table.positions += t["positions"]
+            table.argmax += t["argmax"]
+            table.largest_gap = max(table.largest_gap, t["largest_gap"])
+            if table.observed is None:
+                table.observed, table.expected = list(t["observed"]), [list(r) for r in
+                                                                       t["expected"]]
+            else:
+                assert table.expected is not None
+                table.observed = [a + b for a, b in zip(table.observed, t["observed"],
+                                                        strict=True)]
+                table.expected = [[a + b for a, b in zip(r1, r2, strict=True)]
+                                  for r1, r2 in zip(table.expected, t["expected"], strict=True)]
+            worst = summaries.setdefault(key, {})
+            for name, value in t["chunks"].items():
+                worst[name] = max(worst.get(name, value), value)
+    pairs = {k: {"positions": t.positions, "off_argmax": t.positions - t.argmax,
+                 "largest_gap": round(t.largest_gap, 4), "smallest_beta": t.smallest_beta(),
+                 **summaries[k]} for k, t in sorted(tables.items())}
+    return {"benchmark": "calibrate_numerics", "merged": [str(p) for p in paths],
+            "models": [m for r in runs for m in r["models"]],
+            "error_models": error_models(pairs, tables), "pairs": pairs,
+            "per_setup": {k: v for r in runs for k, v in r["per_setup"].items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,8 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", default="calibration", help="request seed")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
     parser.add_argument("--smoke", action="store_true", help="seconds: tiny sizes, tiny model")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="derive the error models from earlier runs' JSON files instead")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
+    if args.merge:
+        result = merge(args.merge)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        for key, model in result["error_models"].items():
+            say(f"model {key}: {model}")
+        print(json.dumps({k: v for k, v in result.items() if k != "per_setup"}))
+        return 0
     args.models = [m.strip() for m in str(args.models).split(",") if m.strip()]
     if args.smoke:
         args.models, args.outputs, args.max_tokens = ["tiny"], 6, 8
@@ -154,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args, Path(tmp))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for key, model in result["error_models"].items():
+        say(f"model {key}: {model}")
     for key, pair in result["pairs"].items():
         say(f"{key}: beta {pair['beta']} (smallest {pair['smallest_beta']}), largest gap "
             f"{pair['largest_gap']}, chunks: worst mismatches {pair.get('max_mismatches')}, "

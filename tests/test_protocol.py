@@ -219,6 +219,8 @@ def test_validate_accepts_both_endpoints_and_does_not_rewrite() -> None:
         (lambda r: r["body"].update(seed=2**53), "body.seed"),
         (lambda r: r["body"].update(seed=2**64 - 1), "body.seed"),
         (lambda r: r["body"].update(n=2), "body.n"),
+        (lambda r: r["body"].update(top_k=50), "body.top_k"),
+        (lambda r: r["body"].update(min_p=0.05), "body.min_p"),
     ],
 )
 def test_validate_names_the_bad_field(mutate, field: str) -> None:
@@ -228,6 +230,8 @@ def test_validate_names_the_bad_field(mutate, field: str) -> None:
         validate_request(req)
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
+    if field in ("body.top_k", "body.min_p"):  # the protocol's one sampling rule, named
+        assert "not part of Quarry's sampling rule" in str(info.value)
 
 
 def test_seed_past_2_53_is_refused_naming_the_line() -> None:

@@ -1,7 +1,8 @@
 """The statistical check with real forward passes on the tiny model: honest outputs pass
-(greedy with no mismatch, sampled with evidence far under the threshold), every cheat fails
-(random tokens, a cheaper model, greedy answers to sampled requests, a colder temperature,
-truncation, a finish_reason that lies), the evidence is an exact martingale, the numbers are
+(greedy in every precision, sampled with evidence far under the threshold), every cheat
+fails (random tokens, a cheaper model, greedy answers to sampled requests, a colder
+temperature, truncation, a finish_reason that lies), the sampled evidence is an exact
+martingale and the greedy evidence a supermartingale under its bound, the numbers are
 deterministic, impossible outputs fail without a crash, and bad input is refused by name."""
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import pytest
 import torch
 
 from market.engine.base import GenerationRequest
-from market.engine.sampling import likelihood_ratios
+from market.engine.sampling import GreedyTest, forgiven_gaps, greedy_ratios, likelihood_ratios
 from market.engine.torch_engine import TorchEngine
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
 from verifier.scoring import (
+    COMMIT_ALTERNATIVES,
+    EVIDENCE_WIDTH,
     EXPONENTS,
+    GREEDY_EXPONENTS,
     ChallengeScore,
     ScoringError,
     judge,
@@ -90,15 +94,47 @@ def test_the_ratios_are_an_exact_martingale() -> None:
         assert torch.isfinite(ratios).all()  # outside the nucleus: finite, not -inf/inf
 
 
-def test_honest_greedy_has_no_mismatch(engine: TorchEngine) -> None:
+def test_the_greedy_ratios_are_a_supermartingale_under_the_bound() -> None:
+    """Under the bound p = softmax(-g'/beta) each alternative's factor has expectation
+    exactly 1; moving honest mass from other tokens onto the argmax or its ties (what
+    honest rounding does) only lowers it; tokens within rounding of the argmax tie."""
+    gen = torch.Generator().manual_seed(4)
+    test = GreedyTest(0.05, (7, 23), GREEDY_EXPONENTS)
+    for _ in range(5):
+        logits = (torch.randn(48, generator=gen) * 3).to(torch.bfloat16).float()
+        logits[7] = logits.max() - 0.01  # within bf16 rounding of the argmax: a tie
+        vocab = torch.arange(48)
+        ratios = greedy_ratios(logits.repeat(48, 1), vocab, test).exp()
+        gaps = forgiven_gaps(logits[None], test)[0]
+        p = torch.softmax(-gaps / test.beta, -1)
+        assert torch.allclose((p[:, None] * ratios).sum(0),
+                              torch.ones(len(GREEDY_EXPONENTS), dtype=torch.float64))
+        tied = gaps == 0
+        assert tied[7] and torch.allclose(ratios[7], ratios[int(logits.argmax())])
+        honest = torch.where(tied, p * 3, p * 0.5)
+        honest[tied] += 1 - honest.sum()
+        assert ((honest[:, None] * ratios).sum(0) <= 1 + 1e-12).all()
+        assert (ratios[~tied] >= ratios[tied][0]).all()  # leaving the ties costs evidence
+
+
+def test_honest_greedy_passes_in_every_precision(engine: TorchEngine,
+                                                 models: dict[str, Path]) -> None:
     reqs = requests(engine, 0.0)
     honest = engine.generate(reqs)
     scores = score_outputs(engine, reqs, ids(honest), finish(honest))
     assert all(s.greedy and s.possible and s.mismatches() == 0 for s in scores)
-    assert all(s.log_ratios == () and s.log_evidence == 0.0 for s in scores)
+    assert all(s.log_ratios == () and len(s.greedy_log_ratios) == len(GREEDY_EXPONENTS)
+               and s.log_evidence <= 0.0 for s in scores)
     verdict = judge(scores)
     assert verdict.passed and verdict.score_bps == 10_000
     assert verdict.greedy_tokens == sum(len(o.token_ids) for o in honest)
+    for precision in ("bf16", "fp16", "int8", "fp8"):
+        miner = TorchEngine(models["tiny"], precision=precision)
+        outs = miner.generate(reqs)
+        verdict = judge(score_outputs(engine, reqs, ids(outs), finish(outs),
+                                      precision=precision,
+                                      commitments=[o.commitment for o in outs]))
+        assert verdict.passed and verdict.log_evidence < THRESHOLD / 2, (precision, verdict)
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9), (0.5, 1.0)])
@@ -116,7 +152,7 @@ def test_honest_sampled_passes_and_cheap_sampling_fails(engine: TorchEngine,
     greedy = engine.generate([replace(r, temperature=0.0) for r in reqs])
     lazy = judge(score_outputs(engine, reqs, ids(greedy), finish(greedy)))
     assert not lazy.passed and lazy.log_evidence > THRESHOLD, lazy
-    assert "sampled outputs' evidence" in lazy.reason
+    assert "sampled tokens are not what honest sampling" in lazy.reason
 
 
 def test_a_colder_temperature_fails(engine: TorchEngine) -> None:
@@ -171,6 +207,7 @@ def test_deterministic_across_calls_and_engines(engine: TorchEngine,
     again = score_outputs(TorchEngine(models["tiny"], max_batch_size=2), reqs, outputs)
     for a, b in zip(first, again, strict=True):
         assert a.log_ratios == pytest.approx(b.log_ratios, rel=1e-4, abs=1e-3)
+        assert a.greedy_log_ratios == pytest.approx(b.greedy_log_ratios, rel=1e-4, abs=1e-3)
         assert a.mismatches() == b.mismatches()
 
 
@@ -197,7 +234,7 @@ def test_empty_and_impossible_outputs(engine: TorchEngine) -> None:
         assert not judge([s]).passed
     assert scores[6].possible and scores[6].tokens == 4
     assert scores[6].mismatches() == 1  # EOS was not the argmax at step 4, by a wide margin
-    assert judge(scores[6:]).reason.startswith("1 of 4 greedy token(s) lost")
+    assert "greedy tokens left the reference's argmax" in judge(scores[6:]).reason
 
 
 def test_bad_input_is_named(engine: TorchEngine) -> None:
@@ -214,6 +251,10 @@ def test_bad_input_is_named(engine: TorchEngine) -> None:
         score_outputs(engine, [GenerationRequest((), 4)], [[5, 5, 5, 5]])
     with pytest.raises(ScoringError, match="engine must be an Engine"):
         score_outputs(object(), reqs, [[5], [6]])  # type: ignore[arg-type]
+    with pytest.raises(ScoringError, match="unknown precision 'fp4'"):
+        score_outputs(engine, reqs, [[5], [6]], precision="fp4")
+    with pytest.raises(ScoringError, match="2 outputs but 1 commitments"):
+        score_outputs(engine, reqs, [[5], [6]], commitments=[b""])
 
 
 def test_json_round_trip_and_judge_rules() -> None:
@@ -224,18 +265,37 @@ def test_json_round_trip_and_judge_rules() -> None:
         ChallengeScore.from_json({k: v for k, v in honest.to_json().items() if k != "margins"})
     with pytest.raises(ScoringError, match="unknown field"):
         ChallengeScore.from_json({**honest.to_json(), "extra": 1})
-    with pytest.raises(ScoringError, match="2 log ratios"):
+    with pytest.raises(ScoringError, match="2 log_ratios"):
         ChallengeScore.from_json({**honest.to_json(), "log_ratios": [1.0, 2.0]})
+    with pytest.raises(ScoringError, match="3 failed of 2 chunks"):
+        ChallengeScore.from_json({**honest.to_json(), "chunks": 2, "failed_chunks": 3})
     # Evidence pools across outputs: each alone passes, together they fail.
     weak = replace(honest, log_ratios=(0.0,) * (len(EXPONENTS) - 1) + (9.0,))
     assert judge([weak]).passed and not judge([weak, weak]).passed
-    # Greedy evidence cannot hide in sampled evidence, nor the other way round.
-    near_tie = ChallengeScore(greedy=True, tokens=3, margins=(0.005,))
-    clear = ChallengeScore(greedy=True, tokens=3, margins=(0.5,))
-    assert judge([near_tie, honest]).passed
-    assert not judge([clear] + [honest] * 50).passed
-    assert judge([clear], greedy_margin=1.0).passed  # the margin is the operator's
+    # Greedy evidence cannot hide in sampled evidence: the kinds are averaged, so a set
+    # fails when either kind alone reaches twice the threshold.
+    flips = ChallengeScore(greedy=True, tokens=3, margins=(0.5,),
+                           greedy_log_ratios=(30.0,) * len(GREEDY_EXPONENTS))
+    ties = ChallengeScore(greedy=True, tokens=3, margins=(0.005,),
+                          greedy_log_ratios=(0.0,) * len(GREEDY_EXPONENTS))
+    assert judge([ties, honest]).passed
+    verdict = judge([flips] + [honest] * 50)
+    assert not verdict.passed and "greedy tokens left" in verdict.reason
+    # Commitment chunks: one failed chunk in many is honest bad luck; most failed is not.
+    fine = replace(honest, chunks=8, failed_chunks=1)
+    off = replace(honest, chunks=8, failed_chunks=6)
+    assert judge([fine]).passed and not judge([off, off]).passed
+    assert "activation commitments" in judge([off, off]).reason
+    assert len(judge([fine]).own) == EVIDENCE_WIDTH
+    assert judge([fine]).kind_log_evidence[2] < judge([off]).kind_log_evidence[2]
+    assert judge([replace(honest, chunks=8)]).kind_log_evidence[2] < 0
+    # A prior carries a miner's last set: the same weak evidence fails the next time.
+    first = judge([weak])
+    assert first.passed and not judge([weak], prior=first.own).passed
+    with pytest.raises(ScoringError, match="prior has 3 log ratios"):
+        judge([honest], prior=(0.0, 0.0, 0.0))
     with pytest.raises(ScoringError, match="no outputs"):
         judge([])
     with pytest.raises(ScoringError, match="false_fault_rate"):
         judge([honest], false_fault_rate=0)
+    assert len(COMMIT_ALTERNATIVES) == 3

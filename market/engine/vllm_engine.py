@@ -7,7 +7,16 @@ manifest before vLLM sees it, exactly as for the torch engine.
 What vLLM gives, and how it maps onto Quarry's rules:
 
 - generate: one `SamplingParams(temperature, top_p, seed, max_tokens, logprobs=1)` per
-  request (temperature 0 is greedy in vLLM too). vLLM's V1 sampler returns *raw* logprobs
+  request (temperature 0 is greedy in vLLM too), with every other filter and penalty at its
+  neutral value (`min_p` 0, repetition, presence and frequency penalties off; `top_k` left
+  at vLLM's default, which disables it in every supported version): the protocol's one
+  sampling rule is temperature then the top_p nucleus (`market.engine.sampling`), and a
+  model's `generation_config.json` defaults never reach explicit `SamplingParams`.
+- precision: `precision` fp32, fp16 or bf16 sets vLLM's `dtype`; fp8 asks for its fp8
+  weight quantisation over bf16 (int8 has no single vLLM scheme this engine picks; run the
+  torch engine). Without one, vLLM's "auto" dtype decides and names it. vLLM does not
+  expose the hidden states, so its outputs carry no activation commitment: tasks that
+  require commitments are not for this engine. vLLM's V1 sampler returns *raw* logprobs
   (log_softmax of the model's logits before temperature, penalties or top_p; its default
   `logprobs_mode="raw_logprobs"`, which this engine also asks for explicitly where the
   installed vLLM accepts it), which is the untempered distribution Quarry records. The
@@ -40,6 +49,7 @@ from market.engine.sampling import validate_sampling
 from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.model.manifest import Manifest, load_manifest
+from market.protocol.precision import Precision, parse_precision
 
 INSTALL_HINT = "pip install 'quarry[vllm]' on a Linux machine with an NVIDIA GPU and CUDA"
 
@@ -102,6 +112,30 @@ def score_from_prompt_logprobs(
     return ScoreResult(logprobs=tuple(lps), argmax_ids=tuple(arg))
 
 
+def _precision_options(precision: Any, dtype: str | None
+                       ) -> tuple[Precision | None, str | None, str | None]:
+    """(declared precision, vLLM dtype, vLLM quantization) from the engine's options."""
+    if precision is None:
+        return None, dtype, None
+    try:
+        declared = parse_precision(precision)
+    except QuarryError as exc:
+        raise VllmEngineError(str(exc)) from exc
+    if declared is Precision.INT8:
+        raise VllmEngineError("the vLLM engine serves fp32, fp16, bf16 or fp8; for int8 "
+                              "weights run the torch engine (engine = \"torch\")")
+    wanted = declared.torch_dtype_name
+    if dtype is not None and dtype not in ("auto", wanted):
+        raise VllmEngineError(f"dtype {dtype!r} contradicts precision {declared.label!r}")
+    return declared, wanted, "fp8" if declared is Precision.FP8 else None
+
+
+def _served_precision(config: Any) -> Precision:
+    """The precision vLLM's "auto" dtype chose, from its model config."""
+    dtype = str(getattr(config, "dtype", "bfloat16")).removeprefix("torch.")
+    return parse_precision(dtype)
+
+
 class VllmEngine(TextEngine):
     """A verified local model served by vLLM (`vllm.LLM`) in this process."""
 
@@ -111,6 +145,7 @@ class VllmEngine(TextEngine):
         *,
         manifest: Manifest | None = None,
         dtype: str | None = None,
+        precision: Any = None,
         max_batch_size: int = 256,
         gpu_memory_utilization: float = 0.85,
         seed: int = 0,
@@ -122,6 +157,9 @@ class VllmEngine(TextEngine):
         except ImportError as exc:
             raise VllmNotInstalled(f"vLLM is not installed ({exc}); {INSTALL_HINT}") from exc
         self._vllm = vllm
+        declared, dtype, quantization = _precision_options(precision, dtype)
+        if quantization is not None:
+            llm_options.setdefault("quantization", quantization)
         self.model_dir = Path(model_dir)
         self.manifest = manifest if manifest is not None else load_manifest(self.model_dir)
         self.manifest.verify(self.model_dir)
@@ -148,6 +186,7 @@ class VllmEngine(TextEngine):
         config = getattr(self.llm.llm_engine, "model_config", None)
         self.max_positions = int(getattr(config, "max_model_len", 0) or 0)
         self.vocab_size = int(self.manifest.architecture.get("vocab_size", 0) or 0)
+        self.precision = declared if declared is not None else _served_precision(config)
 
     def _check(self, ids: Sequence[int], what: str) -> None:
         if not ids:
@@ -185,6 +224,10 @@ class VllmEngine(TextEngine):
                 seed=int(requests[i].seed) % (1 << 63),
                 max_tokens=requests[i].max_tokens,
                 logprobs=1,
+                min_p=0.0,
+                repetition_penalty=1.0,
+                presence_penalty=0.0,
+                frequency_penalty=0.0,
                 **({"stop": list(requests[i].stop)} if requests[i].stop else {}),
             )
             for i in todo

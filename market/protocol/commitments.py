@@ -13,10 +13,11 @@ package do, for each output:
   GF(65497), m the largest modulus <= 65497 under which the indices stay distinct, written
   as m then the 128 coefficients, 16 bits each, big-endian: 258 bytes per chunk.
 
-The bytes are those of `toploc.build_proofs_bytes(..., decode_batching_size=32, topk=128,
-skip_prefill=True)` (the package's compiled part is built for other torch versions than the
-one this repository pins, so the scheme is implemented here in numpy). An output's
-commitment is its chunks' proofs concatenated; its receipt signs `commitment_hash` of them.
+This is the layout and arithmetic of `toploc.build_proofs_bytes(..., decode_batching_size=32,
+topk=128, skip_prefill=True)` (a port of its C++ to numpy: the package's compiled part is
+built against other torch versions than the one this repository pins, and does not load,
+so the bytes have not been compared with the package's own). An output's commitment is its
+chunks' proofs concatenated; its receipt signs `commitment_hash` of them.
 
 A verifier recomputes the same hidden states in the teacher-forced pass it already runs for
 the token test, takes its own top-k indices of each chunk, evaluates the miner's polynomial

@@ -62,6 +62,10 @@ CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 _TOP_KEYS = {"custom_id", "method", "url", "body"}
 _BODY_KEYS = {"model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed",
               "stop"}
+_FOREIGN_SAMPLERS = {"top_k", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty", "logit_bias"}
+"""Sampling knobs other engines have and the protocol does not: its one rule is temperature,
+then the top_p nucleus (`market.engine.sampling`), which is what verifiers test."""
 _ROLES = {"system", "user", "assistant"}
 MAX_SEED = MAX_SAFE_INTEGER
 """Seeds stop at 2**53-1: the request line is hashed as canonical JSON, which holds no larger
@@ -150,6 +154,9 @@ def validate_request(obj: Any, *, line: int | None = None) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise fail("body", "must be a JSON object")
     for key in body:
+        if key in _FOREIGN_SAMPLERS:
+            raise fail(f"body.{key}", "not part of Quarry's sampling rule (temperature, then "
+                       "top_p; no top_k, min_p or penalties): remove it")
         if key not in _BODY_KEYS:
             raise fail(f"body.{key}", f"unknown field (allowed: {', '.join(sorted(_BODY_KEYS))})")
     if not isinstance(body.get("model"), str) or not body["model"]:
