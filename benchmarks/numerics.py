@@ -14,7 +14,8 @@ Three measurements, one JSON object (last line; also benchmarks/out/numerics.jso
    `honest_shards_at_fault` count the failures (target 0 each; the stated model bounds
    the rate by 1e-6).
 2. **Cheats.** `detection.py` on the trained model with every miner declaring bf16 (the
-   common GPU case; honest miners compute in it): 2 honest miners and every mode of
+   common GPU case; honest miners compute in it; `--cheat-precision`): 2 honest miners and
+   every mode of
    `miner.cheats`, the int8 substitute and logit noise (sigma 0.1) included, over
    `--epochs` epochs with audits of client traffic; epochs to untrusted per mode (target
    <= 3), with commitments and with statistics alone (what commitments add).
@@ -124,7 +125,8 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
 
 
 def cheats(args: argparse.Namespace, commitments: bool) -> dict[str, Any]:
-    argv = ["--model", "trained" if not args.smoke else "tiny", "--precision", "bf16",
+    argv = ["--model", "trained" if not args.smoke else "tiny",
+            "--precision", args.cheat_precision,
             "--epochs", str(args.epochs), "--honest", "2",
             "--honest-outputs", str(args.cheat_honest_outputs), "--threads", str(args.threads)]
     if args.smoke:
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cheat-honest-outputs", type=int, default=400,
                         help="detection.py's own false-fault sample (400; part 1 is the "
                         "large one)")
+    parser.add_argument("--cheat-precision", default="bf16",
+                        help="the precision every miner of the cheat epochs declares (bf16)")
     parser.add_argument("--cost-batch", type=int, default=32, help="outputs timed (32)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats (3)")
     parser.add_argument("--seed", default="numerics", help="request seed")

@@ -136,9 +136,10 @@ def reference_stats(honest: TextEngine, reqs: list[GenerationRequest],
 
 # ----------------------------------------------------------------------------- every mode
 
-def test_modes_are_the_declared_nine() -> None:
+def test_modes_are_the_declared_eleven() -> None:
     assert CRUDE_MODES == ("substitute", "perturb", "random", "wrong-prompt")
-    assert SAMPLING_MODES == ("greedy-sampled", "cold", "noise", "truncate")
+    assert SAMPLING_MODES == ("greedy-sampled", "cold", "noise", "truncate", "int8",
+                              "logit-noise")
     assert SELECTIVE_MODES == ("selective",)
     assert CHEAT_MODES == CRUDE_MODES + SAMPLING_MODES + SELECTIVE_MODES
 
@@ -183,7 +184,7 @@ def test_mode_keeps_the_interface_and_limits(
         greedy(outs), greedy(honest_outputs), strict=True))
     if mode in CRUDE_MODES or mode in ("truncate", "selective"):
         assert changed >= len(PROMPTS) // 2
-    elif mode == "noise":
+    elif mode in ("noise", "int8", "logit-noise"):
         assert 0 < changed  # a few near-ties move
     else:  # greedy-sampled and cold only change sampled requests
         assert changed == 0 and outs[len(PROMPTS)] != honest_outputs[len(PROMPTS)]
@@ -446,7 +447,8 @@ def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
 
     def verdict(outs: list[GenerationOutput]) -> Any:
         return judge(score_outputs(honest, reqs, [o.token_ids for o in outs],
-                                   [o.finish_reason for o in outs]))
+                                   [o.finish_reason for o in outs],
+                                   commitments=[o.commitment for o in outs]))
 
     assert verdict(honest.generate(reqs)).passed
     reasons = {}
@@ -455,9 +457,10 @@ def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
         assert not v.passed, mode
         reasons[mode] = v.reason
     print(json.dumps(reasons, indent=1))
-    assert "sampled outputs' evidence" in reasons["greedy-sampled"]
-    assert "sampled outputs' evidence" in reasons["cold"]
-    assert "greedy token(s) lost" in reasons["noise"]
+    assert "sampled tokens are not what honest sampling" in reasons["greedy-sampled"]
+    assert "sampled tokens are not what honest sampling" in reasons["cold"]
+    for mode in ("noise", "int8", "logit-noise"):  # against an fp32 declaration
+        assert "greedy tokens left the reference's argmax" in reasons[mode]
 
 
 def test_selective_recognises_corpus_passages_but_not_todays_challenges(

@@ -32,6 +32,9 @@ def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.Mo
     ("tolerance_bps", 20_000, "tolerance_bps .*less than or equal to 10000"),
     ("stake", "lots", "not an amount"),
     ("redis_url", "localhost", "not a URL"),
+    ("scoring_precision", "int8", "verifiers score in fp32 or bf16, not int8"),
+    ("scoring_precision", "fp4", "unknown precision"),
+    ("greedy_margin", 0.1, "unknown verifier setting"),  # the error model replaced it
 ])
 def test_bad_settings_are_named(setting: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -33,7 +33,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from market.protocol.precision import parse_precision
+from market.protocol.precision import PrecisionError, parse_precision
 from market.roleconfig import Host, KeyedSettings, OptionalPort, OptionalUrl, SettingPath, Url, Wei
 
 ROLE = "verifier"
@@ -60,7 +60,7 @@ class VerifierConfig(KeyedSettings):
     challenge_requests: Annotated[int, Field(ge=1)] = 16
     challenge_max_tokens: Annotated[int, Field(ge=1)] = 64
     tolerance_bps: Bps = 500
-    # the reference's own precision; verifier.scoring.ERROR_MODELS has each pair's model
+    # the reference's own precision; verifier.error_models has each pair's calibration
     scoring_precision: str = "fp32"
     audit_rate_bps: Bps = 1000  # verifier.audits.DEFAULT_AUDIT_RATE_BPS
     state_dir: SettingPath | None = None
@@ -74,7 +74,10 @@ class VerifierConfig(KeyedSettings):
     def _scoring_precision(cls, value: Any) -> str:
         from verifier.scoring import VERIFIER_PRECISIONS
 
-        precision = parse_precision(value)
+        try:
+            precision = parse_precision(value)
+        except PrecisionError as exc:
+            raise ValueError(str(exc)) from exc
         if precision not in VERIFIER_PRECISIONS:
             names = " or ".join(p.label for p in VERIFIER_PRECISIONS)
             raise ValueError(f"verifiers score in {names}, not {precision.label}")

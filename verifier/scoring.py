@@ -11,8 +11,8 @@ most alpha, for any length, any number of outputs, and at any stopping time.
 (`market.protocol.precision`, recorded on the shard at claim) on its own hardware: another
 GPU, kernel, batch shape or engine than the verifier's. Its numbers differ from the
 reference by rounding; it never changes the weights, the prompt or the sampling rule. The
-reference is this verifier's engine in its own precision (fp32 by default; `ERROR_MODELS`
-has a calibration for each pair).
+reference is this verifier's engine in its own precision (fp32 by default, or bf16;
+`verifier.error_models` holds a calibration for each pair, per model).
 
 - **Sampled requests** (temperature T > 0, top_p p): token t is drawn from q_t, the softmax
   of logits / T cut to the top_p nucleus, exactly as `market.engine.sampling` draws it (the
@@ -41,11 +41,12 @@ has a calibration for each pair).
   `GREEDY_EXPONENTS` (all below 1). Because q^(e)/p grows as p falls, every factor
   q_t^(e)(y_t)/p_t(y_t) has expectation at most 1 whenever the honest chance of each
   non-tied token is at most p_t(j), whatever the honest chance of the argmax and its ties;
-  so the product is a test supermartingale. beta(P, V) is calibrated from measured honest
-  runs (`benchmarks/calibrate_numerics.py`: fp32, fp16, bf16, fp8 and int8 weights over
-  bf16, batch 1, 32 and shuffled batches of 5, sdpa and eager attention; the tiny and the
-  trained test models), as the smallest scale under which observed flips stay below
-  half the bound in every gap bin, times a safety factor for unmeasured hardware.
+  so the product is a test supermartingale. beta(P, V) is calibrated per model from
+  measured honest runs (`benchmarks/calibrate_numerics.py`: fp32, fp16, bf16, fp8 and int8
+  weights over bf16, batch 1, 32 and shuffled batches of 5, sdpa and eager attention), as
+  twice the smallest scale under which, beyond every gap, the observed flips stay under
+  half of what the bound allows (`verifier.error_models`; bf16 on the trained test model:
+  0.015 nats, where its honest flips reach 0.033).
 - **Activation commitments** (`market.protocol.commitments`, TOPLOC), where the miner's
   engine made them: each chunk of 32 positions is compared with the verifier's own hidden
   states; a chunk fails when it is further than the declared precision's `ChunkTolerance`,
@@ -103,6 +104,7 @@ from market.errors import QuarryError
 from market.protocol.commitments import ChunkCheck, chunk_sizes, expected_length
 from market.protocol.precision import Precision, PrecisionError, parse_precision
 from market.protocol.requests import find_stop
+from verifier.error_models import CALIBRATED, DEFAULT
 
 BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
@@ -151,37 +153,35 @@ class ErrorModel:
         return GreedyTest(self.beta, self.roundings, GREEDY_EXPONENTS)
 
 
-VERIFIER_PRECISIONS = (Precision.FP32, Precision.BF16)
-"""The precisions a verifier's reference may compute in (each has its error models)."""
 MANTISSA_BITS = {Precision.FP32: 23, Precision.FP16: 10, Precision.BF16: 7,
                  Precision.FP8: 7, Precision.INT8: 7}
 """The mantissa of the logits each precision rounds to (int8 and fp8 compute in bf16)."""
-# Calibrated by benchmarks/calibrate_numerics.py (see its JSON in benchmarks/out/): the
-# measured scales and chunk statistics, with the safety factors stated there.
-ERROR_MODELS: dict[tuple[Precision, Precision], ErrorModel] = {
-    (miner, verifier): ErrorModel(
-        0.001 if miner == verifier == Precision.FP32 else 0.1,
-        (MANTISSA_BITS[miner], MANTISSA_BITS[verifier]), ChunkTolerance(16, 3.0, 3.0))
-    for miner in Precision for verifier in (Precision.FP32, Precision.BF16)}
+VERIFIER_PRECISIONS = (Precision.FP32, Precision.BF16)
+"""The precisions a verifier's reference may compute in (each has its error models)."""
 
 
 class ScoringError(QuarryError):
     """Scoring could not run: bad input, an engine failure, or (remote) no scorer answered."""
 
 
-def error_model(declared: object, verifier: object = Precision.FP32) -> ErrorModel:
-    """The calibrated error model of a miner in `declared` precision judged by a verifier
-    computing in `verifier` precision; ScoringError for a pair without a calibration."""
+def error_model(declared: object, verifier: object = Precision.FP32,
+                model_id: bytes | None = None) -> ErrorModel:
+    """The calibrated error model (`verifier.error_models`) of a miner serving `model_id`
+    in `declared` precision, judged by a verifier computing in `verifier` precision: the
+    model's own when it was calibrated, else the default; ScoringError for a verifier
+    precision without calibrations."""
     try:
-        key = (parse_precision(declared), parse_precision(verifier))
+        miner, reference = parse_precision(declared), parse_precision(verifier)
     except PrecisionError as exc:
         raise ScoringError(str(exc)) from exc
-    model = ERROR_MODELS.get(key)
-    if model is None:
-        raise ScoringError(f"no calibrated error model for a {key[0].label} miner against a "
-                           f"{key[1].label} verifier; verifiers score in "
-                           f"{' or '.join(sorted({v.label for _, v in ERROR_MODELS}))}")
-    return model
+    if reference not in VERIFIER_PRECISIONS:
+        raise ScoringError(f"no calibrated error model for a {reference.label} verifier; "
+                           f"verifiers score in "
+                           f"{' or '.join(p.label for p in VERIFIER_PRECISIONS)}")
+    table = CALIBRATED.get("0x" + model_id.hex(), DEFAULT) if model_id else DEFAULT
+    beta, (mismatches, mean, median) = table[f"{miner.label}/{reference.label}"]
+    return ErrorModel(beta, (MANTISSA_BITS[miner], MANTISSA_BITS[reference]),
+                      ChunkTolerance(mismatches, mean, median))
 
 
 def _logmeanexp(values: Sequence[float]) -> float:
@@ -530,7 +530,8 @@ def score_outputs(
     """
     outputs = _check_inputs(engine, requests, output_ids)
     requests = list(requests)
-    model = error_model(precision, getattr(engine, "precision", Precision.FP32))
+    model = error_model(precision, getattr(engine, "precision", Precision.FP32),
+                        getattr(engine, "model_id", None))
     declared = int(parse_precision(precision))
     if finish_reasons is not None:
         if isinstance(finish_reasons, str) or len(finish_reasons) != len(outputs):

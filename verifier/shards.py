@@ -148,10 +148,7 @@ class ShardJudge:
                                   f"{len(scores)} scores for {len(items)} outputs")
         verdict = judge(scores)
         reason = f"shard of {verdict.outputs} output(s): " + (
-            verdict.reason if not verdict.passed else
-            f"passes (no impossible output, no greedy mismatch in {verdict.greedy_tokens} "
-            f"tokens, sampled evidence e^{verdict.log_evidence:.1f} < "
-            f"e^{verdict.threshold:.1f})")
+            verdict.reason if not verdict.passed else f"passes ({verdict.summary()})")
         return verdict_of(fault=not verdict.passed, reason=reason, scores=scores,
                             items=items)
 

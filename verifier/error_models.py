@@ -1,0 +1,67 @@
+"""The calibrated error models: how far an honest miner's numbers may drift, per model.
+
+How much rounding moves a model's logits depends on the model (its depth, its logits' and
+activations' magnitudes), not only on the precision: the embedded tiny model's huge
+embeddings make its bf16 greedy flips reach 0.2 nats where the trained test model's stay
+under 0.04. So an error model belongs to a modelId. `benchmarks/calibrate_numerics.py`
+measured these, on this repository's 2-core CPU (AVX512-BF16: fp32-accumulated bf16
+products, as GPUs compute them), with every honest setup of `benchmarks/_numerics.py`
+(fp32, fp16, bf16, int8 and fp8 weights; batch 32, 1 and shuffled batches of 5; sdpa and
+eager attention; 192 greedy outputs of 64 tokens each). Each entry is
+(beta, (mismatches, mean, median)): the Gumbel scale of the greedy test in nats, and the
+largest sign/exponent mismatches and mean and median mantissa errors (bf16 ulps) an honest
+commitment chunk may show, for a (miner's declared precision, verifier's precision) pair.
+Against an fp32 verifier they are twice the smallest that fit every measured honest output
+(at least 0.005 nats for fp32); against a bf16 verifier, the miner's and the verifier's
+own fp32 models added up.
+
+A model without an entry is judged by `DEFAULT`, the largest of every calibrated model's
+numbers: safe for models like these, and less sharp. An operator serving another model
+runs the calibration on it and adds its entry (every verifier must hold the same table, or
+their verdicts on the same shard may differ).
+"""
+
+from __future__ import annotations
+
+Pair = tuple[float, tuple[int, float, float]]
+
+CALIBRATED: dict[str, dict[str, Pair]] = {
+    # quarry-tiny: `market model create` with its defaults (the demo's and most tests' model)
+    "0x6b69454fa9c1856ab18838ed2975cee46a953be718aedb249f7e75e6f664e0fc": {
+        "fp32/fp32": (0.005, (6, 0.52, 1.0)),
+        "fp16/fp32": (0.0097, (10, 2.34, 1.0)),
+        "bf16/fp32": (0.1125, (12, 3.16, 3.0)),
+        "fp8/fp32": (0.7303, (28, 5.95, 5.0)),
+        "int8/fp32": (0.2, (16, 2.92, 3.0)),
+        "fp32/bf16": (0.1175, (18, 3.68, 4.0)),
+        "fp16/bf16": (0.1222, (22, 5.5, 4.0)),
+        "bf16/bf16": (0.225, (24, 6.32, 6.0)),
+        "fp8/bf16": (0.8428, (40, 9.11, 8.0)),
+        "int8/bf16": (0.3125, (28, 6.08, 6.0)),
+    },
+    # quarry-pydoc: testmodels/quarry-pydoc, trained on the Python documentation
+    "0xaeb78152202e1fbe78f690da9604a55f771daef719ae3efaa56296ba046afcc0": {
+        "fp32/fp32": (0.005, (2, 0.52, 1.0)),
+        "fp16/fp32": (0.005, (12, 1.51, 1.0)),
+        "bf16/fp32": (0.015, (22, 2.79, 3.0)),
+        "fp8/fp32": (0.0974, (32, 7.54, 7.0)),
+        "int8/fp32": (0.0411, (24, 3.17, 3.0)),
+        "fp32/bf16": (0.02, (24, 3.31, 4.0)),
+        "fp16/bf16": (0.02, (34, 4.3, 4.0)),
+        "bf16/bf16": (0.03, (44, 5.58, 6.0)),
+        "fp8/bf16": (0.1124, (54, 10.33, 10.0)),
+        "int8/bf16": (0.0561, (46, 5.96, 6.0)),
+    },
+}
+
+
+def _largest(pairs: list[Pair]) -> Pair:
+    return (max(p[0] for p in pairs),
+            (max(p[1][0] for p in pairs), max(p[1][1] for p in pairs),
+             max(p[1][2] for p in pairs)))
+
+
+DEFAULT: dict[str, Pair] = {
+    key: _largest([table[key] for table in CALIBRATED.values()])
+    for key in next(iter(CALIBRATED.values()))
+}
