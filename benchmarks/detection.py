@@ -7,9 +7,10 @@ declared cheating mode of `miner.cheats`) and the verifier's own reference engin
 committee draws it (`verifier.challenges.draw_challenge_set`: private prompts, shapes drawn
 like client jobs,
 half greedy and half sampled), answers it with its engine, and the verifier scores the
-answers with `verifier.scoring.score_outputs` and `judge` (greedy mismatches and pooled
-sampled evidence, each against its own threshold; the sampled evidence of the miner's
-previous epoch is pooled in, as the committee does). Challenges have the committee's default
+answers with `verifier.scoring.score_outputs` (at the miners' declared `--precision`, with
+their activation commitments unless `--no-commitments`) and `judge` (greedy, sampled and
+commitment evidence; the miner's evidence so far is carried in floored at 0, the
+committee's CUSUM e-detector). Challenges have the committee's default
 size (`VerifierConfig`: 16 requests x 64 tokens). Every mode of `miner.cheats` runs: the
 crude ones (another model, noisy weights, random tokens, another prompt) and the rational
 ones (greedy answers to sampled requests, a colder temperature, small logit noise,
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     failed_chunks: dict[str, list[int]] = {label: [] for label in labels}
     audits = {label: {"audited": 0, "failed": 0} for label in labels}
     faulted: set[str] = set()  # found at fault by an audit in the previous epoch
-    carry: dict[str, tuple[float, ...]] = {}  # each miner's sampled evidence of last epoch
+    carry: dict[str, tuple[float, ...]] = {}  # each miner's evidence so far (floored at 0)
     rng = random.Random(args.seed)
     audit_rng = random.Random(args.seed + 2)
     for epoch in range(1, args.epochs + 1):
@@ -178,9 +179,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         faults_now = audit_client_traffic(args, engines, verifier, labels, audit_rng, audits)
         for label in labels:
             verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label],
-                            prior=carry.pop(label, ()))  # last epoch's, as the committee does
+                            prior=carry.pop(label, ()))  # as the committee carries it
             if verdict.passed:
-                carry[label] = verdict.own
+                carry[label] = verdict.carry
             score = 0 if label in faulted else verdict.score_bps
             epoch_bps[label].append(score)
             # A failed challenge is a fault in this epoch's report, and its dispute, resolved

@@ -289,9 +289,13 @@ def test_json_round_trip_and_judge_rules() -> None:
     assert len(judge([fine]).own) == EVIDENCE_WIDTH
     assert judge([fine]).kind_log_evidence[2] < judge([off]).kind_log_evidence[2]
     assert judge([replace(honest, chunks=8)]).kind_log_evidence[2] < 0
-    # A prior carries a miner's last set: the same weak evidence fails the next time.
+    # The committee's carry (a CUSUM e-detector): a cheat's small evidence adds up over its
+    # epochs, while honest (negative) evidence is floored at 0 and banks nothing.
     first = judge([weak])
-    assert first.passed and not judge([weak], prior=first.own).passed
+    assert first.passed and not judge([weak], prior=first.carry).passed
+    calm = judge([honest])
+    assert any(x < 0 for x in calm.own) and not any(calm.carry)
+    assert judge([weak], prior=calm.carry).log_evidence == first.log_evidence
     with pytest.raises(ScoringError, match="prior has 3 log ratios"):
         judge([honest], prior=(0.0, 0.0, 0.0))
     with pytest.raises(ScoringError, match="no outputs"):

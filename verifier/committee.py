@@ -507,8 +507,10 @@ class CommitteeMember:
                 verdict = judge(self._request_scores(cs, a),
                                 prior=prior.get(a.miner, ()))
                 scores[a.miner] = verdict.score_bps
-                if verdict.passed and any(verdict.own):
-                    carry[a.miner] = verdict.own
+                if verdict.passed and any(verdict.carry):
+                    carry[a.miner] = verdict.carry
+            elif a.miner in prior:  # missing: what it had gathered waits for its next answer
+                carry[a.miner] = prior[a.miner]
         return scores
 
     def _request_scores(self, cs: ChallengeSet, a: Answer) -> list[ChallengeScore]:
@@ -578,9 +580,9 @@ class CommitteeMember:
         return prev, records
 
     def _carried(self, epoch: int) -> dict[str, tuple[float, ...]]:
-        """Each miner's sampled evidence of epoch - 1 (its log ratios per exponent, carried
-        in that epoch's report in micro-nats), pooled into this epoch's test. Nothing is
-        carried across a gap: only a report of exactly epoch - 1 counts."""
+        """Each miner's evidence carried by epoch - 1's report (log ratios per alternative,
+        floored at 0: `Judgement.carry`, in micro-nats), pooled into this epoch's test.
+        Nothing is carried across a gap: only a report of exactly epoch - 1 counts."""
         if epoch not in self._carry_in:
             prev, doc = self._last_report(epoch)
             carry = doc.get("carry", {}) if prev == epoch - 1 else {}

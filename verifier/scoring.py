@@ -59,12 +59,16 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
 output is impossible, or if its evidence, the mean of the e-values of the kinds the set
 holds (greedy, sampled, commitments; which kinds is fixed by the requests and the engine,
 not by the outcome), reaches 1 / `FALSE_FAULT_RATE` = 10^6. An average of e-values is an
-e-value, so an honest set fails with probability at most 1e-6 under the model above. The
-evidence is a product across sets too, so it may be pooled over more than one
-(`judge(prior=...)`): the committee judges each epoch's challenge together with the same
-miner's evidence of the previous epoch, so a subtle cheat meets twice the tokens, while
-each test stays exact at 1e-6. Only one epoch is carried, so honest epochs cannot be banked
-to hide a later cheat.
+e-value, so an honest set fails with probability at most 1e-6 under the model above.
+
+**Across epochs** (`judge(prior=...)`, `Judgement.carry`), the committee runs a CUSUM
+e-detector: each alternative's log evidence is carried from one challenge epoch of a miner
+to its next, floored at 0 (`carry`), and added to the new epoch's. The floor means honest
+epochs never bank credit against a later cheat, while a subtle cheat's evidence adds up
+over as many epochs as it lasts. The average over alternatives of those products is at
+most a sum, over every starting epoch, of e-processes, so by the e-detector bound (Shin,
+Ramdas and Rinaldo, "E-detectors", 2023) an honest miner's average run before a false
+alarm is at least 10^6 epochs. Disputes and audits judge one shard alone.
 
 An output the model cannot have produced fails without a forward pass: a token id outside
 the vocabulary, more tokens than max_tokens, a stop token before the end, an output that
@@ -326,7 +330,7 @@ class Judgement:
     threshold: float  # log(1 / false_fault_rate)
     reason: str
     pooled: tuple[float, ...] = ()  # per alternative: the prior plus these outputs' ratios
-    own: tuple[float, ...] = ()  # per alternative: these outputs' ratios alone (to carry)
+    own: tuple[float, ...] = ()  # per alternative: these outputs' ratios alone
 
     @property
     def passed(self) -> bool:
@@ -337,6 +341,12 @@ class Judgement:
         """What reputation uses: 10000 for a set that passes, 0 for one that fails (a
         failure is evidence at the 1e-6 level, never noise, so it is not graded)."""
         return BPS if self.passed else 0
+
+    @property
+    def carry(self) -> tuple[float, ...]:
+        """The prior of the miner's next set: the pooled log evidence per alternative,
+        floored at 0 (a CUSUM e-detector; the module doc)."""
+        return tuple(max(0.0, x) for x in self.pooled)
 
     def summary(self) -> str:
         """One line on what was checked, for a passing verdict's record."""
