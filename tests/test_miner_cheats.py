@@ -460,7 +460,8 @@ def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
     assert "sampled tokens are not what honest sampling" in reasons["greedy-sampled"]
     assert "sampled tokens are not what honest sampling" in reasons["cold"]
     for mode in ("noise", "int8", "logit-noise"):  # against an fp32 declaration
-        assert "greedy tokens left the reference's argmax" in reasons[mode]
+        assert ("greedy tokens left the reference's argmax" in reasons[mode]
+                or "activation commitments are further" in reasons[mode]), mode
 
 
 def test_selective_recognises_corpus_passages_but_not_todays_challenges(

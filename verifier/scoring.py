@@ -102,8 +102,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from market.engine.base import Engine, GenerationRequest, ScoreResult, text_for
-from market.engine.sampling import GreedyTest
+from market.engine.base import Engine, GenerationRequest, GreedyTest, ScoreResult, text_for
 from market.errors import QuarryError
 from market.protocol.commitments import ChunkCheck, chunk_sizes, expected_length
 from market.protocol.precision import Precision, PrecisionError, parse_precision

@@ -10,13 +10,34 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from market.errors import QuarryError
 from market.protocol.commitments import ChunkCheck
-
-if TYPE_CHECKING:
-    from market.engine.sampling import GreedyTest
 from market.protocol.requests import find_stop
+
+
+class SamplingError(QuarryError):
+    """A request's sampling parameters, or a sampling test's, are invalid."""
+
+
+@dataclass(frozen=True)
+class GreedyTest:
+    """The parameters of the greedy token test (`verifier.scoring` states its model):
+    `beta`, the Gumbel scale in nats that dominates the honest miner's accumulated numeric
+    error beyond rounding; `roundings`, the mantissa widths the logits were rounded to on
+    each side (the miner's declared precision and the verifier's: 7 for bf16, 10 for fp16,
+    23 for fp32), each of whose rounding is forgiven in full; `exponents`, the fixed grid
+    of alternatives (noise scales beta / e, e < 1)."""
+
+    beta: float
+    roundings: tuple[int, ...]
+    exponents: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not (self.beta > 0 and math.isfinite(self.beta)):
+            raise SamplingError(f"greedy beta must be a positive number, got {self.beta!r}")
+        if not self.exponents or any(not 0 < e < 1 for e in self.exponents):
+            raise SamplingError(f"greedy exponents must be in (0, 1), got {self.exponents!r}")
 
 
 @dataclass(frozen=True)
@@ -129,8 +150,6 @@ class Engine(ABC):
         (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`; for
         each greedy row, with `greedy`, its `greedy_log_ratios`; and for each row whose
         entry of `commitments` is not empty, its `commitment_checks`."""
-        from market.errors import QuarryError
-
         raise QuarryError(f"{type(self).__name__} cannot compute verification evidence (it "
                           "needs every token's probability); verifiers score with TorchEngine")
 

@@ -18,20 +18,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from market.engine.base import GenerationRequest
-from market.errors import QuarryError
+from market.engine.base import GenerationRequest, GreedyTest, SamplingError
 from market.protocol.errors import RequestError
 from market.protocol.requests import stop_strings
 
 SEED_MODULUS = 1 << 64
-
-
-class SamplingError(QuarryError):
-    """A request's sampling parameters are invalid."""
 
 
 def validate_sampling(request: GenerationRequest, index: int | None = None) -> None:
@@ -177,31 +171,12 @@ def likelihood_ratios(
     return out
 
 
-@dataclass(frozen=True)
-class GreedyTest:
-    """The parameters of the greedy token test (`verifier.scoring` states its model):
-    `beta`, the Gumbel scale in nats that dominates the honest miner's accumulated numeric
-    error beyond rounding; `roundings`, the mantissa widths the logits were rounded to on
-    each side (the miner's declared precision and the verifier's: 7 for bf16, 10 for fp16,
-    23 for fp32), each of whose rounding is forgiven in full; `exponents`, the fixed grid
-    of alternatives (noise scales beta / e, e < 1)."""
-
-    beta: float
-    roundings: tuple[int, ...]
-    exponents: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not (self.beta > 0 and math.isfinite(self.beta)):
-            raise SamplingError(f"greedy beta must be a positive number, got {self.beta!r}")
-        if not self.exponents or any(not 0 < e < 1 for e in self.exponents):
-            raise SamplingError(f"greedy exponents must be in (0, 1), got {self.exponents!r}")
-
-    def slack(self, logits: torch.Tensor) -> torch.Tensor:
-        """How far rounding may move each logit, summed over the roundings."""
-        total = torch.zeros_like(logits)
-        for bits in self.roundings:
-            total += half_ulp(logits, bits)
-        return total
+def rounding_slack(logits: torch.Tensor, test: GreedyTest) -> torch.Tensor:
+    """How far rounding may move each logit, summed over the test's roundings."""
+    total = torch.zeros_like(logits)
+    for bits in test.roundings:
+        total += half_ulp(logits, bits)
+    return total
 
 
 def half_ulp(logits: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
@@ -217,7 +192,7 @@ def forgiven_gaps(logits: torch.Tensor, test: GreedyTest) -> torch.Tensor:
     at every token tied with it within rounding."""
     raw = logits.to("cpu", torch.float64)
     top, arg = raw.max(dim=-1, keepdim=True)
-    gap = (top - raw - test.slack(raw) - test.slack(top)).clamp(min=0.0)
+    gap = (top - raw - rounding_slack(raw, test) - rounding_slack(top, test)).clamp(min=0.0)
     return gap.scatter_(1, arg, 0.0)
 
 

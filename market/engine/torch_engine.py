@@ -25,11 +25,10 @@ from typing import Any
 
 import torch
 
-from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
+from market.engine.base import GenerationOutput, GenerationRequest, GreedyTest, ScoreResult
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
-    GreedyTest,
     greedy_ratios,
     likelihood_ratios,
     make_generators,
