@@ -181,6 +181,9 @@ def devnet_session() -> Iterator[Devnet]:
 
 @pytest.fixture
 def devnet(devnet_session: Devnet) -> Iterator[Devnet]:
+    # A module's own fixture may have reverted to a snapshot taken minutes ago (winding the
+    # clock back with it): catch up first, so no test starts with the chain behind.
+    keep_up_with_the_wall_clock(devnet_session)
     snapshot = devnet_session.chain.snapshot()
     try:
         yield devnet_session
