@@ -18,7 +18,10 @@
   for a single miner; an unanswered challenge on a swarm shard (four members slashed).
 
 The roots are real: the input tree over the requests' hashes and the result sum tree over
-the receipts, built by `market.protocol`; tokensUsed is the tree's sum. The miner registers
+the receipts, built by `market.protocol`; tokensUsed is the tree's sum. Every receipt signs an
+activation commitment's hash (what a committing engine's outputs carry), and every task
+accepts a set of precisions (bf16 and fp32: the miner's fp32 and the swarm's bf16) and
+requires commitments, so the figures include storing and checking both. The miner registers
 with probation switched off (`gpu.set_probation(deployer, 0, ...)` around its registration,
 as the devnet fixture does for its established miners), so it claims ordinary tasks. One
 warm-up of each kind runs first, so no figure pays the first write of a counter or a
@@ -48,7 +51,9 @@ from market.protocol import (
     receipts_tree,
     request_hash,
 )
+from market.protocol.commitments import commitment_hash
 from market.protocol.eip712 import SwarmConsent
+from market.protocol.precision import Precision, precision_mask
 
 MODEL_ID = keccak(b"benchmark model manifest")
 MAX_TOKENS = 16
@@ -93,6 +98,7 @@ def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
         CLIENT, model_id=MODEL_ID, input_root=root, input_uri=f"store://inputs/{root.hex()}",
         num_requests=n, shard_size=n, max_tokens_per_request=MAX_TOKENS,
         price_per_token=PRICE, deadline=chain.timestamp() + 3600,
+        precisions=precision_mask([Precision.FP32, Precision.BF16]), require_commitments=True,
     )
     miner = SWARM[0] if swarm_id else MINER
     claim = (q.tasks.claim_shard_for_swarm(miner, task_id, 0, swarm_id) if swarm_id
@@ -102,7 +108,7 @@ def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
         ids = [(i * 7 + k) % 50_000 for k in range(1 + i % MAX_TOKENS)]
         count = MAX_TOKENS + 1 if over_cap and i == 0 else len(ids)
         receipts.append(Receipt(task_id, 0, i, h, output_hash(f"{2 * i}", ids), count,
-                                MODEL_ID))
+                                MODEL_ID, commitment_hash(b"activations %d" % i)))
     tree = receipts_tree(receipts)
     submit = q.tasks.submit_result(miner, task_id, 0, tree.root,
                                    f"store://results/{tree.root.hex()}", tree.total)
@@ -188,10 +194,10 @@ def main() -> int:
         probation = q.gpu.probation_params()
         q.gpu.set_probation(DEPLOYER, 0, probation[1])  # an established miner
         q.gpu.register(MINER, [MODEL_ID], GpuSpec("NVIDIA H100", 81920, 1),
-                       "http://127.0.0.1:9100", PRICE, 10**18)
-        for i, m in enumerate(SWARM):  # swarm members serve layers, not the whole model
-            q.gpu.register(m, [keccak(b"stage")], GpuSpec("RTX 4090", 24576, 1),
-                           f"http://127.0.0.1:{9200 + i}", PRICE, 10**18)
+                       "http://127.0.0.1:9100", PRICE, 10**18, [Precision.FP32])
+        for i, m in enumerate(SWARM):  # swarm members serve layers of the model, in bf16
+            q.gpu.register(m, [MODEL_ID], GpuSpec("RTX 4090", 24576, 1),
+                           f"http://127.0.0.1:{9200 + i}", PRICE, 10**18, [Precision.BF16])
         q.gpu.set_probation(DEPLOYER, *probation)
         seat(q, chain, VERIFIERS)
 

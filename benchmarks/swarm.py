@@ -61,6 +61,7 @@ from market.engine.pipeline.parts import split_layers
 from market.engine.torch_engine import TorchEngine
 from market.model.create import create_model
 from market.protocol import Receipt, input_tree, output_hash, receipts_tree, request_hash
+from market.protocol.commitments import commitment_hash
 from market.protocol.eip712 import SwarmConsent
 from market.scheduler import parallax, petals
 from market.scheduler.cluster import Cluster, Link, ModelSpec, Placement, Server
@@ -221,7 +222,7 @@ def pay_swarm(placement: Placement, members: list[Member], model_id: bytes,
             price_per_token=PRICE, deadline=chain.timestamp() + 3600)
         q.tasks.claim_shard_for_swarm(head, task_id, 0, swarm_id)
         receipts = [Receipt(task_id, 0, i, h, output_hash(o.text, list(o.token_ids)),
-                            len(o.token_ids), model_id)
+                            len(o.token_ids), model_id, commitment_hash(o.commitment))
                     for i, (h, o) in enumerate(zip(hashes, outputs, strict=True))]
         tree = receipts_tree(receipts)
         q.tasks.submit_result(head, task_id, 0, tree.root, f"store://results/{tree.root.hex()}",

@@ -17,6 +17,7 @@ from typing import Any
 
 from client.config import format_eth as _eth
 from market.cliutil import run_cli
+from market.protocol.precision import mask_labels
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +74,8 @@ def _submit(args: argparse.Namespace) -> int:
         job = c.submit(args.file, model=args.model, max_tokens=args.max_tokens,
                        price=args.price, deadline=args.deadline, shard_size=args.shard_size,
                        arbiter=args.arbiter, min_reputation_bps=args.min_reputation,
-                       prefer_miner=args.miner, allow_probation=args.allow_probation)
+                       prefer_miner=args.miner, allow_probation=args.allow_probation,
+                       precisions=args.precision, require_commitments=args.require_commitments)
         t = job.task()
         cost = job.payment
         print(f"task {job.task_id}: {t.num_requests} requests in {t.num_shards} shard(s) of "
@@ -84,6 +86,11 @@ def _submit(args: argparse.Namespace) -> int:
                   "until the deadline)")
         if args.allow_probation:
             print("miners on probation (new, not yet vetted by the committee) may claim it")
+        if t.precisions:
+            print(f"only miners serving it in {', '.join(mask_labels(t.precisions))} may "
+                  "claim it")
+        if t.require_commitments:
+            print("every output must carry an activation commitment")
         print(f"cost: {cost} wei ({_eth(cost)}) escrowed (at most; unused tokens are refunded)")
         if args.wait:
             status = job.wait(progress=not args.no_progress, timeout=args.timeout)
@@ -254,6 +261,8 @@ def _models(args: argparse.Namespace) -> int:
             print("no registered miner serves any model")
         for o in offers:
             print(o.describe())
+            for m in o.miners:
+                print(f"  {m.describe()}")
     return 0
 
 
@@ -318,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-probation", action="store_true",
                    help="let miners on probation (new, not yet vetted by the committee) claim "
                    "it too")
+    p.add_argument("--precision", default=None, metavar="LIST",
+                   help="precisions miners may serve it in, e.g. bf16,fp32 (fp32, fp16, bf16, "
+                   "fp8, int8; default any)")
+    p.add_argument("--require-commitments", action="store_true",
+                   help="every output must carry an activation commitment (miners whose "
+                   "engine makes none cannot claim it)")
     p.add_argument("--wait", action="store_true", help="wait until every shard has results")
     p.add_argument("--timeout", type=_seconds, default=None, help="with --wait: give up after")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -82,6 +82,14 @@ from market.model.context import (
 )
 from market.model.manifest import Manifest, ModelError
 from market.protocol.merkle import input_tree
+from market.protocol.precision import (
+    ANY,
+    Precision,
+    PrecisionError,
+    accepts,
+    mask_labels,
+    precision_mask,
+)
 from market.protocol.requests import stop_strings, validate_request
 from market.protocol.results import ResultCheckFailed, ResultItem, check_finish_reason
 from market.store import ContentNotFound
@@ -166,6 +174,18 @@ class MinerOffer:
     price_per_token: int  # on-chain ask
     alive: bool  # the market saw a recent heartbeat
     on_probation: bool = False  # new identity: claims only tasks that allow probation
+    precision: Precision | None = None  # declared on-chain for the model: shards judged at it
+    commitments: bool | None = None  # its heartbeat says its engine commits (None: unknown)
+
+    def describe(self) -> str:
+        """One line: address, ask, declared precision, liveness, probation."""
+        flags = [self.precision.label if self.precision else "no precision declared",
+                 "alive" if self.alive else "not seen lately"]
+        if self.on_probation:
+            flags.append("on probation")
+        if self.commitments is False:
+            flags.append("no activation commitments")
+        return f"{self.address} {self.price_per_token} wei/token, {', '.join(flags)}"
 
 
 @dataclass(frozen=True)
@@ -194,6 +214,15 @@ class ModelOffer:
         """The miners that may claim only tasks allowing probation."""
         return tuple(m for m in self.miners if m.on_probation)
 
+    def serving(self, precisions: int = ANY,
+                require_commitments: bool = False) -> tuple[MinerOffer, ...]:
+        """The miners a task with accepted mask `precisions` (and, when
+        `require_commitments`, needing activation commitments) may go to: their declared
+        precision is accepted, and their heartbeats do not say their engine makes none."""
+        return tuple(m for m in self.miners
+                     if m.precision is not None and accepts(precisions, m.precision)
+                     and not (require_commitments and m.commitments is False))
+
     def label(self) -> str:
         model_id = encode_hex(self.model_id)
         return f"{self.name} ({model_id})" if self.name else model_id
@@ -217,6 +246,19 @@ def _miners(miners: Sequence[MinerOffer], what: str = "miner(s)") -> str:
     alive = sum(m.alive for m in miners)
     return (f"{len(miners)} {what} ({alive} alive), from "
             f"{min(m.price_per_token for m in miners)} wei/token")
+
+
+def parse_mask(precisions: str | Sequence[str | int | Precision] | None) -> int:
+    """A task's accepted-precision mask from "bf16,fp32", a list of names, `Precision`s or
+    numbers, or None (any); `ClientError` naming an unknown precision."""
+    if precisions is None:
+        return ANY
+    items = precisions.split(",") if isinstance(precisions, str) else list(precisions)
+    try:
+        return precision_mask(p.strip() if isinstance(p, str) else p for p in items
+                              if not (isinstance(p, str) and not p.strip()))
+    except PrecisionError as exc:
+        raise ClientError(f"precisions: {exc}") from None
 
 
 def _model_id_of(value: Any) -> bytes | None:
@@ -411,28 +453,36 @@ class Client:
             model_id = _model_id_of(m.get("modelId"))
             if model_id is not None and m.get("name"):
                 names[model_id] = str(m["name"])
-        listed: list[tuple[str, list[bytes], bool]] = []  # (miner, models, alive)
+        # (miner, models, alive, commits): liveness and commitments are the market's word
+        listed: list[tuple[str, list[bytes], bool, bool | None]] = []
         for row in self.market.miners():
             served = [mid for mid in (_model_id_of(x) for x in row.get("models") or [])
                       if mid is not None]
+            commits = (row.get("status") or {}).get("commitments")
             if served:
                 listed.append((to_checksum_address(row["address"]), served,
-                               bool(row.get("alive"))))
-        terms = self.q.gpu.offer_terms([(a, served) for a, served, _ in listed],
+                               bool(row.get("alive")),
+                               commits if isinstance(commits, bool) else None))
+        terms = self.q.gpu.offer_terms([(a, served) for a, served, _, _ in listed],
                                        min_reputation_bps, allow_probation=True)
         by_model: dict[bytes, list[MinerOffer]] = {}
-        for (address, served, alive), (info, eligible) in zip(listed, terms, strict=True):
-            for model_id, ok in zip(served, eligible, strict=True):
-                if ok:
+        for (address, served, alive, commits), (info, eligible) in zip(listed, terms,
+                                                                       strict=True):
+            for model_id, precision in zip(served, eligible, strict=True):
+                if precision is not None:  # eligible, in the precision it declared
                     by_model.setdefault(model_id, []).append(MinerOffer(
-                        address, info.price_per_token, alive, info.on_probation))
+                        address, info.price_per_token, alive, info.on_probation, precision,
+                        commits))
         return [ModelOffer(mid, names.get(mid), tuple(sorted(ms, key=lambda m: m.price_per_token)))
                 for mid, ms in by_model.items()]
 
     def resolve_model(self, model: str | bytes, min_reputation_bps: int = 0,
-                      allow_probation: bool = False) -> ModelOffer:
-        """The offer for `model` (a name or a 0x modelId); `UnknownModel` lists what exists,
-        and says so when only miners on probation serve it (naming the option)."""
+                      allow_probation: bool = False, *, precisions: int = ANY,
+                      require_commitments: bool = False) -> ModelOffer:
+        """The offer for `model` (a name or a 0x modelId), with the miners a task accepting
+        the mask `precisions` (and requiring commitments) may go to; `UnknownModel` lists what
+        exists, and says so when only miners on probation serve it (naming the option), or
+        none in an accepted precision or with commitments."""
         everyone = self._offers(min_reputation_bps)
         wanted = _model_id_of(model)
         matches = [o for o in everyone
@@ -443,7 +493,7 @@ class Client:
             raise UnknownModel(f"model name {shown!r} is ambiguous ({ids}); pass the modelId")
         floor = f" with reputation >= {min_reputation_bps} bps" if min_reputation_bps else ""
         if len(matches) == 1:
-            offer = matches[0]
+            offer = self._serving(matches[0], shown, precisions, require_commitments)
             if allow_probation:
                 return offer
             if offer.established:
@@ -455,6 +505,22 @@ class Client:
                 f"{PROBATION_OPTION}")
         known = "; ".join(o.describe() for o in everyone) or "none"
         raise UnknownModel(f"no registered miner{floor} serves model {shown!r}; known: {known}")
+
+    @staticmethod
+    def _serving(offer: ModelOffer, shown: str, precisions: int,
+                 require_commitments: bool) -> ModelOffer:
+        """`offer` with only the miners that may serve such a task; `UnknownModel` naming
+        what the miners do serve when none may."""
+        miners = offer.serving(precisions, require_commitments)
+        if miners:
+            return dataclasses.replace(offer, miners=miners)
+        if not offer.serving(precisions):
+            declared = sorted({m.precision.label for m in offer.miners if m.precision})
+            raise UnknownModel(f"no miner serves model {shown!r} in "
+                               f"{', '.join(mask_labels(precisions))}: its miners declared "
+                               f"{', '.join(declared) or 'no precision'}")
+        raise UnknownModel(f"no miner serving model {shown!r} makes activation commitments "
+                           "(their heartbeats say so); submit without requiring them")
 
     # ------------------------------------------------------------------ submit
     def submit(
@@ -471,6 +537,8 @@ class Client:
         min_reputation_bps: int = 0,
         prefer_miner: str | None = None,
         allow_probation: bool = False,
+        precisions: str | Sequence[str | int | Precision] | None = None,
+        require_commitments: bool = False,
     ) -> Job:
         """Post a batch and pay for it; returns its `Job`.
 
@@ -481,16 +549,23 @@ class Client:
         absolute `datetime`. `prefer_miner`: a directed job, offered to that miner only (the
         market shows it to no one else until the deadline). `allow_probation`: miners on
         probation (new identities the committee has not vetted yet) may claim it too; by
-        default they may not, and their asks do not set the price. Everything that can be
-        wrong is checked before any transaction is sent.
+        default they may not, and their asks do not set the price. `precisions`: the
+        precisions miners may serve it in ("bf16,fp32", or names, `Precision`s or numbers;
+        default any): only miners that declared one of them may claim it, and only their asks
+        set the price. `require_commitments`: every output must carry an activation
+        commitment (miners whose engines make none, vLLM's say, then cannot take it).
+        Everything that can be wrong is checked before any transaction is sent.
         """
+        mask, commit = parse_mask(precisions), bool(require_commitments)
         if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
             batch = read_batch(requests, max_bytes=self.market.limits()["maxFileBytes"])
-            offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
+            offer = self._offer_for(batch, model, min_reputation_bps, allow_probation,
+                                    precisions=mask, require_commitments=commit)
         elif requests and all(isinstance(r, str) for r in requests):
             if model is None:
                 raise BatchError("model is required when submitting a list of prompts")
-            offer = self.resolve_model(model, min_reputation_bps, allow_probation)
+            offer = self.resolve_model(model, min_reputation_bps, allow_probation,
+                                       precisions=mask, require_commitments=commit)
             body_model = offer.name or encode_hex(offer.model_id)
             batch = parse_batch(encode_jsonl(prompt_lines(
                 list(requests), model=body_model,  # type: ignore[arg-type]
@@ -505,7 +580,8 @@ class Client:
                     raise BatchError(f"request {i} is a string among request objects")
                 lines.append(validate_request(dict(r), line=i + 1))
             batch = parse_batch(encode_jsonl(lines))
-            offer = self._offer_for(batch, model, min_reputation_bps, allow_probation)
+            offer = self._offer_for(batch, model, min_reputation_bps, allow_probation,
+                                    precisions=mask, require_commitments=commit)
         if max_tokens is not None:
             for parsed in batch.requests:
                 if int(parsed.request["body"]["max_tokens"]) > max_tokens:
@@ -515,10 +591,12 @@ class Client:
         return self._submit_batch(batch, offer, price=price, deadline=deadline,
                                   shard_size=shard_size, arbiter=arbiter,
                                   min_reputation_bps=min_reputation_bps,
-                                  prefer_miner=prefer_miner, allow_probation=allow_probation)
+                                  prefer_miner=prefer_miner, allow_probation=allow_probation,
+                                  precisions=mask, require_commitments=commit)
 
     def _offer_for(self, batch: Batch, model: str | bytes | None,
-                   min_reputation_bps: int, allow_probation: bool) -> ModelOffer:
+                   min_reputation_bps: int, allow_probation: bool, *, precisions: int = ANY,
+                   require_commitments: bool = False) -> ModelOffer:
         """Resolve the task's model and check every line's `body.model` names it."""
         named = batch.models()
         if model is None:
@@ -527,7 +605,9 @@ class Client:
                 raise BatchError(f"line {line}: body.model {other!r} differs from line "
                                  f"{first}'s; a task serves one model")
             model = next(iter(named))
-        offer = self.resolve_model(model, min_reputation_bps, allow_probation)
+        offer = self.resolve_model(model, min_reputation_bps, allow_probation,
+                                   precisions=precisions,
+                                   require_commitments=require_commitments)
         accepted = {encode_hex(offer.model_id), offer.model_id.hex()}
         if offer.name:
             accepted.add(offer.name)
@@ -551,12 +631,14 @@ class Client:
         min_reputation_bps: int,
         prefer_miner: str | None,
         allow_probation: bool,
+        precisions: int = ANY,
+        require_commitments: bool = False,
     ) -> Job:
         """Fill in the defaults (price, shard size, deadline) and post with `post_batch`."""
         n = len(batch)
         if prefer_miner is not None:  # post_batch checks the price against this miner's ask
             ask = self._directed_ask(prefer_miner, offer.model_id, min_reputation_bps,
-                                     allow_probation)
+                                     allow_probation, precisions)
             miners = 1
         else:
             ask, miners = offer.min_price, offer.alive
@@ -578,7 +660,8 @@ class Client:
             model_id=offer.model_id, shard_size=shard_size, max_tokens=batch.max_tokens,
             price=price, deadline=deadline_ts, min_reputation_bps=min_reputation_bps,
             arbiter=arbiter or ZERO_ADDRESS, prefer_miner=prefer_miner,
-            allow_probation=allow_probation)
+            allow_probation=allow_probation, precisions=precisions,
+            require_commitments=require_commitments)
         job = Job(self, task_id)
         job._batch = batch
         job.submission = tx
@@ -616,10 +699,11 @@ class Client:
         check.check((r.line, r.request) for r in batch.requests)
 
     def _directed_ask(self, miner: str, model_id: bytes, min_reputation_bps: int,
-                      allow_probation: bool) -> int:
+                      allow_probation: bool, precisions: int = ANY) -> int:
         """`miner_ask`, with the SDK's and CLI's option named when probation is the reason."""
         try:
-            return miner_ask(self.q, miner, model_id, min_reputation_bps, allow_probation)
+            return miner_ask(self.q, miner, model_id, min_reputation_bps, allow_probation,
+                             precisions)
         except MinerOnProbation as exc:
             raise MinerOnProbation(f"{exc} ({PROBATION_OPTION})") from None
 

@@ -79,6 +79,12 @@ struct SwarmTerms {
 /// Only externally owned accounts may register: receipts are checked with ECDSA, and a
 /// contract account could not sign them (ERC-1271 is not accepted, see the README).
 ///
+/// Declared precision: a miner names, per model, the numeric precision it serves it in
+/// (`precisions`, numbered as market/protocol/precision.py: 1 FP32, 2 FP16, 3 BF16, 4 FP8,
+/// 5 INT8, from the most exact to the least). Tasks accept a set of precisions; a claim records
+/// the claimant's declaration in the shard, and verifiers judge its outputs against that
+/// precision's error model, so serving a cheaper precision than declared is caught as cheating.
+///
 /// Untrust has consequences beyond lost work: every committee report after the first in a
 /// row that leaves a miner untrusted burns `untrustedSlashBps` of its stake (credited to
 /// `BURN`, which no one can withdraw), taken from its free stake only: collateral locked by
@@ -103,6 +109,10 @@ struct SwarmTerms {
 ///   single miner would be (registered, not exiting, stake >= minStake, reputation at the task's
 ///   floor and above the untrusted line, on probation only where the task allows it; a member
 ///   need not list the model, it serves only part of it).
+/// - Precision: the swarm serves its model in the least exact precision its members declared
+///   for it ({swarmPrecision}); members that do not list the model declare nothing, and a swarm
+///   none of whose members declares one cannot claim. The shard records the precision at the
+///   claim, so a later {update} of a member does not change what the shard is judged at.
 /// - Money: collateral is locked from, payment paid to, and faults slashed from the members in
 ///   proportion to their shares: each member gets `floor(amount * share / totalShares)` and the
 ///   head also the remainder, so the parts add up to the amount to the wei ({swarmSplit}).
@@ -114,6 +124,9 @@ struct SwarmTerms {
 contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, OneTimeWiring {
     /// @notice Most models one miner may list.
     uint256 public constant MAX_MODELS = 16;
+    /// @notice The largest precision number (INT8); declared precisions run from 1 (FP32,
+    /// the most exact) to this (the least).
+    uint8 public constant MAX_PRECISION = 5;
     /// @notice 100% in basis points.
     uint16 public constant BPS = 10_000;
 
@@ -151,7 +164,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
 
     mapping(address miner => MinerInfo) private _miners;
     mapping(address miner => bytes32[]) private _models;
-    mapping(address miner => mapping(bytes32 modelId => bool)) private _serves;
+    /// @dev The precision (market/protocol/precision.py: FP32 1 .. INT8 5) `miner` declared for
+    /// `modelId`; non-zero exactly when it serves the model.
+    mapping(address miner => mapping(bytes32 modelId => uint8)) private _precisions;
     /// @notice Consecutive committee reports that left the miner untrusted.
     mapping(address miner => uint16) public untrustedReportsOf;
     /// @notice True from {requestRechallenge} until the next report naming the miner.
@@ -168,12 +183,26 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     event UnbondingPeriodSet(uint64 unbondingPeriod);
     event UntrustedBelowSet(uint16 bps);
     event InitialReputationSet(uint16 bps);
-    /// @notice A miner registered with `stake` wei.
+    /// @notice A miner registered with `stake` wei, serving `modelIds[i]` in precision
+    /// `precisions[i]` (FP32 1, FP16 2, BF16 3, FP8 4, INT8 5).
     event MinerRegistered(
-        address indexed miner, bytes32[] modelIds, GpuSpec gpu, string endpoint, uint256 pricePerToken, uint256 stake
+        address indexed miner,
+        bytes32[] modelIds,
+        uint8[] precisions,
+        GpuSpec gpu,
+        string endpoint,
+        uint256 pricePerToken,
+        uint256 stake
     );
-    /// @notice A miner changed its models, GPUs, endpoint or price.
-    event MinerUpdated(address indexed miner, bytes32[] modelIds, GpuSpec gpu, string endpoint, uint256 pricePerToken);
+    /// @notice A miner changed its models, their declared precisions, GPUs, endpoint or price.
+    event MinerUpdated(
+        address indexed miner,
+        bytes32[] modelIds,
+        uint8[] precisions,
+        GpuSpec gpu,
+        string endpoint,
+        uint256 pricePerToken
+    );
     event StakeAdded(address indexed miner, uint256 amount, uint256 stake);
     event ExitRequested(address indexed miner, uint64 withdrawableAt);
     event StakeWithdrawn(address indexed miner, uint256 amount);
@@ -210,6 +239,10 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     error TooManyModels(uint256 max, uint256 got);
     error NoModels();
     error DuplicateModel(bytes32 modelId);
+    /// @notice `modelIds` and `precisions` must have one entry per model.
+    error PrecisionsLengthMismatch(uint256 models, uint256 precisions);
+    /// @notice A declared precision must be 1 (FP32) .. MAX_PRECISION (INT8).
+    error InvalidPrecision(bytes32 modelId, uint8 precision);
     error InvalidGpuSpec();
     error EmptyEndpoint();
     error ZeroAmount();
@@ -343,21 +376,26 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     // ------------------------------------------------------------------ miners
 
     /// @notice Registers the caller as a miner with `msg.value` as stake, on probation (see
-    /// the contract's notice). Externally owned accounts only.
+    /// the contract's notice). Externally owned accounts only. Emits {MinerRegistered}.
     /// @param modelIds Models served (1..16, distinct).
+    /// @param precisions The precision each model is served in, in `modelIds` order (1 FP32 ..
+    /// 5 INT8): the shards it claims are judged at it, and serving a cheaper one is cheating.
     /// @param gpu GPU description (count and memory must be non-zero).
     /// @param endpoint Where clients and the market reach the miner.
     /// @param pricePerToken Asking price in wei per token.
-    function register(bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint, uint256 pricePerToken)
-        external
-        payable
-    {
+    function register(
+        bytes32[] calldata modelIds,
+        uint8[] calldata precisions,
+        GpuSpec calldata gpu,
+        string calldata endpoint,
+        uint256 pricePerToken
+    ) external payable {
         // solhint-disable-next-line avoid-tx-origin
         if (msg.sender != tx.origin) revert ContractAccount(msg.sender);
         MinerInfo storage m = _miners[msg.sender];
         if (m.active) revert AlreadyRegistered(msg.sender);
         if (msg.value == 0 || msg.value < minStake) revert InsufficientStake(minStake, msg.value);
-        _setProfile(msg.sender, modelIds, gpu, endpoint);
+        _setProfile(msg.sender, modelIds, precisions, gpu, endpoint);
         m.stake = msg.value;
         m.locked = 0;
         m.reputationBps = initialReputationBps;
@@ -369,7 +407,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         m.passedEpochs = 0;
         delete untrustedReportsOf[msg.sender];
         delete rechallengePending[msg.sender];
-        emit MinerRegistered(msg.sender, modelIds, gpu, endpoint, pricePerToken, msg.value);
+        emit MinerRegistered(msg.sender, modelIds, precisions, gpu, endpoint, pricePerToken, msg.value);
     }
 
     /// @notice Adds `msg.value` to the caller's stake.
@@ -380,23 +418,24 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit StakeAdded(msg.sender, msg.value, m.stake);
     }
 
-    /// @notice Replaces the caller's models, GPU spec, endpoint and price.
+    /// @notice Replaces the caller's models, their precisions, GPU spec, endpoint and price.
+    /// Shards already claimed keep the precision recorded at their claim. Emits {MinerUpdated}.
     /// @param modelIds Models served (1..16, distinct).
+    /// @param precisions The precision each model is served in, in `modelIds` order (1..5).
     /// @param gpu GPU description.
     /// @param endpoint Where clients and the market reach the miner.
     /// @param pricePerToken Asking price in wei per token.
-    function update(bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint, uint256 pricePerToken)
-        external
-        onlyRegistered
-    {
-        bytes32[] storage old = _models[msg.sender];
-        for (uint256 i = 0; i < old.length; ++i) {
-            delete _serves[msg.sender][old[i]];
-        }
-        delete _models[msg.sender];
-        _setProfile(msg.sender, modelIds, gpu, endpoint);
+    function update(
+        bytes32[] calldata modelIds,
+        uint8[] calldata precisions,
+        GpuSpec calldata gpu,
+        string calldata endpoint,
+        uint256 pricePerToken
+    ) external onlyRegistered {
+        _clearModels(msg.sender);
+        _setProfile(msg.sender, modelIds, precisions, gpu, endpoint);
         _miners[msg.sender].pricePerToken = pricePerToken;
-        emit MinerUpdated(msg.sender, modelIds, gpu, endpoint, pricePerToken);
+        emit MinerUpdated(msg.sender, modelIds, precisions, gpu, endpoint, pricePerToken);
     }
 
     /// @notice Starts the caller's exit: it stops being eligible at once, and may withdraw its
@@ -417,11 +456,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (block.timestamp < at) revert UnbondingNotOver(at);
         if (m.locked != 0) revert StakeLocked(m.locked);
         uint256 amount = m.stake;
-        bytes32[] storage old = _models[msg.sender];
-        for (uint256 i = 0; i < old.length; ++i) {
-            delete _serves[msg.sender][old[i]];
-        }
-        delete _models[msg.sender];
+        _clearModels(msg.sender);
         delete _miners[msg.sender];
         emit StakeWithdrawn(msg.sender, amount);
         if (amount > 0) Address.sendValue(payable(msg.sender), amount);
@@ -658,6 +693,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @notice Reverts with the reason unless `head` may claim a shard of a task for
     /// (`modelId`, `minRepBps`, `allowProbation`, `taskPrice`) for swarm `swarmId` (see the
     /// contract's notice: active, its head, its model, price, every member eligible).
+    /// @return precision The swarm's precision for the model ({swarmPrecision}): the shard
+    /// records it, and TaskRegistry checks it against the task's accepted mask.
     function checkSwarmClaim(
         uint256 swarmId,
         address head,
@@ -665,7 +702,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         uint16 minRepBps,
         bool allowProbation,
         uint256 taskPrice
-    ) external view {
+    ) external view returns (uint8 precision) {
         Swarm storage w = _swarm(swarmId);
         if (!w.active) revert SwarmInactive(swarmId);
         if (head != w.head) revert NotSwarmHead(swarmId, head);
@@ -674,6 +711,20 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         for (uint256 i = 0; i < w.members.length; ++i) {
             address member = w.members[i];
             if (!_eligible(member, minRepBps, allowProbation)) revert MemberNotEligible(member);
+            uint8 p = _precisions[member][modelId];
+            if (p > precision) precision = p;
+        }
+    }
+
+    /// @notice The precision swarm `swarmId` serves its model in: the largest number (the
+    /// least exact) among its members' declarations for the model, since the output is only
+    /// as exact as its least exact stage. Members that do not list the model (they serve
+    /// layers of it) declare nothing; 0 when none does, and no task accepts 0.
+    function swarmPrecision(uint256 swarmId) external view returns (uint8 precision) {
+        Swarm storage w = _swarm(swarmId);
+        for (uint256 i = 0; i < w.members.length; ++i) {
+            uint8 p = _precisions[w.members[i]][w.modelId];
+            if (p > precision) precision = p;
         }
     }
 
@@ -703,7 +754,24 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         view
         returns (bool)
     {
-        return _serves[miner][modelId] && _eligible(miner, minRepBps, allowProbation);
+        return _precisions[miner][modelId] != 0 && _eligible(miner, minRepBps, allowProbation);
+    }
+
+    /// @notice {isEligible}'s answer and the precision the claim is made in, in one call for
+    /// TaskRegistry's claims: `miner`'s declared precision for `modelId` when eligible, else 0.
+    function eligiblePrecision(address miner, bytes32 modelId, uint16 minRepBps, bool allowProbation)
+        external
+        view
+        returns (uint8)
+    {
+        uint8 p = _precisions[miner][modelId];
+        return p != 0 && _eligible(miner, minRepBps, allowProbation) ? p : 0;
+    }
+
+    /// @notice The precision `miner` declared for `modelId` (1 FP32 .. 5 INT8); 0 when it
+    /// does not serve the model.
+    function precisionOf(address miner, bytes32 modelId) external view returns (uint8) {
+        return _precisions[miner][modelId];
     }
 
     /// @notice True while `miner` is on probation (see the contract's notice).
@@ -728,7 +796,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
 
     /// @notice True when `miner` lists `modelId`.
     function servesModel(address miner, bytes32 modelId) external view returns (bool) {
-        return _serves[miner][modelId];
+        return _precisions[miner][modelId] != 0;
     }
 
     // ------------------------------------------------------------------ internal
@@ -764,6 +832,15 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         return m.reputationBps >= floor;
     }
 
+    /// @dev Forgets every model `miner` lists, with its precision.
+    function _clearModels(address miner) private {
+        bytes32[] storage old = _models[miner];
+        for (uint256 i = 0; i < old.length; ++i) {
+            delete _precisions[miner][old[i]];
+        }
+        delete _models[miner];
+    }
+
     function _swarm(uint256 swarmId) private view returns (Swarm storage w) {
         if (swarmId == 0 || swarmId > swarmCount) revert UnknownSwarm(swarmId);
         return _swarms[swarmId];
@@ -789,17 +866,25 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         parts[w.headIndex] += amount - given;
     }
 
-    function _setProfile(address miner, bytes32[] calldata modelIds, GpuSpec calldata gpu, string calldata endpoint)
-        private
-    {
+    function _setProfile(
+        address miner,
+        bytes32[] calldata modelIds,
+        uint8[] calldata precisions,
+        GpuSpec calldata gpu,
+        string calldata endpoint
+    ) private {
         if (modelIds.length == 0) revert NoModels();
         if (modelIds.length > MAX_MODELS) revert TooManyModels(MAX_MODELS, modelIds.length);
+        if (precisions.length != modelIds.length) revert PrecisionsLengthMismatch(modelIds.length, precisions.length);
         if (gpu.count == 0 || gpu.memoryMiB == 0) revert InvalidGpuSpec();
         if (bytes(endpoint).length == 0) revert EmptyEndpoint();
-        mapping(bytes32 => bool) storage serves = _serves[miner];
+        mapping(bytes32 => uint8) storage declared = _precisions[miner];
         for (uint256 i = 0; i < modelIds.length; ++i) {
-            if (serves[modelIds[i]]) revert DuplicateModel(modelIds[i]);
-            serves[modelIds[i]] = true;
+            bytes32 model = modelIds[i];
+            uint8 p = precisions[i];
+            if (declared[model] != 0) revert DuplicateModel(model);
+            if (p == 0 || p > MAX_PRECISION) revert InvalidPrecision(model, p);
+            declared[model] = p;
         }
         _models[miner] = modelIds;
         MinerInfo storage m = _miners[miner];

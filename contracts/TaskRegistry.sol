@@ -5,7 +5,7 @@ import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {Receipt, Receipts, RECEIPT_TYPEHASH as RECEIPT_TYPE} from "./lib/QuarryTypes.sol";
-import {ITaskRegistry, Task, Shard, ShardState} from "./interfaces/ITaskRegistry.sol";
+import {ITaskRegistry, Task, TaskTerms, Shard, ShardState} from "./interfaces/ITaskRegistry.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
 import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
@@ -48,6 +48,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     bytes32 public constant RECEIPT_TYPEHASH = RECEIPT_TYPE;
     /// @notice 100% in basis points.
     uint16 public constant BPS = 10_000;
+    /// @notice The bits a task's accepted-precision mask may set: 1 (FP32) .. 5 (INT8).
+    uint8 public constant PRECISION_BITS = 0x3E;
     /// @notice Hard cap on shards per task, so every per-task computation stays gas-bounded.
     uint32 public constant MAX_SHARDS_CAP = 1024;
     /// @notice Most shards one {claimShards} call may claim.
@@ -92,10 +94,19 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         uint32 numShards,
         uint256 payment,
         uint64 deadline,
-        bool allowProbation
+        bool allowProbation,
+        uint8 precisions,
+        bool requireCommitments
     );
+    /// @notice `miner` claimed `shard` until `claimExpiry`, locking `collateral` wei; the shard
+    /// is judged at `precision`, the claimant's (or its swarm's) declaration for the model.
     event ShardClaimed(
-        uint256 indexed taskId, uint32 indexed shard, address indexed miner, uint64 claimExpiry, uint256 collateral
+        uint256 indexed taskId,
+        uint32 indexed shard,
+        address indexed miner,
+        uint64 claimExpiry,
+        uint256 collateral,
+        uint8 precision
     );
     /// @notice The claim of `shard` (its `miner` the swarm's head) is held by swarm `swarmId`.
     event SwarmShardClaimed(uint256 indexed taskId, uint32 indexed shard, uint256 indexed swarmId);
@@ -133,6 +144,11 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     error ZeroShardSize();
     error ZeroMaxTokens();
     error ZeroPrice();
+    /// @notice A task's accepted-precision mask may only set bits 1 (FP32) .. 5 (INT8).
+    error InvalidPrecisionMask(uint8 mask);
+    /// @notice The claimant's (or swarm's) declared `precision` is not in the task's `mask`
+    /// (0 is undeclared, which no task accepts).
+    error PrecisionNotAccepted(uint8 precision, uint8 mask);
     error DeadlineInPast(uint64 deadline);
     error TooManyShards(uint256 max, uint256 got);
     error UnknownTask(uint256 taskId);
@@ -215,60 +231,51 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     // ------------------------------------------------------------------ client
 
     /// @notice Posts a batch job; `msg.value` must be exactly
-    /// `numRequests * maxTokensPerRequest * pricePerToken` and goes into PaymentEscrow.
-    /// @param modelId keccak256 of the model's canonical manifest.
-    /// @param inputRoot StandardMerkleTree root over (uint256 index, bytes32 requestHash).
-    /// @param inputURI Where the requests JSONL lives (content-addressed store).
-    /// @param numRequests Number of requests (> 0).
-    /// @param shardSize Requests per shard (> 0); the last shard may be shorter.
-    /// @param maxTokensPerRequest Token budget per request (> 0).
-    /// @param pricePerToken Wei per output token (> 0).
-    /// @param deadline After it no shard is claimed and unfinished shards are refunded.
-    /// @param minReputationBps Least miner reputation to claim (the untrusted floor also applies).
-    /// @param arbiter Optional address allowed to dispute on the client's behalf (zero: none).
-    /// @param allowProbation Whether miners on probation may claim (GPURegistry's notice).
+    /// `terms.numRequests * terms.maxTokensPerRequest * terms.pricePerToken` and goes into
+    /// PaymentEscrow. Emits {TaskCreated}.
+    /// @dev The terms arrive as one calldata struct ({TaskTerms}, whose fields document each
+    /// term) rather than thirteen parameters: that many, a string among them, leave the
+    /// compiler no stack slots for the body ("stack too deep" without via-IR, which would
+    /// change every contract's bytecode and gas), and a struct lets later terms be added
+    /// without reordering a long positional list.
+    /// @param terms What the client asks for and on what conditions (see {TaskTerms}).
     /// @return taskId The new task's id (from 1).
-    function createTask(
-        bytes32 modelId,
-        bytes32 inputRoot,
-        string calldata inputURI,
-        uint32 numRequests,
-        uint32 shardSize,
-        uint32 maxTokensPerRequest,
-        uint256 pricePerToken,
-        uint64 deadline,
-        uint16 minReputationBps,
-        address arbiter,
-        bool allowProbation
-    ) external payable nonReentrant returns (uint256 taskId) {
+    function createTask(TaskTerms calldata terms) external payable nonReentrant returns (uint256 taskId) {
         if (address(escrow) == address(0) || address(gpuRegistry) == address(0)) revert NotWired();
+        uint32 numRequests = terms.numRequests;
+        uint32 shardSize = terms.shardSize;
+        uint32 maxTokens = terms.maxTokensPerRequest;
+        uint256 price = terms.pricePerToken;
         if (numRequests == 0) revert ZeroRequests();
         if (shardSize == 0) revert ZeroShardSize();
-        if (maxTokensPerRequest == 0) revert ZeroMaxTokens();
-        if (pricePerToken == 0) revert ZeroPrice();
-        if (deadline <= block.timestamp) revert DeadlineInPast(deadline);
-        if (minReputationBps > BPS) revert InvalidBps(minReputationBps);
+        if (maxTokens == 0) revert ZeroMaxTokens();
+        if (price == 0) revert ZeroPrice();
+        if (terms.deadline <= block.timestamp) revert DeadlineInPast(terms.deadline);
+        if (terms.minReputationBps > BPS) revert InvalidBps(terms.minReputationBps);
+        if (terms.precisions & ~PRECISION_BITS != 0) revert InvalidPrecisionMask(terms.precisions);
         uint256 shards = (uint256(numRequests) + shardSize - 1) / shardSize;
         if (shards > maxShardsPerTask) revert TooManyShards(maxShardsPerTask, shards);
-        uint256 expected = uint256(numRequests) * maxTokensPerRequest * pricePerToken;
+        uint256 expected = uint256(numRequests) * maxTokens * price;
         if (msg.value != expected) revert WrongPayment(expected, msg.value);
 
         taskId = ++taskCount;
         Task storage t = _tasks[taskId];
         t.client = msg.sender;
-        t.arbiter = arbiter;
-        t.modelId = modelId;
-        t.inputRoot = inputRoot;
-        t.inputURI = inputURI;
+        t.arbiter = terms.arbiter;
+        t.modelId = terms.modelId;
+        t.inputRoot = terms.inputRoot;
+        t.inputURI = terms.inputURI;
         t.numRequests = numRequests;
         t.shardSize = shardSize;
-        t.maxTokensPerRequest = maxTokensPerRequest;
+        t.maxTokensPerRequest = maxTokens;
         t.numShards = uint32(shards);
-        t.pricePerToken = pricePerToken;
-        t.deadline = deadline;
+        t.pricePerToken = price;
+        t.deadline = terms.deadline;
         t.createdAt = uint64(block.timestamp);
-        t.minReputationBps = minReputationBps;
-        t.allowProbation = allowProbation;
+        t.minReputationBps = terms.minReputationBps;
+        t.allowProbation = terms.allowProbation;
+        t.precisions = terms.precisions;
+        t.requireCommitments = terms.requireCommitments;
         _emitCreated(taskId, t, expected);
         escrow.deposit{value: msg.value}(taskId);
     }
@@ -311,7 +318,9 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
     // ------------------------------------------------------------------ miner
 
     /// @notice Claims an Open shard before the deadline. Locks `budget * collateralBps / 10000`
-    /// of the caller's stake and starts a claim that expires after `claimTimeout`.
+    /// of the caller's stake and starts a claim that expires after `claimTimeout`. The caller's
+    /// declared precision for the task's model (GPURegistry.precisionOf) must be in the task's
+    /// accepted mask ({PrecisionNotAccepted}); the shard records it. Emits {ShardClaimed}.
     /// @param taskId The task.
     /// @param shard The shard index.
     function claimShard(uint256 taskId, uint32 shard) external nonReentrant {
@@ -334,7 +343,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
 
     /// @notice Claims an Open shard for swarm `swarmId`, whose head must be the caller; as
     /// {claimShard}, but the swarm must be eligible (GPURegistry.checkSwarmClaim reverts with the
-    /// reason) and the collateral is locked from its members by their shares.
+    /// reason), its precision (GPURegistry.swarmPrecision) must be accepted, and the collateral
+    /// is locked from its members by their shares. Emits {ShardClaimed} and {SwarmShardClaimed}.
     /// @param taskId The task.
     /// @param shard The shard index.
     /// @param swarmId The swarm (GPURegistry).
@@ -542,7 +552,9 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             t.numShards,
             payment,
             t.deadline,
-            t.allowProbation
+            t.allowProbation,
+            t.precisions,
+            t.requireCommitments
         );
     }
 
@@ -552,24 +564,29 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         ShardState st = _stateOf(t, s);
         if (st != ShardState.Open) revert ShardNotOpen(st);
         if (block.timestamp >= t.deadline) revert DeadlinePassed(t.deadline);
+        uint8 precision;
         if (swarmId == 0) {
-            if (!gpuRegistry.isEligible(msg.sender, t.modelId, t.minReputationBps, t.allowProbation)) {
-                revert NotEligible(msg.sender);
-            }
+            precision = gpuRegistry.eligiblePrecision(msg.sender, t.modelId, t.minReputationBps, t.allowProbation);
+            if (precision == 0) revert NotEligible(msg.sender);
         } else {
-            gpuRegistry.checkSwarmClaim(
+            precision = gpuRegistry.checkSwarmClaim(
                 swarmId, msg.sender, t.modelId, t.minReputationBps, t.allowProbation, t.pricePerToken
             );
+        }
+        uint8 mask = t.precisions;
+        if (precision == 0 || (mask != 0 && (mask >> precision) & 1 == 0)) {
+            revert PrecisionNotAccepted(precision, mask);
         }
         uint256 budget = _budget(t, shard);
         uint256 collateral = budget * collateralBps / BPS;
         uint64 expiry = uint64(block.timestamp) + claimTimeout;
         s.state = ShardState.Claimed;
         s.miner = msg.sender;
+        s.precision = precision;
         s.claimExpiry = expiry;
         s.collateral = collateral;
         t.committed += budget;
-        emit ShardClaimed(taskId, shard, msg.sender, expiry, collateral);
+        emit ShardClaimed(taskId, shard, msg.sender, expiry, collateral, precision);
         if (swarmId == 0) {
             gpuRegistry.lockCollateral(msg.sender, collateral);
         } else {

@@ -49,6 +49,9 @@ from market.marketapi import MarketAPI
 from market.protocol.canonical import keccak
 from market.protocol.eip712 import Receipt
 from market.protocol.merkle import SumNode, input_tree
+from market.protocol.precision import ANY as ANY_PRECISION
+from market.protocol.precision import PrecisionError, check_mask, mask_labels
+from market.protocol.precision import accepts as accepts_precision
 from market.protocol.requests import BatchError, check_line_sizes, request_line_sizes
 from market.protocol.results import (
     ResultCheckFailed,
@@ -162,9 +165,9 @@ class JobTimeout(JobError):
 
 
 def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 0,
-              allow_probation: bool = False) -> int:
-    """The on-chain ask (wei/token) of a miner that may claim tasks for `model_id`;
-    `MinerNotEligible` says why one may not."""
+              allow_probation: bool = False, precisions: int = ANY_PRECISION) -> int:
+    """The on-chain ask (wei/token) of a miner that may claim tasks for `model_id` (in a
+    precision the mask `precisions` accepts); `MinerNotEligible` says why one may not."""
     try:
         address = to_checksum_address(miner)
     except (TypeError, ValueError):
@@ -184,7 +187,13 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
         raise MinerNotEligible(f"miner {address} may not claim tasks for model "
                                f"{encode_hex(model_id)}{floor}: it serves {served}, "
                                f"{'active' if info.active else 'not active (exiting?)'}")
+    declared = q.gpu.precision_of(address, model_id)
+    if declared is None or not accepts_precision(precisions, declared):
+        raise MinerNotEligible(f"miner {address} serves model {encode_hex(model_id)} in "
+                               f"{declared.label if declared else 'no declared precision'}; "
+                               f"the task accepts {', '.join(mask_labels(precisions))}")
     return info.price_per_token
+
 
 
 def check_funds(q: Quarry, account: LocalAccount, value: int, fn: Any, where: str,
@@ -227,6 +236,8 @@ def post_batch(
     arbiter: str = ZERO_ADDRESS,
     prefer_miner: str | None = None,
     allow_probation: bool = False,
+    precisions: int = ANY_PRECISION,
+    require_commitments: bool = False,
 ) -> tuple[int, TxResult]:
     """Upload a batch file and create its task, paying `n * max_tokens * price` into escrow.
 
@@ -236,9 +247,11 @@ def post_batch(
     chain time. With `prefer_miner`, the task is offered to that miner only (directed job:
     the market shows its shards to no one else until the deadline); the miner must be
     eligible and ask at most `price`. `allow_probation` lets miners on probation (new
-    identities that have not yet passed the committee's challenges) claim it. Every check runs
-    before the upload and the transaction; returns the task id and the `createTask`
-    transaction.
+    identities that have not yet passed the committee's challenges) claim it. `precisions` is
+    the mask of precisions the task accepts (`precision.precision_mask`; 0: any), and
+    `require_commitments` asks every non-empty output for an activation commitment. Every
+    check runs before the upload and the transaction; returns the task id and the
+    `createTask` transaction.
     """
     n = len(request_hashes)
     if n == 0:
@@ -264,6 +277,10 @@ def post_batch(
         raise JobError(f"min_reputation_bps must be in [0, 10000], got {min_reputation_bps!r}")
     if not _is_int(shard_size) or shard_size < 1:
         raise JobError(f"shard_size must be a positive integer, got {shard_size!r}")
+    try:
+        precisions = check_mask(precisions)
+    except PrecisionError as exc:
+        raise JobError(str(exc)) from None
     limit, block = q.chain.read([q.tasks.fn("maxShardsPerTask"),
                                  lambda eth: eth.get_block("latest")])
     if math.ceil(n / shard_size) > limit:
@@ -282,7 +299,8 @@ def post_batch(
         raise JobError(f"arbiter {arbiter!r} is not an address") from None
     miner = None
     if prefer_miner is not None:
-        ask = miner_ask(q, prefer_miner, bytes(model_id), min_reputation_bps, allow_probation)
+        ask = miner_ask(q, prefer_miner, bytes(model_id), min_reputation_bps, allow_probation,
+                        precisions)
         miner = to_checksum_address(prefer_miner)
         if price < ask:
             raise PaymentTooLow(f"payment too low: {price} wei/token is below the ask of the "
@@ -291,9 +309,9 @@ def post_batch(
     payment = n * max_tokens * price
     root = input_tree(list(request_hashes)).root
     uri = content_uri(data)
-    args = (bytes(model_id), root, uri, n, shard_size, max_tokens, price, deadline,
-            min_reputation_bps, arbiter, allow_probation)
-    check_funds(q, account, payment, q.tasks.contract.functions.createTask(*args),
+    terms = (bytes(model_id), root, uri, n, shard_size, max_tokens, price, deadline,
+             min_reputation_bps, arbiter, allow_probation, precisions, bool(require_commitments))
+    check_funds(q, account, payment, q.tasks.contract.functions.createTask(terms),
                 "TaskRegistry.createTask", "payment")
 
     stored = market.put(data)
@@ -303,7 +321,8 @@ def post_batch(
         account, model_id=bytes(model_id), input_root=root, input_uri=uri, num_requests=n,
         shard_size=shard_size, max_tokens_per_request=max_tokens, price_per_token=price,
         deadline=deadline, min_reputation_bps=min_reputation_bps, arbiter=arbiter,
-        allow_probation=allow_probation, payment=payment)
+        allow_probation=allow_probation, precisions=precisions,
+        require_commitments=bool(require_commitments), payment=payment)
     if miner is not None:
         try:
             market.offer(account, task_id, miner)
@@ -405,7 +424,8 @@ def verified_shard(q: Quarry, market: MarketAPI, task_id: int, shard: int,
         fetch_result_document(market, shard, s.result_uri), task_id=task_id, shard=shard,
         start=start, miner=s.miner, model_id=t.model_id, result_root=s.result_root,
         tokens_used=s.tokens_used, request_hashes=hashes, chain_id=q.chain.chain_id,
-        task_registry=q.tasks.address, max_tokens_per_request=t.max_tokens_per_request)
+        task_registry=q.tasks.address, max_tokens_per_request=t.max_tokens_per_request,
+        require_commitments=t.require_commitments)
     return s, items
 
 

@@ -39,7 +39,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
     _logging(args)
     cfg = _load(args, model_dirs=args.model_dir or None, price_per_token=args.price_per_token,
-                stake=args.stake, endpoint=args.endpoint)
+                stake=args.stake, endpoint=args.endpoint, precision=args.precision)
     print(register_miner(cfg).format())
     return 0
 
@@ -50,7 +50,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _logging(args, args.verbose)
     cfg = _load(args, model_dirs=args.model_dir or None, engine=args.engine,
-                max_batch=args.max_batch, max_shards_in_flight=args.max_shards_in_flight,
+                precision=args.precision, max_batch=args.max_batch,
+                max_shards_in_flight=args.max_shards_in_flight,
                 poll_interval_s=args.poll_interval_s,
                 auto_withdraw=True if args.auto_withdraw else None, test_mode=args.test_mode,
                 state_dir=args.state_dir, metrics_port=args.metrics_port,
@@ -164,6 +165,10 @@ def cmd_rechallenge(args: argparse.Namespace) -> int:
     return 0
 
 
+PRECISION_HELP = ("fp32, fp16, bf16, fp8 or int8: declared for every model and the engine's "
+                  "dtype (default: fp32 on CPU, bf16 on GPU); register and run must agree")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="miner", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -187,11 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-per-token", help="asking price, wei (or e.g. 1gwei)")
     p.add_argument("--stake", help="total stake, wei (or e.g. 0.5ether)")
     p.add_argument("--endpoint", help="URL advertised on-chain")
+    p.add_argument("--precision", help=PRECISION_HELP)
     add_log_format(p)
 
     p = command("run", "claim and serve open shards until Ctrl-C", cmd_run)
     p.add_argument("--model-dir", action="append", type=Path, metavar="DIR")
     p.add_argument("--engine", help="torch, pipeline or vllm")
+    p.add_argument("--precision", help=PRECISION_HELP)
     p.add_argument("--max-batch", type=int, help="requests per engine batch")
     p.add_argument("--max-shards-in-flight", type=int,
                    help="shards of one task claimed together and generated as one stream")

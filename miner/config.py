@@ -8,6 +8,9 @@ then command-line flags (each later source overrides the earlier).
     # deployment = ".quarry/deployment.json"  # fallback when the market is unreachable
     model_dirs = ["models/quarry-tiny"]
     engine = "torch"                      # torch | pipeline | vllm
+    # precision = "bf16"                  # fp32 | fp16 | bf16 | fp8 | int8: declared for
+                                          # every model (clients may require one) and the
+                                          # engine's dtype; default fp32 on CPU, bf16 on GPU
     price_per_token = "1gwei"             # wei per output token
     stake = "0.5ether"                    # total stake to hold in GPURegistry
     endpoint = "http://203.0.113.7:9100"  # advertised on-chain
@@ -54,6 +57,8 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode
 
+from market.errors import ConfigError
+from market.protocol.precision import Precision, PrecisionError, parse_precision
 from market.roleconfig import (
     Host,
     KeyedSettings,
@@ -106,6 +111,7 @@ class MinerConfig(KeyedSettings):
     model_dirs: Annotated[tuple[SettingPath, ...], NoDecode, BeforeValidator(comma_list)] = ()
     engine: str = "torch"
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    precision: Precision | None = None  # None: from the engine's dtype (served_precision)
     price_per_token: Annotated[Wei, Field(ge=1)] | None = None
     stake: Wei | None = None
     endpoint: Annotated[str, Field(min_length=1)] = ""
@@ -132,6 +138,16 @@ class MinerConfig(KeyedSettings):
     def _engine(cls, value: Any) -> str:
         return _one_of(value, ENGINES)
 
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: Any) -> Precision | None:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        try:
+            return parse_precision(value)
+        except PrecisionError as exc:
+            raise ValueError(str(exc)) from None
+
     @field_validator("swarm_router", mode="before")
     @classmethod
     def _router(cls, value: Any) -> str:
@@ -154,3 +170,34 @@ class MinerConfig(KeyedSettings):
             raise ValueError(f"{value!r} is not a test mode; valid modes: "
                              f"{', '.join(CHEAT_MODES)}")
         return mode
+
+    def served_precision(self) -> Precision:
+        """The precision this miner declares for its models and its engine computes in:
+        `precision` when set; else the `dtype` engine option's; else fp32 on a CPU and bf16
+        on a GPU (the torch engine's default, `market.model.loading.resolve_dtype`)."""
+        dtype = self.engine_options.get("dtype")
+        if self.precision is not None:
+            if dtype is not None and _precision_of_dtype(dtype) is not self.precision:
+                raise ConfigError(f"miner settings precision {self.precision.label} and "
+                                  f"engine_options.dtype {dtype!r} disagree; drop the dtype "
+                                  "(the precision sets it)")
+            return self.precision
+        if dtype is not None:
+            return _precision_of_dtype(dtype)
+        from market.model.loading import resolve_device
+
+        device = resolve_device(self.engine_options.get("device"))
+        return Precision.FP32 if device.type == "cpu" else Precision.BF16
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """`engine_options` with the dtype of `served_precision()`: the engine computes in
+        the precision the miner declared (`Precision.torch_dtype_name`)."""
+        return {**self.engine_options, "dtype": self.served_precision().torch_dtype_name}
+
+
+def _precision_of_dtype(dtype: Any) -> Precision:
+    try:
+        return parse_precision(str(dtype))
+    except PrecisionError:
+        raise ConfigError(f"miner setting engine_options.dtype {dtype!r} names no precision; "
+                          "set precision (fp32, fp16, bf16, fp8 or int8) instead") from None

@@ -1,9 +1,12 @@
 """`miner register`: verify the models on disk, then stake and list them on-chain.
 
 Every model directory's manifest is checked file by file before anything is sent (a miner
-serving modified weights would be serving another modelId). The manifests are posted to the
-market so clients can name the models; the registration itself goes to GPURegistry. Run
-again, it updates the profile (models, GPU, endpoint, price) and tops the stake up to the
+serving modified weights would be serving another modelId). Every model is declared in the
+miner's precision (`MinerConfig.served_precision`: the `precision` setting, else its engine's
+dtype); its shards are judged at it, and a client may accept only some. The manifests are
+posted to the market so clients can name the models; the registration itself goes to
+GPURegistry. Run again, it updates the profile (models, precision, GPU, endpoint, price) and
+tops the stake up to the
 configured `stake`: the command is idempotent, never staking twice.
 
 A new (or re-registered) miner starts on probation: it may claim only tasks that allow it
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from market.errors import ConfigError, QuarryError
+from market.protocol.precision import Precision
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -72,6 +76,7 @@ class RegisterReport:
     address: str
     action: str  # "registered" or "updated"
     models: list[ServedModel]
+    precision: Precision
     hardware: HardwareSpec
     price_per_token: int
     endpoint: str
@@ -87,7 +92,8 @@ class RegisterReport:
     def format(self) -> str:
         lines = [f"miner {self.address} {self.action} on GPURegistry"]
         for m in self.models:
-            lines.append(f"  model  {m.manifest.name} {m.manifest.model_id_hex} ({m.path})")
+            lines.append(f"  model  {m.manifest.name} {m.manifest.model_id_hex} ({m.path}) in "
+                         f"{self.precision.label}")
         lines += [
             f"  gpu    {self.hardware.describe()}",
             f"  price  {self.price_per_token} wei/token",
@@ -156,6 +162,7 @@ def register_miner(
     cfg.require("key", "model_dirs", "price_per_token", "stake", "endpoint")
     account = cfg.account()
     models = load_models(cfg.model_dirs)
+    precision = cfg.served_precision()
     hw = hardware or hardware_for(cfg)
     opened: MarketAPI | None = None
     if q is None or market is None:
@@ -167,6 +174,7 @@ def register_miner(
         posted, note = post_manifests(market, models)
         gpu = GpuSpec(hw.name, hw.memory_mib, hw.count)
         ids = [m.model_id for m in models]
+        precisions = [precision] * len(ids)
         price, stake = int(cfg.price_per_token or 0), int(cfg.stake or 0)
         txs = []
         if q.gpu.is_registered(account.address):
@@ -175,7 +183,7 @@ def register_miner(
                 raise RegistrationError(
                     f"miner {account.address} has requested exit; withdraw the stake with "
                     "`miner withdraw --stake` once unbonding ends, then register again")
-            txs.append(q.gpu.update(account, ids, gpu, cfg.endpoint, price))
+            txs.append(q.gpu.update(account, ids, gpu, cfg.endpoint, price, precisions))
             added = max(0, stake - info.stake)
             if added:
                 txs.append(q.gpu.add_stake(account, added))
@@ -188,13 +196,13 @@ def register_miner(
             if stake < max(minimum, 1):
                 raise ConfigError(f"miner setting stake: {stake} wei is below GPURegistry's "
                                   f"minimum stake of {minimum} wei")
-            txs.append(q.gpu.register(account, ids, gpu, cfg.endpoint, price, stake))
+            txs.append(q.gpu.register(account, ids, gpu, cfg.endpoint, price, stake, precisions))
             added, action = stake, "registered"
         info = q.gpu.miner_info(account.address)
         probation = q.gpu.probation_params()
     finally:
         if opened is not None:
             opened.close()
-    return RegisterReport(account.address, action, models, hw, price, cfg.endpoint,
+    return RegisterReport(account.address, action, models, precision, hw, price, cfg.endpoint,
                           info.stake, added, posted, note, [t.tx_hash for t in txs],
                           info.on_probation, info.passed_epochs, probation)

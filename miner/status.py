@@ -85,6 +85,8 @@ class MinerStatus:
     challenges_answered: int = 0
     challenges_unanswered: int = 0  # each one slashed the shard's collateral
     open_challenges: list[dict[str, Any]] = field(default_factory=list)
+    # each served model's declared precision (fp32 ... int8): its shards are judged at it
+    precisions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,7 +103,8 @@ class MinerStatus:
                 f"endpoint   {self.endpoint}",
                 f"gpu        {self.gpu['count']} x {self.gpu['name']} "
                 f"({self.gpu['memory_mib']} MiB)",
-                *[f"model      {m}" for m in self.models],
+                *[f"model      {m} in {self.precisions.get(m, 'undeclared')}"
+                  for m in self.models],
             ]
         if self.withdrawable_at is not None:
             left = self.withdrawable_at - self.chain_time
@@ -161,6 +164,9 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
     if registered and info.exit_requested_at:
         withdrawable_at = info.exit_requested_at + unbonding_period(q)
     challenges = challenges_of(q, address)
+    models = gpu.models_of(address)
+    precisions = {"0x" + m.hex(): p.label for m in models
+                  if (p := gpu.precision_of(address, m)) is not None}
     open_claims: list[dict[str, Any]] = []
     for ev in claimed:
         t, s = int(ev["taskId"]), int(ev["shard"])
@@ -177,7 +183,7 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
         stake=info.stake, locked=info.locked, reputation_bps=info.reputation_bps,
         price_per_token=info.price_per_token, endpoint=info.endpoint,
         gpu={"name": info.gpu.name, "memory_mib": info.gpu.memory_mi_b, "count": info.gpu.count},
-        models=["0x" + m.hex() for m in gpu.models_of(address)],
+        models=["0x" + m.hex() for m in models], precisions=precisions,
         exit_requested_at=info.exit_requested_at, withdrawable_at=withdrawable_at,
         shards_claimed=len(claimed), shards_submitted=len(submitted),
         shards_finalized=len(finalized), claims_reclaimed=len(reclaimed),

@@ -50,6 +50,7 @@ from market.engine.base import GenerationOutput, GenerationRequest, ScoreResult
 from market.engine.text import TextEngine
 from market.errors import QuarryError
 from market.marketapi import MarketAPI, MarketError
+from market.protocol.precision import Precision
 from miner.worker import ClaimUnavailable
 
 if TYPE_CHECKING:
@@ -530,7 +531,7 @@ class SwarmMember:
                        state_dir=cfg.state_dir or default_state_dir(),
                        heartbeat_interval_s=cfg.heartbeat_interval_s,
                        router=cfg.swarm_router, worker_options=options,
-                       engine_options=cfg.engine_options)
+                       engine_options=cfg.engine_kwargs())
         except BaseException:
             market.close()
             raise
@@ -540,7 +541,16 @@ class SwarmMember:
 
         return Worker(account=self.account, quarry=self.q, engines={self.model_id: self.engine},
                       store=self.market, market=self.market, engine_kind="swarm",
-                      claim=self._claim, **options)
+                      claim=self._claim, precision_of=self._precision, **options)
+
+    def _precision(self, model_id: bytes) -> Precision | None:
+        """The precision this head's claims are made in: its registered swarm's (the least
+        exact of its members' declarations); `SwarmUnavailable` while none is registered."""
+        swarm_id = self.swarm_id
+        if swarm_id is None:
+            raise SwarmUnavailable("the swarm is being formed (waiting for consents and its "
+                                   "registration)")
+        return self.q.gpu.swarm_precision(swarm_id)
 
     def _claim(self, task_id: int, shard: int) -> TxResult:
         """The worker's claim: for the registered swarm this member heads."""

@@ -30,7 +30,9 @@ content store (the market's, or any object with `get(uri)` and `put(bytes)`, suc
    `auto_withdraw` pull the escrowed earnings.
 
 A miner on probation (new or re-registered) may claim only tasks that allow it: other tasks
-are skipped before any transaction, until a committee report ends the probation.
+are skipped before any transaction, until a committee report ends the probation. So are tasks
+whose accepted precisions leave out the one this miner declared for the model (a swarm head:
+its swarm's), and tasks that require activation commitments when its engine makes none.
 
 A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
 task's limit: the contract never pays beyond it (`TooManyTokens`).
@@ -80,6 +82,7 @@ from market.jobs import task_shard_range
 from market.logs import json_logs, log_context, say
 from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
+from market.protocol.precision import Precision, accepts, mask_labels
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
 from market.store import StoreError, parse_uri
@@ -121,7 +124,7 @@ UNSERVABLE_REASON_CHARS = 200
 UNSERVABLE_REMEMBERED = 1000
 """Unservable shards remembered (not checked again); the oldest are forgotten."""
 # Claim reverts that mean "not this task for this miner" (remembered), not "try later".
-_TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask"}
+_TASK_REVERTS = {"NotEligible", "DeadlinePassed", "UnknownTask", "PrecisionNotAccepted"}
 
 
 class ClaimUnavailable(QuarryError):
@@ -274,6 +277,7 @@ class Worker:
         state_dir: Path | None = None,
         challenge_check_s: float = CHALLENGE_CHECK_S,
         claim: Callable[[int, int], TxResult] | None = None,
+        precision_of: Callable[[bytes], Precision | None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise QuarryError("max_batch must be at least 1")
@@ -303,6 +307,9 @@ class Worker:
         # is the plain one (a swarm's goes shard by shard).
         self.claim_many: Callable[[int, Sequence[int]], TxResult] | None = (
             None if claim else functools.partial(self.q.tasks.claim_shards, account))
+        # The precision a claim is made in, per model: by default this miner's on-chain
+        # declaration (read with each group's checks); a swarm's head passes its swarm's.
+        self.precision_of = precision_of
         self.skipped_tasks: dict[int, str] = {}  # task id -> why none of its shards is taken
         # (task id, shard) -> why this model cannot serve it (e.g. a request over its
         # context); never tried again, and the latest are in the heartbeat for the client.
@@ -363,14 +370,22 @@ class Worker:
                 raise QuarryError(f"miner {account.address} is not registered; run "
                                   "`miner register` first")
             served = set(q.gpu.models_of(account.address))
+            precision = cfg.served_precision()
             for m in models:
                 if m.model_id not in served:
                     log.warning("model %s (%s) is not in this miner's on-chain registration: "
                                 "its tasks cannot be claimed; rerun `miner register`",
                                 m.manifest.name, m.manifest.model_id_hex)
+                elif (declared := q.gpu.precision_of(account.address, m.model_id)) is not None \
+                        and precision > declared:
+                    raise QuarryError(
+                        f"the engine would run {m.manifest.name} in {precision.label}, less "
+                        f"exact than the {declared.label} this miner declared on-chain (its "
+                        f"shards are judged at {declared.label}); set precision = "
+                        f"\"{declared.label}\" or rerun `miner register`")
                 log.info("loading %s engine for %s from %s", cfg.engine, m.manifest.name,
                          m.path)
-                engine = load_engine(cfg.engine, m.path, **cfg.engine_options)
+                engine = load_engine(cfg.engine, m.path, **cfg.engine_kwargs())
                 if not isinstance(engine, TextEngine):
                     raise QuarryError(f"the {cfg.engine} engine has no tokenizer interface")
                 engines[m.model_id] = engine
@@ -419,6 +434,7 @@ class Worker:
         return {
             "models": ["0x" + m.hex() for m in self.engines],
             "engine": self.engine_kind,
+            "commitments": all(e.commit for e in self.engines.values()),
             "busy": cur is not None,
             "current": None if cur is None else {"taskId": cur.task_id, "shard": cur.shard},
             "shardsSubmitted": len(self.summary.submitted),
@@ -747,13 +763,18 @@ class Worker:
         # The task, the shard, the chain's time and (once per group) this miner's entry: one
         # batch of reads.
         also: list[Read] = [lambda eth: eth.get_block("latest")]
+        declared = self.precision_of is None and "precisions" not in seen
         if "info" not in seen:
             also.append(q.gpu.fn("minerInfo", me))
+        if declared:
+            also += [q.gpu.fn("precisionOf", me, m) for m in self.engines]
         try:
-            task, (sh,), (head, *info_answer) = q.tasks.read_shards(task_id, [shard], also)
+            task, (sh,), (head, *answers) = q.tasks.read_shards(task_id, [shard], also)
         except ContractRevert as exc:
             raise _Skip(str(exc)) from exc
-        info = seen.get("info") or as_struct(MinerInfo, info_answer[0])
+        info = seen.get("info") or as_struct(MinerInfo, answers.pop(0))
+        if declared:
+            seen["precisions"] = {m: int(p) for m, p in zip(self.engines, answers, strict=True)}
         engine = self.engines.get(task.model_id)
         if engine is None:
             raise _Skip(f"this miner runs no engine for model 0x{task.model_id.hex()}",
@@ -775,12 +796,39 @@ class Worker:
             self._probation_skips.add(task_id)
             raise _Skip("the task does not allow miners on probation, and "
                         + self._probation_note(info), task_wide=True)
+        if not resume:
+            self._check_terms(task, engine, self._precision(task.model_id, seen))
 
         requests = self.task_requests(task_id, task)
         start, end = task_shard_range(task, shard)
         shard_requests = requests[start:end]
         gen = self.prepare(engine, task, shard_requests)
         return _Ready(task, task_id, shard, engine, shard_requests, gen, sh, resume, reclaim)
+
+    def _precision(self, model_id: bytes, seen: dict[str, Any]) -> Precision | None:
+        """The precision this miner's claim of a `model_id` task is made in (None: none
+        declared), read once per group."""
+        if self.precision_of is not None:
+            if model_id not in seen.setdefault("swarm", {}):
+                try:
+                    seen["swarm"][model_id] = self.precision_of(model_id)
+                except ClaimUnavailable as exc:  # e.g. no swarm registered yet: try later
+                    raise _Skip(str(exc)) from exc
+            return seen["swarm"][model_id]
+        p = seen["precisions"].get(model_id, 0)
+        return Precision(p) if p else None
+
+    @staticmethod
+    def _check_terms(task: Any, engine: TextEngine, precision: Precision | None) -> None:
+        """`_Skip` (the whole task, before any transaction) when the task does not accept
+        `precision`, or requires activation commitments that `engine` does not make. With no
+        precision declared (the model is not registered) the claim says why (NotEligible)."""
+        if precision is not None and not accepts(task.precisions, precision):
+            raise _Skip(f"the task accepts {', '.join(mask_labels(task.precisions))}; this "
+                        f"miner serves the model in {precision.label}", task_wide=True)
+        if task.require_commitments and not engine.commit:
+            raise _Skip("the task requires activation commitments and this miner's engine "
+                        "makes none", task_wide=True)
 
     def _lock(self, r: _Ready) -> _Claimed:
         """Claim a checked shard (reclaiming an expired claim first, or resuming this
@@ -870,7 +918,7 @@ class Worker:
         completions = [
             Completion(index=r.index, custom_id=r.custom_id, request_hash=r.request_hash,
                        text=o.text, token_ids=tuple(o.token_ids), finish_reason=o.finish_reason,
-                       prompt_tokens=len(g.prompt_ids))
+                       prompt_tokens=len(g.prompt_ids), commitment=o.commitment)
             for r, g, o in zip(c.requests, c.gen, c.outputs, strict=True)
         ]
         result = build_shard_result(

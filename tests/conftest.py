@@ -181,6 +181,9 @@ def devnet_session() -> Iterator[Devnet]:
 
 @pytest.fixture
 def devnet(devnet_session: Devnet) -> Iterator[Devnet]:
+    # A module's own fixture may have reverted to a snapshot taken minutes ago (winding the
+    # clock back with it): catch up first, so no test starts with the chain behind.
+    keep_up_with_the_wall_clock(devnet_session)
     snapshot = devnet_session.chain.snapshot()
     try:
         yield devnet_session
@@ -254,10 +257,13 @@ def keep_up_with_the_wall_clock(net: Devnet) -> None:
     """Anvil's evm_revert winds its clock back with the snapshot, so over a session of
     reverted tests the chain falls behind the wall clock by their total duration, while the
     market's sweeps take the later of the two clocks: on a slow machine deadlines then look
-    due minutes early. Move the clock up to the wall clock whenever it lags (never back)."""
+    due minutes early. Move the clock up to the wall clock whenever it lags (never back),
+    and mine a block there: until one is mined the latest block keeps the old time, and a
+    deadline reckoned from it could already be past for the next block."""
     now = int(time.time())
     if net.chain.timestamp() < now:
         net.chain.rpc("evm_setTime", [now])
+        net.chain.mine()
 
 
 @pytest.fixture

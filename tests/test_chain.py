@@ -33,8 +33,11 @@ from market.protocol import (
     receipts_tree,
     request_hash,
 )
-from market.protocol.eip712 import domain_separator
+from market.protocol.commitments import ZERO_HASH as ZERO
+from market.protocol.commitments import commitment_hash
+from market.protocol.eip712 import TYPEHASHES, domain_separator
 from market.protocol.merkle import INDEX_HASH_TYPES, SumNode, leaf_hash
+from market.protocol.precision import Precision, PrecisionError, precision_mask
 from market.protocol.results import receipt_proven
 
 if TYPE_CHECKING:
@@ -116,7 +119,8 @@ def do_work(net: Devnet, posted: Posted, shard: int, miner: LocalAccount,
         ids = answer_ids(i)
         count = (billed or {}).get(i, len(ids))
         receipts.append(Receipt(posted.task_id, shard, i, posted.hashes[i],
-                                output_hash(f"answer {i}", ids), count, MODEL_ID))
+                                output_hash(f"answer {i}", ids), count, MODEL_ID,
+                                commitment_hash(b"activations of %d" % i) if i % 2 else ZERO))
     sigs = [r.sign(miner.key, net.chain.chain_id, net.q.tasks.address) for r in receipts]
     tree = receipts_tree(receipts)
     assert tree.total == sum(r.output_tokens for r in receipts)
@@ -274,10 +278,13 @@ def test_contracts_agree_with_python_hashes(devnet: Devnet) -> None:
     cid = net.chain.chain_id
     for contract in (q.tasks, q.arbitration, q.committee):
         assert contract.domain_separator() == domain_separator(cid, contract.address)
-    r = Receipt(3, 1, 6, keccak(b"r"), output_hash("x", [1, 2]), 2, MODEL_ID)
-    assert q.tasks.receipt_struct_hash(r) == r.struct_hash()
-    assert q.tasks.hash_receipt(r) == r.digest(cid, q.tasks.address)
-    assert q.arbitration.receipt_leaf(r) == leaf_hash(INDEX_HASH_TYPES, (6, r.struct_hash()))
+    for commitment in (b"", b"\x07" * 258, b"\x01" * 516):  # none, one chunk, two chunks
+        r = Receipt(3, 1, 6, keccak(b"r"), output_hash("x", [1, 2]), 2, MODEL_ID,
+                    commitment_hash(commitment))
+        assert q.tasks.receipt_struct_hash(r) == r.struct_hash()
+        assert q.tasks.hash_receipt(r) == r.digest(cid, q.tasks.address)
+        assert q.arbitration.receipt_leaf(r) == leaf_hash(INDEX_HASH_TYPES, (6, r.struct_hash()))
+    assert q.tasks.contract.functions.RECEIPT_TYPEHASH().call() == TYPEHASHES["Receipt"]
     assert q.arbitration.hash_vote(9, True) == Vote(9, True).digest(cid, q.arbitration.address)
     rep = Report(4, (net.miner.address, net.miner2.address), (100, 9999), keccak(b"ev"))
     assert q.committee.hash_report(rep) == rep.digest(cid, q.committee.address)
@@ -526,6 +533,57 @@ def test_new_miners_start_on_probation(devnet: Devnet) -> None:
     assert q.tasks.get_task(opted_in.task_id).allow_probation
 
 
+def test_declared_precision_and_task_masks_through_the_wrappers(devnet: Devnet) -> None:
+    """A miner declares a precision per model; a task's mask decides who may claim, the
+    shard keeps the claimant's declaration, and each bad input reverts a named error."""
+    net, q = devnet, devnet.q
+    assert q.gpu.precision_of(net.miner.address, MODEL_ID) == Precision.FP32  # the default
+    assert q.gpu.precision_of(net.outsider.address, MODEL_ID) is None
+    q.gpu.update(net.miner2, [MODEL_ID], GpuSpec("g", 1, 1), "http://m2", PRICE, ["bf16"])
+    assert q.gpu.precision_of(net.miner2.address, MODEL_ID) == Precision.BF16
+    updated = q.gpu.events("MinerUpdated", miner=net.miner2.address)[-1]
+    assert updated["precisions"] == [int(Precision.BF16)]
+
+    hashes = [request_hash(r) for r in requests(4, "mask")]
+    root = input_tree(hashes).root
+    mask = precision_mask(["fp32"])
+    task_id, tx = q.tasks.create_task(
+        net.client, model_id=MODEL_ID, input_root=root, input_uri="store://mask",
+        num_requests=4, shard_size=2, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        deadline=net.chain.timestamp() + 3600, precisions=mask, require_commitments=True)
+    created = tx.event("TaskCreated")
+    assert (created["precisions"], created["requireCommitments"]) == (mask, True)
+    t = q.tasks.get_task(task_id)
+    assert (t.precisions, t.require_commitments) == (mask, True)
+    locked = q.gpu.miner_info(net.miner2.address).locked
+    with reverts("PrecisionNotAccepted") as info:
+        q.tasks.claim_shard(net.miner2, task_id, 0)
+    assert info.value.args_dict == {"precision": int(Precision.BF16), "mask": mask}
+    assert q.gpu.miner_info(net.miner2.address).locked == locked
+    claim = q.tasks.claim_shard(net.miner, task_id, 0)
+    assert claim.event("ShardClaimed")["precision"] == int(Precision.FP32)
+    assert q.tasks.get_shard(task_id, 0).precision == Precision.FP32
+    assert q.tasks.get_shard(task_id, 1).precision == 0  # still open
+
+    with reverts("InvalidPrecisionMask") as info:
+        q.tasks.create_task(
+            net.client, model_id=MODEL_ID, input_root=root, input_uri="u", num_requests=1,
+            shard_size=1, max_tokens_per_request=1, price_per_token=PRICE,
+            deadline=net.chain.timestamp() + 100, precisions=0x41)
+    assert info.value.args_dict == {"mask": 0x41}
+    gpu = GpuSpec("g", 1, 1).as_tuple()
+    with reverts("InvalidPrecision") as info:
+        q.gpu._tx(net.outsider, "register", [MODEL_ID], [6], gpu, "e", 1, value=MINER_STAKE)
+    assert info.value.args_dict == {"modelId": MODEL_ID, "precision": 6}
+    with reverts("PrecisionsLengthMismatch") as info:
+        q.gpu._tx(net.outsider, "register", [MODEL_ID], [], gpu, "e", 1, value=MINER_STAKE)
+    assert info.value.args_dict == {"models": 1, "precisions": 0}
+    with pytest.raises(PrecisionError, match="unknown precision 'fp4'"):
+        q.gpu.register(net.outsider, [MODEL_ID], GpuSpec("g", 1, 1), "e", 1, MINER_STAKE,
+                       ["fp4"])
+    assert_escrow_invariant(net)
+
+
 # -- committee ----------------------------------------------------------------------------
 
 
@@ -752,7 +810,11 @@ def test_offer_terms_read_every_miner_in_one_batch(devnet: Devnet, rpc_front) ->
     asked = [(net.miner.address, [MODEL_ID, other]), (net.outsider.address, [MODEL_ID])]
     terms = q.gpu.offer_terms(asked, 0, allow_probation=True)
     assert rpc_front.batches == [5] and rpc_front.singles == 0
-    assert terms == [(net.q.gpu.miner_info(a), [net.q.gpu.is_eligible(a, m, 0, True)
+    assert terms == [(net.q.gpu.miner_info(a), [net.q.gpu.eligible_precision(a, m, 0, True)
                                                  for m in models]) for a, models in asked]
-    assert terms[0][1] == [True, False]  # the devnet's miner serves MODEL_ID only
+    # the devnet's miner serves MODEL_ID only, declared in fp32
+    assert terms[0][1] == [Precision.FP32, None]
+    assert [p is not None for p in terms[0][1]] == [net.q.gpu.is_eligible(net.miner.address, m,
+                                                                          0, True)
+                                                    for m in asked[0][1]]
     assert q.gpu.offer_terms([]) == []

@@ -192,6 +192,6 @@ def test_a_transaction_the_node_refuses_for_funds_is_told_what_it_needs(devnet: 
                        rf"{fresh.address} cannot pay .* holds {devnet.MINER_STAKE} wei .* plus "
                        r"up to \d+ wei of gas \(900000 gas at \d+ wei\)"):
         devnet.chain.send(devnet.q.gpu.fn(
-            "register", [devnet.MODEL_ID], GpuSpec("RTX 4090", 24564, 1).as_tuple(),
+            "register", [devnet.MODEL_ID], [1], GpuSpec("RTX 4090", 24564, 1).as_tuple(),
             "http://127.0.0.1:9", devnet.PRICE), fresh, value=devnet.MINER_STAKE, gas=900_000)
     assert devnet.chain.rpc("eth_getTransactionCount", [fresh.address, "pending"]) == "0x0"

@@ -1,7 +1,9 @@
 """Random market histories on Anvil (Hypothesis stateful testing).
 
 The machine drives the real contracts through the Python wrappers:
-- tasks: create (with or without an arbiter, open to miners on probation or not), claim,
+- tasks: create (with or without an arbiter, open to miners on probation or not, accepting
+  every precision or a set of them, requiring commitments or not), claim (the shard records
+  the claimant's declared precision; a mask that leaves it out refuses the claim),
   submit a result sum tree (honest, billing more than its receipts sum, or holding a padded
   or an over-cap receipt), finalize, reclaim, refund, cancel, withdraw;
 - availability challenges by the client or arbiter, answers with a Python-made proof,
@@ -10,7 +12,7 @@ The machine drives the real contracts through the Python wrappers:
   billing-fault proofs;
 - the committee: joins with random stakes (into a committee of at most MAX_MEMBERS, so the
   least stake gets displaced), exits, withdrawals at the unbonding bound, reputation reports,
-  epoch boundaries; a new miner on probation.
+  epoch boundaries; a new miner on probation; miners re-declaring their precision.
 
 A Python model predicts every action's outcome (success, or the custom error it reverts
 with, at the chain time it ran) and every wei it moves. After every step: PaymentEscrow
@@ -76,6 +78,8 @@ from market.protocol import (
     receipts_tree,
     verify_sum_proof,
 )
+from market.protocol.commitments import ZERO_HASH, commitment_hash
+from market.protocol.precision import Precision, accepts, precision_mask
 
 if TYPE_CHECKING:
     from conftest import Devnet
@@ -97,6 +101,9 @@ BUG_ERRORS = ("Panic", "Unknown", "", "Error")
 LIVE = (S.CLAIMED, S.SUBMITTED, S.DISPUTED)  # shards holding collateral
 UNSETTLED = (S.OPEN, *LIVE)  # shards whose budget is still escrowed
 MODES = ("honest", "honest", "honest", "overbill", "padded", "padded", "overcap")
+MASKS = (0, 0, 0, 0, precision_mask(["fp32", "bf16"]), precision_mask(["fp32"]),
+         precision_mask(["bf16"]), precision_mask(["fp16", "bf16", "fp8", "int8"]))
+"""Tasks' accepted precisions: mostly any, sometimes a set some miners are outside of."""
 
 
 def view(contract: QuarryContract, name: str) -> int:
@@ -142,8 +149,9 @@ def build_work(task_id: int, shard: int, start: int, end: int, hashes: Sequence[
         count = len(ids)
         if i == bad:
             count = count + 1 + seed % 2 if mode == "padded" else MAX_TOKENS + 1 + seed % 3
+        commitment = commitment_hash(text.encode()) if (seed + i) % 3 else ZERO_HASH
         receipts.append(Receipt(task_id, shard, i, hashes[i], output_hash(text, ids), count,
-                                model_id))
+                                model_id, commitment))
         texts.append(text)
         ids_all.append(ids)
     tree = receipts_tree(receipts)
@@ -160,6 +168,7 @@ class TaskM:
     deadline: int
     allow_probation: bool
     hashes: list[bytes]
+    precisions: int = 0  # accepted-precision mask (0: any)
     cancelled: bool = False
 
     def may_challenge(self, who: str) -> bool:
@@ -181,6 +190,7 @@ class ShardM:
     window_end: int = 0
     work: Work | None = None
     challenges: int = 0
+    precision: int = 0  # the claimant's declaration at the claim (0 while open)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -242,6 +252,7 @@ class MinerM:
     passed: int
     registered_at: int  # probation counts only reports of epochs starting then or later
     untrusted: int = 0  # consecutive reports below the untrusted line (GPURegistry's streak)
+    precision: int = int(Precision.FP32)  # declared for the model
 
 
 def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
@@ -327,10 +338,13 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             for m in miner_accounts:
                 mi = q.gpu.miner_info(m.address)
                 if mi.active:
+                    declared = q.gpu.precision_of(m.address, net.MODEL_ID)
+                    assert declared is not None
                     self.miners[m.address] = MinerM(mi.stake, mi.reputation_bps,
                                                     mi.on_probation, mi.passed_epochs,
                                                     mi.registered_at,
-                                                    q.gpu.untrusted_reports_of(m.address))
+                                                    q.gpu.untrusted_reports_of(m.address),
+                                                    int(declared))
             self.owed = {a.address: q.escrow.withdrawable(a.address) for a in everyone}
             self.owed[burn] = q.escrow.withdrawable(burn)  # burned stake lands here
             self.owed_base = q.escrow.total_withdrawable() - sum(self.owed.values())
@@ -425,6 +439,8 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 return "NotEligible"
             if m.on_probation and not task.allow_probation:
                 return "NotEligible"
+            if not accepts(task.precisions, m.precision):
+                return "PrecisionNotAccepted"
             locked = sum(sh.collateral for sh in self._in(*LIVE) if sh.miner == miner)
             return OK if m.stake - locked >= collateral else "InsufficientFreeStake"
 
@@ -467,6 +483,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             miner, penalty = sh.miner, sh.collateral * reclaim_bps // BPS
             if reopen:
                 sh.state, sh.miner, sh.collateral, sh.claim_expiry = S.OPEN, ZERO_ADDRESS, 0, 0
+                sh.precision = 0  # the contract deletes the claim
             else:
                 sh.state = S.REFUNDED
                 self._credit(client, sh.budget)
@@ -506,7 +523,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
         # -- actions: each predicts its outcome, runs, and updates the model ---------------
 
         def _do_create(self, n: int, size: int, client: LocalAccount, arbiter: bool,
-                       probation: bool) -> None:
+                       probation: bool, mask: int = 0, commitments: bool = False) -> None:
             hashes = [keccak(f"{len(self.tasks)}-{i}".encode()) for i in range(n)]
             deadline = chain.timestamp() + TASK_LIFETIME
             tx = self._run(lambda t: OK, lambda: q.tasks.create_task(
@@ -514,11 +531,14 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 input_uri="store://in", num_requests=n, shard_size=size,
                 max_tokens_per_request=MAX_TOKENS, price_per_token=net.PRICE,
                 deadline=deadline, arbiter=net.anyone.address if arbiter else ZERO_ADDRESS,
-                allow_probation=probation)[1])
+                allow_probation=probation, precisions=mask,
+                require_commitments=commitments)[1])
             assert tx is not None
-            task_id = int(tx.event("TaskCreated")["taskId"])
+            created = tx.event("TaskCreated")
+            assert (created["precisions"], created["requireCommitments"]) == (mask, commitments)
+            task_id = int(created["taskId"])
             self.tasks[task_id] = TaskM(client, net.anyone if arbiter else None, deadline,
-                                        probation, hashes)
+                                        probation, hashes, mask)
             for s in range(-(-n // size)):
                 start, end = s * size, min(n, (s + 1) * size)
                 sh = ShardM(task_id, s, start, end, (end - start) * MAX_TOKENS * net.PRICE)
@@ -538,9 +558,11 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
 
             tx = self._run(outcome, lambda: q.tasks.claim_shard(miner, *sh.key))
             if tx:
-                assert tx.event("ShardClaimed")["collateral"] == collateral
+                ev = tx.event("ShardClaimed")
+                precision = self.miners[miner.address].precision
+                assert (ev["collateral"], ev["precision"]) == (collateral, precision)
                 sh.state, sh.miner, sh.collateral = S.CLAIMED, miner.address, collateral
-                sh.claim_expiry = self.now + claim_timeout
+                sh.claim_expiry, sh.precision = self.now + claim_timeout, precision
                 self._touch(sh)
 
         def _do_claim_many(self, shards: list[ShardM], miner: LocalAccount) -> None:
@@ -567,11 +589,12 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 miner, shards[0].task_id, [sh.shard for sh in shards]))
             if tx:
                 claimed = tx.all("ShardClaimed")
-                assert [(e["shard"], e["collateral"]) for e in claimed] == [
-                    (sh.shard, c) for sh, c in zip(shards, collaterals, strict=True)]
+                precision = self.miners[miner.address].precision
+                assert [(e["shard"], e["collateral"], e["precision"]) for e in claimed] == [
+                    (sh.shard, c, precision) for sh, c in zip(shards, collaterals, strict=True)]
                 for sh, collateral in zip(shards, collaterals, strict=True):
                     sh.state, sh.miner, sh.collateral = S.CLAIMED, miner.address, collateral
-                    sh.claim_expiry = self.now + claim_timeout
+                    sh.claim_expiry, sh.precision = self.now + claim_timeout, precision
                     self._touch(sh)
 
         def _do_submit(self, sh: ShardM, sender: LocalAccount, seed: int, mode: str) -> None:
@@ -973,9 +996,11 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
 
         @precondition(lambda self: len(self.tasks) < MAX_TASKS)
         @rule(n=st.integers(1, 5), size=st.integers(1, 3), who=st.integers(0, 1),
-              arbiter=st.booleans(), probation=st.booleans())
-        def create(self, n: int, size: int, who: int, arbiter: bool, probation: bool) -> None:
-            self._do_create(n, size, clients[who], arbiter, probation)
+              arbiter=st.booleans(), probation=st.booleans(), mask=st.sampled_from(MASKS),
+              commitments=st.booleans())
+        def create(self, n: int, size: int, who: int, arbiter: bool, probation: bool,
+                   mask: int, commitments: bool) -> None:
+            self._do_create(n, size, clients[who], arbiter, probation, mask, commitments)
 
         @precondition(lambda self: self._in(S.OPEN))
         @rule(i=st.integers(0, 50), who=st.sampled_from([0, 0, 1, 1, 2]))
@@ -1164,15 +1189,30 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             self._do_unbond(account)
 
         @precondition(lambda self: net.outsider.address not in self.miners)
-        @rule()
-        def outsider_registers_as_miner(self) -> None:
+        @rule(precision=st.sampled_from(list(Precision)))
+        def outsider_registers_as_miner(self, precision: Precision) -> None:
             """A fresh miner starts on probation: it may claim only tasks that allow it."""
             tx = self._run(lambda t: OK, lambda: q.gpu.register(
                 net.outsider, [net.MODEL_ID], GpuSpec("g", 1, 1), "http://x", net.PRICE,
-                net.MINER_STAKE))
+                net.MINER_STAKE, [precision]))
             assert tx is not None
             self.miners[net.outsider.address] = MinerM(net.MINER_STAKE, initial_rep,
-                                                       probation_epochs > 0, 0, self.now)
+                                                       probation_epochs > 0, 0, self.now,
+                                                       precision=int(precision))
+
+        @precondition(lambda self: self.miners)
+        @rule(i=st.integers(0, 50), precision=st.sampled_from(list(Precision)))
+        def declare_precision(self, i: int, precision: Precision) -> None:
+            """A miner re-declares its precision: shards it holds keep the one they
+            recorded, its next claims are made in the new one."""
+            address = sorted(self.miners)[i % len(self.miners)]
+            tx = self._run(lambda t: OK, lambda: q.gpu.update(
+                account_of[address], [net.MODEL_ID], GpuSpec("g", 1, 1), "http://x",
+                net.PRICE, [precision]))
+            assert tx is not None
+            assert tx.event("MinerUpdated")["precisions"] == [int(precision)]
+            self.miners[address].precision = int(precision)
+            self.touched |= {sh.key for sh in self._in(*LIVE) if sh.miner == address}
 
         @precondition(lambda self: epoch_of(self.now) >= self.next_report)
         @rule(back=st.integers(0, 1), mask=st.one_of(st.just(-1), st.integers(0, 1023)),
@@ -1382,8 +1422,10 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 sh, got = self.shards[key], q.tasks.get_shard(*key)
                 assert got.state == sh.state, key
                 if sh.state in (*LIVE, S.FINALIZED):
-                    assert (got.miner, got.collateral, got.claim_expiry) == (
-                        sh.miner, sh.collateral, sh.claim_expiry), key
+                    assert (got.miner, got.collateral, got.claim_expiry, got.precision) == (
+                        sh.miner, sh.collateral, sh.claim_expiry, sh.precision), key
+                if sh.state == S.OPEN:
+                    assert got.precision == 0, key
                 if sh.state in (S.SUBMITTED, S.DISPUTED, S.FINALIZED):
                     assert sh.work is not None
                     assert (got.window_end, got.tokens_used, got.result_root) == (

@@ -30,6 +30,7 @@ from client.sdk import (
     BatchError,
     ChainMismatch,
     Client,
+    ClientError,
     DeadlineExpired,
     DisputeNotPossible,
     InsufficientFunds,
@@ -54,6 +55,7 @@ from market.protocol.canonical import json_hash
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
 from market.protocol.merkle import SumNode, receipts_tree
+from market.protocol.precision import precision_mask
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
 from market.store import ContentTooLarge, content_uri
@@ -736,6 +738,69 @@ def test_directed_job_prefer_miner(devnet: Any, market: Market, tmp_path: Path,
     out = capsys.readouterr().out
     assert f"{devnet.PRICE} wei/token" in out
     assert f"offered to miner {devnet.miner.address} only" in out
+
+
+def test_submit_accepts_only_the_precisions_asked_for(devnet: Any, market: Market,
+                                                      tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`precisions` restricts a task to miners that declared one of them, whose asks alone
+    set its price; asking for a precision nobody serves, an unknown one, or commitments no
+    miner's engine makes is refused in one line before any money moves; the mask and
+    `require_commitments` go on-chain; `client models` shows each miner's declaration."""
+    q = devnet.q
+    dearer = 2 * devnet.PRICE
+    q.gpu.update(devnet.miner2, [devnet.MODEL_ID], GpuSpec("NVIDIA H100", 81920, 1),
+                 "http://127.0.0.1:9101", dearer, ["bf16"])
+    heartbeats(devnet, market.api)
+    c = connect(devnet, market)
+    [offer] = [o for o in c.offers() if o.model_id == devnet.MODEL_ID]
+    assert {(m.address, m.precision.label if m.precision else None) for m in offer.miners} == {
+        (devnet.miner.address, "fp32"), (devnet.miner2.address, "bf16")}
+    job = c.submit(["a", "b"], model=MODEL, max_tokens=2, precisions="bf16",
+                   require_commitments=True)
+    t = job.task()
+    assert (t.precisions, t.require_commitments) == (precision_mask(["bf16"]), True)
+    assert t.price_per_token == dearer  # the cheaper fp32 miner may not claim it
+    either = c.submit(["a"], model=MODEL, max_tokens=2, precisions=["fp32", "BF16"]).task()
+    assert (either.precisions, either.price_per_token) == (
+        precision_mask(["fp32", "bf16"]), devnet.PRICE)
+
+    count, balance = q.tasks.task_count(), devnet.chain.balance(devnet.client.address)
+    with pytest.raises(UnknownModel, match=f"no miner serves model '{MODEL}' in fp8: its "
+                       "miners declared bf16, fp32"):
+        c.submit(["a"], model=MODEL, max_tokens=2, precisions=["fp8"])
+    with pytest.raises(ClientError, match="precisions: unknown precision 'fp4'"):
+        c.submit(["a"], model=MODEL, max_tokens=2, precisions="fp4,bf16")
+    with pytest.raises(MinerNotEligible, match=f"serves model {MODEL} in bf16; the task "
+                       "accepts fp32"):
+        c.submit(["a"], model=MODEL, max_tokens=2, precisions="fp32",
+                 prefer_miner=devnet.miner2.address)
+    for miner in (devnet.miner, devnet.miner2, NEWCOMER):  # engines without commitments
+        market.api.heartbeat(miner, {"models": [MODEL], "commitments": False})
+    with pytest.raises(UnknownModel, match="makes activation commitments"):
+        c.submit(["a"], model=MODEL, max_tokens=2, require_commitments=True)
+    assert (q.tasks.task_count(), devnet.chain.balance(devnet.client.address)) == (count,
+                                                                                   balance)
+    heartbeats(devnet, market.api)
+
+    flags = key_flags(devnet, market, tmp_path)
+    batch = tmp_path / "batch.jsonl"
+    batch.write_bytes(encode_jsonl(prompt_lines(["x"], model=MODEL, max_tokens=2)))
+    capsys.readouterr()
+    assert client_main(["submit", str(batch), "--precision", "bf16,fp32",
+                        "--require-commitments", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "only miners serving it in fp32, bf16 may claim it" in out
+    assert "every output must carry an activation commitment" in out
+    task_id = int(out.split()[1].rstrip(":"))
+    assert q.tasks.get_task(task_id).require_commitments
+    assert client_main(["submit", str(batch), "--precision", "fp4", *flags]) == 1
+    err = capsys.readouterr().err
+    assert "unknown precision 'fp4'" in err and len(err.strip().splitlines()) == 1
+    assert client_main(["models", *flags]) == 0
+    listed = capsys.readouterr().out
+    assert f"  {devnet.miner2.address} {dearer} wei/token, bf16, alive" in listed
+    assert f"  {devnet.miner.address} {devnet.PRICE} wei/token, fp32, alive" in listed
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -34,6 +34,7 @@ from market.chain.contracts import ShardState
 from market.chain.devnet import DEVNET_BLOCK_TIME, free_port
 from market.local.processes import ManagedProcess, spawn
 from market.local.stack import LocalStack
+from market.protocol.precision import precision_mask
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 
@@ -236,7 +237,8 @@ def test_demo_sized_batch_completes_with_the_sdks_verified_outputs(
     try:
         started = time.monotonic()
         batch = create(gateway, chat_lines(60, "demo"), quarry_shard_size="15",
-                       quarry_max_price_per_token="1 gwei", project="demo")
+                       quarry_max_price_per_token="1 gwei", quarry_precision="fp32,bf16",
+                       quarry_require_commitments="true", project="demo")
         assert batch.status == "validating" and batch.metadata["project"] == "demo"
         done = wait_status(gateway, batch.id, "completed", "failed", timeout=540)
         elapsed = time.monotonic() - started
@@ -265,7 +267,13 @@ def test_demo_sized_batch_completes_with_the_sdks_verified_outputs(
     assert done.usage is not None
     assert done.usage.output_tokens == sum(o["response"]["body"]["usage"]["completion_tokens"]
                                            for o in out)
-    assert sdk_client.job(task_id).task().price_per_token == PRICE
+    t = sdk_client.job(task_id).task()
+    assert t.price_per_token == PRICE
+    # the miners (fp32 on this CPU, committing torch engines) served what the task required;
+    # the SDK's results() checked a commitment behind every output
+    assert (t.precisions, t.require_commitments) == (precision_mask(["fp32", "bf16"]), True)
+    assert {q_shard.precision for q_shard in (stack.quarry.tasks.get_shard(task_id, k)
+                                              for k in range(t.num_shards))} == {1}
 
 
 def test_bad_lines_fail_validation_with_their_line_numbers(
@@ -508,6 +516,9 @@ def test_quarry_options_in_metadata() -> None:
 
     a = MINERS["a"].address
     assert parse_options({"team": "x"}) == Options()
+    assert parse_options({"quarry_precision": "BF16, fp32",
+                          "quarry_require_commitments": "true"}) == Options(
+        precisions=precision_mask(["bf16", "fp32"]), require_commitments=True)
     assert parse_options({"quarry_max_price_per_token": "2 gwei", "quarry_miner": a.lower(),
                           "quarry_min_reputation_bps": "500", "quarry_allow_probation": "TRUE",
                           "quarry_shard_size": "15", "quarry_arbiter": a}) == Options(
@@ -518,6 +529,8 @@ def test_quarry_options_in_metadata() -> None:
                              ("quarry_min_reputation_bps", "10001", "[0, 10000]"),
                              ("quarry_shard_size", "0", "[1, "),
                              ("quarry_allow_probation", "yes", '"true" or "false"'),
+                             ("quarry_precision", "fp4", "unknown precision 'fp4'"),
+                             ("quarry_require_commitments", "1", '"true" or "false"'),
                              ("quarry_max_price_per_token", "lots", "not an amount")]:
         with pytest.raises(OptionError, match=re.escape(says)) as exc:
             parse_options({key: value})

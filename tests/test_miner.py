@@ -35,7 +35,9 @@ from market.chain.contracts import ShardState
 from market.chain.devnet import free_port
 from market.marketapi import MarketAPI
 from market.model.manifest import ModelFileMismatch
+from market.protocol.commitments import commitment_hash
 from market.protocol.merkle import input_tree
+from market.protocol.precision import Precision, precision_mask
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import ShardResult, verify_shard_result
 from market.store import LocalStore, StoreError
@@ -106,11 +108,12 @@ def quarry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def register(devnet: Any, account: Any, model_dir: Path, market_url: str, *,
-             probation: bool = False) -> None:
+             probation: bool = False, precision: str | None = None) -> None:
     """`register_miner`; without `probation` the miner is established (off probation)."""
     cfg = MinerConfig.load(key="0x" + bytes(account.key).hex(), model_dirs=[str(model_dir)],
                            price_per_token=PRICE, stake=STAKE, endpoint="http://127.0.0.1:9201",
-                           gpu={"name": "Test GPU", "memory_mib": 1024, "count": 1})
+                           gpu={"name": "Test GPU", "memory_mib": 1024, "count": 1},
+                           precision=precision)
     gpu, owner = devnet.q.gpu, devnet.deployer
     params = gpu.probation_params()
     if not probation:
@@ -132,7 +135,8 @@ def batch(n: int, max_tokens: int = MAX_TOKENS, tag: str = "") -> bytes:
 
 def post_task(devnet: Any, store: LocalStore, model_id: bytes, data: bytes, *,
               shard_size: int = 3, root_of: bytes | None = None,
-              allow_probation: bool = False) -> int:
+              allow_probation: bool = False, precisions: int = 0,
+              require_commitments: bool = False) -> int:
     """Upload `data` and create a task for it; `root_of` commits to other bytes instead."""
     uri = store.put(data)
     parsed = parse_jsonl(root_of if root_of is not None else data)
@@ -141,7 +145,8 @@ def post_task(devnet: Any, store: LocalStore, model_id: bytes, data: bytes, *,
         input_root=input_tree([r.request_hash for r in parsed]).root, input_uri=uri,
         num_requests=len(parsed), shard_size=shard_size, max_tokens_per_request=MAX_TOKENS,
         price_per_token=PRICE, deadline=devnet.chain.timestamp() + 3600,
-        allow_probation=allow_probation)
+        allow_probation=allow_probation, precisions=precisions,
+        require_commitments=require_commitments)
     return task_id
 
 
@@ -179,6 +184,9 @@ def test_register_update_and_tampered_model(devnet: Any, model_dir: Path, tmp_pa
     assert code == 0, out
     assert f"miner {miner.address} registered" in out
     assert "0x" + model_id.hex() in out and "manifests NOT posted" in out
+    # No precision configured: the engine's default on this CPU, fp32, is declared.
+    assert f"{model_id.hex()} ({model_dir}) in fp32" in out
+    assert devnet.q.gpu.precision_of(miner.address, model_id) == Precision.FP32
     info = devnet.q.gpu.miner_info(miner.address)
     assert (info.stake, info.price_per_token, info.endpoint) == (STAKE, PRICE,
                                                                  "http://127.0.0.1:9200")
@@ -204,6 +212,20 @@ def test_register_update_and_tampered_model(devnet: Any, model_dir: Path, tmp_pa
     code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--stake", "1.5ether")
     assert code == 0 and f"(+{STAKE // 2} wei now)" in out
     assert devnet.q.gpu.miner_info(miner.address).stake == STAKE * 3 // 2
+    # A declared precision is updated like the rest of the profile; `miner run` refuses an
+    # engine less exact than the declaration (its shards would be judged at it), one line.
+    code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--precision", "bf16")
+    assert code == 0 and "updated" in out and f"({model_dir}) in bf16" in out
+    assert devnet.q.gpu.precision_of(miner.address, model_id) == Precision.BF16
+    code, out, _ = run_cli(capsys, "register", "--config", str(cfg), "--precision", "fp32")
+    assert code == 0 and devnet.q.gpu.precision_of(miner.address, model_id) == Precision.FP32
+    code, _, err = run_cli(capsys, "run", "--config", str(cfg), "--precision", "fp16",
+                           "--once", "--no-progress")
+    assert code == 1  # (a line before says the dead market gave no deployment)
+    assert "in fp16, less exact than the fp32 this miner declared on-chain" in \
+        err.strip().splitlines()[-1]
+    code, _, err = run_cli(capsys, "register", "--config", str(cfg), "--precision", "fp4")
+    assert code == 1 and "unknown precision 'fp4'" in err and len(err.strip().splitlines()) == 1
 
     # A modified weights file is refused by name, before any transaction.
     bad = tmp_path / "tampered"
@@ -255,6 +277,9 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
         task_registry=q.tasks.address)
     assert sh.tokens_used == outcome.tokens_used == sum(len(i.token_ids) for i in items)
     assert [i.custom_id for i in items] == ["r0", "r1", "r2"]
+    # The torch engine commits to its activations: each receipt signs its output's commitment.
+    assert all(i.commitment and i.receipt.commitment == commitment_hash(i.commitment)
+               for i in items)
     direct = engine.generate([engine.request_from_line(r.request) for r in parsed[:3]])
     assert [i.token_ids for i in items] == [d.token_ids for d in direct]
     assert all(0 < len(i.token_ids) <= MAX_TOKENS and i.prompt_tokens > 0 for i in items)
@@ -295,6 +320,9 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
             status["shards_finalized"]) == (2, 2, 2)
     assert status["earnings_wei"] == status["withdrawable_wei"] == tokens * PRICE
     assert (status["stake"], status["locked"], status["eligible_state"]) == (STAKE, 0, "active")
+    assert status["precisions"] == {"0x" + engine.model_id.hex(): "fp32"}
+    code, out, _ = run_cli(capsys, "status", "--config", str(cfg))
+    assert f"model      0x{engine.model_id.hex()} in fp32" in out
     assert (status["on_probation"], status["open_challenges"]) == (False, [])
 
     before = devnet.chain.balance(miner.address)
@@ -853,6 +881,75 @@ def test_unservable_shard_is_skipped_alone_and_shown_in_the_heartbeat(
     api.heartbeat(miner, status)
     row = next(m for m in api.miners() if m["address"] == miner.address)
     assert row["status"]["unservable"] == status["unservable"]
+    api.close()
+
+
+def test_tasks_the_miner_cannot_serve_are_not_offered_nor_claimed(
+        devnet: Any, model_dir: Path, engine: Any, live_market: tuple[str, Path]) -> None:
+    """A miner declared bf16: a task accepting only fp32 is not recommended to it, and
+    skipped before any transaction when tried; a task requiring commitments is neither
+    recommended to nor claimed by a miner whose engine makes none, while a committing
+    engine serves it with a commitment behind every output; a task open to any precision is
+    served at the miner's declaration, which the shard records."""
+    from market.engine.torch_engine import TorchEngine
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, url, precision="bf16")
+    assert q.gpu.precision_of(miner.address, engine.model_id) == Precision.BF16
+    api = MarketAPI(url)
+    fp32_only = post_task(devnet, api, engine.model_id, batch(2, tag="exact "),  # type: ignore[arg-type]
+                          precisions=precision_mask(["fp32"]))
+    committed = post_task(devnet, api, engine.model_id, batch(2, tag="commit "),  # type: ignore[arg-type]
+                          require_commitments=True)
+    anything = post_task(devnet, api, engine.model_id, batch(2, tag="any "))  # type: ignore[arg-type]
+    Board(db_path).index(q)
+    model = "0x" + engine.model_id.hex()
+    assert {s["taskId"] for s in api.open_shards(model, miner.address)} == {committed,
+                                                                             anything}
+    plain = TorchEngine(model_dir, max_batch_size=4, commit=False)
+    try:
+        worker = Worker(account=miner, quarry=q, engines={engine.model_id: plain}, store=api,
+                        market=api, progress=False)
+        api.heartbeat(miner, worker.status())  # says its engine makes no commitments
+        assert worker.status()["commitments"] is False
+        assert {t for t, _ in worker.find_open_shards()} == {anything}
+        nonce = devnet.chain.w3.eth.get_transaction_count(miner.address)
+        for task_id, why in ((fp32_only, "the task accepts fp32; this miner serves the model "
+                                         "in bf16"),
+                             (committed, "the task requires activation commitments and this "
+                                         "miner's engine makes none")):
+            outcome = worker.process_shard(task_id, 0)
+            assert (outcome.status, outcome.reason) == ("skipped", why)
+            assert worker.skipped_tasks[task_id] == why  # the whole task, never tried again
+            assert q.tasks.get_shard(task_id, 0).state == ShardState.OPEN
+        assert devnet.chain.w3.eth.get_transaction_count(miner.address) == nonce
+        assert q.gpu.miner_info(miner.address).locked == 0
+        assert worker.process_shard(anything, 0).submitted
+        sh = q.tasks.get_shard(anything, 0)
+        assert sh.precision == Precision.BF16  # what its outputs are judged at
+        doc = ShardResult.from_bytes(api.get(sh.result_uri))
+        assert all(it.commitment == b"" and it.receipt.commitment == b"\x00" * 32
+                   for it in doc.items)
+    finally:
+        plain.close()
+
+    # The committing engine takes the task that requires commitments.
+    committing = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=api,
+                        market=api, progress=False)
+    api.heartbeat(miner, committing.status())
+    Board(db_path).index(q)  # the shard served above is taken
+    assert {t for t, _ in committing.find_open_shards()} == {committed}
+    assert committing.process_shard(committed, 0).submitted
+    sh = q.tasks.get_shard(committed, 0)
+    parsed = parse_jsonl(batch(2, tag="commit "))
+    items = verify_shard_result(
+        ShardResult.from_bytes(api.get(sh.result_uri)), task_id=committed, shard=0, start=0,
+        miner=sh.miner, model_id=engine.model_id, result_root=sh.result_root,
+        tokens_used=sh.tokens_used, request_hashes=[r.request_hash for r in parsed],
+        chain_id=q.chain_id, task_registry=q.tasks.address, require_commitments=True)
+    assert all(it.commitment for it in items)
     api.close()
 
 

@@ -126,6 +126,8 @@ def test_key_file_and_require(tmp_path: Path) -> None:
     ('key = "0x12"', "key"),
     ('market_url = "market:8600"', "market_url"),
     ('engine = "tensorrt"', "engine"),
+    ('precision = "fp4"', "precision"),
+    ('precision = 9', "precision"),
     ('price_per_token = 0', "price_per_token"),
     ('stake = "lots"', "stake"),
     ('max_batch = 0', "max_batch"),
@@ -146,6 +148,30 @@ def test_invalid_fields_are_named(tmp_path: Path, text: str, field: str) -> None
     with pytest.raises(ConfigError) as info:
         MinerConfig.load(write(tmp_path, "[miner]\n" + text + "\n"))
     assert field in str(info.value)
+
+
+def test_the_declared_precision_is_the_engine_s_dtype() -> None:
+    """The miner declares `precision` and its engine computes in it; unset, the engine's
+    dtype option says it, else the torch engine's default (fp32 here, on a CPU); a dtype
+    that disagrees with an explicit precision, or names none, is a ConfigError."""
+    from market.protocol.precision import Precision
+
+    assert MinerConfig.load().served_precision() is Precision.FP32  # no GPU on this machine
+    assert MinerConfig.load().engine_kwargs() == {"dtype": "float32"}
+    bf16 = MinerConfig.load(precision="BF16", engine_options={"device": "cpu"})
+    assert bf16.precision is Precision.BF16
+    assert bf16.engine_kwargs() == {"device": "cpu", "dtype": "bfloat16"}
+    int8 = MinerConfig.load(precision="int8")  # a weight quantisation computing in bf16
+    assert int8.engine_kwargs()["dtype"] == "bfloat16"
+    assert MinerConfig.load(engine_options={"dtype": "float16"}).served_precision() \
+        is Precision.FP16
+    agree = MinerConfig.load(precision="fp16", engine_options={"dtype": "half"})
+    assert agree.engine_kwargs()["dtype"] == "float16"
+    with pytest.raises(ConfigError, match="precision bf16 and engine_options.dtype 'float32' "
+                       "disagree"):
+        MinerConfig.load(precision="bf16", engine_options={"dtype": "float32"}).engine_kwargs()
+    with pytest.raises(ConfigError, match="engine_options.dtype 'auto' names no precision"):
+        MinerConfig.load(engine_options={"dtype": "auto"}).served_precision()
 
 
 def test_bad_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

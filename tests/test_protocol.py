@@ -37,6 +37,7 @@ from market.protocol import (
 from market.protocol.canonical import UnsafeInteger
 from market.protocol.canonical import _encode as canonical_encode
 from market.protocol.canonical import _plain as canonical_plain
+from market.protocol.commitments import commitment_hash
 from market.protocol.eip712 import TYPE_STRINGS, TYPES, domain, domain_separator, typed_digest
 from market.protocol.requests import MAX_SEED, token_ids_hash
 
@@ -312,21 +313,29 @@ KEY = Account.from_key("0x" + "42" * 32)
 
 
 def receipt() -> Receipt:
-    return Receipt(7, 1, 12, keccak(b"req"), output_hash("out", [1, 2, 3]), 3, keccak(b"model"))
+    return Receipt(7, 1, 12, keccak(b"req"), output_hash("out", [1, 2, 3]), 3, keccak(b"model"),
+                   commitment_hash(b"\x01" * 258))
 
 
 def test_type_strings_and_manual_struct_hash() -> None:
     assert TYPE_STRINGS["Receipt"] == (
         "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,"
-        "uint32 outputTokens,bytes32 modelId)"
+        "uint32 outputTokens,bytes32 modelId,bytes32 commitment)"
     )
     assert TYPE_STRINGS["Vote"] == "Vote(uint256 disputeId,bool minerAtFault)"
     r = receipt()
     manual = keccak(abi_encode(
-        ["bytes32", "uint256", "uint32", "uint32", "bytes32", "bytes32", "uint32", "bytes32"],
+        ["bytes32", "uint256", "uint32", "uint32", "bytes32", "bytes32", "uint32", "bytes32",
+         "bytes32"],
         [keccak(TYPE_STRINGS["Receipt"].encode()), *r.as_tuple()],
     ))
     assert r.struct_hash() == manual
+    assert r.commitment == keccak(b"\x01" * 258)
+    # no commitment: the zero hash, which is also the field's default
+    bare = Receipt(*r.as_tuple()[:7])
+    assert bare.commitment == commitment_hash(b"") == b"\x00" * 32
+    assert Receipt.from_message(bare.message()) == bare
+    assert bare.struct_hash() != r.struct_hash()
     rep = Report(3, (KEY.address,), (9000,), b"\x05" * 32)
     manual_rep = keccak(abi_encode(
         ["bytes32", "uint256", "bytes32", "bytes32", "bytes32"],

@@ -27,6 +27,7 @@ from market.protocol import (
     receipts_tree,
     request_hash,
 )
+from market.protocol.precision import Precision, mask_labels, precision_mask
 from market.service.board import (
     CHAIN_LAYOUT,
     CHALLENGE_STATUS,
@@ -55,7 +56,8 @@ def assert_has(row: dict, expected: dict) -> None:
 
 def post(net: Devnet, n: int, shard_size: int, *, deadline_s: int = 3600,
          client: LocalAccount | None = None, arbiter: str | None = None,
-         tag: str = "t", allow_probation: bool = False) -> tuple[int, list[bytes]]:
+         tag: str = "t", allow_probation: bool = False, precisions: int = 0,
+         require_commitments: bool = False) -> tuple[int, list[bytes]]:
     hashes = [request_hash({"custom_id": f"{tag}-{i}", "body": {"prompt": f"p{i}"}})
               for i in range(n)]
     root = input_tree(hashes).root
@@ -65,7 +67,7 @@ def post(net: Devnet, n: int, shard_size: int, *, deadline_s: int = 3600,
         input_uri="sha256:" + root.hex(), num_requests=n, shard_size=shard_size,
         max_tokens_per_request=MAX_TOKENS, price_per_token=net.PRICE,
         deadline=net.chain.timestamp() + deadline_s, allow_probation=allow_probation,
-        **kwargs)
+        precisions=precisions, require_commitments=require_commitments, **kwargs)
     return task_id, hashes
 
 
@@ -99,6 +101,9 @@ def assert_matches_chain(board: Board, q: Quarry, task_id: int) -> dict:
     assert (job["maxTokensPerRequest"], job["pricePerToken"], job["minReputationBps"]) == (
         t.max_tokens_per_request, t.price_per_token, t.min_reputation_bps)
     assert job["allowProbation"] == t.allow_probation
+    assert (job["precisions"], job["requireCommitments"]) == (t.precisions,
+                                                              t.require_commitments)
+    assert job["acceptedPrecisions"] == mask_labels(t.precisions)
     assert (job["cancelled"], job["createdAt"]) == (t.cancelled, t.created_at)
     assert len(job["shards"]) == t.num_shards
     for row in job["shards"]:
@@ -110,6 +115,7 @@ def assert_matches_chain(board: Board, q: Quarry, task_id: int) -> dict:
         assert row["resultUri"] == (s.result_uri or None)
         assert (row["start"], row["end"]) == q.tasks.shard_range(task_id, row["shard"])
         assert row["budget"] == q.tasks.shard_budget(task_id, row["shard"])
+        assert row["precision"] == (Precision(s.precision).label if s.precision else None)
     return job
 
 
@@ -119,6 +125,9 @@ def assert_miners_match_chain(board: Board, q: Quarry) -> None:
         assert (m["stake"], m["locked"], m["reputationBps"], m["pricePerToken"]) == (
             info.stake, info.locked, info.reputation_bps, info.price_per_token)
         assert m["models"] == ["0x" + x.hex() for x in q.gpu.models_of(m["address"])]
+        assert m["precisions"] == {
+            "0x" + x.hex(): precision.label for x in q.gpu.models_of(m["address"])
+            if (precision := q.gpu.precision_of(m["address"], x)) is not None}
         assert m["exiting"] == (info.exit_requested_at != 0)
         assert m["onProbation"] == info.on_probation == q.gpu.on_probation(m["address"])
         for model in q.gpu.models_of(m["address"]):
@@ -496,6 +505,64 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
     assert_miners_match_chain(board, q)
     assert board.miner(newcomer.address)["onProbation"] is True  # type: ignore[index]
 
+    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt.index(q)
+    assert rebuilt.dump() == board.dump()
+
+
+@pytest.mark.chain
+@pytest.mark.timeout(120)
+def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
+                                                            tmp_path: Path) -> None:
+    """Each miner's declared precisions, a task's accepted mask and requireCommitments, and
+    each claimed shard's recorded precision reach the board; the recommendations leave out a
+    task whose mask refuses the miner's declaration, or that needs commitments from a miner
+    whose heartbeat says its engine makes none."""
+    from market.chain.contracts import GpuSpec
+
+    net, q = devnet, devnet.q
+    board = Board(tmp_path / "board.sqlite")
+    q.gpu.update(net.miner2, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://m2", net.PRICE,
+                 ["bf16"])
+    exact, _ = post(net, 2, 1, tag="exact", precisions=precision_mask(["fp32"]),
+                    require_commitments=True)
+    either, _ = post(net, 2, 1, tag="either", precisions=precision_mask(["fp32", "bf16"]))
+    board.index(q)
+    assert_miners_match_chain(board, q)
+    rows = {m["address"]: m for m in board.miners()}
+    assert rows[net.miner2.address]["precisions"] == {MODEL_HEX: "bf16"}
+    assert rows[net.miner.address]["precisions"] == {MODEL_HEX: "fp32"}
+    job = assert_matches_chain(board, q, exact)
+    assert_has(job, {"precisions": 2, "acceptedPrecisions": ["fp32"],
+                     "requireCommitments": True})
+    assert_has(board.job(either) or {}, {"acceptedPrecisions": ["fp32", "bf16"],
+                                         "requireCommitments": False})
+    now = net.chain.timestamp()
+    opened = board.open_shards(net.MODEL_ID, now)
+    assert {(o["taskId"], o["precisions"], o["requireCommitments"]) for o in opened} == {
+        (exact, 2, True), (either, 10, False)}
+
+    def tasks_for(row: dict) -> set[int]:
+        return {s["taskId"] for s in rank_open_shards(opened, row, now, 10)}
+
+    assert tasks_for(rows[net.miner.address]) == {exact, either}
+    assert tasks_for(rows[net.miner2.address]) == {either}  # bf16: not in exact's mask
+    board.record_heartbeat(net.miner.address, now, {"commitments": False})
+    no_commit = board.miner(net.miner.address)
+    assert no_commit is not None and tasks_for(no_commit) == {either}
+
+    q.tasks.claim_shard(net.miner2, either, 0)
+    q.tasks.claim_shard(net.miner, exact, 1)
+    board.index(q)
+    assert [s["precision"] for s in assert_matches_chain(board, q, either)["shards"]] == [
+        "bf16", None]
+    assert [s["precision"] for s in assert_matches_chain(board, q, exact)["shards"]] == [
+        None, "fp32"]
+    # a reclaim forgets the claim's precision, as the contract does
+    net.chain.advance_time(q.tasks.params()["claim_timeout"])
+    q.tasks.reclaim_expired(net.anyone, either, 0)
+    board.index(q)
+    assert assert_matches_chain(board, q, either)["shards"][0]["precision"] is None
     rebuilt = Board(tmp_path / "rebuilt.sqlite")
     rebuilt.index(q)
     assert rebuilt.dump() == board.dump()

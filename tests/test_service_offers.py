@@ -21,6 +21,7 @@ from eth_account.messages import encode_defunct
 from market.chain.devnet import free_port
 from market.marketapi import MarketAPI, MarketError
 from market.protocol.messages import offer_message
+from market.protocol.precision import precision_mask
 from market.service.app import serve_in_thread
 from market.service.board import Board, deployment_identity
 from market.service.settings import MarketSettings
@@ -57,12 +58,13 @@ def market(devnet: Devnet, deployment_file: Path, tmp_path: Path) -> Iterator[Ma
 
 
 def post_task(net: Devnet, n: int, shard_size: int, client: LocalAccount | None = None,
-              allow_probation: bool = False) -> int:
+              allow_probation: bool = False, precisions: int = 0) -> int:
     task_id, _ = net.q.tasks.create_task(
         client or net.client, model_id=net.MODEL_ID, input_root=b"\x01" * 32,
         input_uri=content_uri(b"requests"), num_requests=n, shard_size=shard_size,
         max_tokens_per_request=4, price_per_token=net.PRICE,
-        deadline=net.chain.timestamp() + 3600, allow_probation=allow_probation)
+        deadline=net.chain.timestamp() + 3600, allow_probation=allow_probation,
+        precisions=precisions)
     return task_id
 
 
@@ -203,6 +205,19 @@ def test_refused_offers_change_nothing(market: Market, devnet: Devnet) -> None:
     board.put_offer(deployment_identity(net.q), other, net.client.address,
                     net.miner.address, 0, int(time.time()), "0x")
     assert shards_for(market, net.miner2) == everyone
+
+    # An offer to a miner whose declared precision the task's mask leaves out.
+    from market.chain.contracts import GpuSpec
+
+    net.q.gpu.update(net.miner2, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://m2",
+                     net.PRICE, ["bf16"])
+    exact = post_task(net, 2, 1, precisions=precision_mask(["fp32"]))
+    board.index(net.q)
+    refused(lambda: api.offer(net.client, exact, net.miner2.address), 400,
+            "serves the model in bf16, the task accepts fp32")
+    assert board.offer(deployment_identity(net.q), exact) is None
+    assert (exact, 0) not in shards_for(market, net.miner2)
+    assert (exact, 0) in shards_for(market, net.miner)
 
 
 def test_an_offer_to_a_miner_on_probation_needs_a_task_that_allows_it(

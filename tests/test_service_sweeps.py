@@ -52,8 +52,8 @@ def _revert(name: str) -> Exception:
 
 
 def _shard(state: ShardState, miner: str = "0xM", expiry: int = 100) -> Shard:
-    return Shard(state=state, miner=miner, claim_expiry=expiry, submitted_at=0, window_end=0,
-                 tokens_used=0, collateral=0, result_root=b"", result_uri="")
+    return Shard(state=state, miner=miner, precision=0, claim_expiry=expiry, submitted_at=0,
+                 window_end=0, tokens_used=0, collateral=0, result_root=b"", result_uri="")
 
 
 @dataclass

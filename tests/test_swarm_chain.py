@@ -17,6 +17,7 @@ from market.chain.contracts import GpuSpec, ShardState
 from market.chain.errors import revert_class
 from market.protocol.eip712 import SwarmConsent, typed_digest
 from market.protocol.errors import SignatureError
+from market.protocol.precision import Precision
 
 if TYPE_CHECKING:
     from conftest import Devnet
@@ -45,14 +46,17 @@ def split(amount: int, shares: tuple[int, ...], head: int) -> list[int]:
 
 def members_of(net: Devnet) -> list[LocalAccount]:
     """Four established miners (off probation) from the devnet's spare funded accounts,
-    ascending by address as a swarm lists them."""
+    ascending by address as a swarm lists them. Each lists another model too; the first
+    serves its layers of MODEL_ID in bf16, the others in fp32 (so the swarm serves it in
+    bf16)."""
     four = sorted((anvil_account(i) for i in (12, 13, 14, 15)), key=lambda a: int(a.address, 16))
     q = net.q
     probation = q.gpu.probation_params()
     q.gpu.set_probation(net.deployer, 0, probation[1])
     for i, m in enumerate(four):
-        q.gpu.register(m, [bytes.fromhex("22" * 32)], GpuSpec("RTX 4090", 24576, 1),
-                       f"http://127.0.0.1:{9300 + i}", PRICE, STAKE)
+        q.gpu.register(m, [bytes.fromhex("22" * 32), MODEL_ID], GpuSpec("RTX 4090", 24576, 1),
+                       f"http://127.0.0.1:{9300 + i}", PRICE, STAKE,
+                       ["fp32", "bf16" if i == 0 else "fp32"])
     q.gpu.set_probation(net.deployer, *probation)
     return four
 
@@ -86,8 +90,11 @@ def test_four_member_swarm_claims_submits_and_is_paid_to_the_wei(devnet: Devnet)
 
     posted = post_task(net, 8, 4, tag="swarm")
     head = four[HEAD]
+    assert q.gpu.swarm_precision(swarm_id) == Precision.BF16  # its least exact member's
     claim = q.tasks.claim_shard_for_swarm(head, posted.task_id, 0, swarm_id)
     collateral = claim.event("ShardClaimed")["collateral"]
+    assert claim.event("ShardClaimed")["precision"] == int(Precision.BF16)
+    assert q.tasks.get_shard(posted.task_id, 0).precision == Precision.BF16
     assert claim.event("SwarmShardClaimed")["swarmId"] == swarm_id
     assert q.tasks.shard_swarm(posted.task_id, 0) == swarm_id
     assert [q.gpu.miner_info(m.address).locked for m in four] == split(collateral, LAYERS, HEAD)

@@ -42,6 +42,7 @@ from market.marketapi import MarketAPI
 from market.protocol.eip712 import Vote
 from market.protocol.merkle import input_tree
 from market.protocol.messages import committee_message
+from market.protocol.precision import Precision
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
 from market.store import content_uri
@@ -135,10 +136,10 @@ def batch(n: int, tag: str = "") -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def register_miner(devnet: Any, index: int, model_id: bytes) -> Any:
+def register_miner(devnet: Any, index: int, model_id: bytes, precision: str = "fp32") -> Any:
     miner = anvil_account(index)
     devnet.q.gpu.register(miner, [model_id], GpuSpec("Test GPU", 1024, 1),
-                          f"http://127.0.0.1:{9300 + index}", PRICE, STAKE)
+                          f"http://127.0.0.1:{9300 + index}", PRICE, STAKE, [precision])
     return miner
 
 
@@ -210,7 +211,9 @@ def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
     from miner.worker import Worker
 
     q, api, mid = devnet.q, stack.api, engine.model_id
-    honest, cheat = register_miner(devnet, 12, mid), register_miner(devnet, 13, mid)
+    # The honest miner declared bf16 (and computes more exactly, in fp32, which is allowed):
+    # its shard is judged at bf16, with the commitments its torch engine made.
+    honest, cheat = register_miner(devnet, 12, mid, "bf16"), register_miner(devnet, 13, mid)
     data = batch(3)
     t_honest, t_cheat = post_task(devnet, api, mid, data), post_task(devnet, api, mid, data)
     cheat_engine = cheating_engine("random", engine, model_dir)  # closing it closes `engine`
@@ -223,6 +226,9 @@ def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
     # nothing, which the desks must not take as the miner withholding its data.
     bond = q.arbitration.min_bond()
     nowhere = "sha256:" + "0" * 64
+    assert q.tasks.get_shard(t_honest, 0).precision == Precision.BF16
+    honest_doc = ShardResult.from_bytes(api.get(q.tasks.get_shard(t_honest, 0).result_uri))
+    assert all(it.commitment for it in honest_doc.items)
     d_honest = open_dispute(q, devnet.client, api, t_honest, 1, evidence_uri=nowhere)
     d_cheat = open_dispute(q, devnet.client, api, t_cheat, 1)
     assert q.tasks.get_shard(t_cheat, 0).state == ShardState.DISPUTED
@@ -448,6 +454,9 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     deadline = devnet.chain.timestamp() + 3600
     posted = [post_challenge(q, leader, api, c, devnet.MODEL_ID, deadline)
               for c in cs.challenges]
+    for p in posted:  # every miner is challenged, whatever its precision and engine
+        t = q.tasks.get_task(p.task_id)
+        assert (t.precisions, t.require_commitments, t.allow_probation) == (0, False, True)
     docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
                                    cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
             for p in posted}

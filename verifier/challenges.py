@@ -34,6 +34,7 @@ from market.errors import QuarryError
 from market.model.corpus import CORPUS
 from market.protocol.canonical import canonical_json_bytes, keccak, request_hash
 from market.protocol.merkle import input_tree
+from market.protocol.precision import ANY as ANY_PRECISION
 from market.protocol.requests import (
     CHAT_COMPLETIONS_URL,
     COMPLETIONS_URL,
@@ -262,8 +263,11 @@ def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge
     """Fund a fresh address and post `challenge` from it as an ordinary task directed at the
     challenged miner, at a price 0 to 25% above that miner's ask (clients offer a maximum
     price, rarely the exact ask). The task allows miners on probation, so a new miner is
-    challenged like the others; the funds cover the bonds of an availability challenge and
-    a dispute, the leader's remedies as this task's client."""
+    challenged like the others; it accepts any precision and does not require activation
+    commitments, so every miner is challenged whatever it declared and whatever its engine
+    (a miner that commits is still checked on its commitments, at its declared precision);
+    the funds cover the bonds of an availability challenge and a dispute, the leader's
+    remedies as this task's client."""
     from market.jobs import post_batch
 
     fresh = Account.create()
@@ -275,7 +279,8 @@ def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge
     task_id, _ = post_batch(q, fresh, market, challenge.data, challenge.request_hashes,
                             model_id=model_id, shard_size=len(challenge.lines),
                             max_tokens=challenge.max_tokens, price=price, deadline=deadline,
-                            prefer_miner=challenge.miner, allow_probation=True)
+                            prefer_miner=challenge.miner, allow_probation=True,
+                            precisions=ANY_PRECISION, require_commitments=False)
     return PostedChallenge(challenge.miner, task_id, fresh.key.hex())
 
 
@@ -288,6 +293,7 @@ class Answer:
     status: str  # "answered" | "invalid" | "missing" | "other-miner"
     items: tuple[ResultItem, ...] = ()
     reason: str = ""
+    precision: int = 0  # the shard's recorded precision (what its outputs are judged at)
 
     @property
     def withheld(self) -> bool:
@@ -320,5 +326,6 @@ def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: 
             return Answer(challenge.miner, task_id, "missing", reason=WITHHELD)
         except (ResultCheckFailed, StoreError) as exc:  # a signed answer that fails its checks
             return Answer(challenge.miner, task_id, "invalid", reason=str(exc))
-        return Answer(challenge.miner, task_id, "answered", tuple(items))
+        return Answer(challenge.miner, task_id, "answered", tuple(items),
+                      precision=s.precision)
     return Answer(challenge.miner, task_id, "missing")

@@ -522,7 +522,8 @@ class CommitteeMember:
             with log_context(task=a.task_id, shard=0, miner=a.miner):
                 self._scored[a.task_id] = self.scorer.score(
                     challenge.lines, [list(it.token_ids) for it in items],
-                    [it.finish_reason for it in items], [it.text for it in items])
+                    [it.finish_reason for it in items], [it.text for it in items],
+                    precision=a.precision, commitments=[it.commitment for it in items])
                 log.info("epoch %d: scored %s's answer to its challenge (task %d, %d "
                          "outputs)", cs.epoch, a.miner, a.task_id, len(items))
         return self._scored[a.task_id]

@@ -6,11 +6,13 @@ point at bytes that are missing or are not the miner's and have an honest miner 
 "withholding". The document at `resultURI` is the one the miner published and committed to
 with `resultRoot`; it must verify like the client's own check (`verify_shard_result`: every
 receipt signed by the miner, under the root, hashing to its text and token ids, answering
-the task's own request hashes). Unavailable or inconsistent, the miner is at fault (data
-withheld). Otherwise every output of the shard is scored against the requests of the task's
-input file and judged as a set (`verifier.scoring.judge`): an opener that picks the least
-likely of n honest outputs gains nothing, since an honest shard is found at fault with
-probability at most FALSE_FAULT_RATE whichever receipt is named.
+the task's own request hashes, each carrying an activation commitment when the task requires
+them). Unavailable or inconsistent, the miner is at fault (data withheld). Otherwise every
+output of the shard is scored against the requests of the task's input file, at the precision
+the shard recorded at its claim and with the outputs' commitments, and judged as a set
+(`verifier.scoring.judge`): an opener that picks the least likely of n honest outputs gains
+nothing, since an honest shard is found at fault with probability at most FALSE_FAULT_RATE
+whichever receipt is named.
 
 Trouble on the verifier's side (market or scoring workers unreachable, a model this
 verifier does not run) raises `DisputeDeferred`: nothing is decided, it is tried again.
@@ -24,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from market.chain.contracts import Task
+from market.chain.contracts import Shard, Task
 from market.errors import QuarryError
 from market.jobs import verified_shard
 from market.marketapi import MarketAPI, MarketError
@@ -113,6 +115,7 @@ class ShardJudge:
         """The verdict on a submitted shard; with `receipt` (a dispute's), the miner's
         document must also hold exactly that receipt."""
         task = self.q.tasks.get_task(task_id)
+        state = self.q.tasks.get_shard(task_id, shard)
         start, end = self.q.tasks.shard_range(task_id, shard)
         verdict_of = functools.partial(ShardVerdict, task_id=task_id, shard=shard, start=start)
         try:
@@ -121,7 +124,8 @@ class ShardJudge:
             return verdict_of(fault=False, reason=f"task input unusable: {exc}",
                                 inputs_unusable=True)
         try:
-            items = self._items(task_id, shard, task, start, requests[start:end], receipt)
+            items = self._items(task_id, shard, task, state, start, requests[start:end],
+                                receipt)
         except _Withheld as exc:
             return verdict_of(fault=True, reason=f"data withheld: {exc}",
                                 withheld=True)
@@ -139,7 +143,8 @@ class ShardJudge:
         try:
             scores = self.scorer.score(lines, [list(it.token_ids) for it in items],
                                        [it.finish_reason for it in items],
-                                       [it.text for it in items])
+                                       [it.text for it in items], precision=state.precision,
+                                       commitments=[it.commitment for it in items])
         except QuarryError as exc:  # ScoringError: workers down, timeout...
             raise DisputeDeferred(f"task {task_id} shard {shard}: scoring failed: {exc}"
                                   ) from exc
@@ -179,19 +184,21 @@ class ShardJudge:
             raise _ClientSide(f"input file's root 0x{root.hex()} is not the task's inputRoot")
         return requests
 
-    def _items(self, task_id: int, shard: int, task: Task, start: int,
+    def _items(self, task_id: int, shard: int, task: Task, state: Shard, start: int,
                requests: Sequence[ParsedRequest], receipt: Receipt | None
                ) -> list[ResultItem]:
-        """The items of the miner's verified document for the shard, holding `receipt`
-        when one is given (`_Withheld` naming the first problem otherwise)."""
-        uri = self.q.tasks.get_shard(task_id, shard).result_uri
+        """The items of the miner's verified document for the shard (`state`: as read
+        from the chain), holding `receipt` when one is given (`_Withheld` naming the first
+        problem otherwise)."""
+        uri = state.result_uri
         try:
             parse_uri(uri)
         except StoreError as exc:
             raise _Withheld(f"the shard's resultURI {exc}") from exc
         try:
             _, items = verified_shard(self.q, self.market, task_id, shard,
-                                      [p.request_hash for p in requests], task=task)
+                                      [p.request_hash for p in requests], task=task,
+                                      state=state)
         except ContentNotFound as exc:
             raise _Withheld(f"the miner's result document {uri} is not in the market's "
                             "store") from exc

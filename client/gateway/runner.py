@@ -24,13 +24,14 @@ from eth_utils import encode_hex, is_address, to_checksum_address
 from client.batch import encode_jsonl, output_line, parse_batch
 from client.gateway.store import GatewayStore
 from client.gateway.translate import LineError, error_line, translate_file
-from client.sdk import Client, Job, JobStatus
+from client.sdk import Client, Job, JobStatus, parse_mask
 from market.chain.contracts import ShardState
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
 from market.jobs import HAS_RESULTS
 from market.marketapi import MarketUnavailable
 from market.protocol.merkle import input_tree
+from market.protocol.precision import ANY, mask_labels
 from market.protocol.results import ResultCheckFailed
 from market.roleconfig import wei
 
@@ -46,6 +47,10 @@ OPTIONS = {
     "quarry_min_reputation_bps": "least miner reputation to claim, in basis points (0-10000)",
     "quarry_allow_probation": "\"true\": miners on probation (new identities) may claim it too",
     "quarry_shard_size": "requests per shard (default: spread over twice the alive miners)",
+    "quarry_precision": "precisions miners may serve it in, e.g. \"bf16,fp32\" (fp32, fp16, "
+                        "bf16, fp8, int8; default any)",
+    "quarry_require_commitments": "\"true\": every output must carry an activation "
+                                  "commitment",
 }
 """The `metadata` keys that set Quarry's own knobs; every other key is the user's own."""
 
@@ -68,6 +73,8 @@ class Options:
     min_reputation_bps: int = 0
     allow_probation: bool = False
     shard_size: int | None = None
+    precisions: int = ANY  # accepted-precision mask
+    require_commitments: bool = False
 
 
 def parse_options(metadata: Mapping[str, str] | None) -> Options:
@@ -87,7 +94,9 @@ def parse_options(metadata: Mapping[str, str] | None) -> Options:
         miner=values.get("quarry_miner"), arbiter=values.get("quarry_arbiter"),
         min_reputation_bps=values.get("quarry_min_reputation_bps", 0),
         allow_probation=values.get("quarry_allow_probation", False),
-        shard_size=values.get("quarry_shard_size"))
+        shard_size=values.get("quarry_shard_size"),
+        precisions=values.get("quarry_precision", ANY),
+        require_commitments=values.get("quarry_require_commitments", False))
 
 
 def _option(key: str, value: str) -> Any:
@@ -100,7 +109,12 @@ def _option(key: str, value: str) -> Any:
         if not is_address(value):
             raise ValueError(f"{value!r} is not an address")
         return to_checksum_address(value)
-    if key == "quarry_allow_probation":
+    if key == "quarry_precision":
+        try:
+            return parse_mask(value)
+        except QuarryError as exc:
+            raise ValueError(str(exc).removeprefix("precisions: ")) from None
+    if key in ("quarry_allow_probation", "quarry_require_commitments"):
         if value.lower() not in ("true", "false"):
             raise ValueError(f"must be \"true\" or \"false\", got {value!r}")
         return value.lower() == "true"
@@ -196,7 +210,9 @@ class Runner:
                            deadline=WINDOW_S[b["completion_window"]],
                            shard_size=opts.shard_size, arbiter=opts.arbiter,
                            min_reputation_bps=opts.min_reputation_bps,
-                           prefer_miner=opts.miner, allow_probation=opts.allow_probation)
+                           prefer_miner=opts.miner, allow_probation=opts.allow_probation,
+                           precisions=mask_labels(opts.precisions) if opts.precisions else None,
+                           require_commitments=opts.require_commitments)
         except MarketUnavailable:
             raise
         except QuarryError as exc:

@@ -11,6 +11,10 @@ interface IGPURegistry {
         external
         view
         returns (bool);
+    function eligiblePrecision(address miner, bytes32 modelId, uint16 minRepBps, bool allowProbation)
+        external
+        view
+        returns (uint8);
     function isRegistered(address miner) external view returns (bool);
     function lockSwarmCollateral(uint256 swarmId, uint256 amount) external;
     function unlockSwarmCollateral(uint256 swarmId, uint256 amount) external;
@@ -22,7 +26,7 @@ interface IGPURegistry {
         uint16 minRepBps,
         bool allowProbation,
         uint256 taskPrice
-    ) external view;
+    ) external view returns (uint8 precision);
     function swarmSplit(uint256 swarmId, uint256 amount)
         external
         view

@@ -13,11 +13,14 @@ struct Receipt {
     bytes32 outputHash;
     uint32 outputTokens;
     bytes32 modelId;
+    /// @dev keccak256 of the output's activation commitment bytes (TOPLOC, see
+    /// market/protocol/commitments.py); zero when the miner's engine made none.
+    bytes32 commitment;
 }
 
 /// @dev EIP-712 type hash of {Receipt}.
 bytes32 constant RECEIPT_TYPEHASH = keccak256(
-    "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"
+    "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId,bytes32 commitment)"
 );
 
 /// @title Receipts
@@ -27,7 +30,15 @@ library Receipts {
     function structHash(Receipt calldata r) internal pure returns (bytes32) {
         return keccak256(
             abi.encode(
-                RECEIPT_TYPEHASH, r.taskId, r.shard, r.index, r.requestHash, r.outputHash, r.outputTokens, r.modelId
+                RECEIPT_TYPEHASH,
+                r.taskId,
+                r.shard,
+                r.index,
+                r.requestHash,
+                r.outputHash,
+                r.outputTokens,
+                r.modelId,
+                r.commitment
             )
         );
     }

@@ -50,6 +50,7 @@ function receiptsFor(taskId, shard, start, end, over = () => ({})) {
       outputHash: ethers.id(`out-${taskId}-${i}`),
       outputTokens: 10,
       modelId: MODEL,
+      commitment: i % 2 ? ethers.id(`commitment-${taskId}-${i}`) : ethers.ZeroHash,
       ...over(i),
     });
   }
@@ -72,7 +73,7 @@ function outputHashOf(text, ids) {
 }
 
 const receiptTuple = (r) => [
-  BigInt(r.taskId), BigInt(r.shard), BigInt(r.index), r.requestHash, r.outputHash, BigInt(r.outputTokens), r.modelId];
+  BigInt(r.taskId), BigInt(r.shard), BigInt(r.index), r.requestHash, r.outputHash, BigInt(r.outputTokens), r.modelId, r.commitment];
 const proofTuple = (p) => p.map((n) => [n.hash, BigInt(n.sum)]);
 
 /** Args of every `name` event `contract` emitted in `tx`, in log order. */

@@ -2,7 +2,7 @@ const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
-  P, MODEL, OTHER_MODEL, GPU, PRICE, gasCost, deployQuarry, createTask, signReport,
+  P, MODEL, OTHER_MODEL, GPU, PRICE, PRECISION, gasCost, deployQuarry, createTask, signReport,
 } = require("./helpers");
 
 // The start of an epoch after every registration in these tests (registeredAt is a uint64):
@@ -24,7 +24,7 @@ describe("GPURegistry", function () {
     await gpu.setCommittee(com);
     await gpu.setEscrow(escrow);
     await gpu.setProbation(0, 6000);
-    await gpu.connect(miner).register([MODEL], GPU, "http://m", PRICE, { value: P.minStake * 2n });
+    await gpu.connect(miner).register([MODEL], [1], GPU, "http://m", PRICE, { value: P.minStake * 2n });
     await gpu.setProbation(3, 6000);
     return { escrow, gpu, owner, tr, arb, com, miner, alice, bob };
   }
@@ -74,11 +74,15 @@ describe("GPURegistry", function () {
   });
 
   describe("register", function () {
-    it("registers with stake, models, GPU, endpoint and price", async function () {
+    it("registers with stake, models and their precisions, GPU, endpoint and price", async function () {
       const { gpu, alice } = await loadFixture(fixture);
-      await expect(gpu.connect(alice).register([MODEL, OTHER_MODEL], GPU, "http://a", 7, { value: P.minStake }))
+      const precisions = [PRECISION.BF16, PRECISION.INT8];
+      await expect(gpu.connect(alice).register([MODEL, OTHER_MODEL], precisions, GPU, "http://a", 7, { value: P.minStake }))
         .to.emit(gpu, "MinerRegistered")
-        .withArgs(alice.address, [MODEL, OTHER_MODEL], [GPU.name, GPU.memoryMiB, GPU.count], "http://a", 7, P.minStake);
+        .withArgs(alice.address, [MODEL, OTHER_MODEL], precisions, [GPU.name, GPU.memoryMiB, GPU.count], "http://a", 7, P.minStake);
+      expect(await gpu.precisionOf(alice, MODEL)).to.equal(PRECISION.BF16);
+      expect(await gpu.precisionOf(alice, OTHER_MODEL)).to.equal(PRECISION.INT8);
+      expect(await gpu.precisionOf(alice, ethers.ZeroHash)).to.equal(0); // not served
       const info = await gpu.minerInfo(alice);
       expect(info.stake).to.equal(P.minStake);
       expect(info.locked).to.equal(0);
@@ -101,29 +105,48 @@ describe("GPURegistry", function () {
     });
     it("reverts on zero or low stake", async function () {
       const { gpu, alice } = await loadFixture(fixture);
-      await expect(gpu.connect(alice).register([MODEL], GPU, "e", 1))
+      await expect(gpu.connect(alice).register([MODEL], [1], GPU, "e", 1))
         .to.be.revertedWithCustomError(gpu, "InsufficientStake").withArgs(P.minStake, 0);
-      await expect(gpu.connect(alice).register([MODEL], GPU, "e", 1, { value: P.minStake - 1n }))
+      await expect(gpu.connect(alice).register([MODEL], [1], GPU, "e", 1, { value: P.minStake - 1n }))
         .to.be.revertedWithCustomError(gpu, "InsufficientStake").withArgs(P.minStake, P.minStake - 1n);
     });
     it("reverts on bad profiles and double registration", async function () {
       const { gpu, alice, miner } = await loadFixture(fixture);
       const v = { value: P.minStake };
       const many = Array.from({ length: 17 }, (_, i) => ethers.zeroPadValue(ethers.toBeHex(i + 1), 32));
-      await expect(gpu.connect(alice).register(many, GPU, "e", 1, v))
+      await expect(gpu.connect(alice).register(many, many.map(() => 1), GPU, "e", 1, v))
         .to.be.revertedWithCustomError(gpu, "TooManyModels").withArgs(16, 17);
-      await expect(gpu.connect(alice).register([], GPU, "e", 1, v)).to.be.revertedWithCustomError(gpu, "NoModels");
-      await expect(gpu.connect(alice).register([MODEL, MODEL], GPU, "e", 1, v))
+      await expect(gpu.connect(alice).register([], [], GPU, "e", 1, v)).to.be.revertedWithCustomError(gpu, "NoModels");
+      await expect(gpu.connect(alice).register([MODEL, MODEL], [1, 1], GPU, "e", 1, v))
         .to.be.revertedWithCustomError(gpu, "DuplicateModel").withArgs(MODEL);
-      await expect(gpu.connect(alice).register([MODEL], { ...GPU, count: 0 }, "e", 1, v))
+      await expect(gpu.connect(alice).register([MODEL], [1], { ...GPU, count: 0 }, "e", 1, v))
         .to.be.revertedWithCustomError(gpu, "InvalidGpuSpec");
-      await expect(gpu.connect(alice).register([MODEL], { ...GPU, memoryMiB: 0 }, "e", 1, v))
+      await expect(gpu.connect(alice).register([MODEL], [1], { ...GPU, memoryMiB: 0 }, "e", 1, v))
         .to.be.revertedWithCustomError(gpu, "InvalidGpuSpec");
-      await expect(gpu.connect(alice).register([MODEL], GPU, "", 1, v)).to.be.revertedWithCustomError(gpu, "EmptyEndpoint");
-      await expect(gpu.connect(miner).register([MODEL], GPU, "e", 1, v))
+      await expect(gpu.connect(alice).register([MODEL], [1], GPU, "", 1, v)).to.be.revertedWithCustomError(gpu, "EmptyEndpoint");
+      await expect(gpu.connect(miner).register([MODEL], [1], GPU, "e", 1, v))
         .to.be.revertedWithCustomError(gpu, "AlreadyRegistered").withArgs(miner.address);
       // 16 models is fine
-      await gpu.connect(alice).register(many.slice(0, 16), GPU, "e", 1, v);
+      await gpu.connect(alice).register(many.slice(0, 16), many.slice(0, 16).map(() => 1), GPU, "e", 1, v);
+    });
+    it("reverts on a precision outside 1..5 or a precision list of another length", async function () {
+      const { gpu, alice, bob } = await loadFixture(fixture);
+      const v = { value: P.minStake };
+      for (const bad of [0, 6, 255]) {
+        await expect(gpu.connect(alice).register([MODEL, OTHER_MODEL], [PRECISION.FP32, bad], GPU, "e", 1, v))
+          .to.be.revertedWithCustomError(gpu, "InvalidPrecision").withArgs(OTHER_MODEL, bad);
+      }
+      await expect(gpu.connect(alice).register([MODEL, OTHER_MODEL], [PRECISION.FP32], GPU, "e", 1, v))
+        .to.be.revertedWithCustomError(gpu, "PrecisionsLengthMismatch").withArgs(2, 1);
+      await expect(gpu.connect(alice).register([MODEL], [1, 1], GPU, "e", 1, v))
+        .to.be.revertedWithCustomError(gpu, "PrecisionsLengthMismatch").withArgs(1, 2);
+      await expect(gpu.connect(alice).register([MODEL], [], GPU, "e", 1, v))
+        .to.be.revertedWithCustomError(gpu, "PrecisionsLengthMismatch").withArgs(1, 0);
+      expect(await gpu.isRegistered(alice)).to.equal(false);
+      // every precision the contracts know is accepted
+      await gpu.connect(alice).register([MODEL], [PRECISION.INT8], GPU, "e", 1, v);
+      await gpu.connect(bob).register([MODEL], [PRECISION.FP32], GPU, "e", 1, v);
+      expect(await gpu.MAX_PRECISION()).to.equal(PRECISION.INT8);
     });
     it("refuses contract accounts, from a call and from a constructor (ContractAccount)", async function () {
       const { gpu, alice } = await loadFixture(fixture);
@@ -140,7 +163,7 @@ describe("GPURegistry", function () {
       expect(await gpu.isRegistered(predicted)).to.equal(false);
       expect(await ethers.provider.getBalance(gpu)).to.equal(P.minStake * 2n); // only the fixture's miner
       // the same EOA registers directly
-      await gpu.connect(alice).register([MODEL], GPU, "e", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "e", 1, { value: P.minStake });
       expect(await gpu.isRegistered(alice)).to.equal(true);
     });
   });
@@ -155,28 +178,44 @@ describe("GPURegistry", function () {
     it("replaces models and profile", async function () {
       const { gpu, miner, alice } = await loadFixture(fixture);
       const g2 = { name: "2x A100", memoryMiB: 40960, count: 2 };
-      await expect(gpu.connect(miner).update([OTHER_MODEL], g2, "http://n", 9)).to.emit(gpu, "MinerUpdated");
+      await expect(gpu.connect(miner).update([OTHER_MODEL], [PRECISION.FP8], g2, "http://n", 9)).to.emit(gpu, "MinerUpdated")
+        .withArgs(miner.address, [OTHER_MODEL], [PRECISION.FP8], [g2.name, g2.memoryMiB, g2.count], "http://n", 9);
       expect(await gpu.servesModel(miner, MODEL)).to.equal(false);
+      expect(await gpu.precisionOf(miner, MODEL)).to.equal(0); // the old model's precision is gone
+      expect(await gpu.precisionOf(miner, OTHER_MODEL)).to.equal(PRECISION.FP8);
       expect(await gpu.servesModel(miner, OTHER_MODEL)).to.equal(true);
       expect(await gpu.modelsOf(miner)).to.deep.equal([OTHER_MODEL]);
       const info = await gpu.minerInfo(miner);
       expect(info.endpoint).to.equal("http://n");
       expect(info.pricePerToken).to.equal(9);
       expect(info.gpu.count).to.equal(2);
-      await expect(gpu.connect(alice).update([MODEL], GPU, "e", 1)).to.be.revertedWithCustomError(gpu, "NotRegistered");
-      await expect(gpu.connect(miner).update([], GPU, "e", 1)).to.be.revertedWithCustomError(gpu, "NoModels");
+      await expect(gpu.connect(alice).update([MODEL], [1], GPU, "e", 1)).to.be.revertedWithCustomError(gpu, "NotRegistered");
+      await expect(gpu.connect(miner).update([], [], GPU, "e", 1)).to.be.revertedWithCustomError(gpu, "NoModels");
+      await expect(gpu.connect(miner).update([MODEL], [0], GPU, "e", 1))
+        .to.be.revertedWithCustomError(gpu, "InvalidPrecision").withArgs(MODEL, 0);
+      await expect(gpu.connect(miner).update([MODEL, OTHER_MODEL], [1], GPU, "e", 1))
+        .to.be.revertedWithCustomError(gpu, "PrecisionsLengthMismatch").withArgs(2, 1);
+      // the same model again with another precision: the declaration changes
+      await gpu.connect(miner).update([OTHER_MODEL, MODEL], [PRECISION.FP16, PRECISION.BF16], GPU, "e", 1);
+      expect(await gpu.precisionOf(miner, MODEL)).to.equal(PRECISION.BF16);
+      expect(await gpu.precisionOf(miner, OTHER_MODEL)).to.equal(PRECISION.FP16);
     });
   });
 
   describe("exit", function () {
     it("requestExit then withdrawStake after unbonding, to the wei", async function () {
       const { gpu, miner } = await loadFixture(fixture);
+      expect(await gpu.eligiblePrecision(miner, MODEL, 0, false)).to.equal(PRECISION.FP32);
+      expect(await gpu.eligiblePrecision(miner, OTHER_MODEL, 0, false)).to.equal(0); // not served
+      expect(await gpu.eligiblePrecision(miner, MODEL, P.initialRepBps + 1, false)).to.equal(0); // floor
       const tx0 = await gpu.connect(miner).requestExit();
       const t0 = BigInt(await time.latest());
       await expect(tx0).to.emit(gpu, "ExitRequested").withArgs(miner.address, t0 + P.minerUnbonding);
       expect((await gpu.minerInfo(miner)).exitRequestedAt).to.equal(t0);
       expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
       expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false);
+      expect(await gpu.eligiblePrecision(miner, MODEL, 0, true)).to.equal(0);
+      expect(await gpu.precisionOf(miner, MODEL)).to.equal(PRECISION.FP32); // still declared
       await expect(gpu.connect(miner).requestExit()).to.be.revertedWithCustomError(gpu, "AlreadyExiting");
       await expect(gpu.connect(miner).withdrawStake())
         .to.be.revertedWithCustomError(gpu, "UnbondingNotOver").withArgs(t0 + P.minerUnbonding);
@@ -187,6 +226,7 @@ describe("GPURegistry", function () {
       expect((await ethers.provider.getBalance(miner)) - before + (await gasCost(tx))).to.equal(P.minStake * 2n);
       expect(await gpu.isRegistered(miner)).to.equal(false);
       expect(await gpu.servesModel(miner, MODEL)).to.equal(false);
+      expect(await gpu.precisionOf(miner, MODEL)).to.equal(0);
       expect(await ethers.provider.getBalance(gpu)).to.equal(0);
       const gone = await gpu.minerInfo(miner);
       expect(gone.stake).to.equal(0);
@@ -194,7 +234,7 @@ describe("GPURegistry", function () {
       expect(gone.registeredAt).to.equal(0);
       expect(gone.onProbation).to.equal(false);
       // may register again, reputation back to the initial value, but on probation
-      await gpu.connect(miner).register([MODEL], GPU, "e", 1, { value: P.minStake });
+      await gpu.connect(miner).register([MODEL], [1], GPU, "e", 1, { value: P.minStake });
       const again = await gpu.minerInfo(miner);
       expect(again.registeredAt).to.equal(await time.latest());
       expect(again.reputationBps).to.equal(P.initialRepBps);
@@ -396,7 +436,7 @@ describe("GPURegistry", function () {
     });
     it("a miner on probation is eligible only with allowProbation, and the other floors still apply", async function () {
       const { gpu, com, alice } = await loadFixture(fixture);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       expect(await gpu.isEligible(alice, MODEL, 0, false)).to.equal(false);
       expect(await gpu.isEligible(alice, MODEL, 5000, false)).to.equal(false);
       expect(await gpu.isEligible(alice, MODEL, 0, true)).to.equal(true);
@@ -422,7 +462,7 @@ describe("GPURegistry", function () {
     };
     it("ends after probationEpochs consecutive reports >= probationPassBps; a report below resets the count", async function () {
       const { gpu, com, alice } = await loadFixture(fixture);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       expect(await info(gpu, alice)).to.deep.equal([true, 0, 5000]);
       await expect(gpu.connect(com).setReputation(alice, 6000, LATER)).not.to.emit(gpu, "ProbationEnded");
       expect(await info(gpu, alice)).to.deep.equal([true, 1, 6000]);
@@ -450,7 +490,7 @@ describe("GPURegistry", function () {
     });
     it("counts only reports of epochs that started at or after the registration; earlier ones only write the score", async function () {
       const { gpu, com, alice } = await loadFixture(fixture);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       const reg = BigInt(await time.latest());
       expect((await gpu.minerInfo(alice)).registeredAt).to.equal(reg);
       // epochs that started before the registration (even by one second): written, not counted
@@ -481,14 +521,14 @@ describe("GPURegistry", function () {
     });
     it("registering again moves registeredAt: epochs of the earlier registration no longer count", async function () {
       const { gpu, com, alice } = await loadFixture(fixture);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       const first = BigInt(await time.latest());
       await gpu.connect(com).setReputation(alice, 9000, first);
       expect(await info(gpu, alice)).to.deep.equal([true, 1, 9000]);
       await gpu.connect(alice).requestExit();
       await time.increase(P.minerUnbonding);
       await gpu.connect(alice).withdrawStake();
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       const second = BigInt(await time.latest());
       expect(second > first + P.minerUnbonding).to.equal(true);
       expect((await gpu.minerInfo(alice)).registeredAt).to.equal(second);
@@ -503,7 +543,7 @@ describe("GPURegistry", function () {
     it("the pass mark is inclusive, whatever it is set to", async function () {
       const { gpu, com, alice } = await loadFixture(fixture);
       await gpu.setProbation(2, 4000);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       await gpu.connect(com).setReputation(alice, 3999, LATER);
       expect(await info(gpu, alice)).to.deep.equal([true, 0, 3999]);
       await gpu.connect(com).setReputation(alice, 4000, LATER);
@@ -512,8 +552,8 @@ describe("GPURegistry", function () {
     });
     it("setProbation applies to miners already on probation", async function () {
       const { gpu, com, alice, bob } = await loadFixture(fixture);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
-      await gpu.connect(bob).register([MODEL], GPU, "http://b", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(bob).register([MODEL], [1], GPU, "http://b", 1, { value: P.minStake });
       await gpu.connect(com).setReputation(alice, 6000, LATER);
       await gpu.connect(com).setReputation(bob, 6000, LATER);
       // a higher pass mark: 7000 no longer passes and resets
@@ -527,9 +567,9 @@ describe("GPURegistry", function () {
     });
     it("probationEpochs 0 disables probation for new miners; those already on it leave at their next pass", async function () {
       const { gpu, com, alice, bob } = await loadFixture(fixture);
-      await gpu.connect(alice).register([MODEL], GPU, "http://a", 1, { value: P.minStake });
+      await gpu.connect(alice).register([MODEL], [1], GPU, "http://a", 1, { value: P.minStake });
       await gpu.setProbation(0, 6000);
-      await gpu.connect(bob).register([MODEL], GPU, "http://b", 1, { value: P.minStake });
+      await gpu.connect(bob).register([MODEL], [1], GPU, "http://b", 1, { value: P.minStake });
       expect(await info(gpu, bob)).to.deep.equal([false, 0, 5000]);
       expect(await gpu.isEligible(bob, MODEL, 0, false)).to.equal(true);
       await expect(gpu.connect(com).setReputation(bob, 9000, LATER)).not.to.emit(gpu, "ProbationEnded");
@@ -547,7 +587,7 @@ describe("GPURegistry", function () {
       await gpu.connect(miner).requestExit();
       await time.increase(P.minerUnbonding);
       await gpu.connect(miner).withdrawStake();
-      await gpu.connect(miner).register([MODEL], GPU, "http://m", 1, { value: P.minStake });
+      await gpu.connect(miner).register([MODEL], [1], GPU, "http://m", 1, { value: P.minStake });
       expect(await info(gpu, miner)).to.deep.equal([true, 0, P.initialRepBps]);
       expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
     });
@@ -600,13 +640,13 @@ describe("GPURegistry", function () {
       const wtx = await gpu.connect(miner).withdrawStake();
       await expect(wtx).to.emit(gpu, "StakeWithdrawn").withArgs(miner.address, P.minStake);
       expect((await ethers.provider.getBalance(miner)) - before + (await gasCost(wtx))).to.equal(P.minStake);
-      await gpu.connect(miner).register([MODEL], GPU, "http://again", PRICE, { value: P.minStake });
+      await gpu.connect(miner).register([MODEL], [1], GPU, "http://again", PRICE, { value: P.minStake });
       expect(await info(gpu, miner)).to.deep.equal([true, 0, P.initialRepBps]); // 5000: above the floor ...
       expect(await gpu.onProbation(miner)).to.equal(true);
       expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false); // ... but on probation
       expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true);
       // A fresh key fares no better.
-      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      await gpu.connect(outsider).register([MODEL], [1], GPU, "http://fresh", PRICE, { value: P.minStake });
       expect(await info(gpu, outsider)).to.deep.equal([true, 0, P.initialRepBps]);
       expect(await gpu.isEligible(outsider, MODEL, 0, false)).to.equal(false);
 
@@ -670,7 +710,7 @@ describe("GPURegistry", function () {
     it("skipping an epoch is allowed but the count only moves per report", async function () {
       const q = await loadFixture(deployQuarry);
       const { gpu, committee, outsider } = q;
-      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      await gpu.connect(outsider).register([MODEL], [1], GPU, "http://fresh", PRICE, { value: P.minStake });
       const e = await committee.currentEpoch();
       // e started before the registration: its report does not count
       expect((await gpu.minerInfo(outsider)).registeredAt > (await committee.epochStart(e))).to.equal(true);
@@ -693,7 +733,7 @@ describe("GPURegistry", function () {
       const { gpu, committee, outsider } = q;
       const e = await committee.currentEpoch();
       await time.increaseTo(await committee.epochStart(e + 3n));
-      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      await gpu.connect(outsider).register([MODEL], [1], GPU, "http://fresh", PRICE, { value: P.minStake });
       const reg = BigInt(await time.latest());
       expect((await gpu.minerInfo(outsider)).registeredAt).to.equal(reg);
       expect(await committee.currentEpoch()).to.equal(e + 3n);
@@ -729,8 +769,8 @@ describe("GPURegistry", function () {
       const e = (await committee.currentEpoch()) + 1n;
       const start = await committee.epochStart(e);
       await time.setNextBlockTimestamp(start);
-      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
-      await gpu.connect(late).register([MODEL], GPU, "http://late", PRICE, { value: P.minStake });
+      await gpu.connect(outsider).register([MODEL], [1], GPU, "http://fresh", PRICE, { value: P.minStake });
+      await gpu.connect(late).register([MODEL], [1], GPU, "http://late", PRICE, { value: P.minStake });
       expect((await gpu.minerInfo(outsider)).registeredAt).to.equal(start);
       expect((await gpu.minerInfo(late)).registeredAt).to.equal(start + 1n);
       expect(BigInt(outsider.address) < BigInt(late.address)).to.equal(true); // the report's order
@@ -751,7 +791,7 @@ describe("GPURegistry", function () {
       // strictly ascending by address, which rules out any repeat.
       const q = await loadFixture(deployQuarry);
       const { gpu, committee, miner, outsider } = q;
-      await gpu.connect(outsider).register([MODEL], GPU, "http://fresh", PRICE, { value: P.minStake });
+      await gpu.connect(outsider).register([MODEL], [1], GPU, "http://fresh", PRICE, { value: P.minStake });
       const e = (await committee.currentEpoch()) + 1n; // the first epoch after the registration
       expect(BigInt(miner.address) < BigInt(outsider.address)).to.equal(true);
       await expect(report(q, e, [outsider, outsider, outsider], [9000, 9000, 9000]))

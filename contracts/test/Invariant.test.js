@@ -11,7 +11,9 @@
 //   - Arbitration balance == bonds of open disputes + bonds of open availability challenges;
 //   - VerifierCommittee balance == sum of verifierInfo.stake over every verifier registered and
 //     not withdrawn; each verifier's record, strikes, seats and the weight snapshots per epoch;
-//   - every shard's state, miner, times, collateral and tokens, and the swarm that claimed it;
+//   - every shard's state, miner, times, collateral and tokens, the swarm that claimed it, and
+//     the precision recorded at its claim (a miner's or its swarm's least exact member's
+//     declaration, which the task's accepted mask must include; miners re-declare at random);
 //   - swarms (formed by the miners' EIP-712 consents): whether each still takes claims, every
 //     miner's consent nonce; a swarm shard's collateral, pay and slashes split over its members
 //     by share (floor each, the remainder to the head), counted in each member's locked stake.
@@ -21,7 +23,7 @@ const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
-  P, MODEL, SWARM_TYPES, deployQuarry, domainOf, resultTree, signVotes, signReport, gasCost,
+  P, MODEL, PRECISION, SWARM_TYPES, deployQuarry, termsOf, domainOf, resultTree, signVotes, signReport, gasCost,
 } = require("./helpers");
 
 const S = { Open: 0, Claimed: 1, Submitted: 2, Disputed: 3, Finalized: 4, Refunded: 5 };
@@ -115,7 +117,12 @@ async function run(seed, steps, wideEvery) {
   let nextReportEpoch = 0n;
 
   // the fixture's state, and miner3 registering (on probation), and a small committee
-  await gpu.connect(miner3).register([MODEL], { name: "g", memoryMiB: 1, count: 1 }, "e", 1, { value: P.minStake });
+  await gpu.connect(miner3).register([MODEL], [PRECISION.FP16], { name: "g", memoryMiB: 1, count: 1 }, "e", 1, { value: P.minStake });
+  // declared precisions for MODEL (the fixture's miners: FP32 and BF16)
+  const mprec = new Map([[miner.address, PRECISION.FP32], [miner2.address, PRECISION.BF16], [miner3.address, PRECISION.FP16]]);
+  const accepts = (mask, p) => p !== 0 && (mask === 0 || ((mask >> p) & 1) === 1);
+  /** The swarm's precision: its members' largest (least exact) declaration. */
+  const swarmPrecisionOf = (sw) => Math.max(...sw.members.map((a) => mprec.get(a)));
   const registered3 = BigInt(await time.latest()); // its registration's block
   await committee.setMaxMembers(MAX_MEMBERS);
   for (const m of miners) {
@@ -225,7 +232,7 @@ async function run(seed, steps, wideEvery) {
   };
   const freshShard = () => ({
     state: S.Open, miner: ethers.ZeroAddress, claimExpiry: 0n, windowEnd: 0n, collateral: 0n, tokensUsed: 0n,
-    submittedAt: 0n, result: null, avail: 0, swarm: null,
+    submittedAt: 0n, result: null, avail: 0, swarm: null, precision: 0,
   });
   const eligible = (m, t) => {
     const st = mstate.get(m.address);
@@ -311,6 +318,7 @@ async function run(seed, steps, wideEvery) {
       receipts.push({
         taskId: t.id, shard: s, index: start + k, requestHash: ethers.id(`req-${t.id}-${start + k}`),
         outputHash: outputHashOf(textHash, ids), outputTokens, modelId: MODEL,
+        commitment: rnd.chance(0.5) ? ethers.id(`commitment-${textHash}`) : ethers.ZeroHash,
       });
       outputs.push({ textHash, ids });
     }
@@ -351,6 +359,7 @@ async function run(seed, steps, wideEvery) {
         expect(sh.collateral).to.equal(m.collateral, `${tag} collateral`);
         expect(sh.tokensUsed).to.equal(m.tokensUsed, `${tag} tokensUsed`);
         expect(sh.submittedAt).to.equal(m.submittedAt, `${tag} submittedAt`);
+        expect(Number(sh.precision)).to.equal(m.precision, `${tag} precision`);
         expect(await task.shardSwarm(t.id, s)).to.equal(m.swarm ? m.swarm.id : 0n, `${tag} swarm`);
         if (m.result) expect(sh.resultRoot).to.equal(m.result.tree.root);
         if (m.avail) expect(await arb.availabilityChallengesOf(t.id, s)).to.equal(m.avail);
@@ -450,23 +459,45 @@ async function run(seed, steps, wideEvery) {
       const arbiterAddr = rnd.chance(0.5) ? arbiter.address : ethers.ZeroAddress;
       const minRep = rnd.pick([0, 0, 0, 4500, 6000]);
       const allowProbation = rnd.chance(0.35);
-      const args = [MODEL, ethers.id("in"), "store://in", numRequests, shardSize, maxTokens, price, deadline, minRep,
-        arbiterAddr, allowProbation];
+      // accepted precisions: any (most tasks), or a random non-empty set of 1..5
+      const precisions = rnd.chance(0.75) ? 0 : rnd.int(1, 31) << 1;
+      const requireCommitments = rnd.chance(0.3);
+      const terms = termsOf({
+        modelId: MODEL, inputRoot: ethers.id("in"), inputURI: "store://in", numRequests, shardSize, maxTokens, price,
+        deadline, minRep, arbiter: arbiterAddr, allowProbation, precisions, requireCommitments,
+      });
       if (rnd.chance(0.08)) {
-        await expect(task.connect(c).createTask(...args, { value: value + 1n }))
+        await expect(task.connect(c).createTask(terms, { value: value + 1n }))
           .to.be.revertedWithCustomError(task, "WrongPayment").withArgs(value, value + 1n);
         return "createTaskWrongPayment";
       }
+      if (rnd.chance(0.04)) {
+        const bad = precisions | rnd.pick([0x01, 0x40, 0x80]);
+        await expect(task.connect(c).createTask({ ...terms, precisions: bad }, { value }))
+          .to.be.revertedWithCustomError(task, "InvalidPrecisionMask").withArgs(bad);
+        return "createTaskBadMask";
+      }
       const id = BigInt(tasks.length + 1);
       const n = Math.ceil(numRequests / shardSize);
-      await expect(task.connect(c).createTask(...args, { value })).to.emit(task, "TaskCreated")
-        .withArgs(id, c.address, MODEL, ethers.id("in"), "store://in", numRequests, shardSize, n, value, deadline, allowProbation);
+      await expect(task.connect(c).createTask(terms, { value })).to.emit(task, "TaskCreated")
+        .withArgs(id, c.address, MODEL, ethers.id("in"), "store://in", numRequests, shardSize, n, value, deadline, allowProbation,
+          precisions, requireCommitments);
       const ranges = [];
       for (let s = 0; s < n; s++) ranges.push([s * shardSize, Math.min(numRequests, (s + 1) * shardSize)]);
       tasks.push({
-        id, client: c, arbiter: arbiterAddr, maxTokens, price, deadline, minRep, allowProbation, cancelled: false,
+        id, client: c, arbiter: arbiterAddr, maxTokens, price, deadline, minRep, allowProbation, precisions, cancelled: false,
         committed: 0n, ranges, shards: ranges.map(freshShard),
       });
+      return true;
+    },
+    async declarePrecision() {
+      // a miner re-declares its precision for the model: claims made before keep theirs
+      const m = rnd.pick(miners);
+      const p = rnd.int(PRECISION.FP32, PRECISION.INT8);
+      await pin();
+      await expect(gpu.connect(m).update([MODEL], [p], { name: "g", memoryMiB: 1, count: 1 }, "e", 1))
+        .to.emit(gpu, "MinerUpdated");
+      mprec.set(m.address, p);
       return true;
     },
     async claimShard() {
@@ -479,11 +510,19 @@ async function run(seed, steps, wideEvery) {
         await expect(task.connect(m).claimShard(t.id, s)).to.be.revertedWithCustomError(task, "NotEligible").withArgs(m.address);
         return mstate.get(m.address).onProbation && !t.allowProbation ? "claimOnProbation" : "claimNotEligible";
       }
+      const p = mprec.get(m.address);
+      if (!accepts(t.precisions, p)) {
+        await expect(task.connect(m).claimShard(t.id, s)).to.be.revertedWithCustomError(task, "PrecisionNotAccepted")
+          .withArgs(p, t.precisions);
+        return "claimPrecisionNotAccepted";
+      }
       const budget = budgetOf(t, s);
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
       await expect(task.connect(m).claimShard(t.id, s)).to.emit(task, "ShardClaimed")
-        .withArgs(t.id, s, m.address, ts + P.claimTimeout, coll);
-      Object.assign(shardOf(t, s), { state: S.Claimed, miner: m.address, claimExpiry: ts + P.claimTimeout, collateral: coll });
+        .withArgs(t.id, s, m.address, ts + P.claimTimeout, coll, p);
+      Object.assign(shardOf(t, s), {
+        state: S.Claimed, miner: m.address, claimExpiry: ts + P.claimTimeout, collateral: coll, precision: p,
+      });
       t.committed += budget;
       return mstate.get(m.address).onProbation ? "claimOnProbationAllowed" : true;
     },
@@ -500,15 +539,23 @@ async function run(seed, steps, wideEvery) {
         await expect(task.connect(m).claimShards(t.id, picked)).to.be.revertedWithCustomError(task, "NotEligible").withArgs(m.address);
         return "claimsNotEligible";
       }
+      const p = mprec.get(m.address);
+      if (!accepts(t.precisions, p)) {
+        await expect(task.connect(m).claimShards(t.id, picked)).to.be.revertedWithCustomError(task, "PrecisionNotAccepted")
+          .withArgs(p, t.precisions);
+        return "claimsPrecisionNotAccepted";
+      }
       const colls = picked.map((s) => (budgetOf(t, s) * BigInt(P.collateralBps)) / BPS);
       const need = colls.reduce((a, x) => a + x, 0n);
       if (need > mstate.get(m.address).stake - lockedOf(m.address)) return false; // claimShard's model never meets it either
       const tx = task.connect(m).claimShards(t.id, picked);
       for (const [j, s] of picked.entries()) {
-        await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, m.address, ts + P.claimTimeout, colls[j]);
+        await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, m.address, ts + P.claimTimeout, colls[j], p);
       }
       picked.forEach((s, j) => {
-        Object.assign(shardOf(t, s), { state: S.Claimed, miner: m.address, claimExpiry: ts + P.claimTimeout, collateral: colls[j] });
+        Object.assign(shardOf(t, s), {
+          state: S.Claimed, miner: m.address, claimExpiry: ts + P.claimTimeout, collateral: colls[j], precision: p,
+        });
         t.committed += budgetOf(t, s);
       });
       return "claimShards";
@@ -595,12 +642,21 @@ async function run(seed, steps, wideEvery) {
           .to.be.revertedWithCustomError(gpu, "MemberNotEligible").withArgs(bad);
         return "claimSwarmMemberNotEligible";
       }
+      const p = swarmPrecisionOf(sw);
+      expect(await gpu.swarmPrecision(sw.id)).to.equal(p);
+      if (!accepts(t.precisions, p)) {
+        await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
+          .to.be.revertedWithCustomError(task, "PrecisionNotAccepted").withArgs(p, t.precisions);
+        return "claimSwarmPrecisionNotAccepted";
+      }
       const budget = budgetOf(t, s);
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
       const tx = task.connect(head).claimShardForSwarm(t.id, s, sw.id);
-      await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, head.address, ts + P.claimTimeout, coll);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, head.address, ts + P.claimTimeout, coll, p);
       await expect(tx).to.emit(task, "SwarmShardClaimed").withArgs(t.id, s, sw.id);
-      Object.assign(shardOf(t, s), { state: S.Claimed, miner: head.address, claimExpiry: ts + P.claimTimeout, collateral: coll, swarm: sw });
+      Object.assign(shardOf(t, s), {
+        state: S.Claimed, miner: head.address, claimExpiry: ts + P.claimTimeout, collateral: coll, swarm: sw, precision: p,
+      });
       t.committed += budget;
       return true;
     },
@@ -1210,7 +1266,7 @@ async function run(seed, steps, wideEvery) {
 
   const weights = [
     ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 12], ["finalizeShard", 8], ["reclaimExpired", 4],
-    ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
+    ["declarePrecision", 1], ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
     ["reportAbsence", 3], ["challengeAvailability", 5], ["answerAvailability", 7], ["settleUnanswered", 3],
     ["proveBillingFault", 4], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
     ["verifierExit", 2], ["verifierWithdraw", 3], ["timeJump", 7], ["epochJump", 3],
@@ -1259,6 +1315,8 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "registerSwarm", "registerSwarmForged", "leaveSwarm", "swarmReplay", "claimShardSwarm", "claimSwarmInactive",
       "claimSwarmAskAbove", "claimSwarmMemberNotEligible", "finalizeSwarm", "swarmSlash",
       "claimShards", "claimsNotEligible", "untrustedSlash",
+      "createTaskBadMask", "declarePrecision", "claimPrecisionNotAccepted", "claimsPrecisionNotAccepted",
+      "claimSwarmPrecisionNotAccepted",
     ]) {
       expect(agg[k] || 0, `${k}: ${JSON.stringify(agg)}`).to.be.greaterThan(0);
     }

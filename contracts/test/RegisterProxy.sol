@@ -12,11 +12,13 @@ contract RegisterProxy {
         VerifierCommittee(committee).register{value: msg.value}();
     }
 
-    /// @notice Calls `GPURegistry(gpu).register{value: msg.value}([model], GpuSpec("g", 1, 1), "e", 1)`.
+    /// @notice Calls `GPURegistry(gpu).register{value: msg.value}([model], [1], GpuSpec("g", 1, 1), "e", 1)` (FP32).
     function joinMiners(address gpu, bytes32 model) external payable {
         bytes32[] memory models = new bytes32[](1);
         models[0] = model;
-        GPURegistry(gpu).register{value: msg.value}(models, GpuSpec("g", 1, 1), "e", 1);
+        uint8[] memory precisions = new uint8[](1);
+        precisions[0] = 1;
+        GPURegistry(gpu).register{value: msg.value}(models, precisions, GpuSpec("g", 1, 1), "e", 1);
     }
 }
 
@@ -30,7 +32,9 @@ contract RegisterInConstructor {
         } else {
             bytes32[] memory models = new bytes32[](1);
             models[0] = model;
-            GPURegistry(gpu).register{value: msg.value}(models, GpuSpec("g", 1, 1), "e", 1);
+            uint8[] memory precisions = new uint8[](1);
+            precisions[0] = 1;
+            GPURegistry(gpu).register{value: msg.value}(models, precisions, GpuSpec("g", 1, 1), "e", 1);
         }
     }
 }

@@ -4,7 +4,7 @@ const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
-  P, MODEL, OTHER_MODEL, GPU, PRICE, SWARM_TYPES, domainOf, deployQuarry, createTask, buildResult,
+  P, MODEL, OTHER_MODEL, GPU, PRICE, PRECISION, maskOf, SWARM_TYPES, domainOf, deployQuarry, createTask, buildResult,
   signVotes,
 } = require("./helpers");
 
@@ -40,13 +40,19 @@ async function termsOf(members, shares, head, over = {}) {
 }
 
 describe("Swarms", function () {
-  /** The Quarry fixture plus four more established miners (off probation), sorted by address. */
+  /** The Quarry fixture plus four more established miners (off probation), sorted by address.
+   * Each lists OTHER_MODEL; the last three also list MODEL, in FP16, FP32 and BF16 (the first
+   * serves layers of it without listing it), so a swarm of all four serves MODEL in BF16. */
   async function withMembers() {
     const q = await deployQuarry();
     const four = q.signers.slice(10, 14).sort((a, b) => (BigInt(a.address) < BigInt(b.address) ? -1 : 1));
     const probation = [await q.gpu.probationEpochs(), await q.gpu.probationPassBps()];
     await q.gpu.setProbation(0, probation[1]);
-    for (const m of four) await q.gpu.connect(m).register([OTHER_MODEL], GPU, "http://stage.local", 1, { value: STAKE });
+    const declared = [null, PRECISION.FP16, PRECISION.FP32, PRECISION.BF16];
+    for (const [i, m] of four.entries()) {
+      const [models, precisions] = declared[i] ? [[OTHER_MODEL, MODEL], [1, declared[i]]] : [[OTHER_MODEL], [1]];
+      await q.gpu.connect(m).register(models, precisions, GPU, "http://stage.local", 1, { value: STAKE });
+    }
     await q.gpu.setProbation(...probation);
     return { ...q, four };
   }
@@ -208,14 +214,61 @@ describe("Swarms", function () {
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
       const tx = q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId);
       await expect(tx).to.emit(q.task, "SwarmShardClaimed").withArgs(t.taskId, 0, q.swarmId);
-      await expect(tx).to.emit(q.task, "ShardClaimed");
+      const at = BigInt(await time.latest());
+      await expect(tx).to.emit(q.task, "ShardClaimed")
+        .withArgs(t.taskId, 0, q.head.address, at + P.claimTimeout, coll, PRECISION.BF16);
       const parts = split(coll, q.shares, q.headIndex);
       expect(await lockedOf(q.gpu, q.four)).to.deep.equal(parts);
       expect(parts.reduce((a, x) => a + x, 0n)).to.equal(coll);
       const sh = await q.task.getShard(t.taskId, 0);
       expect(sh.miner).to.equal(q.head.address);
       expect(sh.collateral).to.equal(coll);
+      expect(sh.precision).to.equal(PRECISION.BF16);
       expect(await q.task.shardSwarm(t.taskId, 0)).to.equal(q.swarmId);
+    });
+
+    it("the swarm serves in its least exact member's precision: the task's mask must accept it, the shard keeps it", async function () {
+      const q = await loadFixture(withSwarm);
+      expect(await q.gpu.swarmPrecision(q.swarmId)).to.equal(PRECISION.BF16); // FP16, FP32, BF16, undeclared
+      const exact = await createTask(q.task, q.client, { precisions: maskOf(PRECISION.FP32, PRECISION.FP16) });
+      await expect(q.task.connect(q.head).claimShardForSwarm(exact.taskId, 0, q.swarmId))
+        .to.be.revertedWithCustomError(q.task, "PrecisionNotAccepted")
+        .withArgs(PRECISION.BF16, maskOf(PRECISION.FP32, PRECISION.FP16));
+      const before = await lockedOf(q.gpu, q.four);
+      const bf16 = await createTask(q.task, q.client, { precisions: maskOf(PRECISION.BF16) });
+      await q.task.connect(q.head).claimShardForSwarm(bf16.taskId, 0, q.swarmId);
+      // a member declaring a cheaper precision afterwards changes the swarm's precision, not
+      // the shard's: it is judged at what was declared when it was claimed
+      await q.gpu.connect(q.four[1]).update([OTHER_MODEL, MODEL], [1, PRECISION.INT8], GPU, "http://stage.local", 1);
+      expect(await q.gpu.swarmPrecision(q.swarmId)).to.equal(PRECISION.INT8);
+      expect((await q.task.getShard(bf16.taskId, 0)).precision).to.equal(PRECISION.BF16);
+      await expect(q.task.connect(q.head).claimShardForSwarm(bf16.taskId, 1, q.swarmId))
+        .to.be.revertedWithCustomError(q.task, "PrecisionNotAccepted").withArgs(PRECISION.INT8, maskOf(PRECISION.BF16));
+      const any = await createTask(q.task, q.client);
+      await q.task.connect(q.head).claimShardForSwarm(any.taskId, 0, q.swarmId);
+      expect((await q.task.getShard(any.taskId, 0)).precision).to.equal(PRECISION.INT8);
+      // only the two successful claims locked collateral
+      const coll = ((await q.task.shardBudget(any.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
+      const after = await lockedOf(q.gpu, q.four);
+      const parts = split(coll, q.shares, q.headIndex);
+      expect(after).to.deep.equal(before.map((x, i) => x + 2n * parts[i]));
+    });
+
+    it("a swarm none of whose members declares the model cannot claim, even a task accepting any precision", async function () {
+      const q = await loadFixture(withMembers);
+      const pair = [q.four[0], q.signers[15]].sort((x, y) => (BigInt(x.address) < BigInt(y.address) ? -1 : 1));
+      await q.gpu.setProbation(0, 6000);
+      await q.gpu.connect(q.signers[15]).register([OTHER_MODEL], [1], GPU, "e", 1, { value: STAKE });
+      const terms = await termsOf(pair, [1, 1], q.four[0]);
+      const sigs = [];
+      for (const m of pair) sigs.push(await consent(q.gpu, m, terms));
+      await q.gpu.registerSwarm(terms, sigs);
+      expect(await q.gpu.swarmPrecision(1)).to.equal(0);
+      const t = await createTask(q.task, q.client);
+      await expect(q.task.connect(q.four[0]).claimShardForSwarm(t.taskId, 0, 1))
+        .to.be.revertedWithCustomError(q.task, "PrecisionNotAccepted").withArgs(0, 0);
+      expect(await lockedOf(q.gpu, pair)).to.deep.equal([0n, 0n]);
+      expect((await q.task.getShard(t.taskId, 0)).state).to.equal(S.Open);
     });
 
     it("only the head claims; the swarm must serve the task's model at the task's price", async function () {
@@ -250,7 +303,7 @@ describe("Swarms", function () {
       // a member on probation: only tasks that allow probation
       const p = await withMembers();
       const fresh = p.signers[14];
-      await p.gpu.connect(fresh).register([OTHER_MODEL], GPU, "e", 1, { value: STAKE });
+      await p.gpu.connect(fresh).register([MODEL], [PRECISION.FP16], GPU, "e", 1, { value: STAKE });
       const members = [p.four[0], fresh].sort((x, y) => (BigInt(x.address) < BigInt(y.address) ? -1 : 1));
       const terms = await termsOf(members, [1, 1], p.four[0]);
       const sigs = [];

@@ -2,8 +2,8 @@ const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
-  P, MODEL, OTHER_MODEL, GPU, PRICE, RECEIPT_TYPES, domainOf, deployQuarry, createTask, receiptStructHash,
-  buildResult, signVotes,
+  P, MODEL, OTHER_MODEL, GPU, PRICE, PRECISION, RECEIPT_TYPES, domainOf, deployQuarry, createTask, termsOf, maskOf,
+  receiptStructHash, buildResult, signVotes,
 } = require("./helpers");
 
 const S = { Open: 0n, Claimed: 1n, Submitted: 2n, Disputed: 3n, Finalized: 4n, Refunded: 5n };
@@ -63,7 +63,12 @@ describe("TaskRegistry", function () {
         await expect(fresh[f](ethers.ZeroAddress)).to.be.revertedWithCustomError(fresh, "ZeroAddress");
       }
       const now = BigInt(await time.latest());
-      await expect(fresh.createTask(MODEL, ROOT, "u", 1, 1, 1, 1, now + 100n, 0, ethers.ZeroAddress, false, { value: 1 }))
+      const terms = termsOf({
+        modelId: MODEL, inputRoot: ROOT, inputURI: "u", numRequests: 1, shardSize: 1, maxTokens: 1, price: 1,
+        deadline: now + 100n, minRep: 0, arbiter: ethers.ZeroAddress, allowProbation: false, precisions: 0,
+        requireCommitments: false,
+      });
+      await expect(fresh.createTask(terms, { value: 1 }))
         .to.be.revertedWithCustomError(fresh, "NotWired");
     });
   });
@@ -76,7 +81,7 @@ describe("TaskRegistry", function () {
       expect(taskId).to.equal(1n);
       expect(value).to.equal(10n * 100n * PRICE);
       await expect(tx).to.emit(task, "TaskCreated")
-        .withArgs(1, client.address, MODEL, args.inputRoot, args.inputURI, 10, 4, 3, value, args.deadline, false);
+        .withArgs(1, client.address, MODEL, args.inputRoot, args.inputURI, 10, 4, 3, value, args.deadline, false, 0, false);
       await expect(tx).to.emit(escrow, "Deposited").withArgs(1, value);
       expect(await ethers.provider.getBalance(escrow)).to.equal(before + value);
       expect(await escrow.escrowed(1)).to.equal(value);
@@ -109,7 +114,7 @@ describe("TaskRegistry", function () {
       const { task, client } = await loadFixture(deployQuarry);
       const a = await createTask(task, client, { allowProbation: true });
       await expect(a.tx).to.emit(task, "TaskCreated").withArgs(
-        a.taskId, client.address, MODEL, a.args.inputRoot, a.args.inputURI, 10, 4, 3, a.value, a.args.deadline, true);
+        a.taskId, client.address, MODEL, a.args.inputRoot, a.args.inputURI, 10, 4, 3, a.value, a.args.deadline, true, 0, false);
       expect((await task.getTask(a.taskId)).allowProbation).to.equal(true);
       const b = await createTask(task, client, { allowProbation: false });
       expect((await task.getTask(b.taskId)).allowProbation).to.equal(false);
@@ -140,6 +145,28 @@ describe("TaskRegistry", function () {
       await expect(createTask(task, client)).to.be.revertedWithCustomError(task, "TooManyShards").withArgs(2, 3);
       await createTask(task, client, { numRequests: 8 });
     });
+    it("stores and emits the accepted precisions and requireCommitments; refuses bits outside 1..5", async function () {
+      const { task, escrow, client } = await loadFixture(deployQuarry);
+      const mask = maskOf(PRECISION.FP32, PRECISION.BF16);
+      expect(mask).to.equal(0x0a);
+      const a = await createTask(task, client, { precisions: mask, requireCommitments: true });
+      await expect(a.tx).to.emit(task, "TaskCreated").withArgs(
+        a.taskId, client.address, MODEL, a.args.inputRoot, a.args.inputURI, 10, 4, 3, a.value, a.args.deadline, false,
+        mask, true);
+      const t = await task.getTask(a.taskId);
+      expect(t.precisions).to.equal(mask);
+      expect(t.requireCommitments).to.equal(true);
+      expect(await task.PRECISION_BITS()).to.equal(0x3e);
+      const all = await createTask(task, client, { precisions: 0x3e });
+      expect((await task.getTask(all.taskId)).precisions).to.equal(0x3e);
+      const held = await escrow.totalEscrowed();
+      for (const bad of [0x01, 0x40, 0x80, 0xff, 0x3f]) {
+        await expect(createTask(task, client, { precisions: bad }))
+          .to.be.revertedWithCustomError(task, "InvalidPrecisionMask").withArgs(bad);
+      }
+      expect(await escrow.totalEscrowed()).to.equal(held);
+      expect(await task.taskCount()).to.equal(all.taskId);
+    });
   });
 
   describe("claimShard", function () {
@@ -147,7 +174,7 @@ describe("TaskRegistry", function () {
       const { task, gpu, miner, taskId } = await loadFixture(withTask);
       const tx = await task.connect(miner).claimShard(taskId, 0);
       const now = BigInt(await time.latest());
-      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 0, miner.address, now + P.claimTimeout, COLL4);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 0, miner.address, now + P.claimTimeout, COLL4, PRECISION.FP32);
       await expect(tx).to.emit(gpu, "CollateralLocked").withArgs(miner.address, COLL4, COLL4);
       const s = await task.getShard(taskId, 0);
       expect(s.state).to.equal(S.Claimed);
@@ -171,14 +198,14 @@ describe("TaskRegistry", function () {
     });
     it("a miner on probation claims only tasks that allow probation, and their other floors still apply", async function () {
       const { task, gpu, client, miner, outsider, taskId } = await loadFixture(withTask);
-      await gpu.connect(outsider).register([MODEL], GPU, "http://new", PRICE, { value: P.minStake });
+      await gpu.connect(outsider).register([MODEL], [1], GPU, "http://new", PRICE, { value: P.minStake });
       expect(await gpu.onProbation(outsider)).to.equal(true);
       await expect(task.connect(outsider).claimShard(taskId, 0))
         .to.be.revertedWithCustomError(task, "NotEligible").withArgs(outsider.address);
       const open = await createTask(task, client, { allowProbation: true });
       const tx = await task.connect(outsider).claimShard(open.taskId, 0);
       const now = BigInt(await time.latest());
-      await expect(tx).to.emit(task, "ShardClaimed").withArgs(open.taskId, 0, outsider.address, now + P.claimTimeout, COLL4);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(open.taskId, 0, outsider.address, now + P.claimTimeout, COLL4, PRECISION.FP32);
       await expect(tx).to.emit(gpu, "CollateralLocked").withArgs(outsider.address, COLL4, COLL4);
       // an established miner may claim such a task too
       await task.connect(miner).claimShard(open.taskId, 1);
@@ -210,14 +237,60 @@ describe("TaskRegistry", function () {
     });
   });
 
+  describe("declared precision at claim", function () {
+    it("records the claimant's precision in the shard; a mask that refuses it reverts, locking nothing", async function () {
+      const { task, gpu, escrow, client, miner, miner2 } = await loadFixture(deployQuarry); // FP32, BF16
+      const fp32 = await createTask(task, client, { precisions: maskOf(PRECISION.FP32) });
+      const held = await escrow.totalEscrowed();
+      await expect(task.connect(miner2).claimShard(fp32.taskId, 0))
+        .to.be.revertedWithCustomError(task, "PrecisionNotAccepted").withArgs(PRECISION.BF16, maskOf(PRECISION.FP32));
+      await expect(task.connect(miner2).claimShards(fp32.taskId, [0, 1]))
+        .to.be.revertedWithCustomError(task, "PrecisionNotAccepted").withArgs(PRECISION.BF16, maskOf(PRECISION.FP32));
+      expect((await gpu.minerInfo(miner2)).locked).to.equal(0n);
+      expect((await task.getTask(fp32.taskId)).committed).to.equal(0n);
+      expect(await escrow.totalEscrowed()).to.equal(held);
+      expect((await task.getShard(fp32.taskId, 0)).state).to.equal(S.Open);
+      const tx = await task.connect(miner).claimShard(fp32.taskId, 0);
+      const now = BigInt(await time.latest());
+      await expect(tx).to.emit(task, "ShardClaimed")
+        .withArgs(fp32.taskId, 0, miner.address, now + P.claimTimeout, COLL4, PRECISION.FP32);
+      expect((await task.getShard(fp32.taskId, 0)).precision).to.equal(PRECISION.FP32);
+      // a mask of several precisions, and the mask 0, accept BF16
+      const either = await createTask(task, client, { precisions: maskOf(PRECISION.FP32, PRECISION.BF16) });
+      await task.connect(miner2).claimShards(either.taskId, [1, 2]);
+      const any = await createTask(task, client);
+      await task.connect(miner2).claimShard(any.taskId, 0);
+      for (const [id, k] of [[either.taskId, 1], [either.taskId, 2], [any.taskId, 0]]) {
+        expect((await task.getShard(id, k)).precision).to.equal(PRECISION.BF16);
+      }
+      // an Open shard records nothing yet
+      expect((await task.getShard(either.taskId, 0)).precision).to.equal(0);
+    });
+    it("a later update does not change what a claimed shard is judged at; a reclaim forgets it", async function () {
+      const { task, gpu, client, miner, miner2 } = await loadFixture(deployQuarry);
+      const t = await createTask(task, client);
+      await task.connect(miner2).claimShard(t.taskId, 0);
+      await gpu.connect(miner2).update([MODEL], [PRECISION.INT8], GPU, "http://m2", PRICE);
+      expect(await gpu.precisionOf(miner2, MODEL)).to.equal(PRECISION.INT8);
+      expect((await task.getShard(t.taskId, 0)).precision).to.equal(PRECISION.BF16);
+      await task.connect(miner2).claimShard(t.taskId, 1);
+      expect((await task.getShard(t.taskId, 1)).precision).to.equal(PRECISION.INT8);
+      await time.increase(P.claimTimeout);
+      await task.reclaimExpired(t.taskId, 0);
+      expect((await task.getShard(t.taskId, 0)).precision).to.equal(0);
+      await task.connect(miner).claimShard(t.taskId, 0);
+      expect((await task.getShard(t.taskId, 0)).precision).to.equal(PRECISION.FP32);
+    });
+  });
+
   describe("claimShards", function () {
     it("claims several shards in one transaction, each as claimShard would", async function () {
       const { task, gpu, miner, taskId } = await loadFixture(withTask);
       const tx = await task.connect(miner).claimShards(taskId, [2, 0]);
       const now = BigInt(await time.latest());
       const coll2 = (BUDGET2 * BigInt(P.collateralBps)) / 10000n;
-      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 2, miner.address, now + P.claimTimeout, coll2);
-      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 0, miner.address, now + P.claimTimeout, COLL4);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 2, miner.address, now + P.claimTimeout, coll2, PRECISION.FP32);
+      await expect(tx).to.emit(task, "ShardClaimed").withArgs(taskId, 0, miner.address, now + P.claimTimeout, COLL4, PRECISION.FP32);
       expect((await gpu.minerInfo(miner)).locked).to.equal(COLL4 + coll2);
       expect((await task.getTask(taskId)).committed).to.equal(BUDGET4 + BUDGET2);
       expect((await task.getShard(taskId, 1)).state).to.equal(S.Open);
@@ -475,7 +548,7 @@ describe("TaskRegistry", function () {
       await gpu.setArbitration(hook);
       await gpu.setEscrow(escrow);
       await gpu.setProbation(0, 6000);
-      await gpu.connect(miner).register([MODEL], GPU, "http://m", PRICE, { value: P.minStake });
+      await gpu.connect(miner).register([MODEL], [1], GPU, "http://m", PRICE, { value: P.minStake });
       await task.setGPURegistry(gpu);
       await task.setEscrow(escrow);
       await task.setArbitration(hook);
@@ -615,10 +688,10 @@ describe("TaskRegistry", function () {
     it("type hash, struct hash, digest and domain match ethers", async function () {
       const { task, miner } = await loadFixture(deployQuarry);
       expect(await task.RECEIPT_TYPEHASH()).to.equal(ethers.id(
-        "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId)"));
+        "Receipt(uint256 taskId,uint32 shard,uint32 index,bytes32 requestHash,bytes32 outputHash,uint32 outputTokens,bytes32 modelId,bytes32 commitment)"));
       const r = {
         taskId: 5n, shard: 1, index: 6, requestHash: ethers.id("req"), outputHash: ethers.id("out"),
-        outputTokens: 42, modelId: MODEL,
+        outputTokens: 42, modelId: MODEL, commitment: ethers.id("commitment"),
       };
       const domain = await domainOf(task);
       expect(await task.receiptStructHash(r)).to.equal(receiptStructHash(r));

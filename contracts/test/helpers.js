@@ -27,6 +27,10 @@ const MODEL = ethers.keccak256(ethers.toUtf8Bytes("tiny-llama"));
 const OTHER_MODEL = ethers.keccak256(ethers.toUtf8Bytes("other-model"));
 const GPU = { name: "NVIDIA H100", memoryMiB: 81920, count: 1 };
 const PRICE = ethers.parseUnits("1", "gwei");
+/** Declared precisions as the contracts number them (market/protocol/precision.py). */
+const PRECISION = { FP32: 1, FP16: 2, BF16: 3, FP8: 4, INT8: 5 };
+/** A task's accepted-precision mask: bit p for each precision p listed (none: any). */
+const maskOf = (...precisions) => precisions.reduce((m, p) => m | (1 << p), 0);
 
 const RECEIPT_TYPES = {
   Receipt: [
@@ -37,6 +41,7 @@ const RECEIPT_TYPES = {
     { name: "outputHash", type: "bytes32" },
     { name: "outputTokens", type: "uint32" },
     { name: "modelId", type: "bytes32" },
+    { name: "commitment", type: "bytes32" },
   ],
 };
 const VOTE_TYPES = {
@@ -118,11 +123,12 @@ async function deployQuarry() {
   await arb.setEscrow(escrow);
 
   // The fixture's two miners are established (off probation); miners registered later in a
-  // test start on probation, as the contract's defaults say.
+  // test start on probation, as the contract's defaults say. `miner` serves the model in FP32,
+  // `miner2` in BF16.
   const probation = [await gpu.probationEpochs(), await gpu.probationPassBps()];
   await gpu.setProbation(0, probation[1]);
-  for (const m of [miner, miner2]) {
-    await gpu.connect(m).register([MODEL], GPU, "http://miner.local", PRICE, { value: P.minStake });
+  for (const [m, p] of [[miner, PRECISION.FP32], [miner2, PRECISION.BF16]]) {
+    await gpu.connect(m).register([MODEL], [p], GPU, "http://miner.local", PRICE, { value: P.minStake });
   }
   await gpu.setProbation(...probation);
   for (const v of verifiers) {
@@ -142,7 +148,18 @@ async function activate(committee) {
   return at;
 }
 
-/** Default task: 10 requests, shards of 4 (sizes 4, 4, 2), 100 tokens max, 1 gwei per token. */
+/** The TaskTerms struct createTask takes, from the helper's short names. */
+function termsOf(a) {
+  return {
+    modelId: a.modelId, inputRoot: a.inputRoot, inputURI: a.inputURI, numRequests: a.numRequests,
+    shardSize: a.shardSize, maxTokensPerRequest: a.maxTokens, pricePerToken: a.price, deadline: a.deadline,
+    minReputationBps: a.minRep, arbiter: a.arbiter, allowProbation: a.allowProbation,
+    precisions: a.precisions, requireCommitments: a.requireCommitments,
+  };
+}
+
+/** Default task: 10 requests, shards of 4 (sizes 4, 4, 2), 100 tokens max, 1 gwei per token,
+ * any precision, commitments not required. */
 async function createTask(task, client, over = {}) {
   // Pin the creating block to latest+1: after a fixture snapshot is restored, Hardhat would
   // otherwise stamp the next block with the wall-clock time elapsed since the snapshot.
@@ -160,12 +177,12 @@ async function createTask(task, client, over = {}) {
     minRep: 0,
     arbiter: ethers.ZeroAddress,
     allowProbation: false,
+    precisions: 0,
+    requireCommitments: false,
     ...over,
   };
   const value = over.value ?? BigInt(a.numRequests) * BigInt(a.maxTokens) * a.price;
-  const tx = await task.connect(client).createTask(
-    a.modelId, a.inputRoot, a.inputURI, a.numRequests, a.shardSize, a.maxTokens, a.price, a.deadline,
-    a.minRep, a.arbiter, a.allowProbation, { value });
+  const tx = await task.connect(client).createTask(termsOf(a), { value });
   const rc = await tx.wait();
   const ev = rc.logs.map((l) => { try { return task.interface.parseLog(l); } catch { return null; } })
     .find((e) => e && e.name === "TaskCreated");
@@ -195,6 +212,7 @@ async function buildResult(task, taskId, shard, start, end, minerSigner, modelId
       outputHash: ethers.keccak256(ethers.toUtf8Bytes(`out-${taskId}-${i}`)),
       outputTokens: typeof tokens === "function" ? tokens(i) : tokens,
       modelId,
+      commitment: ethers.keccak256(ethers.toUtf8Bytes(`commitment-${taskId}-${i}`)),
     };
     receipts.push(r);
     sigs.push(await minerSigner.signTypedData(domain, RECEIPT_TYPES, r));
@@ -239,7 +257,7 @@ async function gasCost(tx) {
 }
 
 module.exports = {
-  P, MODEL, OTHER_MODEL, GPU, PRICE,
+  P, MODEL, OTHER_MODEL, GPU, PRICE, PRECISION, maskOf, termsOf,
   RECEIPT_TYPES, VOTE_TYPES, REPORT_TYPES, CHALLENGE_TYPES, SWARM_TYPES,
   domainOf, sortByAddress, deployQuarry, activate, createTask, receiptStructHash, receiptLeaf,
   resultTree, buildResult, signVotes, signReport, signChallengeSet, gasCost,

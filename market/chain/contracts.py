@@ -27,6 +27,7 @@ from market.chain.client import Chain, Read, TxResult, plain
 from market.chain.errors import ChainError
 from market.protocol.eip712 import Receipt, Report, SwarmConsent
 from market.protocol.merkle import SumNode
+from market.protocol.precision import Precision, parse_precision
 
 ZERO_ADDRESS = "0x" + "00" * 20
 
@@ -108,6 +109,8 @@ class Task:
     created_at: int
     min_reputation_bps: int
     allow_probation: bool
+    precisions: int  # accepted-precision mask: bit p accepts Precision p; 0 accepts any
+    require_commitments: bool
     cancelled: bool
     committed: int
 
@@ -116,6 +119,7 @@ class Task:
 class Shard:
     state: ShardState
     miner: str
+    precision: int  # the claimant's declared Precision at the claim; 0 while open
     claim_expiry: int
     submitted_at: int
     window_end: int
@@ -293,8 +297,12 @@ class GPURegistry(QuarryContract):
         endpoint: str,
         price_per_token: int,
         stake: int,
+        precisions: Sequence[object] | None = None,
     ) -> TxResult:
-        return self._tx(sender, "register", list(model_ids), gpu.as_tuple(), endpoint,
+        """Register serving `model_ids[i]` in `precisions[i]` (a `Precision`, its name or
+        number; default FP32 for every model)."""
+        return self._tx(sender, "register", list(model_ids),
+                        _precisions(model_ids, precisions), gpu.as_tuple(), endpoint,
                         price_per_token, value=stake)
 
     def add_stake(self, sender: LocalAccount, amount: int) -> TxResult:
@@ -307,9 +315,11 @@ class GPURegistry(QuarryContract):
         gpu: GpuSpec,
         endpoint: str,
         price_per_token: int,
+        precisions: Sequence[object] | None = None,
     ) -> TxResult:
-        return self._tx(sender, "update", list(model_ids), gpu.as_tuple(), endpoint,
-                        price_per_token)
+        """Replace the profile; `precisions` as `register`'s."""
+        return self._tx(sender, "update", list(model_ids), _precisions(model_ids, precisions),
+                        gpu.as_tuple(), endpoint, price_per_token)
 
     def request_exit(self, sender: LocalAccount) -> TxResult:
         return self._tx(sender, "requestExit")
@@ -321,6 +331,18 @@ class GPURegistry(QuarryContract):
                     allow_probation: bool = False) -> bool:
         return bool(self._call("isEligible", to_checksum_address(miner), model_id, min_rep_bps,
                                allow_probation))
+
+    def precision_of(self, miner: str, model_id: bytes) -> Precision | None:
+        """The precision `miner` declared for `model_id`; None when it does not serve it."""
+        p = int(self._call("precisionOf", to_checksum_address(miner), model_id))
+        return Precision(p) if p else None
+
+    def eligible_precision(self, miner: str, model_id: bytes, min_rep_bps: int = 0,
+                           allow_probation: bool = False) -> Precision | None:
+        """`miner`'s declared precision for `model_id` when `is_eligible`, else None."""
+        p = int(self._call("eligiblePrecision", to_checksum_address(miner), model_id,
+                           min_rep_bps, allow_probation))
+        return Precision(p) if p else None
 
     def on_probation(self, miner: str) -> bool:
         return bool(self._call("onProbation", to_checksum_address(miner)))
@@ -355,18 +377,21 @@ class GPURegistry(QuarryContract):
         return as_struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
 
     def offer_terms(self, miners: Sequence[tuple[str, Sequence[bytes]]], min_rep_bps: int = 0,
-                    allow_probation: bool = False) -> list[tuple[MinerInfo, list[bool]]]:
-        """For each (miner, its models): its registry entry and `isEligible` for each model,
-        all from one batch of reads (`Chain.read`): a client's offer list in one round trip,
-        however many miners the market lists."""
+                    allow_probation: bool = False
+                    ) -> list[tuple[MinerInfo, list[Precision | None]]]:
+        """For each (miner, its models): its registry entry and, per model, the precision it
+        declared when `isEligible` (None when not: `eligiblePrecision`), all from one batch
+        of reads (`Chain.read`): a client's offer list in one round trip, however many
+        miners the market lists."""
         reads: list[Read] = []
         for miner, models in miners:
             address = to_checksum_address(miner)
             reads.append(self.fn("minerInfo", address))
-            reads += [self.fn("isEligible", address, m, min_rep_bps, allow_probation)
+            reads += [self.fn("eligiblePrecision", address, m, min_rep_bps, allow_probation)
                       for m in models]
         answers = iter(self.chain.read(reads))
-        return [(as_struct(MinerInfo, next(answers)), [bool(next(answers)) for _ in models])
+        return [(as_struct(MinerInfo, next(answers)),
+                 [Precision(p) if (p := int(next(answers))) else None for _ in models])
                 for _, models in miners]
 
     def models_of(self, miner: str) -> list[bytes]:
@@ -412,6 +437,12 @@ class GPURegistry(QuarryContract):
     def swarm_info(self, swarm_id: int) -> SwarmInfo:
         return as_struct(SwarmInfo, self._call("swarmInfo", swarm_id))
 
+    def swarm_precision(self, swarm_id: int) -> Precision | None:
+        """The precision the swarm serves its model in (its members' least exact
+        declaration); None when no member declares one (it cannot claim)."""
+        p = int(self._call("swarmPrecision", swarm_id))
+        return Precision(p) if p else None
+
     def swarm_count(self) -> int:
         return int(self._call("swarmCount"))
 
@@ -443,17 +474,21 @@ class TaskRegistry(QuarryContract):
         min_reputation_bps: int = 0,
         arbiter: str = ZERO_ADDRESS,
         allow_probation: bool = False,
+        precisions: int = 0,
+        require_commitments: bool = False,
         payment: int | None = None,
     ) -> tuple[int, TxResult]:
         """Post a task paying `payment` (default: the exact maximum cost); returns its id.
-        `allow_probation` lets miners on probation claim its shards."""
+        `allow_probation` lets miners on probation claim its shards; `precisions` is the
+        accepted-precision mask (`precision.precision_mask`; 0 accepts any);
+        `require_commitments` asks every non-empty output for an activation commitment."""
         if payment is None:
             payment = num_requests * max_tokens_per_request * price_per_token
-        result = self._tx(
-            sender, "createTask", model_id, input_root, input_uri, num_requests, shard_size,
-            max_tokens_per_request, price_per_token, deadline, min_reputation_bps,
-            to_checksum_address(arbiter), allow_probation, value=payment,
-        )
+        terms = (model_id, input_root, input_uri, num_requests, shard_size,
+                 max_tokens_per_request, price_per_token, deadline, min_reputation_bps,
+                 to_checksum_address(arbiter), allow_probation, precisions,
+                 require_commitments)
+        result = self._tx(sender, "createTask", terms, value=payment)
         return int(result.event("TaskCreated")["taskId"]), result
 
     def claim_shard(self, sender: LocalAccount, task_id: int, shard: int) -> TxResult:
@@ -722,6 +757,13 @@ class AvailabilityChallenge:
     @staticmethod
     def _convert(kw: dict[str, Any]) -> dict[str, Any]:
         return {**kw, "status": ChallengeStatus(kw["status"])}
+
+
+def _precisions(model_ids: Sequence[bytes], precisions: Sequence[object] | None) -> list[int]:
+    """The `uint8[]` register and update take: one Precision per model (FP32 by default)."""
+    if precisions is None:
+        return [int(Precision.FP32)] * len(model_ids)
+    return [int(parse_precision(p)) for p in precisions]
 
 
 def _proof(proof: Sequence[SumNode]) -> list[tuple[bytes, int]]:

@@ -126,6 +126,10 @@ class ScoreResult:
 class Engine(ABC):
     """Batched generation and scoring over one loaded model."""
 
+    commit: bool = False
+    """Whether `generate` fills each output's `commitment` (TorchEngine does unless built with
+    `commit=False`); a miner skips tasks that require commitments when its engine makes none."""
+
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
         """Complete every request; outputs are in request order."""

@@ -72,6 +72,7 @@ TYPES: dict[str, list[dict[str, str]]] = {
         {"name": "outputHash", "type": "bytes32"},
         {"name": "outputTokens", "type": "uint32"},
         {"name": "modelId", "type": "bytes32"},
+        {"name": "commitment", "type": "bytes32"},
     ],
     "Vote": [
         {"name": "disputeId", "type": "uint256"},
@@ -149,7 +150,9 @@ def _wire(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Receipt(_Struct):
-    """A miner's signed statement that `outputHash` answers request `index` of the task."""
+    """A miner's signed statement that `outputHash` answers request `index` of the task,
+    computed with the activations `commitment` commits to (`commitments.commitment_hash` of
+    the output's commitment bytes; zero when the engine made none)."""
 
     TYPE: ClassVar[str] = "Receipt"
     task_id: int
@@ -159,12 +162,14 @@ class Receipt(_Struct):
     output_hash: bytes
     output_tokens: int
     model_id: bytes
+    commitment: bytes = b"\x00" * 32
 
     @classmethod
     def from_message(cls, m: Mapping[str, Any]) -> Receipt:
         return cls(
             int(m["taskId"]), int(m["shard"]), int(m["index"]), _b32(m["requestHash"]),
             _b32(m["outputHash"]), int(m["outputTokens"]), _b32(m["modelId"]),
+            _b32(m["commitment"]),
         )
 
 

@@ -82,3 +82,17 @@ def accepts(mask: int, precision: object) -> bool:
 def mask_labels(mask: int) -> list[str]:
     """The names of the precisions `mask` accepts (every one for ANY)."""
     return [p.label for p in Precision if accepts(mask, p)]
+
+
+MASK_BITS = precision_mask(ALL_PRECISIONS)
+"""The bits a task's accepted mask may set (TaskRegistry.PRECISION_BITS, 0x3E)."""
+
+
+def check_mask(mask: object) -> int:
+    """`mask` when TaskRegistry accepts it as a task's accepted-precision mask (bits 1 to 5,
+    or 0 for any), else `PrecisionError` naming the problem (the contract would revert
+    `InvalidPrecisionMask`)."""
+    if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0 or mask & ~MASK_BITS:
+        raise PrecisionError(f"a precision mask sets bits 1 (fp32) to 5 (int8), or is 0 for "
+                             f"any; got {mask!r}")
+    return mask

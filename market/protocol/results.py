@@ -1,7 +1,8 @@
 """Shard result documents: what a miner uploads for a shard and what a client checks.
 
 A miner builds one `ShardResult` per shard (`build_shard_result`): for each request, the
-exact output tokens and text, one EIP-712 `Receipt` signed by the miner, and the receipt's
+exact output tokens and text, its activation commitment (`market.protocol.commitments`; empty
+when the engine made none), one EIP-712 `Receipt` signed by the miner, and the receipt's
 proof under the shard's result tree, a Merkle sum tree whose root hash and root sum are what
 `submitResult` puts on-chain as `resultRoot` and `tokensUsed`. The document travels as
 canonical JSON through the content-addressed store.
@@ -14,6 +15,8 @@ later prove on-chain: the same receipt under the same (resultRoot, tokensUsed).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,12 +26,13 @@ from eth_utils import encode_hex, to_checksum_address
 
 from market import jsonsafe
 from market.protocol.canonical import canonical_json_bytes
+from market.protocol.commitments import commitment_hash
 from market.protocol.eip712 import Receipt
 from market.protocol.errors import MerkleError, ProtocolError, SignatureError
 from market.protocol.merkle import SumNode, receipt_leaf, receipts_tree, verify_sum_proof
 from market.protocol.requests import find_stop, output_hash
 
-FORMAT = "quarry-shard-result/2"
+FORMAT = "quarry-shard-result/3"
 
 
 class ResultFormatError(ProtocolError):
@@ -56,9 +60,19 @@ def _unhex(value: Any, what: str) -> bytes:
         raise ResultFormatError(f"{what} is not hex: {exc}") from exc
 
 
+def _unbase64(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise ResultFormatError(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ResultFormatError(f"{what} is not base64: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class ResultItem:
-    """One request's answer, with its signed receipt and proof."""
+    """One request's answer, with its activation commitment, signed receipt and proof.
+    `commitment` is b"" when the engine made none (the receipt then signs the zero hash)."""
 
     index: int
     custom_id: str
@@ -69,6 +83,7 @@ class ResultItem:
     receipt: Receipt
     signature: bytes
     proof: tuple[SumNode, ...]
+    commitment: bytes = b""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +97,7 @@ class ResultItem:
                         for k, v in self.receipt.message().items()},
             "signature": encode_hex(self.signature),
             "proof": [p.to_json() for p in self.proof],
+            "commitment": base64.b64encode(self.commitment).decode("ascii"),
         }
 
     @classmethod
@@ -97,6 +113,7 @@ class ResultItem:
                 receipt=Receipt.from_message(d["receipt"]),
                 signature=_unhex(d["signature"], f"{where}.signature"),
                 proof=tuple(SumNode.from_json(p) for p in d["proof"]),
+                commitment=_unbase64(d["commitment"], f"{where}.commitment"),
             )
         except (KeyError, TypeError, ValueError, SignatureError, MerkleError) as exc:
             raise ResultFormatError(f"{where}: malformed result item ({exc!r})") from exc
@@ -160,6 +177,7 @@ class Completion:
     token_ids: tuple[int, ...]
     finish_reason: str
     prompt_tokens: int
+    commitment: bytes = b""  # the engine's activation commitment; b"" when it made none
 
 
 def build_shard_result(
@@ -176,11 +194,13 @@ def build_shard_result(
     """Sign one receipt per completion, build the result tree, and attach each proof.
 
     `completions` must be the shard's requests in index order; `result_root` and
-    `tokens_used` (the tree's root hash and root sum) go on-chain with `submitResult`.
+    `tokens_used` (the tree's root hash and root sum) go on-chain with `submitResult`. Each
+    receipt signs `commitment_hash` of its completion's commitment, binding the activations
+    into the result tree.
     """
     receipts = [
         Receipt(task_id, shard, c.index, c.request_hash, output_hash(c.text, c.token_ids),
-                len(c.token_ids), model_id)
+                len(c.token_ids), model_id, commitment_hash(c.commitment))
         for c in completions
     ]
     tree = receipts_tree(receipts)
@@ -189,6 +209,7 @@ def build_shard_result(
             index=c.index, custom_id=c.custom_id, text=c.text, token_ids=tuple(c.token_ids),
             finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens, receipt=r,
             signature=r.sign(private_key, chain_id, task_registry), proof=tuple(tree.proof(j)),
+            commitment=c.commitment,
         )
         for j, (c, r) in enumerate(zip(completions, receipts, strict=True))
     )
@@ -257,15 +278,20 @@ def verify_shard_result(
     chain_id: int,
     task_registry: str,
     max_tokens_per_request: int | None = None,
+    require_commitments: bool = False,
 ) -> list[ResultItem]:
     """Check a shard's document against the chain and the inputs; returns its items.
 
     `miner`, `result_root` and `tokens_used` come from the chain (`getShard`), `start` from
-    `shardRange`, `max_tokens_per_request` from the task, and `request_hashes` are the hashes
-    of the shard's own requests (indices `start .. start + len - 1`) from the client's batch.
-    Checks, in order: header, coverage, then per item receipt fields, token count (against
-    the output and the task's cap), output hash, signature, Merkle proof (under the root hash
-    and the root sum); finally billing. The first failure raises `ResultCheckFailed` naming it.
+    `shardRange`, `max_tokens_per_request` and `require_commitments` from the task, and
+    `request_hashes` are the hashes of the shard's own requests (indices `start .. start +
+    len - 1`) from the client's batch. Checks, in order: header, coverage, then per item
+    receipt fields, token count (against the output and the task's cap), output hash,
+    commitment (the receipt signs its hash; present on every non-empty output when the task
+    requires commitments), signature, Merkle proof (under the root hash and the root sum);
+    finally billing. The first failure raises `ResultCheckFailed` naming it. Whether a
+    commitment fits the model (its length, its values) is the verifiers' check: they know
+    the model.
     """
     if (result.task_id, result.shard) != (task_id, shard):
         raise ResultCheckFailed(
@@ -298,6 +324,12 @@ def verify_shard_result(
         if r.output_hash != output_hash(item.text, item.token_ids):
             raise ResultCheckFailed("output hash", "output does not hash to the receipt's "
                                     "outputHash (altered text or tokens)", index=i)
+        if r.commitment != commitment_hash(item.commitment):
+            raise ResultCheckFailed("commitment", "the commitment does not hash to the "
+                                    "receipt's commitment (altered or missing)", index=i)
+        if require_commitments and item.token_ids and not item.commitment:
+            raise ResultCheckFailed("commitment", "the task requires activation commitments "
+                                    "and this output has none", index=i)
         try:
             signer = r.recover(item.signature, chain_id, task_registry)
         except SignatureError as exc:

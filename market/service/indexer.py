@@ -47,7 +47,7 @@ from market.service.boarddb import (
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
 
-CHAIN_LAYOUT = "3"
+CHAIN_LAYOUT = "4"
 """The chain tables' layout; bump it when they change (they are then rebuilt, not migrated)."""
 
 # The events the board applies, by contract (Quarry attribute, contract name).
@@ -95,7 +95,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     num_requests INTEGER NOT NULL, shard_size INTEGER NOT NULL, num_shards INTEGER NOT NULL,
     max_tokens INTEGER NOT NULL, price TEXT NOT NULL, payment TEXT NOT NULL,
     deadline INTEGER NOT NULL, created_at INTEGER NOT NULL, min_rep INTEGER NOT NULL,
-    allow_probation INTEGER NOT NULL DEFAULT 0, cancelled INTEGER NOT NULL DEFAULT 0,
+    allow_probation INTEGER NOT NULL DEFAULT 0, precisions INTEGER NOT NULL DEFAULT 0,
+    require_commitments INTEGER NOT NULL DEFAULT 0, cancelled INTEGER NOT NULL DEFAULT 0,
     cancel_refund TEXT NOT NULL DEFAULT '0', created_block INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS tasks_client ON tasks (client);
 CREATE INDEX IF NOT EXISTS tasks_model ON tasks (model_id);
@@ -105,11 +106,12 @@ CREATE TABLE IF NOT EXISTS shards (
     window_end INTEGER NOT NULL DEFAULT 0, tokens_used TEXT NOT NULL DEFAULT '0',
     result_root TEXT, result_uri TEXT, payment TEXT NOT NULL DEFAULT '0',
     refund TEXT NOT NULL DEFAULT '0', reclaims INTEGER NOT NULL DEFAULT 0,
-    penalty TEXT NOT NULL DEFAULT '0',
+    penalty TEXT NOT NULL DEFAULT '0', precision INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (task_id, shard));
 CREATE INDEX IF NOT EXISTS shards_state ON shards (state);
 CREATE TABLE IF NOT EXISTS miners (
-    address TEXT PRIMARY KEY, models TEXT NOT NULL, gpu TEXT NOT NULL, endpoint TEXT NOT NULL,
+    address TEXT PRIMARY KEY, models TEXT NOT NULL, precisions TEXT NOT NULL DEFAULT '[]',
+    gpu TEXT NOT NULL, endpoint TEXT NOT NULL,
     price TEXT NOT NULL, stake TEXT NOT NULL, locked TEXT NOT NULL DEFAULT '0',
     slashed TEXT NOT NULL DEFAULT '0', reputation_bps INTEGER NOT NULL,
     exit_requested INTEGER NOT NULL DEFAULT 0, withdrawable_at INTEGER NOT NULL DEFAULT 0,
@@ -386,14 +388,14 @@ class ChainIndex(BoardBase):
         conn.execute(
             "INSERT OR REPLACE INTO tasks (task_id, client, arbiter, model_id, input_root, "
             "input_uri, num_requests, shard_size, num_shards, max_tokens, price, payment, "
-            "deadline, created_at, min_rep, allow_probation, created_block) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "deadline, created_at, min_rep, allow_probation, precisions, require_commitments, "
+            "created_block) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (task_id, _addr(a["client"]), _addr(t.arbiter) or ZERO_ADDRESS,
              _hex(a["modelId"]), _hex(a["inputRoot"]), a["inputURI"], int(a["numRequests"]),
              int(a["shardSize"]), int(a["numShards"]), int(t.max_tokens_per_request),
              str(t.price_per_token), str(a["payment"]), _i64(a["deadline"]),
              _i64(t.created_at), int(t.min_reputation_bps), int(bool(a["allowProbation"])),
-             e["block"]))
+             int(a["precisions"]), int(bool(a["requireCommitments"])), e["block"]))
         conn.executemany("INSERT OR REPLACE INTO shards (task_id, shard, state) VALUES (?, ?, ?)",
                          [(task_id, k, OPEN) for k in range(int(a["numShards"]))])
 
@@ -401,10 +403,10 @@ class ChainIndex(BoardBase):
                          extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute(
-            "UPDATE shards SET state=?, miner=?, claim_expiry=?, collateral=? "
+            "UPDATE shards SET state=?, miner=?, claim_expiry=?, collateral=?, precision=? "
             "WHERE task_id=? AND shard=?",
             (CLAIMED, _addr(a["miner"]), _i64(a["claimExpiry"]), str(a["collateral"]),
-             int(a["taskId"]), int(a["shard"])))
+             int(a["precision"]), int(a["taskId"]), int(a["shard"])))
 
     def _on_ResultSubmitted(self, conn: sqlite3.Connection, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
@@ -425,7 +427,7 @@ class ChainIndex(BoardBase):
         # The contract deletes the shard: it reopens, or reads Refunded (ShardRefunded follows).
         conn.execute(
             "UPDATE shards SET state=?, miner=NULL, claim_expiry=0, collateral='0', "
-            "window_end=0, tokens_used='0', result_root=NULL, result_uri=NULL, "
+            "window_end=0, tokens_used='0', result_root=NULL, result_uri=NULL, precision=0, "
             "reclaims=reclaims+1, penalty=? WHERE task_id=? AND shard=?",
             (OPEN if a["reopened"] else REFUNDED, penalty, *key))
 
@@ -483,19 +485,22 @@ class ChainIndex(BoardBase):
         rep = int(self._meta(conn, "initial_reputation_bps") or 0)
         miner = _addr(a["miner"])
         conn.execute(
-            "INSERT OR REPLACE INTO miners (address, models, gpu, endpoint, price, stake, "
-            "locked, slashed, reputation_bps, exit_requested, withdrawable_at, active, "
-            "on_probation, registered_block) VALUES (?, ?, ?, ?, ?, ?, '0', '0', ?, 0, 0, 1, "
-            "?, ?)",
+            "INSERT OR REPLACE INTO miners (address, models, precisions, gpu, endpoint, price, "
+            "stake, locked, slashed, reputation_bps, exit_requested, withdrawable_at, active, "
+            "on_probation, registered_block) VALUES (?, ?, ?, ?, ?, ?, ?, '0', '0', ?, 0, 0, "
+            "1, ?, ?)",
             (miner, json.dumps([_hex(m) for m in a["modelIds"]]),
+             json.dumps([int(p) for p in a["precisions"]]),
              json.dumps(_gpu(a["gpu"])), a["endpoint"], str(a["pricePerToken"]),
              str(a["stake"]), rep, int(extra["probation"][miner]), e["block"]))
 
     def _on_MinerUpdated(self, conn: sqlite3.Connection, e: dict[str, Any],
                          extra: dict[str, Any]) -> None:
         a = e["args"]
-        conn.execute("UPDATE miners SET models=?, gpu=?, endpoint=?, price=? WHERE address=?",
-                     (json.dumps([_hex(m) for m in a["modelIds"]]), json.dumps(_gpu(a["gpu"])),
+        conn.execute("UPDATE miners SET models=?, precisions=?, gpu=?, endpoint=?, price=? "
+                     "WHERE address=?",
+                     (json.dumps([_hex(m) for m in a["modelIds"]]),
+                      json.dumps([int(p) for p in a["precisions"]]), json.dumps(_gpu(a["gpu"])),
                       a["endpoint"], str(a["pricePerToken"]), _addr(a["miner"])))
 
     def _on_StakeAdded(self, conn: sqlite3.Connection, e: dict[str, Any],
@@ -512,8 +517,8 @@ class ChainIndex(BoardBase):
 
     def _on_StakeWithdrawn(self, conn: sqlite3.Connection, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
-        conn.execute("UPDATE miners SET active=0, stake='0', locked='0', models='[]' "
-                     "WHERE address=?", (_addr(e["args"]["miner"]),))
+        conn.execute("UPDATE miners SET active=0, stake='0', locked='0', models='[]', "
+                     "precisions='[]' WHERE address=?", (_addr(e["args"]["miner"]),))
 
     def _on_CollateralLocked(self, conn: sqlite3.Connection, e: dict[str, Any],
                              extra: dict[str, Any]) -> None:

@@ -2,8 +2,10 @@
 
 A recommendation only saves the miner a search; the contract's `claimShard` decides (it
 checks `isEligible` again). The ranking mirrors the contract's eligibility (the model is
-served, the task pays at least the miner's price, the reputation floor is met, and a miner on
-probation gets only tasks that allow probation), leaves out a
+served in a precision the task accepts, the task pays at least the miner's price, the
+reputation floor is met, and a miner on probation gets only tasks that allow probation), leaves
+out a task that requires activation commitments from a miner whose heartbeat says its engine
+makes none, leaves out a
 task its client offered to another miner (`offeredTo`, see `POST /tasks/{id}/offer`), and then
 prefers the best paid work, sooner deadlines first. Shards that tie (typically the shards of
 one task) are ordered by rendezvous hashing on (miner, taskId, shard): every miner gets its
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
+
+from market.protocol.precision import accepts, parse_precision
 
 
 def rendezvous_score(miner: str, task_id: int, shard: int) -> int:
@@ -37,7 +41,10 @@ def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
     """Whether `miner` (a `Board.miners()` row) may claim `shard` (a `Board.open_shards()`
     row) at chain time `now`, as far as the board knows, and is the one it is offered to when
     its client offered it to one. A miner on probation may claim only a task that allows
-    probation (`isEligible(..., task.allowProbation)`)."""
+    probation (`isEligible(..., task.allowProbation)`). The miner's declared precision for
+    the model must be in the task's accepted mask (TaskRegistry's `PrecisionNotAccepted`),
+    and a task requiring commitments is not shown to a miner whose last heartbeat says its
+    engine makes none (`status.commitments`; unknown counts as able: the miner checks)."""
     if miner.get("exiting", False):
         return False
     if miner.get("onProbation", False):
@@ -49,8 +56,16 @@ def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
     offered_to = shard.get("offeredTo")
     if offered_to is not None and str(offered_to).lower() != str(miner["address"]).lower():
         return False
+    model = str(shard["modelId"]).lower()
     served = {str(m).lower() for m in miner.get("models", ())}
-    return (str(shard["modelId"]).lower() in served
+    declared = {str(m).lower(): p for m, p in (miner.get("precisions") or {}).items()}
+    if model in declared and not accepts(int(shard.get("precisions", 0)),
+                                         parse_precision(declared[model])):
+        return False
+    status = miner.get("status") or {}
+    if shard.get("requireCommitments", False) and status.get("commitments") is False:
+        return False
+    return (model in served
             and int(miner["pricePerToken"]) <= int(shard["pricePerToken"])
             and int(miner["reputationBps"]) >= int(shard.get("minReputationBps", 0))
             and int(shard["deadline"]) > now)

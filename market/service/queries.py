@@ -10,6 +10,7 @@ import sqlite3
 import time
 from typing import Any
 
+from market.protocol.precision import Precision, mask_labels
 from market.service.boarddb import (
     C_OPEN,
     CHALLENGE_STATUS,
@@ -102,6 +103,8 @@ class BoardQueries(BoardBase):
                 "end": end, "maxTokensPerRequest": r["max_tokens"],
                 "minReputationBps": r["min_rep"],
                 "allowProbation": bool(r["allow_probation"]),
+                "precisions": r["precisions"],
+                "requireCommitments": bool(r["require_commitments"]),
                 "budget": (end - start) * r["max_tokens"] * int(r["price"]),
                 "offeredTo": r["offered_to"],
             })
@@ -187,9 +190,13 @@ class BoardQueries(BoardBase):
         for r in rows:
             stake, rep = int(r["stake"]), r["reputation_bps"]
             base = bool(not r["exit_requested"] and stake >= min_stake and rep >= floor)
+            models = json.loads(r["models"])
             out.append({
                 "address": r["address"], "endpoint": r["endpoint"],
-                "models": json.loads(r["models"]), "gpu": json.loads(r["gpu"]),
+                "models": models,
+                "precisions": {m: Precision(p).label for m, p in
+                               zip(models, json.loads(r["precisions"]), strict=True)},
+                "gpu": json.loads(r["gpu"]),
                 "pricePerToken": int(r["price"]), "stake": stake, "locked": int(r["locked"]),
                 "slashed": int(r["slashed"]), "reputationBps": rep,
                 "exiting": bool(r["exit_requested"]), "withdrawableAt": r["withdrawable_at"],
@@ -353,7 +360,9 @@ def _task_json(t: sqlite3.Row, shards: list[sqlite3.Row]) -> dict[str, Any]:
         "numRequests": t["num_requests"], "shardSize": t["shard_size"],
         "numShards": t["num_shards"], "maxTokensPerRequest": t["max_tokens"],
         "pricePerToken": int(t["price"]), "minReputationBps": t["min_rep"],
-        "allowProbation": bool(t["allow_probation"]), "payment": int(t["payment"]),
+        "allowProbation": bool(t["allow_probation"]), "precisions": t["precisions"],
+        "acceptedPrecisions": mask_labels(t["precisions"]),
+        "requireCommitments": bool(t["require_commitments"]), "payment": int(t["payment"]),
         "deadline": t["deadline"], "createdAt": t["created_at"],
         "cancelled": bool(t["cancelled"]), "createdBlock": t["created_block"],
         "shardStates": counts,
@@ -375,6 +384,7 @@ def _shard_json(t: sqlite3.Row, s: sqlite3.Row) -> dict[str, Any]:
         "payment": int(s["payment"]), "refund": int(s["refund"]),
         "budget": (end - start) * t["max_tokens"] * int(t["price"]),
         "reclaims": s["reclaims"], "penalty": int(s["penalty"]),
+        "precision": Precision(s["precision"]).label if s["precision"] else None,
     }
 
 

@@ -97,6 +97,9 @@ class ShardOut(Out):
     budget: int
     reclaims: int
     penalty: int
+    precision: str | None = Field(description="the claimant's declared precision at the "
+                                  "claim (fp32, fp16, bf16, fp8, int8), what the shard is "
+                                  "judged at; null while open")
 
 
 class DisputeOut(Out):
@@ -156,6 +159,10 @@ class JobSummaryOut(Out):
     pricePerToken: int
     minReputationBps: int
     allowProbation: bool
+    precisions: int = Field(description="accepted-precision mask: bit p accepts precision p "
+                            "(1 fp32, 2 fp16, 3 bf16, 4 fp8, 5 int8); 0 accepts any")
+    acceptedPrecisions: list[str]
+    requireCommitments: bool
     payment: int
     deadline: int
     createdAt: int
@@ -188,6 +195,8 @@ class OpenShardOut(Out):
     maxTokensPerRequest: int
     minReputationBps: int
     allowProbation: bool
+    precisions: int = Field(description="accepted-precision mask (0: any)")
+    requireCommitments: bool
     budget: int
     offeredTo: str | None
 
@@ -235,6 +244,8 @@ class MinerOut(Out):
     address: str
     endpoint: str
     models: list[str]
+    precisions: dict[str, str] = Field(description="each served model's declared precision "
+                                       "(fp32, fp16, bf16, fp8, int8)")
     gpu: GpuOut
     pricePerToken: int
     stake: int

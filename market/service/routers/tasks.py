@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Path
 
 from market.chain.errors import revert_class
 from market.protocol.messages import MalformedMessage, recover_offer
+from market.protocol.precision import accepts, mask_labels
 from market.service.board import I64_MAX, checksum, deployment_identity
 from market.service.deps import MarketDep
 from market.service.http import check_skew, errors
@@ -25,8 +26,8 @@ def offer(body: OfferIn, market: MarketDep,
     eligible miner claim). 401 when not signed by the task's client (TaskRegistry), 404
     for an unknown task or miner, 400 when the timestamp is over 120 s off or the miner
     could not claim the task (`isEligible` with the task's model, reputation floor and
-    allowProbation: an offer to it would hide the task from every miner that could). A
-    newer offer replaces an older one."""
+    allowProbation, and its declared precision in the task's accepted mask: an offer to it
+    would hide the task from every miner that could). A newer offer replaces an older one."""
     raw = body.model_dump()
     try:
         signer = recover_offer(task_id, raw)
@@ -46,12 +47,17 @@ def offer(body: OfferIn, market: MarketDep,
     if not q.gpu.is_registered(miner):
         raise HTTPException(404, f"miner {miner} is not registered in GPURegistry "
                             f"{q.gpu.address}")
-    if not q.gpu.is_eligible(miner, task.model_id, task.min_reputation_bps,
-                             task.allow_probation):
+    precision = q.gpu.eligible_precision(miner, task.model_id, task.min_reputation_bps,
+                                         task.allow_probation)
+    if precision is None:
         why = ("it is on probation and the task does not allow probation"
                if not task.allow_probation and q.gpu.on_probation(miner) else
                "GPURegistry.isEligible says no (model, reputation floor, stake or exit)")
         raise HTTPException(400, f"miner {miner} could not claim task {task_id}: {why}")
+    if not accepts(task.precisions, precision):
+        raise HTTPException(400, f"miner {miner} could not claim task {task_id}: it serves "
+                            f"the model in {precision.label}, the task accepts "
+                            f"{', '.join(mask_labels(task.precisions))}")
     identity = deployment_identity(q)
     board.put_offer(identity, task_id, task.client, miner, task.deadline, body.timestamp,
                     body.signature)
