@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -83,9 +82,9 @@ class RequestMetrics:
 
 
 class BoardCollector(Collector):
-    """Gauges read at scrape time from the board, Redis, the chain and the store directory.
-    A part that cannot be read (chain or Redis down) is left out of that scrape and logged,
-    so `/metrics` still answers with the rest."""
+    """Gauges read at scrape time from the board, Redis, the chain and the store (its size
+    counted once, then kept by each upload). A part that cannot be read (chain or Redis
+    down) is left out of that scrape and logged, so `/metrics` still answers with the rest."""
 
     def __init__(self, market: Market) -> None:
         self.market = market
@@ -124,7 +123,7 @@ class BoardCollector(Collector):
             yield family
         yield GaugeMetricFamily("quarry_market_store_bytes",
                                 "Bytes in the content store (requests, results, evidence)",
-                                value=_tree_bytes(market.settings.store_dir))
+                                value=market.store.bytes_stored())
         miners = board.miners()
         wall, ttl = time.time(), market.settings.heartbeat_ttl_s
         family = GaugeMetricFamily("quarry_market_miners", "Registered miners by liveness",
@@ -159,14 +158,3 @@ def _snake(name: str) -> str:
     """`MinerAtFault` -> `miner_at_fault`: Prometheus label values in one style."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
-
-def _tree_bytes(root: os.PathLike[str] | str) -> int:
-    """The size of every file under `root` (0 when it does not exist yet)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue  # removed while walking
-    return total
