@@ -92,7 +92,10 @@ def _reload_manifests(market: Market) -> None:
 
 def create_app(settings: MarketSettings) -> FastAPI:
     """The market's FastAPI app over `settings` (store directory, board file, deployment)."""
-    app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1")
+    # No redirects to the path without its trailing slash: `GET /store/` answered 307 to
+    # the POST-only `/store`; an unknown path is a 404 like any other.
+    app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1",
+                  redirect_slashes=False)
     app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
     market = Market(settings=settings, board=Board(settings.db_path),
                     store=LocalStore(settings.store_dir, settings.max_file_bytes),

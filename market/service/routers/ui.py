@@ -24,7 +24,7 @@ from market.service.deps import MarketDep
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent.parent / "templates")
 REFRESH_S = 3
-_TX = re.compile(r"^0x[0-9a-fA-F]{64}$")
+_TX = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
 def eth(wei: Any) -> str:
@@ -66,7 +66,7 @@ def ui(request: Request, market: MarketDep,
 @router.get("/ui/tx/{tx}", response_class=HTMLResponse)
 def ui_transaction(request: Request, market: MarketDep, tx: str) -> HTMLResponse:
     """One transaction: the chain's receipt and the Quarry events it emitted."""
-    if not _TX.match(tx):
+    if not _TX.fullmatch(tx):
         raise HTTPException(404, f"{tx!r} is not a transaction hash (0x + 64 hex digits)")
     return templates.TemplateResponse(request, "transaction.html",
                                       {"t": transaction(market, tx)})
