@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from market.chain.deploy import WatchedDeployment
 from market.errors import QuarryError
 from market.service.board import Board, BoardError
+from market.service.dashboard import Pages
 from market.service.deps import Market
 from market.service.guards import JsonBodyGuard
 from market.service.http import ERROR_STATUS
@@ -102,6 +103,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market
     app.state.metrics = MarketMetrics(market)
+    app.state.pages = Pages(market)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: times all
     app.state.settings, app.state.board, app.state.store = settings, market.board, market.store
     _reload_manifests(market)

@@ -6,13 +6,19 @@ changed it) so the page can link to `/ui/tx/{hash}`. The committee's epoch, lead
 seated weights are read from VerifierCommittee as the page is drawn; reported epochs and the
 reputation each report gave each miner come from the indexed events (GPURegistry's
 ReputationSet in the same transaction as VerifierCommittee's ReputationSubmitted).
+
+The page is open to anyone, so what it costs must not be theirs to choose (`Pages`): a draw
+is kept until the board's cursor moves (`HOLD_S` at most), and redrawn at most once per
+`REDRAW_S` whatever the number of readers; `/ui/tx/{hash}` asks the node only for a
+transaction the board indexed, and keeps the answers.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import TYPE_CHECKING, Any
 
 from eth_typing import HexStr
@@ -27,6 +33,12 @@ log = logging.getLogger("quarry.dashboard")
 JOBS_SHOWN = 25
 ROWS_SHOWN = 50
 PLOT_W, PLOT_H = 160, 36
+REDRAW_S = 1.0
+"""The most often the dashboard is drawn anew (the board's cursor moving or not)."""
+HOLD_S = 10.0
+"""The longest a draw is kept while the cursor stands (heartbeats do not move it)."""
+RECEIPTS_KEPT = 256
+"""Transactions whose receipts `/ui/tx` keeps (mined receipts do not change)."""
 
 SHARD_EVENTS = ("ShardClaimed", "ResultSubmitted", "ClaimReclaimed", "ShardFinalized",
                 "ShardRefunded", "ShardDisputed", "ShardDisputeResolved")
@@ -36,6 +48,53 @@ LINKED_EVENTS = (
     "AvailabilityAnswered", "AvailabilityUnanswered", "VerifierRegistered",
     "VerifierExitRequested", "ChallengeSetCommitted", "ReputationSubmitted",
 )
+
+
+class Pages:
+    """What `/ui` and `/ui/tx` answer, at a cost readers cannot raise (see the module doc).
+    One per app; safe from the threads that answer requests."""
+
+    def __init__(self, market: Market) -> None:
+        self.market = market
+        self._lock = threading.Lock()
+        self._drawn: tuple[int, float, dict[str, Any]] | None = None  # cursor, when, values
+        self._receipts: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.draws = 0  # how many times the dashboard was drawn anew
+
+    def dashboard(self) -> dict[str, Any]:
+        """The latest draw for `REDRAW_S`, and while the cursor stands for `HOLD_S`;
+        concurrent readers wait for one draw instead of each making their own."""
+        with self._lock:
+            cursor = self.market.board.cursor()
+            now = time.monotonic()
+            if self._drawn is not None:
+                drawn_at, age = self._drawn[0], now - self._drawn[1]
+                if age < REDRAW_S or (drawn_at == cursor and age < HOLD_S):
+                    return self._drawn[2]
+            values = dashboard(self.market)
+            self._drawn = (values["cursor"], now, values)
+            self.draws += 1
+            return values
+
+    def transaction(self, tx: str) -> dict[str, Any] | None:
+        """`transaction(market, tx)` for a transaction the board indexed an event of, None
+        for any other (the node is not asked); receipts are kept for `RECEIPTS_KEPT`."""
+        events = self.market.board.events((), tx=tx)
+        if not events:
+            return None
+        key = tx.lower()
+        with self._lock:
+            kept = self._receipts.get(key)
+            if kept is not None:
+                self._receipts.move_to_end(key)
+        if kept is None:
+            kept = receipt(self.market, tx)
+            if kept["receipt"] is not None:
+                with self._lock:
+                    self._receipts[key] = kept
+                    while len(self._receipts) > RECEIPTS_KEPT:
+                        self._receipts.popitem(last=False)
+        return {"hash": key, "events": events, **kept}
 
 
 def dashboard(market: Market) -> dict[str, Any]:
@@ -82,11 +141,10 @@ def _dashboard(market: Market) -> dict[str, Any]:
     }
 
 
-def transaction(market: Market, tx: str) -> dict[str, Any]:
-    """One transaction as the chain reports it (when it can be reached) and the events the
-    board decoded from it."""
-    out: dict[str, Any] = {"hash": tx.lower(), "events": market.board.events((), tx=tx),
-                           "receipt": None, "error": None, "contract": None}
+def receipt(market: Market, tx: str) -> dict[str, Any]:
+    """One transaction as the chain reports it: {receipt, contract, error}, the error
+    saying why the receipt is None when the chain cannot give it."""
+    out: dict[str, Any] = {"receipt": None, "error": None, "contract": None}
     try:
         q = market.deployment.quarry()
         chain = q.chain
