@@ -6,9 +6,9 @@ silent past `swarm_member_ttl_s` has left. The market plans the layers over the 
 (`market.scheduler.live`: Parallax by default, `swarm_algorithm`), lazily: a join that
 finds the live members changed stores the next version, re-placed under the churn rules
 (planned outside the board's write transaction, for at most `MAX_LAYERS` layers); reading
-the plan never writes. The latest `PLAN_VERSIONS_KEPT` versions are kept. Each version carries the SwarmConsent terms the members sign
-(EIP-712, each with its own GPURegistry nonce); the market checks and relays the
-signatures, and once the head reports the swarm registered on-chain, checks swarmInfo
+the plan never writes. The latest `PLAN_VERSIONS_KEPT` versions are kept. Each version
+carries the SwarmConsent terms the members sign (EIP-712, each with its own GPURegistry
+nonce); the market checks and relays the signatures, and once the head reports the swarm registered on-chain, checks swarmInfo
 against the terms before serving its id.
 """
 
