@@ -8,8 +8,8 @@ finds the live members changed stores the next version, re-placed under the chur
 (planned outside the board's write transaction, for at most `MAX_LAYERS` layers); reading
 the plan never writes. The latest `PLAN_VERSIONS_KEPT` versions are kept. Each version
 carries the SwarmConsent terms the members sign (EIP-712, each with its own GPURegistry
-nonce); the market checks and relays the signatures, and once the head reports the swarm registered on-chain, checks swarmInfo
-against the terms before serving its id.
+nonce); the market checks and relays the signatures, and once the head reports the swarm
+registered on-chain, checks swarmInfo against the terms before serving its id.
 """
 
 from __future__ import annotations
