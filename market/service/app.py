@@ -25,10 +25,10 @@ from fastapi.responses import JSONResponse
 
 from market.chain.deploy import WatchedDeployment
 from market.errors import QuarryError
+from market.guards import JsonBodyGuard
 from market.service.board import Board, BoardError
 from market.service.dashboard import Pages
 from market.service.deps import Market
-from market.service.guards import JsonBodyGuard
 from market.service.http import ERROR_STATUS
 from market.service.metrics import MarketMetrics, RequestMetrics
 from market.service.routers import (
