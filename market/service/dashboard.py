@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from eth_typing import HexStr
@@ -37,6 +38,8 @@ REDRAW_S = 1.0
 """The most often the dashboard is drawn anew (the board's cursor moving or not)."""
 HOLD_S = 10.0
 """The longest a draw is kept while the cursor stands (heartbeats do not move it)."""
+PAGES_KEPT = 8
+"""Renderings of one draw kept (one per `refresh` value asked for)."""
 RECEIPTS_KEPT = 256
 """Transactions whose receipts `/ui/tx` keeps (mined receipts do not change)."""
 
@@ -58,23 +61,33 @@ class Pages:
         self.market = market
         self._lock = threading.Lock()
         self._drawn: tuple[int, float, dict[str, Any]] | None = None  # cursor, when, values
+        self._pages: dict[float, bytes] = {}  # the latest draw rendered, by refresh_s
         self._receipts: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.draws = 0  # how many times the dashboard was drawn anew
 
-    def dashboard(self) -> dict[str, Any]:
-        """The latest draw for `REDRAW_S`, and while the cursor stands for `HOLD_S`;
-        concurrent readers wait for one draw instead of each making their own."""
+    def dashboard(self, render: Callable[[dict[str, Any], float], bytes],
+                  refresh_s: float) -> bytes:
+        """The page as `render(values, refresh_s)` made it from the latest draw: drawn anew
+        after `REDRAW_S` once the cursor moved, or after `HOLD_S`; each page is rendered
+        once per draw (per `refresh_s`, a few kept). Concurrent readers wait for one draw
+        instead of each making their own."""
         with self._lock:
-            cursor = self.market.board.cursor()
             now = time.monotonic()
-            if self._drawn is not None:
-                drawn_at, age = self._drawn[0], now - self._drawn[1]
-                if age < REDRAW_S or (drawn_at == cursor and age < HOLD_S):
-                    return self._drawn[2]
-            values = dashboard(self.market)
-            self._drawn = (values["cursor"], now, values)
-            self.draws += 1
-            return values
+            drawn = self._drawn
+            if drawn is not None and now - drawn[1] >= REDRAW_S and (
+                    now - drawn[1] >= HOLD_S or self.market.board.cursor() != drawn[0]):
+                drawn = None
+            if drawn is None:
+                values = dashboard(self.market)
+                drawn = self._drawn = (values["cursor"], now, values)
+                self._pages.clear()
+                self.draws += 1
+            page = self._pages.get(refresh_s)
+            if page is None:
+                if len(self._pages) >= PAGES_KEPT:
+                    self._pages.clear()
+                page = self._pages[refresh_s] = render(drawn[2], refresh_s)
+            return page
 
     def transaction(self, tx: str) -> dict[str, Any] | None:
         """`transaction(market, tx)` for a transaction the board indexed an event of, None

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from market.service.dashboard import Pages
 
@@ -63,8 +63,10 @@ def ui(request: Request, refresh: float = Query(REFRESH_S, ge=0, le=3600)) -> HT
     if 0 < refresh < MIN_REFRESH_S:
         raise HTTPException(422, f"refresh: {refresh:g} s is below the floor of "
                             f"{MIN_REFRESH_S:g} s (0 holds the page still)")
-    return templates.TemplateResponse(request, "dashboard.html",
-                                      {"v": pages(request).dashboard(), "refresh_s": refresh})
+    page = pages(request).dashboard(
+        lambda v, refresh_s: templates.get_template("dashboard.html").render(
+            v=v, refresh_s=refresh_s).encode(), refresh)
+    return HTMLResponse(page)
 
 
 @router.get("/ui/tx/{tx}", response_class=HTMLResponse)
@@ -88,6 +90,5 @@ def pages(request: Request) -> Pages:
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
     """Prometheus text format: request counts and latencies, board gauges (see
-    `market.service.metrics`)."""
-    return Response(generate_latest(request.app.state.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    `market.service.metrics`; a scrape within `SCRAPE_KEPT_S` of the last gets its text)."""
+    return Response(request.app.state.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
