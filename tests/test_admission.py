@@ -1,0 +1,136 @@
+"""Admission control (`market.admission`, `market.service.kept`): what strangers cost the
+market is bounded by limits in its settings, not by how hard they ask.
+
+Eight connections asking for `/ui`, `/ui/tx`, `/metrics` or swarm joins as fast as they
+were answered raised an unrelated client's `GET /jobs` median 2 to 8 times, however cheap
+each answer had become. Now each of those surfaces has a rate (with a burst) and a number
+at once, read from the market's settings, past which a 429 with Retry-After answers before
+any work, held for the wait it names; a swarm join is limited per signing miner as well.
+
+The unit tests drive the middleware and the buckets directly (a fake clock, no sleeping);
+the live ones run a real `market serve` (LocalStack: Redis, Anvil, the market) with very
+low limits, so that no assertion depends on how long anything takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from market.admission import Admission, Limit, Limiter, Rule, SignedLimiter, retry_after
+from market.guards import Message, Receive, Scope, Send
+
+# ---------------------------------------------------------------- buckets
+
+
+def test_a_bucket_lets_its_burst_through_then_one_per_interval() -> None:
+    now = [100.0]
+    bucket = Limiter(Limit(2.0, 4), clock=lambda: now[0])
+    assert [bucket.wait() for _ in range(4)] == [0.0] * 4
+    assert bucket.wait() == pytest.approx(0.5)  # nothing taken by a refusal
+    assert bucket.wait() == pytest.approx(0.5)
+    now[0] += 0.5
+    assert bucket.wait() == 0.0 and bucket.wait() == pytest.approx(0.5)
+    now[0] += 60  # idle: full again, no more than the burst
+    assert [bucket.wait() for _ in range(5)].count(0.0) == 4
+    assert bucket.wait("another key") == 0.0  # each key its own bucket
+
+
+def test_a_bucket_forgets_its_longest_idle_keys_past_its_bound() -> None:
+    bucket = Limiter(Limit(1.0, 1), clock=lambda: 0.0, max_keys=3)
+    for key in "abcd":
+        assert bucket.wait(key) == 0.0
+    assert bucket.wait("b") > 0 and bucket.wait("d") > 0
+    assert bucket.wait("a") == 0.0  # dropped, so full again
+
+
+def test_replayed_signed_messages_take_no_token_of_their_signer() -> None:
+    bucket = SignedLimiter(Limit(1.0, 2), clock=lambda: 0.0)
+    assert bucket.wait_signed("m", 10) == 0.0 and bucket.wait_signed("m", 11) == 0.0
+    assert bucket.wait_signed("m", 12) == pytest.approx(1.0)  # newer: over the limit
+    assert bucket.wait_signed("m", 11) == 0.0  # a replay passes, taking nothing
+    assert bucket.wait_signed("m", 12) == pytest.approx(1.0)  # so the signer's bucket stays
+
+
+def test_limits_from_rates_and_retry_after_in_whole_seconds() -> None:
+    assert Limit.over(10.0, 2.0, 4) == Limit(10.0, 20, 4)
+    assert Limit.over(0.01, 2.0).burst == 1
+    assert [retry_after(w) for w in (0.01, 1.0, 1.2, 99.5)] == ["1", "1", "2", "100"]
+    with pytest.raises(ValueError):
+        Limit(0.0)
+
+
+# ---------------------------------------------------------------- the middlewares
+
+
+async def call(app: Any, path: str, query: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+    """One GET through an ASGI app: status, headers, body."""
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query,
+             "headers": []}
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return (sent[0]["status"], dict(sent[0].get("headers", [])),
+            b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def test_past_its_number_at_once_a_kind_is_refused_before_the_app() -> None:
+    async def scenario() -> None:
+        gate, entered = asyncio.Event(), []
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            entered.append(scope["path"])
+            if scope["path"] == "/slow":
+                await gate.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        refused: list[str] = []
+        door = Admission(app, [Rule("slow things", "/slow", Limit(1000.0, 1000, 1))],
+                         on_refused=refused.append, hold_s=0.0)
+        first = asyncio.create_task(call(door, "/slow"))
+        while not entered:
+            await asyncio.sleep(0)
+        status, headers, body = await call(door, "/slow")
+        assert status == 429 and headers[b"retry-after"] == b"1"
+        assert b"too many requests for slow things (1 are being answered" in body
+        assert (await call(door, "/other"))[0] == 200  # other paths pass
+        gate.set()
+        assert (await first)[0] == 200
+        assert (await call(door, "/slow"))[0] == 200  # once the first is out
+        assert entered == ["/slow", "/other", "/slow"] and refused == ["slow things"]
+
+    asyncio.run(scenario())
+
+
+def test_every_429_is_held_for_its_retry_after_before_it_is_sent() -> None:
+    """A caller that ignores Retry-After gets its answer no sooner than it names (up to
+    `hold_s`): the refusal it would repeat at once costs the server a sleeping coroutine."""
+    async def scenario() -> None:
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"retry-after", b"7")]})
+            await send({"type": "http.response.body", "body": b"later"})
+
+        door = Admission(app, [Rule("tiny", "/tiny", Limit(0.001, 1))], hold_s=3600.0,
+                         max_held=2)
+        mine = asyncio.create_task(call(door, "/tiny"))  # takes the one token: the app's 429
+        theirs = asyncio.create_task(call(door, "/tiny"))  # refused by the door
+        while door.held < 2:
+            await asyncio.sleep(0)
+        assert not mine.done() and not theirs.done()
+        # past `max_held`, answers go at once
+        status, headers, _ = await call(door, "/tiny")
+        assert status == 429 and int(headers[b"retry-after"]) > 900
+        mine.cancel()
+        theirs.cancel()
+
+    asyncio.run(scenario())
