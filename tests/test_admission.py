@@ -21,6 +21,7 @@ import pytest
 
 from market.admission import Admission, Limit, Limiter, Rule, SignedLimiter, retry_after
 from market.guards import Message, Receive, Scope, Send
+from market.service.kept import KeptResponses
 
 # ---------------------------------------------------------------- buckets
 
@@ -132,5 +133,30 @@ def test_every_429_is_held_for_its_retry_after_before_it_is_sent() -> None:
         assert status == 429 and int(headers[b"retry-after"]) > 900
         mine.cancel()
         theirs.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_kept_pages_are_served_without_the_route() -> None:
+    async def scenario() -> None:
+        calls: list[bytes] = []
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            calls.append(scope["query_string"])
+            status = 500 if scope["query_string"] == b"broken" else 200
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b"page %d" % len(calls)})
+
+        kept = KeptResponses(app, ["/ui"], kept_s=3600.0)
+        assert await call(kept, "/ui") == (200, {}, b"page 1")
+        assert await call(kept, "/ui") == (200, {}, b"page 1")
+        assert (await call(kept, "/ui", b"refresh=0"))[2] == b"page 2"
+        assert (await call(kept, "/ui", b"broken"))[0] == 500  # errors are not kept
+        assert (await call(kept, "/ui", b"broken"))[2] == b"page 4"
+        assert (await call(kept, "/jobs"))[2] == b"page 5"  # not a kept path
+        assert (await call(kept, "/jobs"))[2] == b"page 6"
+        assert kept.served == 1
+        stale = KeptResponses(app, ["/ui"], kept_s=0.0)
+        assert (await call(stale, "/ui"))[2] != (await call(stale, "/ui"))[2]
 
     asyncio.run(scenario())

@@ -30,6 +30,7 @@ from market.service.board import Board, BoardError
 from market.service.dashboard import Pages
 from market.service.deps import Market
 from market.service.http import ERROR_STATUS
+from market.service.kept import KeptResponses
 from market.service.metrics import MarketMetrics, RequestMetrics
 from market.service.routers import (
     committee,
@@ -44,6 +45,9 @@ from market.service.routers import (
 )
 from market.service.settings import MarketSettings
 from market.store import LocalStore
+
+KEPT_PATHS = ("/ui", "/metrics")
+"""Pages whose answers are kept a moment and served again without the route (`kept`)."""
 
 DESCRIPTION = """
 The Quarry market service: a content-addressed store for request and result files, a job
@@ -97,14 +101,17 @@ def create_app(settings: MarketSettings) -> FastAPI:
     # the POST-only `/store`; an unknown path is a 404 like any other.
     app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1",
                   redirect_slashes=False)
-    app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
     market = Market(settings=settings, board=Board(settings.db_path),
                     store=LocalStore(settings.store_dir, settings.max_file_bytes),
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market
     app.state.metrics = MarketMetrics(market)
     app.state.pages = Pages(market)
-    app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: times all
+    # The last added runs first: the request metrics (they time all the rest), the kept
+    # pages, the JSON limits, then FastAPI.
+    app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
+    app.add_middleware(KeptResponses, paths=KEPT_PATHS)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     app.state.settings, app.state.board, app.state.store = settings, market.board, market.store
     _reload_manifests(market)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -37,17 +36,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-SCRAPE_KEPT_S = 1.0
-"""A scrape's text is served again for this long: a scrape reads the board, Redis and the
-chain, and anyone may ask (Prometheus asks every 15 s or so)."""
-
-
 class MarketMetrics:
     """The registry behind one app's `/metrics` and the request series in it."""
 
     def __init__(self, market: Market) -> None:
-        self._lock = threading.Lock()
-        self._scraped: tuple[float, bytes] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("quarry_market_requests", "HTTP requests answered",
                                 ("method", "route", "status"), registry=self.registry)
@@ -57,12 +49,8 @@ class MarketMetrics:
         self.registry.register(BoardCollector(market))
 
     def scrape(self) -> bytes:
-        """The text format of every series, read at most once per `SCRAPE_KEPT_S`."""
-        with self._lock:
-            now = time.monotonic()
-            if self._scraped is None or now - self._scraped[0] >= SCRAPE_KEPT_S:
-                self._scraped = (now, generate_latest(self.registry))
-            return self._scraped[1]
+        """The text format of every series (`/metrics` keeps it `kept.KEPT_S`)."""
+        return generate_latest(self.registry)
 
 
 class RequestMetrics:

@@ -90,5 +90,5 @@ def pages(request: Request) -> Pages:
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
     """Prometheus text format: request counts and latencies, board gauges (see
-    `market.service.metrics`; a scrape within `SCRAPE_KEPT_S` of the last gets its text)."""
+    `market.service.metrics`; a scrape within `kept.KEPT_S` of the last gets its text)."""
     return Response(request.app.state.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
