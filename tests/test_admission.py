@@ -15,8 +15,13 @@ low limits, so that no assertion depends on how long anything takes.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from market.admission import Admission, Limit, Limiter, Rule, SignedLimiter, retry_after
@@ -160,3 +165,94 @@ def test_kept_pages_are_served_without_the_route() -> None:
         assert (await call(stale, "/ui"))[2] != (await call(stale, "/ui"))[2]
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- a real market
+
+LIMITS = {
+    # a token every 100 s with bursts of 3: nothing refills while a test runs
+    "ui_per_s": 0.01, "ui_tx_per_s": 0.01, "metrics_per_s": 0.01,
+    "swarm_joins_per_miner_per_s": 0.01, "limit_burst_s": 300.0,
+    "swarm_joins_per_s": 1.0,  # 300 at once: these tests meet only the per-miner limit
+    "limited_at_once": 16,  # nor the number at once (the unit test above has it)
+}
+BURST = 3
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from market.local.stack import LocalStack
+
+    with LocalStack(home=tmp_path_factory.mktemp("admission"), workers=0,
+                    market_settings=LIMITS) as s:
+        yield s
+
+
+def test_a_burst_past_the_limits_gets_429s_with_retry_after_while_jobs_answers(
+        stack: Any) -> None:
+    url = stack.market_url
+    with ThreadPoolExecutor(24) as pool:
+        ui = [pool.submit(httpx.get, f"{url}/ui?refresh=0", timeout=60) for _ in range(12)]
+        tx = [pool.submit(httpx.get, f"{url}/ui/tx/0x{i:064x}", timeout=60)
+              for i in range(12)]
+        jobs = [httpx.get(f"{url}/jobs", timeout=60) for _ in range(5)]  # meanwhile
+        answers = {"GET /ui": [f.result() for f in ui], "GET /ui/tx/{hash}":
+                   [f.result() for f in tx]}
+    assert [r.status_code for r in jobs] == [200] * 5
+    for name, replies in answers.items():
+        statuses = Counter(r.status_code for r in replies)
+        assert sum(statuses[s] for s in (200, 404)) <= BURST, (name, statuses)
+        assert statuses[429] >= len(replies) - BURST, (name, statuses)
+        for r in replies:
+            if r.status_code == 429:
+                # the setting's rate, not the default's: the next token is ~100 s away
+                assert int(r.headers["retry-after"]) > 50, r.headers
+                assert f"too many requests for {name} (over the rate; at most 0.01 a " \
+                       "second, bursts of 3, 16 at once)" in r.json()["detail"]
+    samples = httpx.get(f"{url}/metrics", timeout=60)
+    assert samples.status_code == 200
+    refused = {line.split('"')[1]: float(line.split()[-1]) for line in samples.text.splitlines()
+               if line.startswith("quarry_market_refused_requests_total{")}
+    assert refused["GET /ui"] >= 12 - BURST and refused["GET /ui/tx/{hash}"] >= 12 - BURST
+    assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+
+
+def test_a_miners_joins_past_its_limit_get_429s_and_replays_take_none_of_them(
+        stack: Any) -> None:
+    from market.chain.client import anvil_account
+    from market.chain.contracts import GpuSpec
+    from market.marketapi import MarketAPI
+    from market.model.create import llama_config
+    from market.protocol.messages import swarm_join
+
+    url = stack.market_url
+    arch = llama_config(layers=8, hidden=64, vocab_size=300, heads=2, kv_heads=1,
+                        intermediate=192, max_positions=256)
+    with MarketAPI(url) as api:
+        model_id = api.register_model({"format": "quarry-manifest/1", "name": "admitted",
+                                       "architecture": arch,
+                                       "files": {"model.safetensors": "ab" * 32}})
+    member, other = anvil_account(12), anvil_account(13)
+    for account in (member, other):
+        stack.quarry.gpu.register(account, [bytes.fromhex(model_id[2:])],
+                                  GpuSpec("RTX 4090", 24576, 1), "http://127.0.0.1:1", 10**9,
+                                  10**18)
+    now = int(time.time())
+
+    def join(account: Any, timestamp: int) -> httpx.Response:
+        body = swarm_join(account, model_id, timestamp=timestamp, memory_mib=8, tflops=1.0,
+                          endpoint="tcp://127.0.0.1:9500", public_key="7" * 40,
+                          price_per_token=10**9)
+        return httpx.post(f"{url}/swarms/{model_id}/members", json=body, timeout=60)
+
+    replies = [join(member, now - 10 + k) for k in range(BURST + 2)]
+    assert [r.status_code for r in replies] == [200] * BURST + [429, 429]
+    for r in replies[BURST:]:
+        assert int(r.headers["retry-after"]) > 50
+        assert f"{member.address} joins more often than 0.01 a second, bursts of 3" in \
+            r.json()["detail"]
+    # a replay of a join let through (anyone may send it again) takes none of the member's
+    # tokens: it is answered as before, and the member's next new join is still refused
+    assert join(member, now - 10).status_code == 200
+    assert join(member, now - 10 + BURST).status_code == 429
+    assert join(other, now).status_code == 200  # each miner its own bucket

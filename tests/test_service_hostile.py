@@ -198,7 +198,9 @@ def test_one_dashboard_draw_serves_every_reader(tmp_path: Path) -> None:
 
     settings = MarketSettings(deployment=tmp_path / "missing.json", store_dir=tmp_path / "s",
                               db_path=tmp_path / "board.sqlite",
-                              redis_url=f"redis://127.0.0.1:{free_port()}/0")
+                              redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                              # every reader let in (`test_admission` has the limits)
+                              ui_per_s=100.0, limited_at_once=8)
     app = create_app(settings)
     with TestClient(app) as client, ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: client.get("/ui?refresh=0").status_code, range(24)))

@@ -116,7 +116,11 @@ def swarm_factory(devnet: Devnet, deployment_file: Path,
     registered: dict[str, list[LocalAccount]] = {}
 
     def make(rpc_url: str | None = None, **settings: Any) -> Swarm:
-        """`rpc_url`: the market reaches the devnet there (a counting front, say)."""
+        """`rpc_url`: the market reaches the devnet there (a counting front, say). These
+        tests join many times a second, far more often than members do (once per
+        `heartbeat_interval_s`): the per-miner limit is lifted unless given
+        (`test_admission` has it)."""
+        settings.setdefault("swarm_joins_per_miner_per_s", 1000.0)
         deployment = deployment_file
         if rpc_url is not None:
             d = Deployment.load(deployment_file)

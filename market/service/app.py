@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from market.admission import Admission, Limit, Rule
 from market.chain.deploy import WatchedDeployment
 from market.errors import QuarryError
 from market.guards import JsonBodyGuard
@@ -107,11 +108,13 @@ def create_app(settings: MarketSettings) -> FastAPI:
     app.state.market = market
     app.state.metrics = MarketMetrics(market)
     app.state.pages = Pages(market)
-    # The last added runs first: the request metrics (they time all the rest), the kept
-    # pages, the JSON limits, then FastAPI.
+    # The last added runs first: the limits (refusals cost nothing more), the request
+    # metrics (they time all the rest), the kept pages, the JSON limits, then FastAPI.
     app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
     app.add_middleware(KeptResponses, paths=KEPT_PATHS)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    app.add_middleware(Admission, rules=admission_rules(settings),
+                       on_refused=app.state.metrics.count_refused)
     app.state.settings, app.state.board, app.state.store = settings, market.board, market.store
     _reload_manifests(market)
 
@@ -131,6 +134,18 @@ def create_app(settings: MarketSettings) -> FastAPI:
     for module in (service, store, models, jobs, tasks, miners, swarms, committee, ui):
         app.include_router(module.router)
     return app
+
+
+def admission_rules(settings: MarketSettings) -> list[Rule]:
+    """The surfaces whose cost the caller picks, each with its limit from `settings` (see
+    `market.admission`; a swarm join is limited per miner too, by its route)."""
+    def limit(per_s: float) -> Limit:
+        return Limit.over(per_s, settings.limit_burst_s, settings.limited_at_once)
+
+    return [Rule("GET /ui", "/ui", limit(settings.ui_per_s)),
+            Rule("GET /ui/tx/{hash}", "/ui/tx/[^/]*", limit(settings.ui_tx_per_s)),
+            Rule("GET /metrics", "/metrics", limit(settings.metrics_per_s)),
+            Rule("swarm joins", "/swarms/[^/]*/members", limit(settings.swarm_joins_per_s))]
 
 
 @contextmanager

@@ -46,11 +46,18 @@ class MarketMetrics:
         self.latency = Histogram("quarry_market_request_seconds",
                                  "Time to answer an HTTP request", ("method", "route"),
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.refused = Counter("quarry_market_refused_requests",
+                               "Requests answered 429 before the app, by limit",
+                               ("limit",), registry=self.registry)
         self.registry.register(BoardCollector(market))
 
     def scrape(self) -> bytes:
         """The text format of every series (`/metrics` keeps it `kept.KEPT_S`)."""
         return generate_latest(self.registry)
+
+    def count_refused(self, limit: str) -> None:
+        """One more request refused by `limit` (`market.admission.Admission`)."""
+        self.refused.labels(limit).inc()
 
 
 class RequestMetrics:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
+from market.admission import retry_after
 from market.errors import QuarryError
 from market.protocol.errors import SignatureError
 from market.protocol.messages import (
@@ -165,13 +166,15 @@ def stored_plan(market: Market, model_id: str) -> dict[str, Any]:
 
 
 @router.post("/swarms/{model_id}/members", response_model=SwarmJoinOut,
-             responses=errors(400, 401, 403, 404, 503))
+             responses=errors(400, 401, 403, 404, 429, 503))
 def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[str, Any]:
     """A miner joins the model's swarm, or stays in it (send it again well within
     `swarm_member_ttl_s`, 15 s by default). 401 when not signed by `miner`, 400 when the body
     names another model or its timestamp is over 60 s off the market's clock, 403 for a miner
     not registered in GPURegistry or that does not list the model, 404 when the market has
-    no manifest for the model. A join no newer than the stored one is ignored. Answers the
+    no manifest for the model, 429 with Retry-After past `swarm_joins_per_s` (everyone's)
+    or `swarm_joins_per_miner_per_s` (the signer's newer joins). A join no newer than the
+    stored one is ignored. Answers the
     current plan's version and the layers the miner serves in it (null: standby, or no plan
     covers the model yet)."""
     miner = require_signer("swarm join", body.miner,
@@ -180,6 +183,12 @@ def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[st
     if _key(body.model_id) != key:
         raise HTTPException(400, f"the join is for model {body.model_id}, not {model_id}")
     check_skew("swarm join", body.timestamp, 400, HEARTBEAT_SKEW_S)
+    wait = market.joins_by_miner.wait_signed(miner, body.timestamp)
+    if wait > 0:  # before the chain is asked or anything planned
+        after = retry_after(wait)
+        raise HTTPException(429, f"{miner} joins more often than "
+                            f"{market.joins_by_miner.limit.describe()}: retry after {after} s",
+                            headers={"Retry-After": after})
     q = market.deployment.quarry()
     if not q.gpu.is_registered(miner):
         raise HTTPException(403, f"{miner} is not a registered miner: swarm members are "
