@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,11 +50,12 @@ CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 class Gateway:
     """The `client gateway` process (restartable on the same QUARRY_HOME) and its SDK."""
 
-    def __init__(self, stack: LocalStack) -> None:
-        self.stack = stack
+    def __init__(self, stack: LocalStack, name: str = "gateway",
+                 settings: dict[str, str] | None = None) -> None:
+        self.stack, self.name, self.settings = stack, name, settings or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.home = stack.home / "gateway-home"
+        self.home = stack.home / f"{name}-home"
         self.proc: ManagedProcess | None = None
         self.sdk = openai.OpenAI(base_url=self.url, api_key=TOKEN, max_retries=0)
 
@@ -61,10 +63,10 @@ class Gateway:
         env = {**os.environ, "QUARRY_HOME": str(self.home),
                "QUARRY_CLIENT_KEY": "0x" + bytes(CLIENT.key).hex(),
                "QUARRY_CLIENT_MARKET_URL": self.stack.market_url,
-               "QUARRY_CLIENT_GATEWAY_TOKEN": TOKEN}
+               "QUARRY_CLIENT_GATEWAY_TOKEN": TOKEN, **self.settings}
         self.proc = spawn([str(BIN / "client"), "gateway", "--port", str(self.port)],
-                          name="client gateway", env=env,
-                          log_path=self.stack.logs / "gateway.log")
+                          name=f"client {self.name}", env=env,
+                          log_path=self.stack.logs / f"{self.name}.log")
         self.proc.wait_port(self.port, timeout=60)
 
     def stop(self) -> None:
@@ -441,6 +443,41 @@ def test_uploads_stream_to_disk_within_their_limits(gateway: Gateway) -> None:
     assert peak_rss_mib(gateway.proc.pid) - peak_before < 64
     assert not list((gateway.home / "gateway" / "files").glob(".upload-*"))
     assert gateway.sdk.batches.list(limit=1).object == "list"
+
+
+def test_uploads_past_their_limit_get_openais_429_while_batches_answer(
+        stack: LocalStack) -> None:
+    """Each upload costs the gateway a thread and a file: past `gateway_uploads_per_s` (here
+    one per 100 s, so nothing refills meanwhile) the rest of a burst gets OpenAI's 429 with
+    Retry-After before its body is read, while reads are answered."""
+    gw = Gateway(stack, "limited-gateway", {"QUARRY_CLIENT_GATEWAY_UPLOADS_PER_S": "0.01",
+                                            "QUARRY_CLIENT_GATEWAY_UPLOADS_AT_ONCE": "16"})
+    gw.start()
+    auth = {"authorization": f"Bearer {TOKEN}"}
+
+    def upload(i: int) -> httpx.Response:
+        return httpx.post(f"{gw.url}/files", headers=auth, data={"purpose": "batch"},
+                          files={"file": (f"{i}.jsonl", b'{"custom_id": "x"}\n')}, timeout=60)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            uploads = [pool.submit(upload, i) for i in range(6)]
+            reads = [httpx.get(f"{gw.url}/batches", headers=auth, timeout=60)
+                     for _ in range(3)]  # meanwhile
+            replies = [f.result() for f in uploads]
+        assert [r.status_code for r in reads] == [200] * 3
+        statuses = sorted(r.status_code for r in replies)
+        assert statuses == [200] + [429] * 5, statuses  # a burst of one
+        for r in (r for r in replies if r.status_code == 429):
+            assert int(r.headers["retry-after"]) > 50  # the setting's rate: ~100 s
+            error = r.json()["error"]
+            assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+            assert "too many requests for uploads" in error["message"]
+        with pytest.raises(openai.RateLimitError):
+            gw.sdk.files.create(file=("more.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+        assert gw.sdk.batches.list(limit=1).object == "list"
+    finally:
+        gw.stop()
 
 
 def _chunk(data: bytes) -> bytes:

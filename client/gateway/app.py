@@ -6,9 +6,9 @@ SDK keeps (`quarry` on a batch and a model). Every error, including a wrong toke
 FastAPI refuses, is OpenAI's error object `{"error": {"message", "type", "param", "code"}}`.
 
 Hostile callers meet, in order, before any parser: the bearer token (`BearerAuth`, an ASGI
-middleware: no body is read without it), then the market's `JsonBodyGuard` (size and
-nesting of JSON bodies), and uploads stream to disk off the event loop
-(`client.gateway.uploads`).
+middleware: no body is read without it), the limit on uploads (`market.admission`: a 429
+with Retry-After past `UPLOADS`), then the market's `JsonBodyGuard` (size and nesting of
+JSON bodies), and uploads stream to disk off the event loop (`client.gateway.uploads`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from client.gateway.store import GatewayStore
 from client.gateway.translate import ENDPOINTS
 from client.gateway.uploads import UploadError, receive_upload, too_large
 from client.sdk import Client
+from market.admission import Admission, Limit, Rule
 from market.guards import JsonBodyGuard, reply
 
 MAX_UPLOAD_BYTES = 200 * 1024 * 1024
@@ -40,6 +41,10 @@ MAX_UPLOAD_BYTES = 200 * 1024 * 1024
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 MAX_JSON_BYTES = 256 * 1024
 """A batch's JSON body: four fields and at most 16 metadata pairs."""
+UPLOAD_BURST_S = 2.0
+UPLOADS = Limit.over(2.0, UPLOAD_BURST_S, 2)
+"""Uploads a second and at once (`gateway_uploads_per_s`, `gateway_uploads_at_once`): each
+one is parsed in a threadpool thread and written to disk."""
 
 
 class APIError(Exception):
@@ -61,7 +66,9 @@ class APIError(Exception):
 
 
 def guard_error(status: int, message: str) -> dict[str, Any]:
-    """`JsonBodyGuard`'s refusals as OpenAI's error object."""
+    """`JsonBodyGuard`'s and `Admission`'s refusals as OpenAI's error object."""
+    if status == 429:
+        return APIError(429, message, code="rate_limit_exceeded", type="requests").body()
     return APIError(status, message, code="file_too_large" if status == 413 else
                     "invalid_value").body()
 
@@ -165,8 +172,9 @@ class Gateway:
 
 
 def create_app(store: GatewayStore, connect: Callable[[], Client], token: str, *,
-               poll_s: float = 0.5) -> FastAPI:
-    """The gateway app; its lifespan starts and stops the runner. `token` must be set."""
+               poll_s: float = 0.5, uploads: Limit = UPLOADS) -> FastAPI:
+    """The gateway app; its lifespan starts and stops the runner. `token` must be set;
+    `uploads` limits `POST /v1/files`."""
     if not token:
         raise ValueError("the gateway needs a bearer token (gateway_token)")
     gw = Gateway(store, Runner(store, connect, poll_s), connect)
@@ -202,8 +210,10 @@ def create_app(store: GatewayStore, connect: Callable[[], Client], token: str, *
 
     for router in (files, batches, models):
         app.include_router(router)
-    # The last added runs first: the token, then the JSON limits, then FastAPI.
+    # The last added runs first: the token, the upload limit, the JSON limits, FastAPI.
     app.add_middleware(JsonBodyGuard, max_bytes=MAX_JSON_BYTES, exempt=("/v1/files",),
+                       error_body=guard_error)
+    app.add_middleware(Admission, rules=[Rule("uploads", "/v1/files", uploads, "POST")],
                        error_body=guard_error)
     app.add_middleware(BearerAuth, token=token)
     return app
