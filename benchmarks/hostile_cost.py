@@ -3,13 +3,16 @@
 A private stack (redis-server, Anvil with the contracts, `market serve`; no worker, so
 nothing else reads the chain) whose market reaches the chain through a counting JSON-RPC
 front, and a `client gateway` process. For each kind of request anyone can send, 8 client
-threads send it as fast as they are answered for `--seconds`, while another client reads
-`GET /jobs` (for uploads: the gateway's `GET /v1/batches`) in a loop; measured: the server's
-CPU time and the JSON-RPC calls per request, and that other client's median read time
-against the same read on the idle server. The kinds: `/ui`, `/ui/tx/{random hash}`,
-`/metrics` (after `--uploads` small store uploads), swarm joins of a registered miner for a
-manifest declaring 300,000 layers, and gateway uploads of `--upload-mib` MiB.
-Target: every median within 1.5x of idle.
+threads send it as fast as they are answered for `--seconds` (ignoring any Retry-After, as
+a hostile caller would), while another client reads `GET /jobs` (for uploads: the
+gateway's `GET /v1/batches`) in a loop. Measured: the requests answered and refused (429)
+a second, the server's CPU time per request and per second (during the burst, and while
+idle), the JSON-RPC calls per request, and that other client's median read time against
+the same read on the idle server, just before and just after the burst (the machine's load
+drifts). The kinds (`--kinds`): `/ui`, `/ui/tx/{random hash}`, `/metrics` (after
+`--uploads` small store uploads), swarm joins of a registered miner for a manifest
+declaring 300,000 layers, and gateway uploads of `--upload-mib` MiB. Target: every median
+within 1.5x of idle.
 
 Prints one JSON object as the last line of stdout; `--smoke` runs tiny sizes in seconds.
 Any exception ends it with a non-zero status.
@@ -49,15 +52,23 @@ from market.model.create import llama_config  # noqa: E402
 from market.protocol.messages import swarm_join  # noqa: E402
 
 TARGET = 1.5
+KINDS = ("ui", "ui_tx", "metrics", "swarm_join", "gateway_upload")
 CONCURRENCY = 8
 TOKEN = "hostile-cost-token"
 TICK_S = os.sysconf("SC_CLK_TCK")
+SETTLE_S = 1.5
+"""Pause before idle reads: what a burst left (held answers) is done by then."""
 
 
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK_S
+
+
+def load_average() -> list[float]:
+    """The machine's load over 1, 5 and 15 minutes (other processes share it)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def read_times(url: str, stop: threading.Event, headers: dict[str, str]) -> list[float]:
@@ -73,22 +84,29 @@ def read_times(url: str, stop: threading.Event, headers: dict[str, str]) -> list
     return times
 
 
-def idle_p50(url: str, reads: int, headers: dict[str, str]) -> float:
+def idle_reads_of(url: str, reads: int, headers: dict[str, str], pid: int
+                  ) -> tuple[list[float], float, float]:
+    """`reads` timed reads of `url` on the idle server, after `SETTLE_S`; with the server's
+    CPU seconds and the wall seconds they took."""
+    time.sleep(SETTLE_S)  # held 429s of a burst are sent by then
+    cpu0, began = cpu_s(pid), time.monotonic()
     with httpx.Client(timeout=60, headers=headers) as c:
         times = []
         for _ in range(reads):
-            began = time.perf_counter()
+            t = time.perf_counter()
             c.get(url).raise_for_status()
-            times.append(time.perf_counter() - began)
+            times.append(time.perf_counter() - t)
             time.sleep(0.02)
-    return statistics.median(times)
+    return times, cpu_s(pid) - cpu0, time.monotonic() - began
 
 
 def burst(send: Callable[[httpx.Client, int], int], seconds: float, pid: int,
-          front: RpcFront, observed: str, idle: float,
+          front: RpcFront, observed: str, idle_reads: int,
           headers: dict[str, str] | None = None) -> dict[str, Any]:
     """`CONCURRENCY` threads calling `send(client, i)` (which returns the status) for
-    `seconds`, while one client reads `observed`; the server's cost per request."""
+    `seconds`, while one client reads `observed`, against the same read idle just before
+    and just after (the machine's load drifts); the server's cost per request."""
+    idle_before = idle_reads_of(observed, idle_reads, headers or {}, pid)
     stop, lock = threading.Event(), threading.Lock()
     statuses: dict[int, int] = {}
     errors: list[BaseException] = []
@@ -129,10 +147,18 @@ def burst(send: Callable[[httpx.Client, int], int], seconds: float, pid: int,
     if errors:
         raise errors[0]
     wall = time.monotonic() - began
+    cpu = cpu_s(pid) - cpu0
+    idle_after = idle_reads_of(observed, idle_reads, headers or {}, pid)
+    idle = statistics.median(idle_before[0] + idle_after[0])
+    idle_cpu_share = (idle_before[1] + idle_after[1]) / (idle_before[2] + idle_after[2])
     n = sum(statuses.values())
+    refused = statuses.get(429, 0)
     p50 = statistics.median(observer_times)
-    return {"requests": n, "per_s": round(n / wall, 1), "statuses": statuses,
-            "cpu_ms_per_request": round(1000 * (cpu_s(pid) - cpu0) / max(n, 1), 3),
+    return {"requests": n, "per_s": round(n / wall, 1),
+            "answered_per_s": round((n - refused) / wall, 1),
+            "refused_per_s": round(refused / wall, 1), "statuses": statuses,
+            "cpu_ms_per_request": round(1000 * cpu / max(n, 1), 3),
+            "cpu_share": round(cpu / wall, 3), "idle_cpu_share": round(idle_cpu_share, 3),
             "rpc_per_request": round((front.singles + len(front.batches) - rpc0)
                                      / max(n, 1), 3),
             "other_p50_ms": round(1000 * p50, 2), "idle_p50_ms": round(1000 * idle, 2),
@@ -159,7 +185,10 @@ def main() -> int:
     parser.add_argument("--upload-mib", type=float, default=4.0,
                         help="each gateway upload's size")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"which of {','.join(KINDS)} (default all)")
     args = parser.parse_args()
+    kinds = [k for k in KINDS if k in args.kinds.split(",")]
     if args.smoke:
         args.seconds, args.uploads, args.upload_mib = 0.5, 20, 0.1
     idle_reads = 10 if args.smoke else 60
@@ -173,74 +202,92 @@ def main() -> int:
         assert stack.market is not None
         market, pid = stack.market_url, stack.market.pid
         jobs = f"{market}/jobs"
-        idle = idle_p50(jobs, idle_reads, {})
-        out: dict[str, Any] = {"idle_jobs_p50_ms": round(1000 * idle, 2)}
+        out: dict[str, Any] = {"load_average": {"start": load_average()}}
 
-        out["ui"] = burst(lambda c, i: c.get(f"{market}/ui?refresh=0").status_code,
-                          args.seconds, pid, front, jobs, idle)
-        out["ui_tx"] = burst(lambda c, i: c.get(f"{market}/ui/tx/0x{i:064x}").status_code,
-                             args.seconds, pid, front, jobs, idle)
-        with httpx.Client(timeout=30) as c:
-            for i in range(args.uploads):
-                c.post(f"{market}/store", content=b"%d" % i).raise_for_status()
-        out["metrics"] = burst(lambda c, i: c.get(f"{market}/metrics").status_code,
-                               args.seconds, pid, front, jobs, idle)
-        out["metrics"]["store_files"] = args.uploads
+        if "ui" in kinds:
+            out["ui"] = burst(lambda c, i: c.get(f"{market}/ui?refresh=0").status_code,
+                              args.seconds, pid, front, jobs, idle_reads)
+        if "ui_tx" in kinds:
+            out["ui_tx"] = burst(
+                lambda c, i: c.get(f"{market}/ui/tx/0x{i:064x}").status_code,
+                args.seconds, pid, front, jobs, idle_reads)
+        if "metrics" in kinds:
+            with httpx.Client(timeout=30) as c:
+                for i in range(args.uploads):
+                    c.post(f"{market}/store", content=b"%d" % i).raise_for_status()
+            out["metrics"] = burst(lambda c, i: c.get(f"{market}/metrics").status_code,
+                                   args.seconds, pid, front, jobs, idle_reads)
+            out["metrics"]["store_files"] = args.uploads
+        if "swarm_join" in kinds:
+            out["swarm_join"] = swarm_joins(stack, front, args.seconds, idle_reads)
+        if "gateway_upload" in kinds:
+            out["gateway_upload"] = gateway_uploads(stack, Path(tmp) / "gateway-home",
+                                                    front, args, idle_reads)
+        front.close()
 
-        arch = llama_config(layers=8, hidden=64, vocab_size=300, heads=2, kv_heads=1,
-                            intermediate=192, max_positions=256)
-        manifest = {"format": "quarry-manifest/1", "name": "hostile-huge",
-                    "architecture": {**arch, "num_hidden_layers": 300_000},
-                    "files": {"model.safetensors": "ab" * 32}}
-        with MarketAPI(market) as api:
-            model_id = api.register_model(manifest)
-        member = anvil_account(12)
-        stack.quarry.gpu.register(member, [bytes.fromhex(model_id[2:])],
-                                  GpuSpec("H100", 81920, 1), "http://127.0.0.1:1", 10**9,
-                                  10**18)
-        now = int(time.time())
-        joins = [swarm_join(member, model_id, timestamp=now - 50 + k, memory_mib=1 << 24,
-                            tflops=1000.0, endpoint="tcp://127.0.0.1:9500",
-                            public_key="9" * 40, price_per_token=10**9)
-                 for k in range(100)]
-        out["swarm_join"] = burst(
-            lambda c, i: c.post(f"{market}/swarms/{model_id}/members",
-                                json=joins[i % len(joins)]).status_code,
-            args.seconds, pid, front, jobs, idle)
-        out["swarm_join"]["declared_layers"] = 300_000
-
-        gateway, gw_url = start_gateway(stack, Path(tmp) / "gateway-home")
-        try:
-            auth = {"authorization": f"Bearer {TOKEN}"}
-            observed = f"{gw_url}/v1/batches"
-            gw_idle = idle_p50(observed, idle_reads, auth)
-            data = b'{"custom_id": "x"}\n' * int(args.upload_mib * (1 << 20) / 19)
-
-            def upload(c: httpx.Client, i: int) -> int:
-                files = {"file": ("in.jsonl", io.BytesIO(data))}
-                r = c.post(f"{gw_url}/v1/files", files=files, data={"purpose": "batch"},
-                           headers=auth)
-                if r.status_code == 200:
-                    c.delete(f"{gw_url}/v1/files/{r.json()['id']}", headers=auth)
-                return r.status_code
-
-            out["gateway_upload"] = burst(upload, args.seconds, gateway.pid, front, observed,
-                                          gw_idle, auth)
-            out["gateway_upload"]["upload_bytes"] = len(data)
-        finally:
-            gateway.stop()
-            front.close()
-
-    kinds = ("ui", "ui_tx", "metrics", "swarm_join", "gateway_upload")
     for kind in kinds:
-        if set(out[kind]["statuses"]) - {200, 404, 409}:
+        if set(out[kind]["statuses"]) - {200, 404, 409, 429}:
             raise SystemExit(f"{kind}: unexpected statuses {out[kind]['statuses']}")
     out["worst_p50_ratio"] = max(out[k]["p50_ratio"] for k in kinds)
     out["target_p50_ratio"] = TARGET
     out["met"] = out["worst_p50_ratio"] <= TARGET
     out["smoke"] = args.smoke
+    out["load_average"]["end"] = load_average()
     print(json.dumps(out))
     return 0
+
+
+def swarm_joins(stack: LocalStack, front: RpcFront, seconds: float,
+                idle_reads: int) -> dict[str, Any]:
+    """Joins signed by one registered miner (100 bodies, timestamps a second apart) for a
+    manifest declaring 300,000 layers."""
+    market = stack.market_url
+    assert stack.market is not None
+    arch = llama_config(layers=8, hidden=64, vocab_size=300, heads=2, kv_heads=1,
+                        intermediate=192, max_positions=256)
+    manifest = {"format": "quarry-manifest/1", "name": "hostile-huge",
+                "architecture": {**arch, "num_hidden_layers": 300_000},
+                "files": {"model.safetensors": "ab" * 32}}
+    with MarketAPI(market) as api:
+        model_id = api.register_model(manifest)
+    member = anvil_account(12)
+    stack.quarry.gpu.register(member, [bytes.fromhex(model_id[2:])],
+                              GpuSpec("H100", 81920, 1), "http://127.0.0.1:1", 10**9, 10**18)
+    now = int(time.time())
+    joins = [swarm_join(member, model_id, timestamp=now - 50 + k, memory_mib=1 << 24,
+                        tflops=1000.0, endpoint="tcp://127.0.0.1:9500",
+                        public_key="9" * 40, price_per_token=10**9)
+             for k in range(100)]
+    out = burst(lambda c, i: c.post(f"{market}/swarms/{model_id}/members",
+                                    json=joins[i % len(joins)]).status_code,
+                seconds, stack.market.pid, front, f"{market}/jobs", idle_reads)
+    out["declared_layers"] = 300_000
+    return out
+
+
+def gateway_uploads(stack: LocalStack, home: Path, front: RpcFront, args: argparse.Namespace,
+                    idle_reads: int) -> dict[str, Any]:
+    """Uploads of `--upload-mib` MiB to a `client gateway`, each deleted once answered;
+    the other client reads `GET /v1/batches`."""
+    gateway, gw_url = start_gateway(stack, home)
+    try:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        data = b'{"custom_id": "x"}\n' * int(args.upload_mib * (1 << 20) / 19)
+
+        def upload(c: httpx.Client, i: int) -> int:
+            files = {"file": ("in.jsonl", io.BytesIO(data))}
+            r = c.post(f"{gw_url}/v1/files", files=files, data={"purpose": "batch"},
+                       headers=auth)
+            if r.status_code == 200:
+                c.delete(f"{gw_url}/v1/files/{r.json()['id']}", headers=auth)
+            return r.status_code
+
+        out = burst(upload, args.seconds, gateway.pid, front, f"{gw_url}/v1/batches",
+                    idle_reads, auth)
+        out["upload_bytes"] = len(data)
+        return out
+    finally:
+        gateway.stop()
 
 
 if __name__ == "__main__":
