@@ -4,13 +4,13 @@ A private stack (redis-server, Anvil with the contracts, `market serve`; no work
 nothing else reads the chain) whose market reaches the chain through a counting JSON-RPC
 front, and a `client gateway` process. For each kind of request anyone can send, 8 client
 threads send it as fast as they are answered for `--seconds` (ignoring any Retry-After, as
-a hostile caller would), while another client reads `GET /jobs` (for uploads: the
-gateway's `GET /v1/batches`) in a loop. Measured: the requests answered and refused (429)
-a second, the server's CPU time per request and per second (during the burst, and while
-idle), the JSON-RPC calls per request, and that other client's median read time against
-the same read on the idle server, just before and just after the burst (the machine's load
-drifts). The kinds (`--kinds`): `/ui`, `/ui/tx/{random hash}`, `/metrics` (after
-`--uploads` small store uploads), swarm joins of a registered miner for a manifest
+a hostile caller would), while another client, a process of its own, reads `GET /jobs`
+(for uploads: the gateway's `GET /v1/batches`) in a loop. Measured: the requests answered
+and refused (429) a second, the server's CPU time per request and per second (during the
+burst, and while idle), the JSON-RPC calls per request, and that other client's median read
+time against the same read on the idle server, just before and just after the burst (the
+machine's load drifts). The kinds (`--kinds`): `/ui`, `/ui/tx/{random hash}`, `/metrics`
+(after `--uploads` small store uploads), swarm joins of a registered miner for a manifest
 declaring 300,000 layers, and gateway uploads of `--upload-mib` MiB. Target: every median
 within 1.5x of idle.
 
@@ -25,6 +25,7 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -71,17 +72,43 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def read_times(url: str, stop: threading.Event, headers: dict[str, str]) -> list[float]:
-    """Seconds of each `GET url` until `stop` (one client, one request at a time; at least
-    five reads)."""
-    times: list[float] = []
-    with httpx.Client(timeout=60, headers=headers) as c:
-        while not stop.is_set() or len(times) < 5:
-            began = time.perf_counter()
-            c.get(url).raise_for_status()
-            times.append(time.perf_counter() - began)
-            stop.wait(0.02)
-    return times
+READER = """
+import json, sys, threading, time
+import httpx
+url, headers, count = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+times = []
+with httpx.Client(timeout=60, headers=headers) as c:
+    print("ready", flush=True)
+    while len(times) < count if count else not stop.is_set() or len(times) < 5:
+        began = time.perf_counter()
+        c.get(url).raise_for_status()
+        times.append(time.perf_counter() - began)
+        time.sleep(0.02)
+print(json.dumps(times), flush=True)
+"""
+
+
+class Reader:
+    """The other client, in a process of its own (so its reads wait for the server, not for
+    the senders' share of this process): `GET url` one at a time, `count` reads, or
+    (count 0) until `times()` stops it."""
+
+    def __init__(self, url: str, headers: dict[str, str], count: int = 0) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", READER, url, json.dumps(headers),
+                                      str(count)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the reader of {url} did not start")
+
+    def times(self) -> list[float]:
+        """Seconds of each read (stops a reader without a count)."""
+        out, _ = self.proc.communicate("stop\n", timeout=300)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"the reader failed (exit {self.proc.returncode})")
+        return [float(t) for t in json.loads(out.strip().splitlines()[-1])]
 
 
 def idle_reads_of(url: str, reads: int, headers: dict[str, str], pid: int
@@ -89,14 +116,9 @@ def idle_reads_of(url: str, reads: int, headers: dict[str, str], pid: int
     """`reads` timed reads of `url` on the idle server, after `SETTLE_S`; with the server's
     CPU seconds and the wall seconds they took."""
     time.sleep(SETTLE_S)  # held 429s of a burst are sent by then
+    reader = Reader(url, headers, reads)
     cpu0, began = cpu_s(pid), time.monotonic()
-    with httpx.Client(timeout=60, headers=headers) as c:
-        times = []
-        for _ in range(reads):
-            t = time.perf_counter()
-            c.get(url).raise_for_status()
-            times.append(time.perf_counter() - t)
-            time.sleep(0.02)
+    times = reader.times()
     return times, cpu_s(pid) - cpu0, time.monotonic() - began
 
 
@@ -124,22 +146,15 @@ def burst(send: Callable[[httpx.Client, int], int], seconds: float, pid: int,
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
 
-    observer_times: list[float] = []
-
-    def observer() -> None:
-        try:
-            observer_times.extend(read_times(observed, stop, headers or {}))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
+    reader = Reader(observed, headers or {})
     cpu0, rpc0 = cpu_s(pid), front.singles + len(front.batches)
     threads = [threading.Thread(target=sender, args=(k,)) for k in range(CONCURRENCY)]
-    threads.append(threading.Thread(target=observer))
     began = time.monotonic()
     for t in threads:
         t.start()
     time.sleep(seconds)
     stop.set()
+    observer_times = reader.times()
     for t in threads:
         t.join()
     for c in clients:
