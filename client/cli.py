@@ -270,9 +270,10 @@ def _gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from client.config import ClientConfig
-    from client.gateway.app import create_app
+    from client.gateway.app import UPLOAD_BURST_S, create_app
     from client.gateway.store import GatewayStore
     from client.sdk import Client
+    from market.admission import Limit
     from market.errors import ConfigError
 
     cfg = ClientConfig.load(args.config, market_url=args.market_url, rpc_url=args.rpc_url,
@@ -288,7 +289,9 @@ def _gateway(args: argparse.Namespace) -> int:
         return Client(cfg.rpc_url, account, cfg.market_url)
 
     connect().close()  # a wrong market, chain or key ends the command here, in one line
-    app = create_app(GatewayStore(), connect, cfg.gateway_token)
+    app = create_app(GatewayStore(), connect, cfg.gateway_token,
+                     uploads=Limit.over(cfg.gateway_uploads_per_s, UPLOAD_BURST_S,
+                                        cfg.gateway_uploads_at_once))
     print(f"OpenAI Batch gateway for {account.address} on http://{args.host}:{args.port}/v1",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -5,6 +5,8 @@
     rpc_url = "http://127.0.0.1:8545"     # optional: default is the market deployment's RPC
     key_file = "~/.quarry/client.key"     # or: key = "0x..." (a file keeps it out of ps)
     gateway_token = "..."                 # `client gateway`: the bearer token it requires
+    gateway_uploads_per_s = 2.0           # its uploads a second (bursts of 2 s worth) ...
+    gateway_uploads_at_once = 2           # ... and at once; past either: 429, Retry-After
 
 Environment: QUARRY_CLIENT_MARKET_URL, QUARRY_CLIENT_RPC_URL, QUARRY_CLIENT_KEY,
 QUARRY_CLIENT_KEY_FILE, QUARRY_CLIENT_GATEWAY_TOKEN. A key given by a later source replaces
@@ -37,3 +39,7 @@ class ClientConfig(KeyedSettings):
     market_url: Url = DEFAULT_MARKET_URL
     rpc_url: OptionalUrl = None
     gateway_token: Annotated[str, Field(repr=False)] = ""  # `client gateway`'s bearer token
+    # `client gateway`'s uploads (`POST /v1/files`): a second, in bursts of two seconds'
+    # worth, and at once; past either a 429 with Retry-After (`market.admission`)
+    gateway_uploads_per_s: Annotated[float, Field(gt=0)] = 2.0
+    gateway_uploads_at_once: Annotated[int, Field(ge=1, le=16)] = 2

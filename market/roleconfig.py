@@ -39,8 +39,8 @@ from market.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _UNITS = {"wei": 0, "gwei": 9, "ether": 18, "eth": 18}
-_AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-_HEX_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+_AMOUNT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
+_HEX_KEY = re.compile(r"(0x)?[0-9a-fA-F]{64}")
 _URL = re.compile(r"^(https?|redis)://[^\s/]+")
 SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 KEY_FORMS = ("key", "key_file")  # two ways to give one key: the later source's form wins
@@ -55,7 +55,7 @@ def wei(value: Any) -> int:
         if value < 0:
             raise ValueError(f"{value} is negative")
         return value
-    m = _AMOUNT.match(value) if isinstance(value, str) else None
+    m = _AMOUNT.fullmatch(value) if isinstance(value, str) else None
     unit = m.group(2).lower() if m else ""
     if not m or unit not in ("", *_UNITS):
         raise ValueError(f"{value!r} is not an amount (give wei, or a number with a unit "
@@ -85,7 +85,7 @@ def hex_key(value: Any) -> str:
     value = value.strip()
     if not value:
         return ""
-    if not _HEX_KEY.match(value):
+    if not _HEX_KEY.fullmatch(value):
         raise ValueError("not a hex private key (64 hex digits)")
     if not 0 < int(value.removeprefix("0x"), 16) < SECP256K1_ORDER:
         raise ValueError("64 hex digits, but not a valid secp256k1 private key (it must be "

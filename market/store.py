@@ -12,12 +12,13 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
 
 from market.errors import QuarryError
 
 URI_PREFIX = "sha256:"
-_URI = re.compile(r"^sha256:([0-9a-f]{64})$")
+_URI = re.compile(r"sha256:([0-9a-f]{64})")
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 """The largest file the store accepts (a whole batch or one shard's results)."""
@@ -47,7 +48,7 @@ def content_uri(data: bytes) -> str:
 
 def parse_uri(uri: str) -> str:
     """The hex digest of a store URI; raises StoreError naming a malformed one."""
-    m = _URI.match(uri or "")
+    m = _URI.fullmatch(uri or "")
     if not m:
         raise StoreError(f"{uri!r} is not a store address (expected sha256:<64 hex digits>)")
     return m.group(1)
@@ -66,6 +67,16 @@ class LocalStore:
     def __init__(self, root: Path | str, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
         self.root = Path(root)
         self.max_file_bytes = max_file_bytes
+        self._lock = threading.Lock()
+        self._bytes: int | None = None  # bytes held, once counted (`bytes_stored`)
+
+    def bytes_stored(self) -> int:
+        """The bytes of every file held: the directory is walked once, then each new file
+        adds its size, so asking costs the same however many files strangers uploaded."""
+        with self._lock:
+            if self._bytes is None:
+                self._bytes = _content_bytes(self.root)
+            return self._bytes
 
     def _path(self, uri: str) -> Path:
         digest = parse_uri(uri)
@@ -83,7 +94,11 @@ class LocalStore:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
+            with self._lock:
+                new = not path.exists()
+                os.replace(tmp, path)
+                if new and self._bytes is not None:
+                    self._bytes += len(data)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -99,3 +114,16 @@ class LocalStore:
 
     def has(self, uri: str) -> bool:
         return self._path(uri).exists()
+
+
+def _content_bytes(root: Path) -> int:
+    """The size of the content files under `root` (its `ab/` directories; 0 before any)."""
+    total = 0
+    for sub in root.glob("[0-9a-f][0-9a-f]"):
+        for entry in os.scandir(sub):
+            if entry.is_file() and not entry.name.startswith(".tmp-"):
+                try:
+                    total += entry.stat().st_size
+                except OSError:
+                    continue  # removed meanwhile
+    return total

@@ -25,7 +25,7 @@ from market.protocol.results import ResultFormatError, ShardResult
 
 log = logging.getLogger("miner")
 
-_NAME = re.compile(r"^(\d+)-(\d+)\.json$")
+_NAME = re.compile(r"(\d+)-(\d+)\.json")
 
 
 def default_state_dir() -> Path:
@@ -88,7 +88,7 @@ class ResultArchive:
         """(task, shard) of every document kept, sorted."""
         if not self.root.is_dir():
             return []
-        found = (_NAME.match(p.name) for p in self.root.iterdir())
+        found = (_NAME.fullmatch(p.name) for p in self.root.iterdir())
         return sorted((int(m[1]), int(m[2])) for m in found if m)
 
 

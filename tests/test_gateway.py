@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,11 +51,12 @@ CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 class Gateway:
     """The `client gateway` process (restartable on the same QUARRY_HOME) and its SDK."""
 
-    def __init__(self, stack: LocalStack) -> None:
-        self.stack = stack
+    def __init__(self, stack: LocalStack, name: str = "gateway",
+                 settings: dict[str, str] | None = None) -> None:
+        self.stack, self.name, self.settings = stack, name, settings or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.home = stack.home / "gateway-home"
+        self.home = stack.home / f"{name}-home"
         self.proc: ManagedProcess | None = None
         self.sdk = openai.OpenAI(base_url=self.url, api_key=TOKEN, max_retries=0)
 
@@ -62,10 +64,10 @@ class Gateway:
         env = {**os.environ, "QUARRY_HOME": str(self.home),
                "QUARRY_CLIENT_KEY": "0x" + bytes(CLIENT.key).hex(),
                "QUARRY_CLIENT_MARKET_URL": self.stack.market_url,
-               "QUARRY_CLIENT_GATEWAY_TOKEN": TOKEN}
+               "QUARRY_CLIENT_GATEWAY_TOKEN": TOKEN, **self.settings}
         self.proc = spawn([str(BIN / "client"), "gateway", "--port", str(self.port)],
-                          name="client gateway", env=env,
-                          log_path=self.stack.logs / "gateway.log")
+                          name=f"client {self.name}", env=env,
+                          log_path=self.stack.logs / f"{self.name}.log")
         self.proc.wait_port(self.port, timeout=60)
 
     def stop(self) -> None:
@@ -380,6 +382,149 @@ def test_wrong_or_missing_token_gets_openais_401(gateway: Gateway) -> None:
     assert error["type"] == "invalid_request_error"
 
 
+DEEP = b"[" * 80_000 + b"]" * 80_000  # 160 KB
+
+
+def test_deep_json_without_a_token_is_a_401_and_the_gateway_lives(gateway: Gateway) -> None:
+    """80,000 nested arrays posted to /v1/batches without a token killed the gateway
+    (SIGSEGV: the body was parsed before the token was checked, and eth-account raises the
+    recursion limit). The token is checked first; with it, the market's JsonBodyGuard refuses
+    the nesting, as OpenAI's error object."""
+    url = f"{gateway.url}/batches"
+    r = httpx.post(url, content=DEEP, headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.post(url, content=DEEP, timeout=30, headers={
+        "content-type": "application/json", "authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 400
+    assert "nested 80000 levels deep, over the limit of 64" in r.json()["error"]["message"]
+    assert gateway.proc is not None and gateway.proc.alive()
+    assert gateway.sdk.batches.list(limit=1).object == "list"
+
+
+def test_a_huge_body_is_answered_before_it_is_sent(gateway: Gateway) -> None:
+    """A 60 MiB body without a token was read and parsed (385 MiB peak) before its 401. Now
+    the 401 (and with the token, the 413 of a JSON body over its limit) comes back while
+    not one byte of the declared body has been sent."""
+    size = 60 << 20
+    for auth, status in (("", 401), (f"authorization: Bearer {TOKEN}\r\n", 413)):
+        head = (f"POST /v1/batches HTTP/1.1\r\nhost: 127.0.0.1\r\n{auth}"
+                f"content-type: application/json\r\ncontent-length: {size}\r\n\r\n")
+        assert raw_exchange(gateway.port, head.encode(), iter(()))[0] == status
+
+
+def test_uploads_stream_to_disk_within_their_limits(gateway: Gateway) -> None:
+    """Uploads were parsed whole on the event loop by the standard library's MIME parser:
+    20,000 tiny parts took 29 s, a 100 MiB upload peaked at 836 MiB, a 210 MiB chunked one
+    was read whole before its 413. Now python-multipart parses them as they stream, off the
+    event loop, into a file: a part count over the limit is refused, a chunked body past the
+    limit is cut off there, and the gateway's peak memory does not grow by the upload."""
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    boundary = "quarry-test-boundary"
+    parts = b"".join(b'--%s\r\ncontent-disposition: form-data; name="f%d"\r\n\r\nx\r\n'
+                     % (boundary.encode(), i) for i in range(20_000))
+    r = httpx.post(f"{gateway.url}/files", content=parts + b"--%s--\r\n" % boundary.encode(),
+                   headers={**auth, "content-type": f"multipart/form-data; boundary={boundary}"},
+                   timeout=60)
+    assert r.status_code == 400 and "more than 8 form parts" in r.json()["error"]["message"]
+    # a legal upload round-trips from disk
+    data = chat_lines(2000, "big")
+    f = gateway.sdk.files.create(file=("big.jsonl", io.BytesIO(data)), purpose="batch")
+    assert f.bytes == len(data) and gateway.sdk.files.content(f.id).content == data
+    assert (gateway.home / "gateway" / "files" / f.id).read_bytes() == data
+    gateway.sdk.files.delete(f.id)
+    assert not (gateway.home / "gateway" / "files" / f.id).exists()
+    # 210 MiB, chunked (no content-length): cut off past the 200 MiB limit
+    assert gateway.proc is not None
+    peak_before = peak_rss_mib(gateway.proc.pid)
+    head = (f"POST /v1/files HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {TOKEN}"
+            f"\r\ncontent-type: multipart/form-data; boundary={boundary}\r\n"
+            "transfer-encoding: chunked\r\n\r\n").encode()
+    opening = (f'--{boundary}\r\ncontent-disposition: form-data; name="purpose"\r\n\r\n'
+               f'batch\r\n--{boundary}\r\ncontent-disposition: form-data; name="file"; '
+               'filename="huge.jsonl"\r\n\r\n').encode()
+    piece = b"x" * (1 << 20)
+    body = (_chunk(c) for c in [opening, *[piece] * 210])
+    status, sent = raw_exchange(gateway.port, head, body)
+    assert status == 413
+    assert sent < 210 << 20  # refused while the body was still coming
+    assert peak_rss_mib(gateway.proc.pid) - peak_before < 64
+    assert not list((gateway.home / "gateway" / "files").glob(".upload-*"))
+    assert gateway.sdk.batches.list(limit=1).object == "list"
+
+
+def test_uploads_past_their_limit_get_openais_429_while_batches_answer(
+        stack: LocalStack) -> None:
+    """Each upload costs the gateway a thread and a file: past `gateway_uploads_per_s` (here
+    one per 100 s, so nothing refills meanwhile) the rest of a burst gets OpenAI's 429 with
+    Retry-After before its body is read, while reads are answered."""
+    gw = Gateway(stack, "limited-gateway", {"QUARRY_CLIENT_GATEWAY_UPLOADS_PER_S": "0.01",
+                                            "QUARRY_CLIENT_GATEWAY_UPLOADS_AT_ONCE": "16"})
+    gw.start()
+    auth = {"authorization": f"Bearer {TOKEN}"}
+
+    def upload(i: int) -> httpx.Response:
+        return httpx.post(f"{gw.url}/files", headers=auth, data={"purpose": "batch"},
+                          files={"file": (f"{i}.jsonl", b'{"custom_id": "x"}\n')}, timeout=60)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            uploads = [pool.submit(upload, i) for i in range(6)]
+            reads = [httpx.get(f"{gw.url}/batches", headers=auth, timeout=60)
+                     for _ in range(3)]  # meanwhile
+            replies = [f.result() for f in uploads]
+        assert [r.status_code for r in reads] == [200] * 3
+        statuses = sorted(r.status_code for r in replies)
+        assert statuses == [200] + [429] * 5, statuses  # a burst of one
+        for r in (r for r in replies if r.status_code == 429):
+            assert int(r.headers["retry-after"]) > 50  # the setting's rate: ~100 s
+            error = r.json()["error"]
+            assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+            assert "too many requests for uploads" in error["message"]
+        with pytest.raises(openai.RateLimitError):
+            gw.sdk.files.create(file=("more.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+        assert gw.sdk.batches.list(limit=1).object == "list"
+    finally:
+        gw.stop()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory so far (VmHWM), MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) / 1024  # type: ignore[index]
+
+
+def raw_exchange(port: int, head: bytes, body: Iterator[bytes]) -> tuple[int, int]:
+    """Send a request's head, then its body pieces until the server answers; returns the
+    answer's status and the body bytes sent by then (a server that answers before reading a
+    body it refuses gets fewer than the whole)."""
+    import select
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(head)
+        sent = 0
+        for piece in body:
+            if select.select([s], [], [], 0)[0]:
+                break  # answered
+            try:
+                s.sendall(piece)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(piece)
+        answer = b""
+        while b"\r\n" not in answer:
+            more = s.recv(4096)
+            if not more:
+                break
+            answer += more
+    return int(answer.split(b" ", 2)[1]), sent
+
+
 def test_gateway_without_a_token_refuses_to_start_in_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "QUARRY_HOME": str(tmp_path),
            "QUARRY_CLIENT_KEY": "0x" + bytes(CLIENT.key).hex()}
@@ -562,3 +707,28 @@ def test_store_pages_migrates_and_guards_state_changes(tmp_path: Path) -> None:
         conn.execute(f"PRAGMA user_version = {VERSION + 1}")
     with pytest.raises(StoreError, match="newer than this gateway"):
         GatewayStore(path)
+
+
+def test_a_version_1_store_moves_its_file_blobs_to_disk(tmp_path: Path) -> None:
+    """Files were SQLite BLOBs (a whole upload in memory to store or serve it); migration 2
+    writes each to `files/<id>` and empties its BLOB, losing nothing."""
+    import sqlite3
+
+    from client.gateway.store import VERSION, GatewayStore, _v1_baseline
+
+    path = tmp_path / "g.sqlite"
+    with sqlite3.connect(path) as conn:
+        _v1_baseline(conn, tmp_path / "files")
+        conn.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, data) "
+                     "VALUES ('file-old', 'in.jsonl', 'batch', 5, 1, x'68656c6c6f')")
+        conn.execute("PRAGMA user_version = 1")
+    store = GatewayStore(path)
+    assert store.file_data("file-old") == b"hello"
+    assert (tmp_path / "files" / "file-old").read_bytes() == b"hello"
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT length(data) FROM files").fetchone()[0] == 0
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == VERSION == 2
+    new = store.add_file("out.jsonl", "batch_output", b"{}\n")
+    assert store.file_data(new["id"]) == b"{}\n" and new["bytes"] == 3
+    assert store.delete_file("file-old") and store.file_path("file-old") is None
+    assert not (tmp_path / "files" / "file-old").exists()

@@ -157,3 +157,52 @@ def test_hostile_documents_do_not_crash_their_readers(tmp_path: Path) -> None:
     api._http = httpx.Client(transport=transport, base_url="http://market.invalid")
     with pytest.raises(MarketError, match="nested 80000 levels"):
         api.models()
+
+
+def test_store_addresses_match_whole_and_no_slash_redirects(market: str) -> None:
+    """`$` let a trailing newline through (`GET /store/<uri>%0A` served the object), and
+    `GET /store/` redirected to the POST-only `/store`."""
+    uri = httpx.post(f"{market}/store", content=b"hostile third pass", timeout=10).json()["uri"]
+    assert httpx.get(f"{market}/store/{uri}", timeout=10).content == b"hostile third pass"
+    r = httpx.get(f"{market}/store/{uri}%0A", timeout=10)
+    assert r.status_code == 400 and "is not a store address" in r.json()["detail"]
+    r = httpx.get(f"{market}/store/", timeout=10)
+    assert r.status_code == 404 and "location" not in r.headers
+    samples = httpx.get(f"{market}/metrics", timeout=10).text
+    stored = next(line for line in samples.splitlines()
+                  if line.startswith("quarry_market_store_bytes "))
+    assert float(stored.split()[1]) >= len(b"hostile third pass")
+    _alive(market)
+
+
+def test_dashboard_costs_are_not_the_readers_to_choose(market: str) -> None:
+    """`/ui?refresh=0.001` redrew continuously; `/ui/tx/{random hash}` was an RPC call."""
+    r = httpx.get(f"{market}/ui", params={"refresh": "0.001"}, timeout=10)
+    assert r.status_code == 422 and "below the floor of 1 s" in r.json()["detail"]
+    assert httpx.get(f"{market}/ui", params={"refresh": "0"}, timeout=10).status_code == 200
+    r = httpx.get(f"{market}/ui/tx/0x{'ab' * 32}", timeout=10)
+    assert r.status_code == 404 and "indexed no Quarry event" in r.json()["detail"]
+    _alive(market)
+
+
+def test_one_dashboard_draw_serves_every_reader(tmp_path: Path) -> None:
+    """Each `/ui` was a full draw (about 115 ms of CPU and 8 RPC calls): now readers share
+    the draw of the board's cursor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from market.chain.devnet import free_port
+    from market.service.app import create_app
+    from market.service.settings import MarketSettings
+
+    settings = MarketSettings(deployment=tmp_path / "missing.json", store_dir=tmp_path / "s",
+                              db_path=tmp_path / "board.sqlite",
+                              redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                              # every reader let in (`test_admission` has the limits)
+                              ui_per_s=100.0, limited_at_once=8)
+    app = create_app(settings)
+    with TestClient(app) as client, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: client.get("/ui?refresh=0").status_code, range(24)))
+    assert answers == [200] * 24
+    assert app.state.pages.draws == 1

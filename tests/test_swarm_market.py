@@ -23,6 +23,7 @@ from test_service_app import serve, settings_for
 
 from market.chain.client import anvil_account
 from market.chain.contracts import GpuSpec
+from market.chain.deployment import Deployment
 from market.marketapi import MarketAPI, MarketError
 from market.model.create import llama_config
 from market.protocol.messages import sign, swarm_join, swarm_terms_consent
@@ -41,7 +42,7 @@ from market.scheduler.parallax_phase1 import Phase1Config
 from market.service.board import Board
 
 if TYPE_CHECKING:
-    from conftest import Devnet
+    from conftest import Devnet, RpcFront
 
 pytestmark = [pytest.mark.chain, pytest.mark.timeout(120)]
 
@@ -114,8 +115,19 @@ def swarm_factory(devnet: Devnet, deployment_file: Path,
     stack: list[Any] = []
     registered: dict[str, list[LocalAccount]] = {}
 
-    def make(**settings: Any) -> Swarm:
-        s = settings_for(tmp_path / f"m{len(stack)}", deployment_file, **settings)
+    def make(rpc_url: str | None = None, **settings: Any) -> Swarm:
+        """`rpc_url`: the market reaches the devnet there (a counting front, say). These
+        tests join many times a second, far more often than members do (once per
+        `heartbeat_interval_s`): the per-miner limit is lifted unless given
+        (`test_admission` has it)."""
+        settings.setdefault("swarm_joins_per_miner_per_s", 1000.0)
+        deployment = deployment_file
+        if rpc_url is not None:
+            d = Deployment.load(deployment_file)
+            deployment = Deployment(d.chain_id, rpc_url, dict(d.addresses), d.deploy_block,
+                                    d.deployer, dict(d.params)).save(
+                tmp_path / f"deployment{len(stack)}.json")
+        s = settings_for(tmp_path / f"m{len(stack)}", deployment, **settings)
         cm = serve(s)
         url = cm.__enter__()
         stack.append(cm)
@@ -382,6 +394,85 @@ def test_consents_are_checked_and_the_registered_swarm_against_the_chain(
     with pytest.raises(MarketError, match="is signed by") as info:
         post(s.url, f"/swarms/{s.model_id}/registered", body)
     assert info.value.status == 401
+
+
+def test_a_manifest_declaring_300000_layers_is_refused_not_planned(
+        swarm_factory: Any) -> None:
+    """Anyone can upload a manifest; planning its 300,000 layers for one joining miner took
+    10 to 18 s inside the board's write transaction (heartbeats waited, the index fell
+    behind). Planning is now bounded by MAX_LAYERS: the join is stored and answered with no
+    plan, and the plan is a 409 naming the limit."""
+    s: Swarm = swarm_factory()
+    huge = {**MANIFEST, "name": "swarm-huge",
+            "architecture": {**ARCH, "num_hidden_layers": 300_000}}
+    huge_id = s.api.register_model(huge)
+    member = anvil_account(17)
+    s.net.q.gpu.register(member, [bytes.fromhex(huge_id[2:])], GpuSpec("H100", 81920, 1),
+                         "http://127.0.0.1:9417", ASKS[0], STAKE)
+    answer = s.api.swarm_join(member, huge_id, memory_mib=1 << 24, tflops=1000.0,
+                              endpoint="tcp://127.0.0.1:9417", public_key="9" * 40,
+                              price_per_token=ASKS[0])
+    assert (answer["version"], answer["layers"]) == (None, None)
+    with pytest.raises(MarketError, match="declares 300000 layers; swarms are planned for "
+                       "at most 1024") as info:
+        s.api.swarm_plan(huge_id)
+    assert info.value.status == 409
+    assert s.board.swarm_plan(_identity(s), huge_id) is None
+    # the port of a stage endpoint is a port
+    body = s.body(0, endpoint="tcp://127.0.0.1:99999")
+    r = httpx.post(f"{s.url}/swarms/{s.model_id}/members", json=body, timeout=30)
+    assert r.status_code == 422 and "endpoint" in r.text
+
+
+def test_reading_the_plan_never_writes_nor_asks_the_chain(swarm_factory: Any,
+                                                          rpc_front: RpcFront) -> None:
+    """`GET /swarms/{id}/plan` re-planned in a write transaction and read the chain's clock
+    on every call. Now a member gone silent past the TTL leaves the plan as stored (no
+    version, no RPC call) until a member's join re-plans."""
+    s: Swarm = swarm_factory(swarm_member_ttl_s=4.0, rpc_url=rpc_front.url)
+    began = time.monotonic()
+    for i in (4, 0, 1, 2, 3):
+        s.join(i)
+    plan = s.api.swarm_plan(s.model_id)
+    time.sleep(2.5)
+    ts = int(time.time()) + 1
+    for i in range(4):  # the others stay; the same declarations re-plan nothing
+        assert s.join(i, timestamp=ts)["version"] == plan["version"]
+    time.sleep(max(0.0, began + 4.5 - time.monotonic()))  # member 4 is now past the TTL
+    rpc_calls, versions = rpc_front.singles + len(rpc_front.batches), _versions(s)
+    for _ in range(5):
+        assert s.api.swarm_plan(s.model_id) == plan
+    assert rpc_front.singles + len(rpc_front.batches) == rpc_calls
+    assert _versions(s) == versions and versions[-1] == plan["version"]
+    replanned = s.join(0, timestamp=ts + 1)  # the next join drops it
+    assert replanned["version"] == plan["version"] + 1
+    after = s.api.swarm_plan(s.model_id)
+    assert s.accounts[4].address not in {m["address"] for m in after["members"]}
+
+
+def test_old_plan_versions_are_deleted_with_their_consents(swarm_factory: Any) -> None:
+    """A member re-declaring its memory at every join made a new version each time, and
+    none was ever deleted: only the latest PLAN_VERSIONS_KEPT remain (and registered ones)."""
+    from market.service.state import PLAN_VERSIONS_KEPT
+
+    s: Swarm = swarm_factory()
+    for i in range(4):
+        s.join(i)
+    ts = int(time.time())
+    for k in range(2 * PLAN_VERSIONS_KEPT):
+        s.join(0, timestamp=ts + 1 + k, memory_mib=MEMORY[0] + 1 + k % 2)
+    latest = s.api.swarm_plan(s.model_id)["version"]
+    assert latest > PLAN_VERSIONS_KEPT + 2
+    assert _versions(s) == list(range(latest - PLAN_VERSIONS_KEPT + 1, latest + 1))
+
+
+def _versions(s: Swarm) -> list[int]:
+    import sqlite3
+
+    with sqlite3.connect(s.board.db_path) as conn:
+        return [v for (v,) in conn.execute(
+            "SELECT version FROM swarm_plans WHERE model_id = ? ORDER BY version",
+            (s.model_id,))]
 
 
 def test_a_version_2_market_state_gains_the_swarm_tables_keeping_its_rows(

@@ -4,6 +4,11 @@ Shapes follow the `openai` SDK's types (`FileObject`, `FileDeleted`, `Batch`,
 `BatchRequestCounts`, `BatchError`, `Model`, cursor pages); Quarry's extras ride in fields the
 SDK keeps (`quarry` on a batch and a model). Every error, including a wrong token and a body
 FastAPI refuses, is OpenAI's error object `{"error": {"message", "type", "param", "code"}}`.
+
+Hostile callers meet, in order, before any parser: the bearer token (`BearerAuth`, an ASGI
+middleware: no body is read without it), the limit on uploads (`market.admission`: a 429
+with Retry-After past `UPLOADS`), then the market's `JsonBodyGuard` (size and nesting of
+JSON bodies), and uploads stream to disk off the event loop (`client.gateway.uploads`).
 """
 
 from __future__ import annotations
@@ -13,25 +18,33 @@ import hmac
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from email.message import Message
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from client.gateway.runner import WINDOW_S, OptionError, Runner, parse_options
 from client.gateway.store import GatewayStore
 from client.gateway.translate import ENDPOINTS
+from client.gateway.uploads import UploadError, receive_upload, too_large
 from client.sdk import Client
+from market.admission import Admission, Limit, Rule
+from market.guards import JsonBodyGuard, reply
 
 MAX_UPLOAD_BYTES = 200 * 1024 * 1024
 """OpenAI's limit for a batch input file; the market's `maxFileBytes` is checked at submit."""
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+MAX_JSON_BYTES = 256 * 1024
+"""A batch's JSON body: four fields and at most 16 metadata pairs."""
+UPLOAD_BURST_S = 2.0
+UPLOADS = Limit.over(2.0, UPLOAD_BURST_S, 2)
+"""Uploads a second and at once (`gateway_uploads_per_s`, `gateway_uploads_at_once`): each
+one is parsed in a threadpool thread and written to disk."""
 
 
 class APIError(Exception):
@@ -43,11 +56,45 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.type = (
             status, message, param, code, type)
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse({"error": {"message": self.message, "type": self.type,
-                                       "param": self.param, "code": self.code}},
-                            status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def guard_error(status: int, message: str) -> dict[str, Any]:
+    """`JsonBodyGuard`'s and `Admission`'s refusals as OpenAI's error object."""
+    if status == 429:
+        return APIError(429, message, code="rate_limit_exceeded", type="requests").body()
+    return APIError(status, message, code="file_too_large" if status == 413 else
+                    "invalid_value").body()
+
+
+UNAUTHORIZED = APIError(401, "Incorrect API key provided. The gateway takes the gateway_token "
+                        "of its [client] settings (QUARRY_CLIENT_GATEWAY_TOKEN) as the bearer "
+                        "token.", code="invalid_api_key")
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`; one
+    without it gets OpenAI's 401 before a byte of its body is read."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._authorized(scope):
+            await reply(send, 401, UNAUTHORIZED.body(), ((b"www-authenticate", b"Bearer"),))
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        scheme, _, given = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
 
 
 def not_found(what: str, ident: str) -> APIError:
@@ -107,11 +154,11 @@ def page(rows: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
 
 
 class Gateway:
-    """What the routes share: the store, the runner, a read-only client and the token."""
+    """What the routes share: the store, the runner and a read-only client."""
 
-    def __init__(self, store: GatewayStore, runner: Runner, connect: Callable[[], Client],
-                 token: str) -> None:
-        self.store, self.runner, self.token = store, runner, token
+    def __init__(self, store: GatewayStore, runner: Runner,
+                 connect: Callable[[], Client]) -> None:
+        self.store, self.runner = store, runner
         self._connect = connect
         self._client: Client | None = None
         self._lock = threading.Lock()
@@ -125,11 +172,12 @@ class Gateway:
 
 
 def create_app(store: GatewayStore, connect: Callable[[], Client], token: str, *,
-               poll_s: float = 0.5) -> FastAPI:
-    """The gateway app; its lifespan starts and stops the runner. `token` must be set."""
+               poll_s: float = 0.5, uploads: Limit = UPLOADS) -> FastAPI:
+    """The gateway app; its lifespan starts and stops the runner. `token` must be set;
+    `uploads` limits `POST /v1/files`."""
     if not token:
         raise ValueError("the gateway needs a bearer token (gateway_token)")
-    gw = Gateway(store, Runner(store, connect, poll_s), connect, token)
+    gw = Gateway(store, Runner(store, connect, poll_s), connect)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -162,22 +210,22 @@ def create_app(store: GatewayStore, connect: Callable[[], Client], token: str, *
 
     for router in (files, batches, models):
         app.include_router(router)
+    # The last added runs first: the token, the upload limit, the JSON limits, FastAPI.
+    app.add_middleware(JsonBodyGuard, max_bytes=MAX_JSON_BYTES, exempt=("/v1/files",),
+                       error_body=guard_error)
+    app.add_middleware(Admission, rules=[Rule("uploads", "/v1/files", uploads, "POST")],
+                       error_body=guard_error)
+    app.add_middleware(BearerAuth, token=token)
     return app
 
 
-def authorized(request: Request) -> Gateway:
-    """The app's `Gateway`, for a request that carries its bearer token (401 otherwise)."""
+def gateway(request: Request) -> Gateway:
+    """The app's `Gateway` (`BearerAuth` has checked the token already)."""
     gw: Gateway = request.app.state.gateway
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                              gw.token.encode()):
-        raise APIError(401, "Incorrect API key provided. The gateway takes the gateway_token "
-                       "of its [client] settings (QUARRY_CLIENT_GATEWAY_TOKEN) as the bearer "
-                       "token.", code="invalid_api_key")
     return gw
 
 
-Auth = Annotated[Gateway, Depends(authorized)]
+Auth = Annotated[Gateway, Depends(gateway)]
 
 
 files = APIRouter(prefix="/v1/files", tags=["files"])
@@ -185,20 +233,24 @@ files = APIRouter(prefix="/v1/files", tags=["files"])
 
 @files.post("")
 async def create_file(request: Request, gw: Auth) -> dict[str, Any]:
+    """A multipart upload (`file`, `purpose=batch`), streamed to disk (`uploads`)."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_UPLOAD_BYTES:
-        raise APIError(413, f"the upload is {size} bytes, over the limit of "
-                       f"{MAX_UPLOAD_BYTES}", code="file_too_large")
-    body = await request.body()
-    if len(body) > MAX_UPLOAD_BYTES:
-        raise APIError(413, f"the upload is {len(body)} bytes, over the limit of "
-                       f"{MAX_UPLOAD_BYTES}", code="file_too_large")
-    fields, filename, data = _multipart(request.headers.get("content-type", ""), body)
-    purpose = fields.get("purpose")
+        raise APIError(413, str(too_large(int(size), MAX_UPLOAD_BYTES)),
+                       code="file_too_large")
+    try:
+        upload = await receive_upload(request.stream(), request.headers.get("content-type", ""),
+                                      gw.store.files_dir, MAX_UPLOAD_BYTES)
+    except UploadError as exc:
+        raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+    purpose = upload.fields.get("purpose")
     if purpose != "batch":
+        upload.path.unlink(missing_ok=True)
         raise APIError(400, "purpose: only 'batch' files are accepted by this gateway, "
                        f"got {purpose!r}", param="purpose", code="invalid_value")
-    return file_object(gw.store.add_file(filename, purpose, data))
+    row = await run_in_threadpool(gw.store.add_file_from, upload.path, upload.filename,
+                                  purpose, upload.size)
+    return file_object(row)
 
 
 @files.get("")
@@ -223,11 +275,11 @@ def retrieve_file(file_id: str, gw: Auth) -> dict[str, Any]:
 
 
 @files.get("/{file_id}/content")
-def file_content(file_id: str, gw: Auth) -> Response:
-    data = gw.store.file_data(file_id)
-    if data is None:
+def file_content(file_id: str, gw: Auth) -> FileResponse:
+    path = gw.store.file_path(file_id)
+    if path is None:
         raise not_found("file", file_id)
-    return Response(data, media_type="application/octet-stream")
+    return FileResponse(path, media_type="application/octet-stream")
 
 
 @files.delete("/{file_id}")
@@ -235,33 +287,6 @@ def delete_file(file_id: str, gw: Auth) -> dict[str, Any]:
     if not gw.store.delete_file(file_id):
         raise not_found("file", file_id)
     return {"id": file_id, "object": "file", "deleted": True}
-
-
-def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], str, bytes]:
-    """The text fields, the file's name and the file's bytes of a multipart/form-data body
-    (parsed with the standard library's MIME parser)."""
-    if not content_type.lower().startswith("multipart/form-data"):
-        raise APIError(400, "the upload must be multipart/form-data with a 'file' and a "
-                       "'purpose' field", code="invalid_value")
-    msg = BytesParser(policy=HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    fields: dict[str, str] = {}
-    upload: tuple[str, bytes] | None = None
-    payload = msg.get_payload() if msg.is_multipart() else []
-    parts: list[Message] = [p for p in payload if isinstance(p, Message)] \
-        if isinstance(payload, list) else []
-    for part in parts:
-        name = part.get_param("name", header="content-disposition")
-        raw = part.get_payload(decode=True)
-        data = raw if isinstance(raw, bytes) else b""
-        if name == "file":
-            upload = (part.get_filename() or "upload.jsonl", data)
-        elif isinstance(name, str):
-            fields[name] = data.decode("utf-8", errors="replace")
-    if upload is None:
-        raise APIError(400, "file: missing (send the JSONL file as the 'file' field)",
-                       param="file", code="invalid_value")
-    return fields, upload[0], upload[1]
 
 
 batches = APIRouter(prefix="/v1/batches", tags=["batches"])

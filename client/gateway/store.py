@@ -1,4 +1,6 @@
-"""The gateway's files and batches in one SQLite file, so a restart loses nothing.
+"""The gateway's files and batches in one SQLite file, so a restart loses nothing; the files'
+bytes beside it, one file each under `files/` (named by file id), so neither an upload nor
+a download holds a whole file in memory.
 
 A batch row holds everything the runner needs to pick a batch up again after a restart: its
 state, its task id once the task exists, and (between the upload and the `createTask`
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +40,7 @@ def default_path() -> Path:
     return quarry_home() / "gateway" / "gateway.sqlite"
 
 
-def _v1_baseline(conn: sqlite3.Connection) -> None:
+def _v1_baseline(conn: sqlite3.Connection, files_dir: Path) -> None:
     conn.execute("""CREATE TABLE files (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, filename TEXT NOT NULL,
         purpose TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
@@ -54,7 +58,17 @@ def _v1_baseline(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX batches_status ON batches (status)")
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1_baseline,)
+def _v2_files_on_disk(conn: sqlite3.Connection, files_dir: Path) -> None:
+    """Files move out of their BLOBs into `files_dir` (written before the BLOB is emptied,
+    so a crash in between leaves the row whole and the next open writes it again)."""
+    files_dir.mkdir(parents=True, exist_ok=True)
+    for file_id, data in conn.execute("SELECT id, data FROM files WHERE length(data) > 0"):
+        os.replace(_temp_file(files_dir, bytes(data)), files_dir / file_id)
+    conn.execute("UPDATE files SET data = x''")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection, Path], None], ...] = (
+    _v1_baseline, _v2_files_on_disk)
 """Migration k takes the database from version k to k + 1; append, never edit."""
 VERSION = len(MIGRATIONS)
 
@@ -64,9 +78,10 @@ class GatewayStore:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
+        self.files_dir = self.path.parent / "files"
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.files_dir.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, check_same_thread=False,
                                          isolation_level=None)
             self._conn.row_factory = sqlite3.Row
@@ -78,7 +93,7 @@ class GatewayStore:
                                      f"{version}, newer than this gateway's {VERSION}: "
                                      "upgrade quarry")
                 for step in MIGRATIONS[version:]:
-                    step(conn)
+                    step(conn, self.files_dir)
                 conn.execute(f"PRAGMA user_version = {VERSION}")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the gateway database {self.path}: {exc}") from exc
@@ -99,13 +114,27 @@ class GatewayStore:
 
     # ------------------------------------------------------------------ files
     def add_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
-        row = {"id": f"file-{secrets.token_hex(12)}", "filename": filename, "purpose": purpose,
-               "bytes": len(data), "created_at": int(time.time())}
-        with self._tx() as conn:
-            conn.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, data) "
-                         "VALUES (?, ?, ?, ?, ?, ?)",
-                         (row["id"], filename, purpose, len(data), row["created_at"], data))
-        return row
+        """A file the gateway wrote itself (a batch's output or errors)."""
+        return self.add_file_from(_temp_file(self.files_dir, data), filename, purpose,
+                                  len(data))
+
+    def add_file_from(self, path: Path, filename: str, purpose: str,
+                      size: int) -> dict[str, Any]:
+        """A file whose bytes are already on disk at `path` (an upload, same filesystem):
+        moved under `files_dir`, then listed."""
+        file_id, now = f"file-{secrets.token_hex(12)}", int(time.time())
+        try:
+            os.replace(path, self.files_dir / file_id)
+            with self._tx() as conn:
+                conn.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, "
+                             "data) VALUES (?, ?, ?, ?, ?, x'')",
+                             (file_id, filename, purpose, int(size), now))
+        except BaseException:
+            path.unlink(missing_ok=True)
+            (self.files_dir / file_id).unlink(missing_ok=True)
+            raise
+        return {"id": file_id, "filename": filename, "purpose": purpose, "bytes": int(size),
+                "created_at": now}
 
     def file(self, file_id: str) -> dict[str, Any] | None:
         with self._tx() as conn:
@@ -113,10 +142,13 @@ class GatewayStore:
                              "WHERE id = ?", (file_id,)).fetchone()
         return None if r is None else dict(r)
 
+    def file_path(self, file_id: str) -> Path | None:
+        """Where a listed file's bytes are (None for an unknown id)."""
+        return None if self.file(file_id) is None else self.files_dir / file_id
+
     def file_data(self, file_id: str) -> bytes | None:
-        with self._tx() as conn:
-            r = conn.execute("SELECT data FROM files WHERE id = ?", (file_id,)).fetchone()
-        return None if r is None else bytes(r[0])
+        path = self.file_path(file_id)
+        return None if path is None else path.read_bytes()
 
     def files(self, *, purpose: str | None, after: str | None, limit: int,
               ascending: bool) -> tuple[list[dict[str, Any]], bool]:
@@ -128,7 +160,10 @@ class GatewayStore:
 
     def delete_file(self, file_id: str) -> bool:
         with self._tx() as conn:
-            return conn.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+            deleted = conn.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+        if deleted:
+            (self.files_dir / file_id).unlink(missing_ok=True)
+        return deleted
 
     # ------------------------------------------------------------------ batches
     def add_batch(self, **fields: Any) -> dict[str, Any]:
@@ -202,3 +237,15 @@ def _decode(row: sqlite3.Row) -> dict[str, Any]:
         if out.get(key) is not None:
             out[key] = json.loads(out[key])
     return out
+
+
+def _temp_file(directory: Path, data: bytes) -> Path:
+    """`data` in a new temporary file under `directory` (to be moved into place)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".new-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)

@@ -24,11 +24,11 @@ CONTRACT_NAMES: tuple[str, ...] = (
     "VerifierCommittee",
     "Arbitration",
 )
-_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 
 
 def _address(value: Any, field_name: str) -> str:
-    if not isinstance(value, str) or not _ADDRESS.match(value):
+    if not isinstance(value, str) or not _ADDRESS.fullmatch(value):
         raise ConfigError(f"{field_name}: {value!r} is not an address")
     return value
 

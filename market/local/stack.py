@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,7 +42,9 @@ class LocalStack:
     """Redis + Anvil (deployed) + market + Celery worker(s), private to `home`.
 
     `market=False` leaves the market out (then nothing enqueues the background work: send
-    the tasks yourself). `timings` records how long each part took to start (seconds).
+    the tasks yourself); `market_settings` adds to or overrides the market's settings
+    (`MarketSettings` fields, limits say). `timings` records how long each part took to
+    start (seconds).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class LocalStack:
         sweep_interval_s: float = 1.0,
         heartbeat_ttl_s: float = 30.0,
         die_with_parent: bool = True,
+        market_settings: Mapping[str, Any] | None = None,
     ) -> None:
         if workers < 0:
             raise ProcessError(f"workers must be >= 0, got {workers}")
@@ -70,6 +73,7 @@ class LocalStack:
         self._settler_account = settler_account
         self._intervals = (index_interval_s, sweep_interval_s, heartbeat_ttl_s)
         self._die = die_with_parent
+        self._market_settings = dict(market_settings or {})
         self.redis: ManagedProcess | None = None
         self.anvil: AnvilProcess | None = None
         self.market: ManagedProcess | None = None
@@ -147,12 +151,12 @@ class LocalStack:
         settler = ""
         if self._settler_account is not None:
             settler = "0x" + bytes(anvil_account(self._settler_account).key).hex()
-        self.settings = MarketSettings(
-            redis_url=self.redis.extra["url"], deployment=self.home / "deployment.json",
-            store_dir=self.home / "store", db_path=self.home / "board.sqlite",
-            host="127.0.0.1", port=processes.free_port(), settler_key=settler,
-            index_interval_s=index_s, sweep_interval_s=sweep_s, heartbeat_ttl_s=ttl_s,
-        )
+        self.settings = MarketSettings(**{
+            "redis_url": self.redis.extra["url"], "deployment": self.home / "deployment.json",
+            "store_dir": self.home / "store", "db_path": self.home / "board.sqlite",
+            "host": "127.0.0.1", "port": processes.free_port(), "settler_key": settler,
+            "index_interval_s": index_s, "sweep_interval_s": sweep_s,
+            "heartbeat_ttl_s": ttl_s, **self._market_settings})
         # The market and the workers import their stacks in parallel (seconds each).
         t = time.monotonic()
         workers = [self._spawn_worker(wait=False) for _ in range(self._workers_wanted)]

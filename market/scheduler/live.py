@@ -43,6 +43,9 @@ from market.scheduler.parallax_phase2 import DEFAULT_L_IN, DEFAULT_L_MAX, Router
 from market.scheduler.registry import MIB, REFERENCE, GpuClass, estimate_block_times
 
 ALGORITHMS = ("parallax", "cgbp", "petals")
+MAX_LAYERS = 1024
+"""The most layers a swarm plans for (today's largest models have under 200): a manifest is
+anyone's upload, and planning time grows with the layers it declares."""
 CONCURRENCY = 8
 """Sessions each hosted layer keeps KV room for (`market plan`'s default)."""
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
@@ -88,6 +91,9 @@ def model_spec_from_architecture(name: str, arch: Mapping[str, Any]) -> ModelSpe
                           f"num_attention_heads): {exc!r}") from exc
     if min(layers, h, inter, heads, kv_heads, head_dim) < 1:
         raise QuarryError(f"model {name!r}: architecture sizes must be positive")
+    if layers > MAX_LAYERS:
+        raise QuarryError(f"model {name!r} declares {layers} layers; swarms are planned for "
+                          f"at most {MAX_LAYERS}")
     dtype = DTYPE_BYTES.get(str(arch.get("torch_dtype", "float32")), 4)
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     params = 2 * h * q_out + 2 * h * kv_out + 3 * h * inter + 2 * h

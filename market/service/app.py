@@ -23,12 +23,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from market.admission import Admission, Limit, Rule
 from market.chain.deploy import WatchedDeployment
 from market.errors import QuarryError
+from market.guards import JsonBodyGuard
 from market.service.board import Board, BoardError
+from market.service.dashboard import Pages
 from market.service.deps import Market
-from market.service.guards import JsonBodyGuard
 from market.service.http import ERROR_STATUS
+from market.service.kept import KeptResponses
 from market.service.metrics import MarketMetrics, RequestMetrics
 from market.service.routers import (
     committee,
@@ -43,6 +46,9 @@ from market.service.routers import (
 )
 from market.service.settings import MarketSettings
 from market.store import LocalStore
+
+KEPT_PATHS = ("/ui", "/metrics")
+"""Pages whose answers are kept a moment and served again without the route (`kept`)."""
 
 DESCRIPTION = """
 The Quarry market service: a content-addressed store for request and result files, a job
@@ -92,14 +98,23 @@ def _reload_manifests(market: Market) -> None:
 
 def create_app(settings: MarketSettings) -> FastAPI:
     """The market's FastAPI app over `settings` (store directory, board file, deployment)."""
-    app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1")
-    app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
+    # No redirects to the path without its trailing slash: `GET /store/` answered 307 to
+    # the POST-only `/store`; an unknown path is a 404 like any other.
+    app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1",
+                  redirect_slashes=False)
     market = Market(settings=settings, board=Board(settings.db_path),
                     store=LocalStore(settings.store_dir, settings.max_file_bytes),
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market
     app.state.metrics = MarketMetrics(market)
-    app.add_middleware(RequestMetrics, metrics=app.state.metrics)  # outermost: times all
+    app.state.pages = Pages(market)
+    # The last added runs first: the limits (refusals cost nothing more), the request
+    # metrics (they time all the rest), the kept pages, the JSON limits, then FastAPI.
+    app.add_middleware(JsonBodyGuard)  # size and nesting limits before any JSON is parsed
+    app.add_middleware(KeptResponses, paths=KEPT_PATHS)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
+    app.add_middleware(Admission, rules=admission_rules(settings),
+                       on_refused=app.state.metrics.count_refused)
     app.state.settings, app.state.board, app.state.store = settings, market.board, market.store
     _reload_manifests(market)
 
@@ -119,6 +134,18 @@ def create_app(settings: MarketSettings) -> FastAPI:
     for module in (service, store, models, jobs, tasks, miners, swarms, committee, ui):
         app.include_router(module.router)
     return app
+
+
+def admission_rules(settings: MarketSettings) -> list[Rule]:
+    """The surfaces whose cost the caller picks, each with its limit from `settings` (see
+    `market.admission`; a swarm join is limited per miner too, by its route)."""
+    def limit(per_s: float) -> Limit:
+        return Limit.over(per_s, settings.limit_burst_s, settings.limited_at_once)
+
+    return [Rule("GET /ui", "/ui", limit(settings.ui_per_s)),
+            Rule("GET /ui/tx/{hash}", "/ui/tx/[^/]*", limit(settings.ui_tx_per_s)),
+            Rule("GET /metrics", "/metrics", limit(settings.metrics_per_s)),
+            Rule("swarm joins", "/swarms/[^/]*/members", limit(settings.swarm_joins_per_s))]
 
 
 @contextmanager

@@ -6,13 +6,20 @@ changed it) so the page can link to `/ui/tx/{hash}`. The committee's epoch, lead
 seated weights are read from VerifierCommittee as the page is drawn; reported epochs and the
 reputation each report gave each miner come from the indexed events (GPURegistry's
 ReputationSet in the same transaction as VerifierCommittee's ReputationSubmitted).
+
+The page is open to anyone, so what it costs must not be theirs to choose (`Pages`): a draw
+is kept until the board's cursor moves (`HOLD_S` at most), and redrawn at most once per
+`REDRAW_S` whatever the number of readers; `/ui/tx/{hash}` asks the node only for a
+transaction the board indexed, and keeps the answers.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from eth_typing import HexStr
@@ -27,6 +34,14 @@ log = logging.getLogger("quarry.dashboard")
 JOBS_SHOWN = 25
 ROWS_SHOWN = 50
 PLOT_W, PLOT_H = 160, 36
+REDRAW_S = 1.0
+"""The most often the dashboard is drawn anew (the board's cursor moving or not)."""
+HOLD_S = 10.0
+"""The longest a draw is kept while the cursor stands (heartbeats do not move it)."""
+PAGES_KEPT = 8
+"""Renderings of one draw kept (one per `refresh` value asked for)."""
+RECEIPTS_KEPT = 256
+"""Transactions whose receipts `/ui/tx` keeps (mined receipts do not change)."""
 
 SHARD_EVENTS = ("ShardClaimed", "ResultSubmitted", "ClaimReclaimed", "ShardFinalized",
                 "ShardRefunded", "ShardDisputed", "ShardDisputeResolved")
@@ -36,6 +51,63 @@ LINKED_EVENTS = (
     "AvailabilityAnswered", "AvailabilityUnanswered", "VerifierRegistered",
     "VerifierExitRequested", "ChallengeSetCommitted", "ReputationSubmitted",
 )
+
+
+class Pages:
+    """What `/ui` and `/ui/tx` answer, at a cost readers cannot raise (see the module doc).
+    One per app; safe from the threads that answer requests."""
+
+    def __init__(self, market: Market) -> None:
+        self.market = market
+        self._lock = threading.Lock()
+        self._drawn: tuple[int, float, dict[str, Any]] | None = None  # cursor, when, values
+        self._pages: dict[float, bytes] = {}  # the latest draw rendered, by refresh_s
+        self._receipts: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.draws = 0  # how many times the dashboard was drawn anew
+
+    def dashboard(self, render: Callable[[dict[str, Any], float], bytes],
+                  refresh_s: float) -> bytes:
+        """The page as `render(values, refresh_s)` made it from the latest draw: drawn anew
+        after `REDRAW_S` once the cursor moved, or after `HOLD_S`; each page is rendered
+        once per draw (per `refresh_s`, a few kept). Concurrent readers wait for one draw
+        instead of each making their own."""
+        with self._lock:
+            now = time.monotonic()
+            drawn = self._drawn
+            if drawn is not None and now - drawn[1] >= REDRAW_S and (
+                    now - drawn[1] >= HOLD_S or self.market.board.cursor() != drawn[0]):
+                drawn = None
+            if drawn is None:
+                values = dashboard(self.market)
+                drawn = self._drawn = (values["cursor"], now, values)
+                self._pages.clear()
+                self.draws += 1
+            page = self._pages.get(refresh_s)
+            if page is None:
+                if len(self._pages) >= PAGES_KEPT:
+                    self._pages.clear()
+                page = self._pages[refresh_s] = render(drawn[2], refresh_s)
+            return page
+
+    def transaction(self, tx: str) -> dict[str, Any] | None:
+        """`transaction(market, tx)` for a transaction the board indexed an event of, None
+        for any other (the node is not asked); receipts are kept for `RECEIPTS_KEPT`."""
+        events = self.market.board.events((), tx=tx)
+        if not events:
+            return None
+        key = tx.lower()
+        with self._lock:
+            kept = self._receipts.get(key)
+            if kept is not None:
+                self._receipts.move_to_end(key)
+        if kept is None:
+            kept = receipt(self.market, tx)
+            if kept["receipt"] is not None:
+                with self._lock:
+                    self._receipts[key] = kept
+                    while len(self._receipts) > RECEIPTS_KEPT:
+                        self._receipts.popitem(last=False)
+        return {"hash": key, "events": events, **kept}
 
 
 def dashboard(market: Market) -> dict[str, Any]:
@@ -82,11 +154,10 @@ def _dashboard(market: Market) -> dict[str, Any]:
     }
 
 
-def transaction(market: Market, tx: str) -> dict[str, Any]:
-    """One transaction as the chain reports it (when it can be reached) and the events the
-    board decoded from it."""
-    out: dict[str, Any] = {"hash": tx.lower(), "events": market.board.events((), tx=tx),
-                           "receipt": None, "error": None, "contract": None}
+def receipt(market: Market, tx: str) -> dict[str, Any]:
+    """One transaction as the chain reports it: {receipt, contract, error}, the error
+    saying why the receipt is None when the chain cannot give it."""
+    out: dict[str, Any] = {"receipt": None, "error": None, "contract": None}
     try:
         q = market.deployment.quarry()
         chain = q.chain

@@ -1,5 +1,6 @@
 """What the routers share, handed to them through FastAPI's `Depends`: the settings, the
-board, the store, the watched deployment and the index watch behind the long polls.
+board, the store, the watched deployment, the index watch behind the long polls and the
+per-miner limit on swarm joins.
 
 `create_app` builds one `Market` and keeps it on `app.state.market`; every dependency below
 reads it from the request's app, so two apps in one process (tests) never share state.
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from market.admission import Limit, SignedLimiter
 from market.chain.deploy import Quarry, WatchedDeployment
 from market.service.board import Board
 from market.service.settings import MarketSettings
@@ -148,9 +150,13 @@ class Market:
     store: LocalStore
     deployment: WatchedDeployment
     watch: IndexWatch = field(init=False)
+    joins_by_miner: SignedLimiter = field(init=False)
+    """Each signing miner's swarm joins (`swarm_joins_per_miner_per_s`)."""
 
     def __post_init__(self) -> None:
         self.watch = IndexWatch(self.board, self.settings.redis_url)
+        self.joins_by_miner = SignedLimiter(Limit.over(
+            self.settings.swarm_joins_per_miner_per_s, self.settings.limit_burst_s))
 
     @property
     def manifests_dir(self) -> Path:

@@ -44,6 +44,7 @@ _WHY = {
     409: "conflicts with what is stored",
     413: "body over its limit",
     422: "a parameter or body field out of its type or bounds",
+    429: "too many requests: retry after the `Retry-After` header's seconds",
     503: "no usable deployment, or its chain does not answer",
 }
 

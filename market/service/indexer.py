@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS events (
     block INTEGER NOT NULL, log_index INTEGER NOT NULL, tx_hash TEXT NOT NULL,
     contract TEXT NOT NULL, name TEXT NOT NULL, args TEXT NOT NULL,
     PRIMARY KEY (block, log_index));
+CREATE INDEX IF NOT EXISTS events_tx ON events (tx_hash);
 CREATE TABLE IF NOT EXISTS tasks (
     task_id INTEGER PRIMARY KEY, client TEXT NOT NULL, arbiter TEXT NOT NULL,
     model_id TEXT NOT NULL, input_root TEXT NOT NULL, input_uri TEXT NOT NULL,

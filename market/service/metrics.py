@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -47,7 +46,18 @@ class MarketMetrics:
         self.latency = Histogram("quarry_market_request_seconds",
                                  "Time to answer an HTTP request", ("method", "route"),
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.refused = Counter("quarry_market_refused_requests",
+                               "Requests answered 429 before the app, by limit",
+                               ("limit",), registry=self.registry)
         self.registry.register(BoardCollector(market))
+
+    def scrape(self) -> bytes:
+        """The text format of every series (`/metrics` keeps it `kept.KEPT_S`)."""
+        return generate_latest(self.registry)
+
+    def count_refused(self, limit: str) -> None:
+        """One more request refused by `limit` (`market.admission.Admission`)."""
+        self.refused.labels(limit).inc()
 
 
 class RequestMetrics:
@@ -83,9 +93,9 @@ class RequestMetrics:
 
 
 class BoardCollector(Collector):
-    """Gauges read at scrape time from the board, Redis, the chain and the store directory.
-    A part that cannot be read (chain or Redis down) is left out of that scrape and logged,
-    so `/metrics` still answers with the rest."""
+    """Gauges read at scrape time from the board, Redis, the chain and the store (its size
+    counted once, then kept by each upload). A part that cannot be read (chain or Redis
+    down) is left out of that scrape and logged, so `/metrics` still answers with the rest."""
 
     def __init__(self, market: Market) -> None:
         self.market = market
@@ -124,7 +134,7 @@ class BoardCollector(Collector):
             yield family
         yield GaugeMetricFamily("quarry_market_store_bytes",
                                 "Bytes in the content store (requests, results, evidence)",
-                                value=_tree_bytes(market.settings.store_dir))
+                                value=market.store.bytes_stored())
         miners = board.miners()
         wall, ttl = time.time(), market.settings.heartbeat_ttl_s
         family = GaugeMetricFamily("quarry_market_miners", "Registered miners by liveness",
@@ -159,14 +169,3 @@ def _snake(name: str) -> str:
     """`MinerAtFault` -> `miner_at_fault`: Prometheus label values in one style."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
-
-def _tree_bytes(root: os.PathLike[str] | str) -> int:
-    """The size of every file under `root` (0 when it does not exist yet)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue  # removed while walking
-    return total

@@ -297,6 +297,8 @@ ModelIdHex = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{64}$")]
 Signature = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{130}$")]
 Z85_KEY = r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$"
 U256_MAX = 2**256 - 1
+PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+"""A TCP port, 1 to 65535, as a pattern (so the OpenAPI document states the range)."""
 
 
 class SwarmJoinIn(BaseModel):
@@ -308,7 +310,7 @@ class SwarmJoinIn(BaseModel):
     model_id: ModelIdHex
     memory_mib: int = Field(ge=1, le=1 << 24, description="memory it offers the swarm")
     tflops: float = Field(gt=0, le=1e6, description="the dense TFLOP/s it declares")
-    endpoint: str = Field(pattern=r"^tcp://[^\s/:]+:[0-9]{1,5}$", max_length=256,
+    endpoint: str = Field(pattern=rf"^tcp://[^\s/:]+:{PORT}$", max_length=256,
                           description="its stage's address, tcp://host:port")
     public_key: str = Field(pattern=Z85_KEY, description="its stage's CURVE key (z85)")
     rtts: dict[Address, Annotated[float, Field(ge=0, le=60)]] = Field(

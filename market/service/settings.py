@@ -17,6 +17,7 @@ from market.roleconfig import Key, RoleSettings, SettingPath, Url
 from market.store import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUEST_BYTES
 
 Seconds = Annotated[float, Field(gt=0)]
+PerSecond = Annotated[float, Field(gt=0)]
 
 
 class MarketSettings(RoleSettings):
@@ -44,6 +45,20 @@ class MarketSettings(RoleSettings):
     swarm_member_ttl_s: Seconds = 15.0
     swarm_algorithm: Literal["parallax", "cgbp", "petals"] = "parallax"
     swarm_consent_window_s: Annotated[int, Field(ge=60, le=30 * 86400)] = 3600
+    # Admission (`market.admission`): how often anyone may ask for what the caller makes the
+    # market pay for, in requests a second (all callers together unless said), with bursts
+    # of `limit_burst_s` seconds' worth and at most `limited_at_once` of each kind inside at
+    # once; past that a 429 with Retry-After, before any work. The rest of the API is not
+    # limited.
+    ui_per_s: PerSecond = 10.0  # GET /ui (drawn anew at most once a second in any case)
+    ui_tx_per_s: PerSecond = 10.0  # GET /ui/tx/{hash}
+    metrics_per_s: PerSecond = 2.0  # GET /metrics (Prometheus scrapes every 15 s or so)
+    swarm_joins_per_s: PerSecond = 20.0  # POST /swarms/{modelId}/members
+    # ... and from each signing miner (a member joins every `heartbeat_interval_s`, 5 s by
+    # default; a join no newer than its last, in whole seconds, is ignored anyway)
+    swarm_joins_per_miner_per_s: PerSecond = 2.0
+    limit_burst_s: Seconds = 2.0
+    limited_at_once: Annotated[int, Field(ge=1, le=16)] = 4
 
     @property
     def url(self) -> str:

@@ -89,6 +89,8 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _v1_baseline, _v2_lookup_indexes, _v3_swarms)
 """Migration k takes the market state from version k to k + 1; append, never edit."""
 STATE_VERSION = len(MIGRATIONS)
+PLAN_VERSIONS_KEPT = 8
+"""A swarm's latest plan versions kept (a head may register one a few re-plans late)."""
 
 
 def migrate_state(conn: sqlite3.Connection, path: object) -> int:
@@ -287,34 +289,40 @@ class MarketState(BoardBase):
                                "AND version=?", (deployment, model_id, int(version))).fetchone()
         return self._swarm_plan(row)
 
-    def advance_swarm_plan(
-        self, deployment: str, model_id: str, seen_after: float,
-        decide: Callable[[list[dict[str, Any]], dict[str, Any] | None],
-                         tuple[dict[str, Any], dict[str, Any]] | None],
-    ) -> dict[str, Any] | None:
-        """The latest plan after `decide(live members, latest plan)` had its say, in one
-        write transaction (so processes planning at once agree on the versions): it returns
-        None to keep the latest, or (plan, state) to store as the next version, whose number
-        is filled into the plan. Errors from `decide` propagate and store nothing."""
+    def swarm_planning_input(self, deployment: str, model_id: str, seen_after: float
+                             ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The live members (seen after `seen_after`) and the latest plan, read together
+        (one read transaction): what a re-plan starts from, planned outside any write."""
+        with self.snapshot(), self._read() as conn:
+            live = self.swarm_members(deployment, model_id, seen_after=seen_after)
+            return live, self._latest_plan(conn, deployment, model_id)
+
+    def store_swarm_plan(self, deployment: str, model_id: str, after: int | None,
+                         plan: dict[str, Any], state: dict[str, Any]) -> dict[str, Any] | None:
+        """Store `plan` as the version after `after` (None: the first), its number filled in,
+        unless another process stored that version first (then None: plan again from the new
+        latest). Versions older than the latest `PLAN_VERSIONS_KEPT` are deleted with their
+        consents, unless registered on-chain (a swarm id)."""
+        version = 1 + (after or 0)
+        plan = {**plan, "version": version}
+        now = time.time()
         with self._write() as conn:
-            rows = conn.execute("SELECT * FROM swarm_members WHERE deployment=? AND model_id=? "
-                                "AND last_seen > ?",
-                                (deployment, model_id, float(seen_after))).fetchall()
-            live = sorted((self._swarm_member(r) for r in rows),
-                          key=lambda m: int(m["miner"], 16))
             latest = self._latest_plan(conn, deployment, model_id)
-            decided = decide(live, latest)
-            if decided is None:
-                return latest
-            plan, state = decided
-            version = 1 + (0 if latest is None else int(latest["version"]))
-            plan = {**plan, "version": version}
-            now = time.time()
+            if (None if latest is None else int(latest["version"])) != after:
+                return None
             conn.execute("INSERT INTO swarm_plans VALUES (?, ?, ?, ?, ?, NULL, ?)",
                          (deployment, model_id, version, json.dumps(plan), json.dumps(state),
                           now))
-            return {"version": version, "plan": plan, "state": state, "swarm_id": None,
-                    "created_at": now}
+            oldest_kept = version - PLAN_VERSIONS_KEPT + 1
+            conn.execute("DELETE FROM swarm_consents WHERE deployment=? AND model_id=? AND "
+                         "version < ? AND version IN (SELECT version FROM swarm_plans WHERE "
+                         "deployment=? AND model_id=? AND swarm_id IS NULL)",
+                         (deployment, model_id, oldest_kept, deployment, model_id))
+            conn.execute("DELETE FROM swarm_plans WHERE deployment=? AND model_id=? AND "
+                         "version < ? AND swarm_id IS NULL",
+                         (deployment, model_id, oldest_kept))
+        return {"version": version, "plan": plan, "state": state, "swarm_id": None,
+                "created_at": now}
 
     def put_swarm_consent(self, deployment: str, model_id: str, version: int, member: str,
                           nonce: int, signature: str) -> None:

@@ -202,10 +202,12 @@ def redis_lock(name: str, ttl_s: int = LOCK_TTL_S,
                client: redis.Redis | None = None) -> Iterator[bool]:
     """Take `name` without waiting; yields whether this caller holds it. While the caller
     works a thread extends the lock every third of `ttl_s`, so it never lapses under a live
-    holder and lapses within `ttl_s` of a dead one."""
+    holder and lapses within `ttl_s` of a dead one. The lock's token is shared between
+    threads (`thread_local=False`): redis-py keeps it per thread by default, and the keeper
+    thread then had no token to extend with, so every lock lapsed at `ttl_s`."""
     from redis.exceptions import LockError, RedisError
 
-    lock = (client or _redis()).lock(name, timeout=ttl_s, blocking=False)
+    lock = (client or _redis()).lock(name, timeout=ttl_s, blocking=False, thread_local=False)
     held = bool(lock.acquire(blocking=False))
     done = threading.Event()
 

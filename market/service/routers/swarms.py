@@ -3,12 +3,13 @@
 A registered miner that lists the model joins its swarm with a signed declaration (memory,
 speed, stage endpoint and CURVE key, measured RTTs, ask) and repeats it as a heartbeat; one
 silent past `swarm_member_ttl_s` has left. The market plans the layers over the live members
-(`market.scheduler.live`: Parallax by default, `swarm_algorithm`), lazily: a join, or a
-read of the plan, that finds the live members changed stores the next version, re-placed
-under the churn rules. Each version carries the SwarmConsent terms the members sign
-(EIP-712, each with its own GPURegistry nonce); the market checks and relays the
-signatures, and once the head reports the swarm registered on-chain, checks swarmInfo
-against the terms before serving its id.
+(`market.scheduler.live`: Parallax by default, `swarm_algorithm`), lazily: a join that
+finds the live members changed stores the next version, re-placed under the churn rules
+(planned outside the board's write transaction, for at most `MAX_LAYERS` layers); reading
+the plan never writes. The latest `PLAN_VERSIONS_KEPT` versions are kept. Each version
+carries the SwarmConsent terms the members sign (EIP-712, each with its own GPURegistry
+nonce); the market checks and relays the signatures, and once the head reports the swarm
+registered on-chain, checks swarmInfo against the terms before serving its id.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
+from market.admission import retry_after
 from market.errors import QuarryError
 from market.protocol.errors import SignatureError
 from market.protocol.messages import (
@@ -25,6 +27,7 @@ from market.protocol.messages import (
     recover_swarm_registered,
     swarm_terms_consent,
 )
+from market.scheduler.cluster import ModelSpec
 from market.scheduler.live import (
     CannotCover,
     LiveMember,
@@ -54,6 +57,10 @@ ModelIdPath = Annotated[str, Path(pattern=r"^0x[0-9a-fA-F]{64}$",
                                   description="the model's id, 0x + 64 hex digits")]
 
 
+PLAN_ATTEMPTS = 3
+"""Re-plans a join tries when other processes store versions meanwhile."""
+
+
 class NoSwarm(QuarryError):
     """Nothing to plan: no manifest, or no live member."""
 
@@ -74,36 +81,54 @@ def _declared(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
                          r["public_key"], str(r["price_per_token"])] for r in rows}
 
 
-def current_plan(market: Market, model_id: str) -> dict[str, Any]:
-    """The model's latest plan, re-planned first when its live members changed; NoSwarm
-    or CannotCover when there is none to serve."""
+def _model(market: Market, model_id: str) -> ModelSpec:
+    """The planner's view of the model from its manifest; NoSwarm without one, CannotCover
+    when its architecture cannot be planned (MAX_LAYERS included)."""
     manifest = market.board.model(model_id)
     if manifest is None:
         raise NoSwarm(f"no manifest for model {model_id} on this market: upload it with "
                       "POST /models (swarms are planned from its architecture)")
     try:
-        model = model_spec_from_architecture(str(manifest["name"]), manifest["architecture"])
+        return model_spec_from_architecture(str(manifest["name"]), manifest["architecture"])
     except QuarryError as exc:
         raise CannotCover(str(exc)) from exc
+
+
+def _no_live_members(market: Market, model_id: str) -> NoSwarm:
+    return NoSwarm(f"model {model_id}'s swarm has no live members (a member joins with POST "
+                   f"/swarms/{model_id}/members and stays by joining again within "
+                   f"{market.settings.swarm_member_ttl_s:g} s)")
+
+
+def _served(stored: dict[str, Any]) -> dict[str, Any]:
+    return {**stored["plan"], "version": stored["version"], "swarm_id": stored["swarm_id"]}
+
+
+def current_plan(market: Market, model_id: str) -> dict[str, Any]:
+    """The model's latest plan, re-planned first when its live members changed; NoSwarm
+    or CannotCover when there is none to serve. Planning runs outside any write
+    transaction: the plan is stored only if no other process stored a version meanwhile,
+    else it is made again from that one."""
+    model = _model(market, model_id)
     settings = market.settings
     q = market.deployment.quarry()
     identity = deployment_identity(q)
-    chain_now = max(market.now(), q.chain.timestamp())  # consent deadlines are chain time
-
-    def decide(rows: list[dict[str, Any]], latest: dict[str, Any] | None
-               ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    latest: dict[str, Any] | None = None
+    for _ in range(PLAN_ATTEMPTS):
+        # last-seen times are the market's wall clock (a member's own clock is not trusted)
+        rows, latest = market.board.swarm_planning_input(
+            identity, model_id, time.time() - settings.swarm_member_ttl_s)
         if not rows:
-            raise NoSwarm(f"model {model_id}'s swarm has no live members (a member joins "
-                          f"with POST /swarms/{model_id}/members and stays by joining again "
-                          f"within {settings.swarm_member_ttl_s:g} s)")
+            raise _no_live_members(market, model_id)
         declared = _declared(rows)
         if latest is not None and latest["state"]["declared"] == declared and \
                 latest["plan"]["algorithm"] == settings.swarm_algorithm:
-            return None
+            return _served(latest)
         previous = None if latest is None else PlanState.from_dict(latest["state"]["placement"])
         members = _members(rows)
         lp = plan_live(model, members, algorithm=settings.swarm_algorithm, previous=previous)
         by = {m.address: m for m in members}
+        chain_now = max(market.now(), q.chain.timestamp())  # consent deadlines: chain time
         plan = {
             "model_id": model_id, "algorithm": lp.algorithm, "num_layers": lp.num_layers,
             "head": lp.head,
@@ -114,32 +139,42 @@ def current_plan(market: Market, model_id: str) -> dict[str, Any]:
             "terms": plan_terms(lp, model_id, members,
                                 chain_now + settings.swarm_consent_window_s),
             "replanned": lp.how}
-        return plan, {"declared": declared, "placement": lp.state.to_dict()}
+        stored = market.board.store_swarm_plan(
+            identity, model_id, None if latest is None else int(latest["version"]), plan,
+            {"declared": declared, "placement": lp.state.to_dict()})
+        if stored is not None:
+            return _served(stored)
+    if latest is None:  # others kept storing versions first: serve the newest
+        raise NoSwarm(f"model {model_id}'s swarm has no plan yet")
+    return _served(market.board.swarm_plan(identity, model_id) or latest)
 
-    # last-seen times are the market's wall clock (a member's own clock is not trusted)
-    stored = market.board.advance_swarm_plan(
-        identity, model_id, time.time() - settings.swarm_member_ttl_s, decide)
-    assert stored is not None  # decide raised, or stored or kept one
-    return {**stored["plan"], "version": stored["version"], "swarm_id": stored["swarm_id"]}
 
-
-def _plan_or_http(market: Market, model_id: str) -> dict[str, Any]:
-    try:
-        return current_plan(market, model_id)
-    except NoSwarm as exc:
-        raise HTTPException(404, str(exc)) from exc
-    except CannotCover as exc:
-        raise HTTPException(409, str(exc)) from exc
+def stored_plan(market: Market, model_id: str) -> dict[str, Any]:
+    """The latest stored plan, as joins left it: a read, never a re-plan (the members'
+    joins re-plan, every few seconds each). NoSwarm without a manifest, a live member or a
+    plan; CannotCover when members live but none of them made a plan."""
+    _model(market, model_id)
+    identity = deployment_identity(market.deployment.quarry())
+    rows, latest = market.board.swarm_planning_input(
+        identity, model_id, time.time() - market.settings.swarm_member_ttl_s)
+    if not rows:
+        raise _no_live_members(market, model_id)
+    if latest is None:
+        raise CannotCover(f"the {len(rows)} live members of model {model_id}'s swarm cannot "
+                          "hold it (no plan covers it yet)")
+    return _served(latest)
 
 
 @router.post("/swarms/{model_id}/members", response_model=SwarmJoinOut,
-             responses=errors(400, 401, 403, 404, 503))
+             responses=errors(400, 401, 403, 404, 429, 503))
 def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[str, Any]:
     """A miner joins the model's swarm, or stays in it (send it again well within
     `swarm_member_ttl_s`, 15 s by default). 401 when not signed by `miner`, 400 when the body
     names another model or its timestamp is over 60 s off the market's clock, 403 for a miner
     not registered in GPURegistry or that does not list the model, 404 when the market has
-    no manifest for the model. A join no newer than the stored one is ignored. Answers the
+    no manifest for the model, 429 with Retry-After past `swarm_joins_per_s` (everyone's)
+    or `swarm_joins_per_miner_per_s` (the signer's newer joins). A join no newer than the
+    stored one is ignored. Answers the
     current plan's version and the layers the miner serves in it (null: standby, or no plan
     covers the model yet)."""
     miner = require_signer("swarm join", body.miner,
@@ -148,6 +183,12 @@ def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[st
     if _key(body.model_id) != key:
         raise HTTPException(400, f"the join is for model {body.model_id}, not {model_id}")
     check_skew("swarm join", body.timestamp, 400, HEARTBEAT_SKEW_S)
+    wait = market.joins_by_miner.wait_signed(miner, body.timestamp)
+    if wait > 0:  # before the chain is asked or anything planned
+        after = retry_after(wait)
+        raise HTTPException(429, f"{miner} joins more often than "
+                            f"{market.joins_by_miner.limit.describe()}: retry after {after} s",
+                            headers={"Retry-After": after})
     q = market.deployment.quarry()
     if not q.gpu.is_registered(miner):
         raise HTTPException(403, f"{miner} is not a registered miner: swarm members are "
@@ -178,9 +219,15 @@ def join(model_id: ModelIdPath, body: SwarmJoinIn, market: MarketDep) -> dict[st
 def plan(model_id: ModelIdPath, market: MarketDep) -> dict[str, Any]:
     """The live plan of the model's swarm: which member serves which layers, the head, the
     predicted time per token, and the SwarmConsent terms each member signs. `version` grows
-    on every re-plan (a member joined, left, or changed what it declared). 404 when the
-    model has no manifest or no live member, 409 when the live members cannot hold it."""
-    return _plan_or_http(market, _key(model_id))
+    on every re-plan, which the members' joins make (a member joined, left, or changed what
+    it declared); reading it never re-plans. 404 when the model has no manifest or no live
+    member, 409 when the live members cannot hold it."""
+    try:
+        return stored_plan(market, _key(model_id))
+    except NoSwarm as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except CannotCover as exc:
+        raise HTTPException(409, str(exc)) from exc
 
 
 @router.post("/swarms/{model_id}/consents", response_model=SwarmConsentOut,

@@ -16,15 +16,16 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from market.service.dashboard import dashboard, transaction
-from market.service.deps import MarketDep
+from market.service.dashboard import Pages
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent.parent / "templates")
 REFRESH_S = 3
-_TX = re.compile(r"^0x[0-9a-fA-F]{64}$")
+MIN_REFRESH_S = 1.0
+"""The shortest redraw interval a page may ask for (each redraw is a request)."""
+_TX = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
 def eth(wei: Any) -> str:
@@ -56,25 +57,38 @@ templates.env.filters["short"] = short
 
 
 @router.get("/ui", response_class=HTMLResponse)
-def ui(request: Request, market: MarketDep,
-       refresh: float = Query(REFRESH_S, ge=0, le=3600)) -> HTMLResponse:
-    """The dashboard; it redraws itself every `refresh` seconds (0: never)."""
-    return templates.TemplateResponse(request, "dashboard.html",
-                                      {"v": dashboard(market), "refresh_s": refresh})
+def ui(request: Request, refresh: float = Query(REFRESH_S, ge=0, le=3600)) -> HTMLResponse:
+    """The dashboard; it redraws itself every `refresh` seconds (0: never, else at least
+    `MIN_REFRESH_S`)."""
+    if 0 < refresh < MIN_REFRESH_S:
+        raise HTTPException(422, f"refresh: {refresh:g} s is below the floor of "
+                            f"{MIN_REFRESH_S:g} s (0 holds the page still)")
+    page = pages(request).dashboard(
+        lambda v, refresh_s: templates.get_template("dashboard.html").render(
+            v=v, refresh_s=refresh_s).encode(), refresh)
+    return HTMLResponse(page)
 
 
 @router.get("/ui/tx/{tx}", response_class=HTMLResponse)
-def ui_transaction(request: Request, market: MarketDep, tx: str) -> HTMLResponse:
-    """One transaction: the chain's receipt and the Quarry events it emitted."""
-    if not _TX.match(tx):
+def ui_transaction(request: Request, tx: str) -> HTMLResponse:
+    """One transaction the board indexed: the chain's receipt and the Quarry events it
+    emitted. 404 for any other, without asking the node."""
+    if not _TX.fullmatch(tx):
         raise HTTPException(404, f"{tx!r} is not a transaction hash (0x + 64 hex digits)")
-    return templates.TemplateResponse(request, "transaction.html",
-                                      {"t": transaction(market, tx)})
+    t = pages(request).transaction(tx)
+    if t is None:
+        raise HTTPException(404, f"the board has indexed no Quarry event from transaction "
+                            f"{tx}")
+    return templates.TemplateResponse(request, "transaction.html", {"t": t})
+
+
+def pages(request: Request) -> Pages:
+    page_cache: Pages = request.app.state.pages
+    return page_cache
 
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
     """Prometheus text format: request counts and latencies, board gauges (see
-    `market.service.metrics`)."""
-    return Response(generate_latest(request.app.state.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    `market.service.metrics`; a scrape within `kept.KEPT_S` of the last gets its text)."""
+    return Response(request.app.state.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)

@@ -1,12 +1,14 @@
-"""What hostile request bodies meet before any endpoint parses them.
+"""What hostile request bodies meet before any endpoint parses them, on every server Quarry
+ships (the market, and the client's OpenAI gateway).
 
 `JsonBodyGuard` is a plain ASGI middleware in front of every JSON endpoint (every POST, PUT
-and PATCH except the store's raw uploads, which have their own size limit): it reads the
-body up to `max_bytes` (a declared content-length over the limit is refused before a byte is
-read, a stream that passes it is cut off there) and measures its nesting with
-`market.jsonsafe` before the framework's JSON parser sees it. Too large is 413, too deep is
-400, each with the usual `{"detail": ...}` naming the limit; the body then reaches the app
-unchanged.
+and PATCH except the paths exempted, such as raw or multipart uploads with limits of their
+own): it reads the body up to `max_bytes` (a declared content-length over the limit is
+refused before a byte is read, a stream that passes it is cut off there) and measures its
+nesting with `market.jsonsafe` before the framework's JSON parser sees it. Too large is
+413, too deep is 400, each with an error body naming the limit (the market's
+`{"detail": ...}` unless the server passes its own `error_body`); the body then reaches the
+app unchanged.
 """
 
 from __future__ import annotations
@@ -33,12 +35,19 @@ class _Refused(Exception):
         self.status, self.detail = status, detail
 
 
+def detail_body(status: int, detail: str) -> dict[str, Any]:
+    """The market's error body: `{"detail": ...}`."""
+    return {"detail": detail}
+
+
 class JsonBodyGuard:
     """Size and depth limits on JSON request bodies (see the module doc)."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int = MAX_JSON_BYTES,
-                 max_depth: int = MAX_DEPTH, exempt: tuple[str, ...] = ("/store",)) -> None:
+                 max_depth: int = MAX_DEPTH, exempt: tuple[str, ...] = ("/store",),
+                 error_body: Callable[[int, str], dict[str, Any]] = detail_body) -> None:
         self.app, self.max_bytes, self.max_depth, self.exempt = app, max_bytes, max_depth, exempt
+        self.error_body = error_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
@@ -49,10 +58,10 @@ class JsonBodyGuard:
             body = await self._read(scope, receive)
             check_depth(body, self.max_depth, "the request body")
         except _Refused as exc:
-            await _reply(send, exc.status, exc.detail)
+            await reply(send, exc.status, self.error_body(exc.status, exc.detail))
             return
         except JsonTooDeep as exc:
-            await _reply(send, 400, str(exc))
+            await reply(send, 400, self.error_body(400, str(exc)))
             return
         sent = False
 
@@ -91,9 +100,11 @@ class JsonBodyGuard:
                 return b"".join(chunks)
 
 
-async def _reply(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def reply(send: Send, status: int, body: dict[str, Any],
+                headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer with `body` as JSON, without reading the request's body."""
+    raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+                            (b"content-length", str(len(raw)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": raw})
