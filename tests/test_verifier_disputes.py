@@ -438,10 +438,11 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     other answers on-chain but still publishes nothing: the leader disputes the answered
     receipt, and a desk finds the data withheld."""
     from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
-    from verifier.committee import CommitteeMember
+    from verifier.committee import CommitteeMember, chain_faults, unanswered_availability
     from verifier.reputation import ReputationParams
 
     q, api = devnet.q, stack.api
+    start = devnet.chain.timestamp()
     miners = {m.address: m for m in (devnet.miner, devnet.miner2)}
     cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", list(miners),
                             requests=2, max_tokens=MAX_TOKENS)
@@ -452,7 +453,9 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
                                    cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
             for p in posted}
-    answers = [collect_answer(q, api, cs.challenge_for(p.miner), p.task_id)  # type: ignore[arg-type]
+    answers = [collect_answer(q, api, cs.challenge_for(p.miner), p.task_id,  # type: ignore[arg-type]
+                              answer_window=q.committee.challenge_answer_window(),
+                              now=devnet.chain.timestamp())
                for p in posted]
     assert all(a.withheld for a in answers)
 
@@ -496,6 +499,11 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     assert settled.status == ChallengeStatus.UNANSWERED and settled.slashed > 0
     assert q.gpu.miner_info(silent.miner).stake == stake - settled.slashed
     assert q.tasks.get_shard(silent.task_id, 0).state == ShardState.REFUNDED
+    # The committee counts the silence as unavailability (MISSED in its next report), not
+    # as a fault: the shard's budget and collateral are the whole cost.
+    end = devnet.chain.timestamp() + 1
+    assert unanswered_availability(q, start, end) == {silent.miner}
+    assert silent.miner not in chain_faults(q, start, end)
 
     verdict = DisputeDesk(q, devnet.verifiers[1], api, stack.scorer).judge(dispute_id)
     assert verdict.miner_at_fault and "data withheld" in verdict.reason
@@ -505,6 +513,36 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     again.challenge_withheld(1, posted, answers)
     assert q.arbitration.challenge_count() == 2 and q.arbitration.dispute_count() == dispute_id
     assert sum("availability challenge" in e for e in events) >= 3
+
+
+def test_an_unanswered_challenge_is_pending_until_its_answer_window_closes(
+        devnet: Any, stack: Stack) -> None:
+    """However late in an epoch a challenge is posted, its miner has the whole
+    `challengeAnswerWindow` from the task's creation before anyone may call it missing."""
+    from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
+
+    q, api, miner = devnet.q, stack.api, devnet.miner
+    cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", [miner.address],
+                            requests=2, max_tokens=MAX_TOKENS)
+    challenge = cs.challenges[0]
+    posted = post_challenge(q, devnet.verifiers[0], api, challenge, devnet.MODEL_ID,
+                            devnet.chain.timestamp() + 3600)
+    window = q.committee.challenge_answer_window()
+    created = q.tasks.get_task(posted.task_id).created_at
+    assert 0 < window < q.committee.epoch_duration()
+
+    def status(at: int) -> str:
+        return collect_answer(q, api, challenge, posted.task_id, answer_window=window,
+                              now=at).status
+
+    assert status(created) == "pending"
+    assert status(created + window - 1) == "pending"
+    assert status(created + window) == "missing"
+    missing = collect_answer(q, api, challenge, posted.task_id, answer_window=window,
+                             now=created + window)
+    assert not missing.withheld  # nothing committed: no availability challenge to make
+    serve_by_hand(devnet, api, posted.task_id, miner, challenge.data)  # late, but in
+    assert status(created + window + 5) == "answered"
 
 
 # ---------------------------------------------------------------------------- evidence
