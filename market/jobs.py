@@ -58,6 +58,7 @@ from market.protocol.results import (
     receipt_proven,
     verify_shard_result,
 )
+from market.standing import why_not_eligible
 from market.store import ContentNotFound, ContentTooLarge, StoreError, content_uri
 
 __all__ = [
@@ -177,13 +178,10 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
         raise MinerOnProbation(f"miner {address} is on probation (new to the market, "
                                f"{info.passed_epochs} epoch(s) of challenges passed): allow "
                                "miners on probation to direct a job at it")
-    if not q.gpu.is_eligible(address, model_id, min_reputation_bps, allow_probation):
-        served = ", ".join(encode_hex(m) for m in q.gpu.models_of(address)) or "nothing"
-        floor = (f" with reputation >= {min_reputation_bps} bps (it has "
-                 f"{info.reputation_bps})") if min_reputation_bps else ""
-        raise MinerNotEligible(f"miner {address} may not claim tasks for model "
-                               f"{encode_hex(model_id)}{floor}: it serves {served}, "
-                               f"{'active' if info.active else 'not active (exiting?)'}")
+    why = why_not_eligible(q, address, model_id, min_reputation_bps, allow_probation)
+    if why:
+        raise MinerNotEligible(f"{why}: it may not claim this task for model "
+                               f"{encode_hex(model_id)}")
     return info.price_per_token
 
 

@@ -82,6 +82,7 @@ from market.marketapi import MarketAPI, MarketError, MarketUnavailable
 from market.protocol.merkle import input_tree
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
+from market.standing import why_not_eligible
 from market.store import StoreError, parse_uri
 from miner import metrics
 from miner.archive import ResultArchive, default_state_dir
@@ -933,22 +934,8 @@ class Worker:
     def ineligibility(self, model_id: bytes, min_reputation_bps: int,
                       allow_probation: bool = False) -> str:
         """Why GPURegistry.isEligible is false for this miner and model, in words."""
-        gpu = self.q.gpu
-        if not gpu.is_registered(self.address):
-            return f"miner {self.address} is not registered (run `miner register`)"
-        info = gpu.miner_info(self.address)
-        if info.exit_requested_at:
-            return "this miner has requested exit and may claim no new shards"
-        if model_id not in gpu.models_of(self.address):
-            return (f"this miner did not register model 0x{model_id.hex()} (add its directory "
-                    "to model_dirs and rerun `miner register`)")
-        if info.stake < gpu.min_stake():
-            return f"stake {info.stake} wei is below the minimum {gpu.min_stake()} wei"
-        if info.on_probation and not allow_probation:
-            return "the task does not allow miners on probation, and " + \
-                self._probation_note(info)
-        return (f"reputation {info.reputation_bps} bps is below the task's floor "
-                f"({min_reputation_bps} bps) or the registry's untrusted threshold")
+        return why_not_eligible(self.q, self.address, model_id, min_reputation_bps,
+                                allow_probation)
 
     def _probation_note(self, info: MinerInfo) -> str:
         from miner.status import probation_note

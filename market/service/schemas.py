@@ -244,6 +244,12 @@ class MinerOut(Out):
     exiting: bool
     withdrawableAt: int
     onProbation: bool
+    untrusted: bool
+    rechallengePending: bool
+    missedReports: int = Field(description="committee reports in a row that found its "
+                               "challenge unanswered")
+    standing: str = Field(description="exiting | untrusted | re-challenged | on probation | "
+                          "trusted (market.standing)")
     eligible: bool
     eligibleAllowingProbation: bool
     registeredBlock: int
