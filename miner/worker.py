@@ -86,6 +86,7 @@ from market.standing import why_not_eligible
 from market.store import StoreError, parse_uri
 from miner import metrics
 from miner.archive import ResultArchive, default_state_dir
+from miner.backlog import Backlog
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -345,6 +346,10 @@ class Worker:
         self._unanswerable: set[int] = set()
         self._challenge_scan_from = quarry.deployment.deploy_block
         self._last_challenge_check = float("-inf")
+        # What the latest poll offered (task, shard) -> (offered to this miner, deadline), and
+        # what waits behind the stream being generated (the heartbeat's `behind`).
+        self._seen: dict[tuple[int, int], tuple[bool, int]] = {}
+        self.backlog = Backlog(quarry.committee.challenge_answer_window())
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -428,6 +433,7 @@ class Worker:
             "challengesAnswered": self.summary.challenges_answered,
             "unservable": [{"taskId": t, "shardId": k, "reason": r[:UNSERVABLE_REASON_CHARS]}
                            for (t, k), r in list(self.unservable.items())[-UNSERVABLE_KEPT:]],
+            "behind": self.backlog.report(),
         }
 
     # ------------------------------------------------------------------ discovery
@@ -447,6 +453,10 @@ class Worker:
                     log.info("market at %s answers again", self.market.url)
                     self._market_down = False
                 found = [(int(r["taskId"]), int(r["shard"])) for r in rows]
+                self._seen = {
+                    (int(r["taskId"]), int(r["shard"])): (
+                        str(r.get("offeredTo") or "").lower() == self.address.lower(),
+                        int(r["deadline"])) for r in rows}
                 return [c for c in found
                         if c[0] not in self.skipped_tasks and c not in self.unservable]
             except MarketError as exc:
@@ -469,6 +479,7 @@ class Worker:
             self._task_scan_from = head + 1
         now = self.chain_now()
         out: list[tuple[int, int]] = []
+        self._seen = {}
         for task_id, (deadline, num_shards) in sorted(self._known_tasks.items()):
             if deadline <= now:
                 del self._known_tasks[task_id]
@@ -483,6 +494,7 @@ class Worker:
                         sh.state == ShardState.CLAIMED and sh.claim_expiry <= now
                         and sh.miner != self.address):
                     out.append((task_id, k))
+                    self._seen[(task_id, k)] = (False, deadline)
         return out
 
     def own_open_claims(self) -> list[tuple[int, int]]:
@@ -609,6 +621,7 @@ class Worker:
                 raise
         self._held = []
         self.current = None
+        self.backlog.idle()
         return [outcomes[k] for k in shards if k in outcomes]
 
     def _attempt(self, task_id: int, shard: int, outcomes: dict[int, ShardOutcome],
@@ -1005,7 +1018,10 @@ class Worker:
                     continue
                 started = time.monotonic()
                 outputs = engine.generate([c.gen[i] for c, i in batch])
-                _batch_metrics(batch[0][0].task.model_id, outputs, time.monotonic() - started)
+                took = time.monotonic() - started
+                _batch_metrics(batch[0][0].task.model_id, outputs, took)
+                self.backlog.batch(len(outputs), took, len(stream) - pos, now + int(took))
+                self._say_late()
                 for (c, _), out in zip(batch, outputs, strict=True):
                     c.outputs.append(out)
                 bar.update(len(batch))
@@ -1354,12 +1370,13 @@ class Worker:
                 # poll interval of sleep instead.
                 asked = time.monotonic()
                 wait_s = LONG_POLL_S if idle and not stop_when_idle else 0.0
+                repoll = not resume  # this miner's own claims first, all of them
                 candidates = resume or self._safely(
                     "finding open shards", functools.partial(self.find_open_shards,
                                                              wait_s=wait_s), [])
                 resume = []
                 worked = False
-                for task_id, shards in task_groups(candidates, self.max_shards_in_flight):
+                for task_id, shards in self._groups(candidates, repoll):
                     if self._stop.is_set():
                         break
                     self._maybe_answer_challenges()
@@ -1395,6 +1412,35 @@ class Worker:
                 hb.join(timeout=15)
             self._warn_unwatched()
         return self.summary
+
+    def _groups(self, candidates: list[tuple[int, int]],
+                repoll: bool) -> Iterator[tuple[int, list[int]]]:
+        """`task_groups` of the candidates; with `repoll`, the market is asked again between
+        groups (one cheap read), so a shard offered to this miner since (a directed job, a
+        committee challenge: the market ranks them first) is served before the rest of an
+        older list. Each group is tried once per turn; the chain fallback is not re-read."""
+        pending, tried = list(candidates), set[tuple[int, int]]()
+        first = True
+        while pending:
+            if not first and repoll and self.market is not None and not self._market_down:
+                fresh = self._safely("finding open shards", self.find_open_shards, None)
+                if fresh is not None:
+                    pending = [c for c in fresh if c not in tried]
+                if not pending:
+                    return
+            first = False
+            self.backlog.seen({c: self._seen.get(c, (False, 2**62)) for c in pending})
+            task_id, shards = next(task_groups(pending, self.max_shards_in_flight))
+            tried.update((task_id, k) for k in shards)
+            pending = [c for c in pending if c not in tried]
+            self.backlog.started(task_id, shards)
+            yield task_id, shards
+
+    def _say_late(self) -> None:
+        """Log once each shard the miner sees but will not reach in time (`Backlog.late`)."""
+        for (task_id, shard), why in self.backlog.newly_late(self.backlog.chain_now()):
+            log.warning("behind: task %d shard %d waits: %s", task_id, shard, why,
+                        extra={"task": task_id, "shard": shard, "behind": True})
 
     def _warn_unwatched(self) -> None:
         """Leaving with shards in their window: nobody answers their challenges now."""

@@ -181,7 +181,10 @@ def test_the_dashboard_shows_the_job_the_dispute_the_committee_and_the_miners(
         mrow = cells(f"tr.miner[data-miner='{miner}']")
         assert mrow[1] == "0.500000 ETH" and mrow[2] == "1 gwei"
         assert mrow[3] in {f"{bps / 100:g}%" for bps in seen[miner]}
-        assert mrow[5].endswith("s ago")
+        # new miners that answered their challenges: on probation or past it, never
+        # "untrusted" (a missed challenge is no failure)
+        assert mrow[4] in {"on probation", "trusted"} and mrow[5].isdigit()
+        assert "s ago" in mrow[6]
         plot = browser.find_element(By.CSS_SELECTOR, f"tr.miner[data-miner='{miner}'] svg")
         label = plot.get_attribute("aria-label")
         assert f"epoch {demo_run.epoch}:" in label and label.endswith(f": {mrow[3]}")

@@ -844,6 +844,62 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
     api.close()
 
 
+def test_a_shard_offered_to_the_miner_goes_before_older_work_and_a_busy_miner_says_so(
+        devnet: Any, model_dir: Path, engine: Any, live_market: tuple[str, Path]) -> None:
+    """A client task of three shards, served one at a time; as the miner claims the first, a
+    directed task (a client's pick, or a committee challenge: they look alike) is offered to
+    it. It is claimed next, before the client task's other shards; while the miner generates,
+    its heartbeat status says what it is generating and what waits behind it."""
+    from market.jobs import post_batch
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, url)
+    api = MarketAPI(url)
+    board = Board(db_path)
+    client_task = post_task(devnet, api, engine.model_id, batch(3, tag="client "),  # type: ignore[arg-type]
+                            shard_size=1)
+    board.index(q)
+    claims: list[tuple[int, int]] = []
+    behind: list[dict[str, Any] | None] = []
+    directed: list[int] = []
+    worker: Worker | None = None
+
+    def listener(event: str, info: dict[str, Any]) -> None:
+        if event == "claimed":
+            claims.append((info["task_id"], info["shard"]))
+            assert worker is not None
+            behind.append(worker.status()["behind"])
+        if event == "claimed" and not directed:
+            data = batch(2, tag="directed ")
+            task_id, _ = post_batch(
+                q, devnet.client2, api, data, [r.request_hash for r in parse_jsonl(data)],
+                model_id=engine.model_id, shard_size=2, max_tokens=MAX_TOKENS, price=PRICE,
+                deadline=devnet.chain.timestamp() + 3600, prefer_miner=miner.address)
+            directed.append(task_id)
+            board.index(q)
+
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=api,
+                    market=api, max_shards_in_flight=1, poll_interval_s=0.1, progress=False,
+                    listener=listener)
+    try:
+        worker.run(stop_when_idle=True)
+    finally:
+        worker.close()
+    assert claims[1] == (directed[0], 0)
+    assert sorted(claims[:1] + claims[2:]) == [(client_task, 0), (client_task, 1),
+                                               (client_task, 2)]
+    # As each is claimed (the listener runs then), the rest it saw waits behind it.
+    first, second = behind[0], behind[1]
+    assert first is not None and second is not None
+    assert (first["generating"], first["waiting"], first["offeredWaiting"]) == (
+        {"taskId": client_task, "shard": claims[0][1]}, 2, 0)
+    assert (second["generating"], second["waiting"]) == ({"taskId": directed[0], "shard": 0}, 2)
+    assert worker.status()["behind"] is None  # idle now
+    api.close()
+
+
 def test_unservable_shard_is_skipped_alone_and_shown_in_the_heartbeat(
         devnet: Any, model_dir: Path, engine: Any, live_market: tuple[str, Path]) -> None:
     """A request over the model's context (256 positions) makes its shard unservable: it is
