@@ -82,8 +82,10 @@ def _submit(args: argparse.Namespace) -> int:
         if args.miner:
             print(f"offered to miner {args.miner} only (the market shows it to no other miner "
                   "until the deadline)")
-        if args.allow_probation:
-            print("miners on probation (new, not yet vetted by the committee) may claim it")
+        if t.allow_probation:
+            print("miners on probation (new, not yet vetted by the committee) may claim it"
+                  + ("" if args.allow_probation else
+                     ": no established miner serves the model yet (--no-probation refuses)"))
         print(f"cost: {cost} wei ({_eth(cost)}) escrowed (at most; unused tokens are refunded)")
         if args.wait:
             status = job.wait(progress=not args.no_progress, timeout=args.timeout)
@@ -315,9 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--miner", default=None, metavar="ADDRESS",
                    help="a directed job: offer it to this miner only (its ask is the default "
                    "price)")
-    p.add_argument("--allow-probation", action="store_true",
-                   help="let miners on probation (new, not yet vetted by the committee) claim "
-                   "it too")
+    probation = p.add_mutually_exclusive_group()
+    probation.add_argument("--allow-probation", action="store_true", default=None,
+                           help="let miners on probation (new, not yet vetted by the "
+                           "committee) claim it too (default: only while no established "
+                           "miner serves the model)")
+    probation.add_argument("--no-probation", dest="allow_probation", action="store_false",
+                           help="never let miners on probation claim it")
     p.add_argument("--wait", action="store_true", help="wait until every shard has results")
     p.add_argument("--timeout", type=_seconds, default=None, help="with --wait: give up after")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

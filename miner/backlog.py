@@ -41,7 +41,8 @@ class Backlog:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.answer_window_s = answer_window_s
         self.clock = clock
-        self.pace_s = 0.0
+        self.pace_s = 0.0  # seconds per output, batched as the engine runs them
+        self.token_s = 0.0  # seconds per generated token, likewise
         self.left = 0
         self.generating: tuple[int, int] | None = None
         self._waiting: dict[tuple[int, int], Seen] = {}
@@ -49,15 +50,22 @@ class Backlog:
         self._said: set[tuple[int, int]] = set()
         self._chain = (0, 0.0)  # (a chain time, the local clock when it was read)
 
-    def batch(self, outputs: int, seconds: float, left: int, chain_now: int) -> None:
-        """One engine batch of `outputs` took `seconds`; `left` outputs remain in the stream;
-        `chain_now` is the chain's time as the generating loop knows it."""
+    def batch(self, outputs: int, seconds: float, left: int, chain_now: int,
+              tokens: int = 0) -> None:
+        """One engine batch of `outputs` (`tokens` generated) took `seconds`; `left` outputs
+        remain in the stream; `chain_now` is the chain's time as the generating loop knows
+        it."""
         if outputs > 0:
-            pace = seconds / outputs
-            self.pace_s = pace if self.pace_s == 0 else (
-                PACE_WEIGHT * pace + (1 - PACE_WEIGHT) * self.pace_s)
+            self.pace_s = _average(self.pace_s, seconds / outputs)
+        if tokens > 0:
+            self.token_s = _average(self.token_s, seconds / tokens)
         self.left = left
         self._chain = (chain_now, self.clock())
+
+    def fits(self, requests: int, max_tokens: int, window_s: float) -> bool:
+        """Whether `requests` outputs of up to `max_tokens` tokens, at the measured pace, end
+        within `window_s` (True while nothing is measured yet)."""
+        return self.token_s * requests * max_tokens <= window_s
 
     def chain_now(self) -> int:
         """The chain's time carried forward from the last batch by the local clock."""
@@ -128,3 +136,7 @@ class Backlog:
             "late": [{"taskId": t, "shard": k, "reason": why}
                      for (t, k), why in self.late(self.chain_now())[:SHOWN]],
         }
+
+
+def _average(old: float, new: float) -> float:
+    return new if old == 0 else PACE_WEIGHT * new + (1 - PACE_WEIGHT) * old

@@ -114,6 +114,9 @@ MAX_SHARDS_IN_FLIGHT = 4
 """Shards of one task `run` claims together and generates as one stream (the
 `max_shards_in_flight` setting): enough to keep the engine's batches full across shard
 boundaries, few enough that one miner does not lock up a task others could share."""
+CLAIM_FILL = 0.5
+"""The share of a claim's window the shards claimed together may fill at this miner's
+measured pace: the rest is room for a busier machine, signing and submitting."""
 INPUT_CACHE_SIZE = 8
 """Verified task inputs kept in memory (a task's shards are usually claimed together)."""
 UNSERVABLE_KEPT = 5
@@ -346,9 +349,11 @@ class Worker:
         self._unanswerable: set[int] = set()
         self._challenge_scan_from = quarry.deployment.deploy_block
         self._last_challenge_check = float("-inf")
-        # What the latest poll offered (task, shard) -> (offered to this miner, deadline), and
-        # what waits behind the stream being generated (the heartbeat's `behind`).
+        # What the latest poll offered (task, shard) -> (offered to this miner, deadline), its
+        # size (requests, max tokens each), and what waits behind the stream being generated
+        # (the heartbeat's `behind`).
         self._seen: dict[tuple[int, int], tuple[bool, int]] = {}
+        self._sizes: dict[tuple[int, int], tuple[int, int]] = {}
         self.backlog = Backlog(quarry.committee.challenge_answer_window())
 
     # ------------------------------------------------------------------ construction
@@ -434,6 +439,8 @@ class Worker:
             "unservable": [{"taskId": t, "shardId": k, "reason": r[:UNSERVABLE_REASON_CHARS]}
                            for (t, k), r in list(self.unservable.items())[-UNSERVABLE_KEPT:]],
             "behind": self.backlog.report(),
+            # Measured generation speed: clients size shards to end within a claim window.
+            "secondsPerToken": round(self.backlog.token_s, 6) or None,
         }
 
     # ------------------------------------------------------------------ discovery
@@ -457,6 +464,9 @@ class Worker:
                     (int(r["taskId"]), int(r["shard"])): (
                         str(r.get("offeredTo") or "").lower() == self.address.lower(),
                         int(r["deadline"])) for r in rows}
+                self._sizes = {(int(r["taskId"]), int(r["shard"])): (
+                    int(r["end"]) - int(r["start"]), int(r["maxTokensPerRequest"]))
+                    for r in rows}
                 return [c for c in found
                         if c[0] not in self.skipped_tasks and c not in self.unservable]
             except MarketError as exc:
@@ -1020,7 +1030,8 @@ class Worker:
                 outputs = engine.generate([c.gen[i] for c, i in batch])
                 took = time.monotonic() - started
                 _batch_metrics(batch[0][0].task.model_id, outputs, took)
-                self.backlog.batch(len(outputs), took, len(stream) - pos, now + int(took))
+                self.backlog.batch(len(outputs), took, len(stream) - pos, now + int(took),
+                                   tokens=sum(len(o.token_ids) for o in outputs))
                 self._say_late()
                 for (c, _), out in zip(batch, outputs, strict=True):
                     c.outputs.append(out)
@@ -1431,10 +1442,27 @@ class Worker:
             first = False
             self.backlog.seen({c: self._seen.get(c, (False, 2**62)) for c in pending})
             task_id, shards = next(task_groups(pending, self.max_shards_in_flight))
+            shards = self._that_fit(task_id, shards)
             tried.update((task_id, k) for k in shards)
             pending = [c for c in pending if c not in tried]
             self.backlog.started(task_id, shards)
             yield task_id, shards
+
+    def _that_fit(self, task_id: int, shards: list[int]) -> list[int]:
+        """The leading shards (at least one) that, claimed together, end within `CLAIM_FILL`
+        of the claim window at this miner's measured pace: each claim's window runs from the
+        claim, and the last shard of a stream waits for all before it."""
+        window = CLAIM_FILL * self.params()["claim_timeout"]
+        total, tokens = 0, 0
+        for n, k in enumerate(shards):
+            requests, max_tokens = self._sizes.get((task_id, k), (0, 0))
+            total, tokens = total + requests, max(tokens, max_tokens)
+            if n > 0 and not self.backlog.fits(total, tokens, window):
+                log.info("task %d: claiming %d of shards %s together: at %.4f s/token more "
+                         "would outlast %.0f s of the claim window", task_id, n, shards,
+                         self.backlog.token_s, window, extra={"task": task_id})
+                return shards[:n]
+        return shards
 
     def _say_late(self) -> None:
         """Log once each shard the miner sees but will not reach in time (`Backlog.late`)."""

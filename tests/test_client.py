@@ -1059,16 +1059,24 @@ def test_miners_on_probation_only_serve_clients_that_allow_them(
     with pytest.raises(UnknownModel, match=f"only miners on probation serve model '{other}' "
                        rf"\(1 miner\(s\) \(1 alive\), from {NEWCOMER_PRICE} wei/token\): .* "
                        r"pass allow_probation=True / `client submit --allow-probation`"):
-        c.submit(["a"], model=other, max_tokens=2)
+        c.submit(["a"], model=other, max_tokens=2, allow_probation=False)
     with pytest.raises(MinerNotEligible, match=f"miner {NEWCOMER.address} is on probation .*"
                        r"\(allow_probation=True / `client submit --allow-probation`\)"):
         c.submit(["a"], model=MODEL, max_tokens=2, prefer_miner=NEWCOMER.address)
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(encode_jsonl(prompt_lines(["a", "b"], model=other, max_tokens=2)))
-    assert client_main(["submit", str(batch), *flags]) == 1
+    assert client_main(["submit", str(batch), "--no-probation", *flags]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--allow-probation" in err
     assert devnet.chain.block_number() == start_block
+
+    # By default a model that only miners on probation serve (a new market's first miners)
+    # is open to them: the task allows probation, at their ask.
+    first = c.submit(["a"], model=other, max_tokens=2)
+    assert first.task().allow_probation and first.task().price_per_token == NEWCOMER_PRICE
+    assert client_main(["submit", str(batch), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "may claim it: no established miner serves the model yet" in out
 
     # An ordinary task is out of its reach; a client that allows probation reaches it.
     ordinary = c.submit(["a"], model=MODEL, max_tokens=2)
