@@ -586,6 +586,13 @@ def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: i
                 "receipt, and no availability challenge on it was answered: challenge its "
                 f"availability first (`client challenge {task_id} {index}`)")
         receipt, proof = answer
+    epoch = q.committee.current_epoch()
+    if q.committee.total_weight_at(epoch) == 0:
+        raise DisputeNotPossible(
+            f"no verifier committee sits in epoch {epoch}, so no one could judge a dispute: "
+            "start verifiers (`verifier register`, then `verifier run`; a seat takes effect "
+            f"at the next epoch boundary, chain time {q.committee.epoch_start(epoch + 1)}) "
+            f"and dispute before shard {k}'s window closes at chain time {s.window_end}")
     arb = q.arbitration
     bond = _bond(bond, arb.min_bond())
     evidence = s.result_uri if evidence_uri is None else evidence_uri
@@ -608,7 +615,7 @@ def judging_committee(q: Quarry, epoch: int) -> list[str]:
 
 def report_absent(q: Quarry, account: LocalAccount, dispute_id: int) -> tuple[str, ...]:
     """Report every member of an expired dispute's committee that cast no vote (each loses
-    its seat, and stake to the opener past the committee's limit); returns those this call
+    its seat, and stake past the committee's limit, burned); returns those this call
     reported. A reporter racing this one makes the batch revert `NotAbsent`: the ballots are
     read again and the rest reported."""
     d = q.arbitration.get_dispute(dispute_id)

@@ -649,6 +649,35 @@ def test_dispute_freezes_the_shard(devnet: Any, market: Market, tmp_path: Path,
         capsys.readouterr().out
 
 
+def test_dispute_without_a_committee_says_to_start_verifiers(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every member has left: a dispute could not be judged, so it is refused before any
+    transaction, in one line that says what to start (not the contract's bare NoCommittee)."""
+    from conftest import until_seated
+
+    q = devnet.q
+    for v in devnet.verifiers:
+        q.committee.request_exit(v)
+    epoch = until_seated(q)
+    assert q.committee.total_weight_at(epoch) == 0
+    c = connect(devnet, market)
+    job = c.submit(["p0", "p1"], model=MODEL, max_tokens=4, shard_size=2)
+    serve_shard(devnet, market, job.task_id, 0, devnet.miner)
+    start = devnet.chain.block_number()
+    with pytest.raises(DisputeNotPossible, match=f"no verifier committee sits in epoch {epoch}"
+                       r".*start verifiers \(`verifier register`, then `verifier run`"):
+        job.dispute(1)
+    key = tmp_path / "key"
+    key.write_text(devnet.client.key.hex())
+    capsys.readouterr()
+    assert client_main(["dispute", str(job.task_id), "1", "--market-url", market.url,
+                        "--key-file", str(key)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`verifier run`" in err
+    assert devnet.chain.block_number() == start  # nothing sent
+
+
 def test_dispute_wait_outcomes_in_cli_and_status(devnet: Any, market: Market, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     q = devnet.q
