@@ -37,7 +37,8 @@ def probation_note(passed_epochs: int, epochs: int, pass_bps: int) -> str:
     """What probation means for a miner on it, and what ends it (`probation_params()`)."""
     return (f"this miner is on probation ({passed_epochs} of {epochs} passing epochs): it may "
             "claim only tasks that allow miners on probation (the committee's challenge tasks, "
-            f"clients that opt in) until {epochs} consecutive committee reports score it at or "
+            "clients that opt in, and by default every client while no established miner "
+            f"serves the model) until {epochs} consecutive committee reports score it at or "
             f"above {pass_bps} bps")
 
 

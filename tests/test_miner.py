@@ -1257,7 +1257,8 @@ def test_miner_on_probation_takes_only_tasks_that_allow_it(
     assert worker.skipped_tasks[ordinary] == (
         "the task does not allow miners on probation, and this miner is on probation (0 of "
         f"{epochs} passing epochs): it may claim only tasks that allow miners on probation "
-        "(the committee's challenge tasks, clients that opt in) until "
+        "(the committee's challenge tasks, clients that opt in, and by default every client "
+        "while no established miner serves the model) until "
         f"{epochs} consecutive committee reports score it at or above {pass_bps} bps")
     assert q.tasks.get_shard(ordinary, 0).state == ShardState.OPEN
     # Skipped without a transaction: the miner sent only the opted-in claim and submit.

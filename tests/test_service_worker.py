@@ -128,6 +128,30 @@ def test_index_through_the_worker(stack: LocalStack) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_held_lock_outlives_its_ttl_and_is_freed_on_release(stack: LocalStack) -> None:
+    """The keeper thread extends the token the holder's thread took (the lock is not
+    thread-local, or every extension would fail and the lock lapse under a live holder,
+    which is what a task slower than a third of the TTL on a busy machine met)."""
+    import redis
+
+    from market.service.worker import redis_lock
+
+    client = redis.Redis.from_url(stack.redis_url)
+    name = "quarry:lock:test-keeper"
+    ttl_s = 1
+    with redis_lock(name, ttl_s=ttl_s, client=client) as held:
+        assert held
+        with redis_lock(name, ttl_s=ttl_s, client=client) as again:
+            assert not again, "taken: a second holder is refused"
+        lived = time.monotonic()
+        while time.monotonic() - lived < 3 * ttl_s:  # three TTLs: extended, or it lapsed
+            assert client.exists(name), "the lock lapsed under its live holder"
+            time.sleep(ttl_s / 5)
+    assert not client.exists(name), "released on exit"
+    client.close()
+
+
+@pytest.mark.timeout(60)
 def test_recommendations_for_alive_miners(stack: LocalStack) -> None:
     from market.marketapi import MarketAPI
 

@@ -205,7 +205,8 @@ def redis_lock(name: str, ttl_s: int = LOCK_TTL_S,
     holder and lapses within `ttl_s` of a dead one."""
     from redis.exceptions import LockError, RedisError
 
-    lock = (client or _redis()).lock(name, timeout=ttl_s, blocking=False)
+    # Not thread-local: the keeper thread extends the token the caller's thread took.
+    lock = (client or _redis()).lock(name, timeout=ttl_s, blocking=False, thread_local=False)
     held = bool(lock.acquire(blocking=False))
     done = threading.Event()
 
