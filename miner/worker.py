@@ -32,6 +32,15 @@ content store (the market's, or any object with `get(uri)` and `put(bytes)`, suc
 A miner on probation (new or re-registered) may claim only tasks that allow it: other tasks
 are skipped before any transaction, until a committee report ends the probation.
 
+`listener(event, info)`, when given, hears what the worker does, from whichever of its
+threads did it: "claimed", "submitted", "skipped", "failed", "challenged", "answered",
+"challenge_missed", "challenge_unanswerable" (each with its task, shard and the like), and
+"found" (a poll that found candidates: `tasks`). With `timing=True` it also hears each
+step's wall-clock span (`start`, `end` from `time.time()`, and `task_id` where it has one):
+"claim_tx", "generate", "sign", "upload", "submit_tx" and "collect". That is how a
+benchmark times the miner's steps (benchmarks/market_overhead.py) without touching its
+internals.
+
 A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
 task's limit: the contract never pays beyond it (`TooManyTokens`).
 
@@ -55,6 +64,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -275,6 +285,7 @@ class Worker:
         auto_withdraw: bool = False,
         progress: bool = True,
         listener: Callable[[str, dict[str, Any]], None] | None = None,
+        timing: bool = False,
         engine_kind: str = "torch",
         state_dir: Path | None = None,
         challenge_check_s: float = CHALLENGE_CHECK_S,
@@ -299,6 +310,7 @@ class Worker:
         self.auto_withdraw = auto_withdraw
         self.progress = progress
         self.listener = listener
+        self.timing = timing and listener is not None
         self.engine_kind = engine_kind
         metrics.INFO.info({"address": self.address, "engine": engine_kind})
         # How a checked shard is claimed: `claimShard` by default; a swarm's head passes
@@ -411,6 +423,18 @@ class Worker:
             self.market.close()
 
     # ------------------------------------------------------------------ helpers
+    @contextmanager
+    def _timed(self, step: str, task_id: int | None) -> Iterator[None]:
+        """Tell the listener the span of `step` (with `timing`; see the module docstring)."""
+        if not self.timing:
+            yield
+            return
+        start = time.time()
+        try:
+            yield
+        finally:
+            self._emit(step, start=start, end=time.time(), task_id=task_id)
+
     def _emit(self, event: str, **info: Any) -> None:
         if self.listener is not None:
             with self._emit_lock:  # the submitting thread emits too
@@ -679,7 +703,8 @@ class Worker:
         task_id = run[0].task_id
         shards = [r.shard for r in run]
         try:
-            tx = self.claim_many(task_id, shards)
+            with self._timed("claim_tx", task_id):
+                tx = self.claim_many(task_id, shards)
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # nothing locked on a revert; one by one says why
@@ -897,10 +922,11 @@ class Worker:
                        prompt_tokens=len(g.prompt_ids))
             for r, g, o in zip(c.requests, c.gen, c.outputs, strict=True)
         ]
-        result = build_shard_result(
-            task_id=c.claim.task_id, shard=c.claim.shard, model_id=c.task.model_id,
-            completions=completions, private_key=self.account.key, miner=self.address,
-            chain_id=q.chain_id, task_registry=q.tasks.address)
+        with self._timed("sign", c.claim.task_id):
+            result = build_shard_result(
+                task_id=c.claim.task_id, shard=c.claim.shard, model_id=c.task.model_id,
+                completions=completions, private_key=self.account.key, miner=self.address,
+                chain_id=q.chain_id, task_registry=q.tasks.address)
         return result, result.to_bytes()
 
     def _finish(self, claim: ActiveClaim, result: ShardResult, data: bytes) -> ShardOutcome:
@@ -928,9 +954,11 @@ class Worker:
         key = (result.task_id, result.shard)
         self.archive.save(result, data)
         try:
-            uri = self.store.put(data)
-            tx = self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
-                                            result.tokens_used)
+            with self._timed("upload", result.task_id):
+                uri = self.store.put(data)
+            with self._timed("submit_tx", result.task_id):
+                tx = self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
+                                                result.tokens_used)
         except (ContractRevert, StoreError, MarketError):  # surely not submitted
             self.archive.remove(*key)
             raise
@@ -939,7 +967,8 @@ class Worker:
 
     def _claim(self, task: Any, task_id: int, shard: int) -> ActiveClaim:
         try:
-            tx = self.claim(task_id, shard)
+            with self._timed("claim_tx", task_id):
+                tx = self.claim(task_id, shard)
         except ClaimUnavailable as exc:
             raise _Skip(str(exc)) from exc
         except ContractRevert as exc:
@@ -1027,7 +1056,8 @@ class Worker:
                 if not batch:
                     continue
                 started = time.monotonic()
-                outputs = engine.generate([c.gen[i] for c, i in batch])
+                with self._timed("generate", batch[0][0].claim.task_id):
+                    outputs = engine.generate([c.gen[i] for c, i in batch])
                 took = time.monotonic() - started
                 _batch_metrics(batch[0][0].task.model_id, outputs, took)
                 self.backlog.batch(len(outputs), took, len(stream) - pos, now + int(took),
@@ -1375,16 +1405,15 @@ class Worker:
                 self.drain()
                 self._safely("answering availability challenges", self.answer_challenges, 0)
                 self._safely("checking probation", self._check_probation, None)
-                self._safely("collecting payments", self.collect, 0)
+                with self._timed("collect", None):
+                    self._safely("collecting payments", self.collect, 0)
                 # Idle, ask the market to hold the answer until a shard opens (a long poll);
                 # one that answers sooner with nothing (an older market) gets the usual
                 # poll interval of sleep instead.
                 asked = time.monotonic()
                 wait_s = LONG_POLL_S if idle and not stop_when_idle else 0.0
                 repoll = not resume  # this miner's own claims first, all of them
-                candidates = resume or self._safely(
-                    "finding open shards", functools.partial(self.find_open_shards,
-                                                             wait_s=wait_s), [])
+                candidates = resume or self._found(wait_s) or []
                 resume = []
                 worked = False
                 for task_id, shards in self._groups(candidates, repoll):
@@ -1434,7 +1463,7 @@ class Worker:
         first = True
         while pending:
             if not first and repoll and self.market is not None and not self._market_down:
-                fresh = self._safely("finding open shards", self.find_open_shards, None)
+                fresh = self._found(0.0)
                 if fresh is not None:
                     pending = [c for c in fresh if c not in tried]
                 if not pending:
@@ -1447,6 +1476,16 @@ class Worker:
             pending = [c for c in pending if c not in tried]
             self.backlog.started(task_id, shards)
             yield task_id, shards
+
+    def _found(self, wait_s: float) -> list[tuple[int, int]] | None:
+        """`find_open_shards` (None when it fails), told to the listener when it found
+        candidates."""
+        found: list[tuple[int, int]] | None = self._safely(
+            "finding open shards", functools.partial(self.find_open_shards, wait_s=wait_s),
+            None)
+        if found:
+            self._emit("found", tasks=sorted({t for t, _ in found}))
+        return found
 
     def _that_fit(self, task_id: int, shards: list[int]) -> list[int]:
         """The leading shards (at least one) that, claimed together, end within `CLAIM_FILL`
