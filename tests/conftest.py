@@ -275,6 +275,11 @@ def keep_up_with_the_wall_clock(net: Devnet) -> None:
     now = int(time.time())
     if net.chain.timestamp() < now:
         net.chain.rpc("evm_setTime", [now])
+        # And a block at that time: the next test reads `chain.timestamp()` (the latest
+        # block's) to set deadlines; until the interval miner's next block the latest is the
+        # reverted one, older by the tests run since, and a deadline computed from it can be
+        # in the past by the time its transaction is mined (DeadlineInPast on a busy machine).
+        net.chain.mine()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ The committee's gaps, each performed through the real desks: a verifier seated a
 dispute opened does not vote on it (the dispute's snapshot judges it); members that do not
 vote cannot block a dispute: the working ones record their votes before the deadline, and
 the idle ones are reported absent when it expires and lose their seats and 10% of their
-stake to the opener. The leader's remedy against a withheld challenge answer (availability
+stake, burned. The leader's remedy against a withheld challenge answer (availability
 challenge, then settlement or dispute) runs against the same chain.
 """
 
@@ -379,7 +379,8 @@ def test_the_verifiers_vote_with_the_snapshot(devnet: Any, stack: Stack) -> None
 def test_idle_members_cannot_block_a_dispute(devnet: Any, stack: Stack) -> None:
     """Only two of the four desks run. No quorum can come, so past half the dispute's time
     each records its own vote on-chain; at expiry the two idle members are reported absent:
-    they lose their seats at the next boundary and 10% of their stake to the opener."""
+    they lose their seats at the next boundary and 10% of their stake, burned: the opener
+    gets its bond back and nothing from their absence."""
     from conftest import until_seated
 
     q, api = devnet.q, stack.api
@@ -405,13 +406,15 @@ def test_idle_members_cannot_block_a_dispute(devnet: Any, stack: Stack) -> None:
 
     devnet.chain.advance_time(d.deadline - devnet.chain.timestamp())
     w = q.escrow.withdrawable
-    before = w(devnet.client.address)
+    burn = q.chain.call(q.arbitration.contract.functions.BURN())
+    before, burned = w(devnet.client.address), w(burn)
     slash_bps = int(q.chain.call(q.committee.contract.functions.idleSlashBps()))
     slash = STAKE * slash_bps // BPS
     info = wait_dispute(q, dispute_id, expire_as=devnet.client)
     assert info.status == DisputeStatus.EXPIRED
     assert by_address(info.absent) == by_address(idle)
-    assert w(devnet.client.address) - before == d.bond + 2 * slash  # to the wei
+    assert w(devnet.client.address) - before == d.bond  # to the wei
+    assert w(burn) - burned == 2 * slash
     leaving_at = q.committee.current_epoch() + 1
     for v in idle:
         vi = q.committee.verifier_info(v)
