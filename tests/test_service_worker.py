@@ -354,7 +354,8 @@ def test_sweep_expires_an_undecided_dispute_and_reports_the_silent_members(
     arb.cast_votes(miner, dispute_id, False,
                    [Vote(dispute_id, False).sign(voter.key, q.chain.chain_id, arb.address)])
     stakes = {m: q.committee.verifier_info(m).stake for m in silent}
-    before = q.escrow.withdrawable(client.address)
+    burn = q.chain.call(arb.contract.functions.BURN())
+    before, burned = q.escrow.withdrawable(client.address), q.escrow.withdrawable(burn)
     stack.wait_until(lambda: board(stack).due_expire(2**62) == [(dispute_id, task_id, 0)],
                      "the dispute on the board")
     start = q.chain.block_number()
@@ -365,7 +366,8 @@ def test_sweep_expires_an_undecided_dispute_and_reports_the_silent_members(
     assert arb.ballot_of(dispute_id, voter.address) == Ballot.NO_FAULT
     stack.wait_until(lambda: q.tasks.get_shard(task_id, 0).state == ShardState.FINALIZED,
                      "the unfrozen shard finalized")
-    assert q.escrow.withdrawable(client.address) - before == bond + refund + sum(
+    assert q.escrow.withdrawable(client.address) - before == bond + refund
+    assert q.escrow.withdrawable(burn) - burned == sum(  # the absences: burned
         s * 1000 // 10_000 for s in stakes.values())
     # expire, report, finalize: each once
     assert settler_calls(stack, start) == [(arb.address, 1), (arb.address, 1),
