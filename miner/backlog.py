@@ -80,6 +80,17 @@ class Backlog:
             self._waiting = {k: old[k] if k in old else Seen(offered, deadline, now)
                              for k, (offered, deadline) in shards.items()}
 
+    def also_seen(self, shards: dict[tuple[int, int], tuple[bool, int]]) -> None:
+        """Shards seen while generating (the heartbeat's look at what is offered): added to
+        what waits, none taken away; not while idle (the next poll takes them)."""
+        if self.generating is None:
+            return
+        now = self.clock()
+        with self._lock:
+            for k, (offered, deadline) in shards.items():
+                if k != self.generating and k not in self._waiting:
+                    self._waiting[k] = Seen(offered, deadline, now)
+
     def started(self, task_id: int, shards: list[int]) -> None:
         """Generation of these shards begins: they wait no more."""
         with self._lock:

@@ -126,7 +126,9 @@ MAX_SHARDS_IN_FLIGHT = 4
 boundaries, few enough that one miner does not lock up a task others could share."""
 CLAIM_FILL = 0.5
 """The share of a claim's window the shards claimed together may fill at this miner's
-measured pace: the rest is room for a busier machine, signing and submitting."""
+measured pace: the rest is room for a busier machine, signing and submitting. The stream
+also ends within the same share of the committee's answer window, so a challenge offered
+meanwhile is served in time (shards offered to the miner go first between streams)."""
 INPUT_CACHE_SIZE = 8
 """Verified task inputs kept in memory (a task's shards are usually claimed together)."""
 UNSERVABLE_KEPT = 5
@@ -1363,6 +1365,8 @@ class Worker:
         try:
             while True:
                 try:
+                    if self.current is not None:  # busy: look at what waits meanwhile
+                        self._look_while_busy(api)
                     api.heartbeat(self.account, self.status())
                     warned = False
                 except MarketError as exc:
@@ -1373,6 +1377,17 @@ class Worker:
                     return
         finally:
             api.close()
+
+    def _look_while_busy(self, api: MarketAPI) -> None:
+        """From the heartbeat thread while a stream is generated: the shards now offered to
+        this miner (a directed job, a committee challenge) join what waits behind it, so the
+        heartbeat says so and the generating loop logs the ones it will not reach in time."""
+        offered: dict[tuple[int, int], tuple[bool, int]] = {}
+        for model_id in self.engines:
+            for r in api.open_shards("0x" + model_id.hex(), self.address, 20, wait_seconds=0):
+                if str(r.get("offeredTo") or "").lower() == self.address.lower():
+                    offered[(int(r["taskId"]), int(r["shard"]))] = (True, int(r["deadline"]))
+        self.backlog.also_seen(offered)
 
     def _safely(self, what: str, fn: Callable[[], Any], default: Any) -> Any:
         try:
@@ -1489,17 +1504,19 @@ class Worker:
 
     def _that_fit(self, task_id: int, shards: list[int]) -> list[int]:
         """The leading shards (at least one) that, claimed together, end within `CLAIM_FILL`
-        of the claim window at this miner's measured pace: each claim's window runs from the
-        claim, and the last shard of a stream waits for all before it."""
-        window = CLAIM_FILL * self.params()["claim_timeout"]
+        of the claim window and of the committee's answer window at this miner's measured
+        pace: each claim's window runs from the claim, the last shard of a stream waits for
+        all before it, and a challenge offered meanwhile waits for the stream."""
+        window = CLAIM_FILL * min(self.params()["claim_timeout"],
+                                  self.backlog.answer_window_s)
         total, tokens = 0, 0
         for n, k in enumerate(shards):
             requests, max_tokens = self._sizes.get((task_id, k), (0, 0))
             total, tokens = total + requests, max(tokens, max_tokens)
             if n > 0 and not self.backlog.fits(total, tokens, window):
                 log.info("task %d: claiming %d of shards %s together: at %.4f s/token more "
-                         "would outlast %.0f s of the claim window", task_id, n, shards,
-                         self.backlog.token_s, window, extra={"task": task_id})
+                         "would outlast %.0f s (half the claim or answer window)", task_id, n,
+                         shards, self.backlog.token_s, window, extra={"task": task_id})
                 return shards[:n]
         return shards
 

@@ -49,3 +49,27 @@ def test_open_shard_late_when_its_task_ends_first() -> None:
     for _ in range(20):
         b.batch(outputs=10, seconds=0.1, left=20, chain_now=1_000)
     assert b.seconds < 1 and b.late(b.chain_now()) == []
+
+
+def test_shards_offered_while_generating_join_what_waits() -> None:
+    """The heartbeat's look while busy adds offered shards (never the one generated); idle,
+    it adds nothing: the next poll sees them."""
+    clock = Clock()
+    b = Backlog(answer_window_s=30, clock=clock)
+    b.also_seen({(5, 0): (True, 10_000)})
+    assert b.report() is None
+    b.seen({(1, 1): (False, 10_000)})
+    b.started(1, [0])
+    b.also_seen({(1, 0): (True, 10_000), (5, 0): (True, 10_000)})
+    b.batch(outputs=1, seconds=1.0, left=10, chain_now=1_000)  # 10 s ahead
+    report = b.report()
+    assert report is not None and (report["waiting"], report["offeredWaiting"]) == (2, 1)
+    clock.t += 25  # 25 s waited + 10 s ahead > 30 s
+    assert [k for k, _ in b.late(b.chain_now())] == [(5, 0)]
+
+
+def test_what_fits_a_window_at_the_measured_pace() -> None:
+    b = Backlog(answer_window_s=30)
+    assert b.fits(1000, 1000, 1.0), "nothing measured yet: anything fits"
+    b.batch(outputs=4, seconds=1.0, left=0, chain_now=0, tokens=100)  # 0.01 s per token
+    assert b.fits(10, 10, 1.0) and not b.fits(11, 10, 1.0)

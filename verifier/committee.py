@@ -14,8 +14,10 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
 2. Challenges of e. The leader (`leaderOf(e)` read at the block that committed set e) posts
    each miner's challenge as a directed paid task (open to miners on probation) from a fresh
    address, collects the signed answers, scores them and posts a proposal once every answer
-   is in or its answer window (`challengeAnswerWindow`, from the task's creation) has passed,
-   or at the latest once epoch e is over (answers still due then are left out, not missed).
+   is in or its answer window (`challengeAnswerWindow`, from the task's creation) has passed:
+   a challenge posted late in epoch e keeps its whole window, and the report then finishes
+   in epoch e+1 (challenges are posted only during e, and the window is shorter than an
+   epoch).
    A miner that committed a result root but published no document is challenged to show it
    on-chain (availability challenge): unanswered it is slashed, answered it is disputed.
 3. Every member fetches and checks the same answers, re-scores them on its own scorers and
@@ -476,8 +478,8 @@ class CommitteeMember:
             answers.append(collect_answer(self.q, self.market, challenge, p.task_id,
                                           answer_window=window, now=now))
         self.challenge_withheld(epoch, posted, answers)
-        if any(a.status == "pending" for a in answers) and into < 1:
-            return  # a miner's window is still open: it may still answer
+        if any(a.status == "pending" for a in answers):
+            return  # a miner's window is still open (it closes before epoch + 2): it may answer
         scores = self._score(cs, answers)
         if self.test_mode == "lie":
             scores = {m: BPS - s for m, s in scores.items()}
