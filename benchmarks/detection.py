@@ -391,11 +391,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated cheating modes (all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="JSON result file; the PNG goes beside it")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, at tiny sizes, results in a temporary directory: that "
+                        "the script runs (make test), not its figures")
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(args.modes) - set(CHEAT_MODES))
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; modes: {', '.join(CHEAT_MODES)}")
+    if args.smoke:
+        args.epochs, args.honest, args.requests, args.max_tokens = 1, 1, 2, 4
+        args.client_shards, args.honest_outputs, args.fault_max_tokens = 1, 4, 4
     for name in ("epochs", "honest", "requests", "max_tokens", "honest_outputs",
                  "fault_max_tokens", "threads"):
         if getattr(args, name) < 1:
@@ -407,6 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="quarry-detection-") as tmp:
         result = run(args, Path(tmp))
+        if args.smoke:
+            args.out = Path(tmp) / "smoke" / "detection.json"
+            return _report(args, result)
+    return _report(args, result)
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
+    """Write the JSON and the plot, say the headline, print the JSON last."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     png = args.out.with_suffix(".png")
     plot(png, result)

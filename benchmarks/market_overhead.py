@@ -25,8 +25,8 @@ startup heap, as `miner run` does (`market/engine/heap.py`), and report the garb
 collector's pauses per run (`raw_gc_pauses_s`, `miner_gc_pauses_s`). Settlement is not in
 the measured path: the challenge window is set long enough that no shard settles during the
 run. The miner's own timings (claim, generate, sign, upload, submitResult) come from its
-process through `Worker`'s listener and timing wrappers, and give the breakdown of the
-overhead.
+process through `Worker`'s listener (`timing=True`: the span of every step), and give the
+breakdown of the overhead.
 
 Prints progress on stderr and one JSON object as the last line of stdout (also written to
 benchmarks/out/market_overhead.json).
@@ -35,7 +35,6 @@ benchmarks/out/market_overhead.json).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -43,7 +42,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -112,73 +110,23 @@ class GcClock:
 # ------------------------------------------------------------------------ the miner process
 
 
-def _instrument(worker: Any, emit: Callable[[str, dict[str, Any]], None]) -> None:
-    """Warm the engine up, then wrap the worker's steps so each reports its wall-clock span
-    (and the task it belongs to); the steps themselves are the real ones, unchanged."""
-    import miner.worker as worker_module
+def _warm_up(worker: Any) -> None:
+    """One untimed batch through the miner's engine, so no timing pays its first call."""
     from market.engine.base import GenerationRequest
 
     engine = next(iter(worker.engines.values()))
     warm = GenerationRequest(engine.encode_prompt("Warm up the engine."), 4)
     engine.generate([warm] * worker.max_batch)
 
-    def current(*_: Any) -> int | None:
-        return None if worker.current is None else int(worker.current.task_id)
-
-    def timed(name: str, fn: Callable[..., Any],
-              task_of: Callable[..., int | None] = current) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                emit(name, {"start": start, "end": time.time(),
-                            "task_id": task_of(args, kwargs)})
-        return wrapper
-
-    def by_arg(args: Sequence[Any], kwargs: dict[str, Any]) -> int:
-        return int(args[1])  # claim_shard / submit_result(account, task_id, shard, ...)
-
-    find = worker.find_open_shards
-
-    def find_open_shards(limit: int = 20, wait_s: float = 0.0) -> list[tuple[int, int]]:
-        found = find(limit, wait_s=wait_s)
-        if found:
-            emit("found", {"tasks": sorted({t for t, _ in found})})
-        return found
-
-    worker.find_open_shards = find_open_shards
-    for e in worker.engines.values():
-        e.generate = timed("generate", e.generate)
-    # The upload runs in the miner's submitting thread, beside the next shard's generation:
-    # its task is the one whose result that thread is submitting.
-    submitting = threading.local()
-    submit = worker._submit
-
-    def _submit(result: Any, data: bytes) -> str:
-        submitting.task_id = result.task_id
-        return str(submit(result, data))
-
-    worker._submit = _submit
-    worker.store.put = timed("upload", worker.store.put,
-                             lambda a, k: getattr(submitting, "task_id", None))
-    worker.collect = timed("collect", worker.collect, lambda a, k: None)  # every loop turn
-    worker.claim = timed("claim_tx", worker.claim, lambda a, k: int(a[0]))  # (task_id, shard)
-    if worker.claim_many is not None:  # (task_id, shards): the shards streamed together
-        worker.claim_many = timed("claim_tx", worker.claim_many, lambda a, k: int(a[0]))
-    worker.q.tasks.submit_result = timed("submit_tx", worker.q.tasks.submit_result, by_arg)
-    worker_module.build_shard_result = timed(
-        "sign", worker_module.build_shard_result, lambda a, k: k.get("task_id"))
-
 
 def miner_child(config: Path, events_path: Path, threads: int) -> int:
-    """The miner: `Worker.from_config` and `run()`, as `miner run` does, plus timing.
+    """The miner: `Worker.from_config` and `run()`, as `miner run` does, with its listener
+    timing every step (`Worker(timing=True)`: claim tx, generate, sign, upload, submit tx,
+    collect, and each poll that found shards).
 
-    Every listener event and every timed step (claim tx, generate, sign, upload, submit tx,
-    a poll that found shards) is appended to `events_path` as one JSON line with wall-clock
-    times, which the parent lines up with its own. It reports "ready" once the model is loaded
-    and warmed up (an event, like the rest), so no timing includes it.
+    Every listener event is appended to `events_path` as one JSON line with wall-clock times,
+    which the parent lines up with its own. It reports "ready" once the model is loaded and
+    warmed up (an event, like the rest), so no timing includes it.
     """
     import torch
 
@@ -209,9 +157,10 @@ def miner_child(config: Path, events_path: Path, threads: int) -> int:
             out.write(json.dumps({"event": event, "t": time.time(), **info}, default=str)
                       + "\n")
 
-        worker = Worker.from_config(MinerConfig.load(config), progress=False, listener=emit)
+        worker = Worker.from_config(MinerConfig.load(config), progress=False, listener=emit,
+                                    timing=True)
         try:
-            _instrument(worker, emit)
+            _warm_up(worker)
             freeze_startup_heap()  # as `miner run` does once its models are loaded
             GcClock(lambda start, end, gen: pauses.append((start, end, gen)))
             emit("ready", {"address": worker.address, "threads": torch.get_num_threads(),
@@ -622,11 +571,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
     parser.add_argument("--keep", action="store_true",
                         help="keep the run's directory (logs, miner events) afterwards")
+    parser.add_argument("--smoke", action="store_true",
+                        help="8 prompts x 4 tokens, one repeat, results not written: checks "
+                        "that the whole path runs (make test), not its figures")
     parser.add_argument("--miner-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--events", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.miner_child is not None:
         return miner_child(args.miner_child, args.events, args.threads)
+    if args.smoke:
+        args.prompts, args.max_tokens, args.max_batch, args.repeats = 8, 4, 4, 1
+        args.multi_shard_size, args.warmup_prompts = 4, 2
     for name in ("prompts", "max_tokens", "max_batch", "threads", "repeats", "warmup_prompts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -658,8 +613,9 @@ def main(argv: list[str] | None = None) -> int:
         f"tok/s: ratio {result['market_vs_engine_throughput_ratio']} (target {TARGET_RATIO}), "
         f"{result['per_request_overhead_ms']} ms/request overhead")
     say("market path (median s): " + ", ".join(f"{k} {v}" for k, v in b.items()))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.smoke:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
 

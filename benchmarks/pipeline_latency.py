@@ -43,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-latency-ms", default="0,16,64",
                     help="injected one-way latency per hop, ms; comma-separated settings")
     ap.add_argument("--threads-per-stage", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a 2-layer model in 2 stages, 8 prompts, no injected latency: checks "
+                    "that the script runs (make test), not its figures")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.layers, args.hidden, args.stages, args.prompts = 2, 64, 2, 8
+        args.prompt_len, args.tokens, args.microbatch_size = 4, 4, 2
+        args.link_latency_ms = "0"
     latencies = [float(x) for x in args.link_latency_ms.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:

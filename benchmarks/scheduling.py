@@ -26,6 +26,7 @@ Prints one line per setting, then one JSON object as the last line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -220,25 +221,32 @@ def _algorithm_times(cluster: Cluster) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true",
+                        help="one Monte Carlo run per setting, not 20, and Parallax on 16 "
+                        "GPUs: checks that the script runs (make test), not its figures")
+    args = parser.parse_args(argv)
+    runs = 1 if args.smoke else MC_RUNS
     start = time.perf_counter()
     clustered = scenarios.clustered(L_IN, client_cluster=0)
-    rows0 = run_scenario(clustered, MC_RUNS, "Cluster0")
+    rows0 = run_scenario(clustered, runs, "Cluster0")
     by_location = {"cluster0": _mean_reduction(rows0)}
     for loc in (1, 2):
-        rows = run_scenario(scenarios.clustered(L_IN, loc), MC_RUNS, f"Cluster{loc}")
+        rows = run_scenario(scenarios.clustered(L_IN, loc), runs, f"Cluster{loc}")
         by_location[f"cluster{loc}"] = _mean_reduction(rows)
     scattered = scenarios.scattered(L_IN)
-    rows_s = run_scenario(scattered, MC_RUNS, "Scattered")
+    rows_s = run_scenario(scattered, runs, "Scattered")
 
     # Sensitivity: the authors' testbed measured ~50 ms per-token overhead beyond ping RTT
     # (clustered); our default is PETALS' own 18 ms serialization constant.
     with routing.serialization_overhead(0.050):
-        rows_50 = run_scenario(clustered, MC_RUNS, "C0@50ms", quiet=True)
+        rows_50 = run_scenario(clustered, runs, "C0@50ms", quiet=True)
 
     # Sensitivity: the authors' constant per-request delays (not in the paper).
-    rows0_d = run_scenario(clustered, MC_RUNS, "C0+delays", delays=AUTHOR_DELAYS)
-    rows_s_d = run_scenario(scattered, MC_RUNS, "Sc+delays", delays=AUTHOR_DELAYS)
+    rows0_d = run_scenario(clustered, runs, "C0+delays", delays=AUTHOR_DELAYS)
+    rows_s_d = run_scenario(scattered, runs, "Sc+delays", delays=AUTHOR_DELAYS)
     delay_block = _author_delay_block(rows0_d, rows_s_d)
     depadded = {
         k: v["reduction"] for k, v in delay_block["paper_matlab_depadded_by_setting"].items()
@@ -254,8 +262,9 @@ def main() -> int:
     try:
         from parallax_timing import measure  # benchmarks/parallax_timing.py (another helper)
 
-        m = measure(256)
-        parallax = {k: m.get(k) for k in ("phase1_ms_256", "phase2_ms_per_req_256")}
+        m = measure(16 if args.smoke else 256)
+        parallax = {k: m.get(k)
+                    for k in (f"phase1_ms_{m['n_gpus']}", f"phase2_ms_per_req_{m['n_gpus']}")}
     except ModuleNotFoundError as exc:
         if exc.name != "parallax_timing":
             raise
@@ -269,7 +278,8 @@ def main() -> int:
         "model": "BLOOM-176B (NF4 blocks, bf16 caches)",
         "n_requests": N_REQUESTS,
         "l_in": L_IN,
-        "mc_runs": MC_RUNS,
+        "mc_runs": runs,
+        "smoke": args.smoke,
         "per_token_reduction_vs_petals": _mean_reduction(rows0),
         "per_token_reduction_vs_petals_by_setting": {
             k: r["per_token_reduction"] for k, r in rows0.items()

@@ -260,7 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="batch runs per placement (best)")
     ap.add_argument("--concurrency", type=int, default=16,
                     help="sessions Parallax reserves KV room for per layer")
+    ap.add_argument("--smoke", action="store_true",
+                    help="two members, a 2-layer model (hidden 64), 8 prompts x 4 tokens, one "
+                    "run per placement: checks that the script runs (make test), not its "
+                    "figures")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.members, args.layers, args.hidden = "1:1:130,2:2:110", 2, 64
+        args.prompts, args.prompt_len, args.tokens, args.repeats = 8, 4, 4, 1
     members = parse_members(args.members)
     by_name = {m.name: m for m in members}
 

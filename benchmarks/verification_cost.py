@@ -48,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; median kept (5)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 prompts x 8 tokens, one run: checks that the script runs (make "
+                        "test), not its figures")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.batch, args.tokens, args.repeats = 2, 8, 1
     if args.batch < 1 or args.tokens < 1 or args.repeats < 1:
         parser.error("--batch, --tokens and --repeats must be >= 1")
 

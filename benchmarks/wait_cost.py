@@ -54,11 +54,15 @@ def count_requests(chain: Chain, calls: Counter[str]) -> None:
     provider._make_request = make_request  # type: ignore[attr-defined]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=200)
     parser.add_argument("--pace-s", type=float, default=0.05)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="5 shards: checks that the script runs (make test), not its figures")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shards = 5
 
     anvil = start_anvil(silent=True, die_with_parent=True)
     try:

@@ -84,8 +84,10 @@ def _submit(args: argparse.Namespace) -> int:
         if args.miner:
             print(f"offered to miner {args.miner} only (the market shows it to no other miner "
                   "until the deadline)")
-        if args.allow_probation:
-            print("miners on probation (new, not yet vetted by the committee) may claim it")
+        if t.allow_probation:
+            print("miners on probation (new, not yet vetted by the committee) may claim it"
+                  + ("" if args.allow_probation else
+                     ": no established miner serves the model yet (--no-probation refuses)"))
         if t.precisions:
             print(f"only miners serving it in {', '.join(mask_labels(t.precisions))} may "
                   "claim it")
@@ -327,9 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--miner", default=None, metavar="ADDRESS",
                    help="a directed job: offer it to this miner only (its ask is the default "
                    "price)")
-    p.add_argument("--allow-probation", action="store_true",
-                   help="let miners on probation (new, not yet vetted by the committee) claim "
-                   "it too")
+    probation = p.add_mutually_exclusive_group()
+    probation.add_argument("--allow-probation", action="store_true", default=None,
+                           help="let miners on probation (new, not yet vetted by the "
+                           "committee) claim it too (default: only while no established "
+                           "miner serves the model)")
+    probation.add_argument("--no-probation", dest="allow_probation", action="store_false",
+                           help="never let miners on probation claim it")
     p.add_argument("--precision", default=None, metavar="LIST",
                    help="precisions miners may serve it in, e.g. bf16,fp32 (fp32, fp16, bf16, "
                    "fp8, int8; default any)")

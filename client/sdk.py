@@ -125,6 +125,12 @@ DEFAULT_MAX_TOKENS = 64
 """`max_tokens` of prompt-list requests when none is given."""
 DEFAULT_DEADLINE_S = 3600
 MAX_SHARD_SIZE = 256
+UNMEASURED_SHARD_SIZE = 64
+"""The default shard's cap while no live miner has said how fast it generates."""
+SHARD_CLAIM_SHARE = 0.5
+"""The share of a claim's window a default shard fills at the slowest live miner's speed."""
+MAX_SHARDS_IN_FLIGHT = 4
+"""What a miner claims together by default (`miner.worker.MAX_SHARDS_IN_FLIGHT`)."""
 POLL_S = 0.05
 """`Job.wait`'s default poll interval, for a node that does not push new heads (`HeadFeed`):
 a poll is one `eth_blockNumber` (0.7 ms of CPU against Anvil; plus one `eth_getLogs` when a
@@ -176,6 +182,8 @@ class MinerOffer:
     on_probation: bool = False  # new identity: claims only tasks that allow probation
     precision: Precision | None = None  # declared on-chain for the model: shards judged at it
     commitments: bool | None = None  # its heartbeat says its engine commits (None: unknown)
+
+    seconds_per_token: float | None = None  # its measured speed (heartbeat), if it said
 
     def describe(self) -> str:
         """One line: address, ask, declared precision, liveness, probation."""
@@ -453,8 +461,9 @@ class Client:
             model_id = _model_id_of(m.get("modelId"))
             if model_id is not None and m.get("name"):
                 names[model_id] = str(m["name"])
-        # (miner, models, alive, commits): liveness and commitments are the market's word
-        listed: list[tuple[str, list[bytes], bool, bool | None]] = []
+        # (miner, models, alive, commits, speed): liveness, commitments and speed are the
+        # market's word (its heartbeats)
+        listed: list[tuple[str, list[bytes], bool, bool | None, float | None]] = []
         for row in self.market.miners():
             served = [mid for mid in (_model_id_of(x) for x in row.get("models") or [])
                       if mid is not None]
@@ -462,27 +471,30 @@ class Client:
             if served:
                 listed.append((to_checksum_address(row["address"]), served,
                                bool(row.get("alive")),
-                               commits if isinstance(commits, bool) else None))
-        terms = self.q.gpu.offer_terms([(a, served) for a, served, _, _ in listed],
+                               commits if isinstance(commits, bool) else None,
+                               _speed(row.get("status"))))
+        terms = self.q.gpu.offer_terms([(a, served) for a, served, *_ in listed],
                                        min_reputation_bps, allow_probation=True)
         by_model: dict[bytes, list[MinerOffer]] = {}
-        for (address, served, alive, commits), (info, eligible) in zip(listed, terms,
-                                                                       strict=True):
+        for (address, served, alive, commits, speed), (info, eligible) in zip(listed, terms,
+                                                                              strict=True):
             for model_id, precision in zip(served, eligible, strict=True):
                 if precision is not None:  # eligible, in the precision it declared
                     by_model.setdefault(model_id, []).append(MinerOffer(
                         address, info.price_per_token, alive, info.on_probation, precision,
-                        commits))
+                        commits, speed))
         return [ModelOffer(mid, names.get(mid), tuple(sorted(ms, key=lambda m: m.price_per_token)))
                 for mid, ms in by_model.items()]
 
     def resolve_model(self, model: str | bytes, min_reputation_bps: int = 0,
-                      allow_probation: bool = False, *, precisions: int = ANY,
+                      allow_probation: bool | None = False, *, precisions: int = ANY,
                       require_commitments: bool = False) -> ModelOffer:
         """The offer for `model` (a name or a 0x modelId), with the miners a task accepting
         the mask `precisions` (and requiring commitments) may go to; `UnknownModel` lists what
         exists, and says so when only miners on probation serve it (naming the option), or
-        none in an accepted precision or with commitments."""
+        none in an accepted precision or with commitments. `allow_probation=None` (what
+        `submit` does by default): the established miners when there are any, else the miners
+        on probation: a market's first miners are all new."""
         everyone = self._offers(min_reputation_bps)
         wanted = _model_id_of(model)
         matches = [o for o in everyone
@@ -494,7 +506,7 @@ class Client:
         floor = f" with reputation >= {min_reputation_bps} bps" if min_reputation_bps else ""
         if len(matches) == 1:
             offer = self._serving(matches[0], shown, precisions, require_commitments)
-            if allow_probation:
+            if allow_probation or (allow_probation is None and not offer.established):
                 return offer
             if offer.established:
                 return dataclasses.replace(offer, miners=offer.established)
@@ -504,7 +516,15 @@ class Client:
                 f"the committee's challenges; to let them claim the task pass "
                 f"{PROBATION_OPTION}")
         known = "; ".join(o.describe() for o in everyone) or "none"
-        raise UnknownModel(f"no registered miner{floor} serves model {shown!r}; known: {known}")
+        listed = [m for m in self.market.models()
+                  if m.get("name") == model or _model_id_of(m.get("modelId")) == wanted]
+        if listed:
+            raise UnknownModel(
+                f"no miner that may claim a task now{floor} serves model {shown!r}: the "
+                "miners registered for it are untrusted, exiting or short of stake (`client "
+                f"models`, GET /miners say which); start or register another; known: {known}")
+        raise UnknownModel(f"no registered miner{floor} serves model {shown!r} (start one: "
+                           f"`miner register`, `miner run`); known: {known}")
 
     @staticmethod
     def _serving(offer: ModelOffer, shown: str, precisions: int,
@@ -536,7 +556,7 @@ class Client:
         arbiter: str | None = None,
         min_reputation_bps: int = 0,
         prefer_miner: str | None = None,
-        allow_probation: bool = False,
+        allow_probation: bool | None = None,
         precisions: str | Sequence[str | int | Precision] | None = None,
         require_commitments: bool = False,
     ) -> Job:
@@ -548,12 +568,15 @@ class Client:
         model, or `prefer_miner`'s ask). `deadline`: seconds from now (int/float) or an
         absolute `datetime`. `prefer_miner`: a directed job, offered to that miner only (the
         market shows it to no one else until the deadline). `allow_probation`: miners on
-        probation (new identities the committee has not vetted yet) may claim it too; by
-        default they may not, and their asks do not set the price. `precisions`: the
-        precisions miners may serve it in ("bf16,fp32", or names, `Precision`s or numbers;
-        default any): only miners that declared one of them may claim it, and only their asks
-        set the price. `require_commitments`: every output must carry an activation
-        commitment (miners whose engines make none, vLLM's say, then cannot take it).
+        probation (new identities the committee has not vetted yet) may claim it too
+        (True), or not (False, and their asks do not set the price); by default (None) they
+        may only when no established miner serves the model (a new market's first miners).
+        `precisions`: the precisions miners may serve it in ("bf16,fp32", or names,
+        `Precision`s or numbers; default any): only miners that declared one of them may
+        claim it, and only their asks set the price. `require_commitments`: every output must
+        carry an activation commitment (miners whose engines make none, vLLM's say, then
+        cannot take it). `shard_size` (default): two shards per live miner, capped so that the
+        slowest of them (its measured speed) ends a shard within half the claim window.
         Everything that can be wrong is checked before any transaction is sent.
         """
         mask, commit = parse_mask(precisions), bool(require_commitments)
@@ -595,8 +618,8 @@ class Client:
                                   precisions=mask, require_commitments=commit)
 
     def _offer_for(self, batch: Batch, model: str | bytes | None,
-                   min_reputation_bps: int, allow_probation: bool, *, precisions: int = ANY,
-                   require_commitments: bool = False) -> ModelOffer:
+                   min_reputation_bps: int, allow_probation: bool | None, *,
+                   precisions: int = ANY, require_commitments: bool = False) -> ModelOffer:
         """Resolve the task's model and check every line's `body.model` names it."""
         named = batch.models()
         if model is None:
@@ -630,12 +653,15 @@ class Client:
         arbiter: str | None,
         min_reputation_bps: int,
         prefer_miner: str | None,
-        allow_probation: bool,
+        allow_probation: bool | None,
         precisions: int = ANY,
         require_commitments: bool = False,
     ) -> Job:
-        """Fill in the defaults (price, shard size, deadline) and post with `post_batch`."""
+        """Fill in the defaults (price, shard size, deadline, probation) and post with
+        `post_batch`."""
         n = len(batch)
+        if allow_probation is None:  # the offer holds miners on probation only if need be
+            allow_probation = any(m.on_probation for m in offer.miners)
         if prefer_miner is not None:  # post_batch checks the price against this miner's ask
             ask = self._directed_ask(prefer_miner, offer.model_id, min_reputation_bps,
                                      allow_probation, precisions)
@@ -649,11 +675,13 @@ class Client:
         if price is None:
             price = ask
         self.check_context(batch, offer)
-        limit, block = self.chain.read([self.q.tasks.fn("maxShardsPerTask"),
-                                        lambda eth: eth.get_block("latest")])
+        limit, claim_timeout, block = self.chain.read([
+            self.q.tasks.fn("maxShardsPerTask"), self.q.tasks.fn("claimTimeout"),
+            lambda eth: eth.get_block("latest")])
         deadline_ts = self._deadline(deadline, int(block["timestamp"]))
         if shard_size is None:  # two shards per miner that could take them, within the limit
-            shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, miners)))))
+            shard_size = max(1, min(MAX_SHARD_SIZE, math.ceil(n / (2 * max(1, miners))),
+                                    shard_fit(offer, batch.max_tokens, int(claim_timeout))))
             shard_size = max(shard_size, math.ceil(n / int(limit)))
         task_id, tx = post_batch(
             self.q, self.account, self.market, batch.data, batch.request_hashes,
@@ -1274,3 +1302,24 @@ def _count(states: Any) -> list[tuple[ShardState, int]]:
         counts[s] = counts.get(s, 0) + 1
     return sorted(counts.items())
 
+
+def _speed(status: Any) -> float | None:
+    """A heartbeat's `secondsPerToken`, when it is a positive finite number."""
+    value = status.get("secondsPerToken") if isinstance(status, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and \
+            math.isfinite(value) and value > 0:
+        return float(value)
+    return None
+
+
+def shard_fit(offer: ModelOffer, max_tokens: int, claim_timeout: int) -> int:
+    """The most requests a shard may hold so that the slowest live miner that said its speed
+    ends it within `SHARD_CLAIM_SHARE` of the claim window (a miner claims up to
+    `MAX_SHARDS_IN_FLIGHT` shards together: the window holds them all); without a measured
+    speed, `UNMEASURED_SHARD_SIZE`."""
+    speeds = [m.seconds_per_token for m in offer.miners
+              if m.alive and m.seconds_per_token is not None]
+    if not speeds:
+        return UNMEASURED_SHARD_SIZE
+    per_request = max(speeds) * max(1, max_tokens) * MAX_SHARDS_IN_FLIGHT
+    return max(1, int(SHARD_CLAIM_SHARE * claim_timeout / per_request))

@@ -118,6 +118,8 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     uint16 public constant BPS = 10_000;
     /// @notice Most availability challenges one shard can receive.
     uint8 public constant MAX_AVAILABILITY_CHALLENGES = 3;
+    /// @notice Where absent members' slashed stake is credited: no key exists for it.
+    address public constant BURN = address(0xdEaD);
 
     /// @notice Least bond (wei) to open a dispute.
     uint256 public minBond;
@@ -413,8 +415,9 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     }
 
     /// @notice Reports members of an expired dispute's committee that cast no vote: each loses
-    /// its seat and, past the committee's strike limit, part of its stake to the dispute's
-    /// opener (VerifierCommittee.penalizeAbsence). Anyone may call; each member once per dispute.
+    /// its seat and, past the committee's strike limit, part of its stake, credited to `BURN`
+    /// (VerifierCommittee.penalizeAbsence): no one, the opener included, gains from another
+    /// member's absence. Anyone may call; each member once per dispute.
     /// @param disputeId An expired dispute.
     /// @param absent Members of its committee without a recorded vote.
     function reportAbsence(uint256 disputeId, address[] calldata absent) external nonReentrant {
@@ -425,7 +428,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
             if (committee.weightAt(member, d.epoch) == 0) revert NotCommitteeMember(member);
             if (_ballots[disputeId][member] != Ballot.None) revert NotAbsent(member);
             _ballots[disputeId][member] = Ballot.Absent;
-            uint256 slashed = committee.penalizeAbsence(member, d.opener);
+            uint256 slashed = committee.penalizeAbsence(member, BURN);
             emit AbsenceReported(disputeId, member, slashed);
         }
     }

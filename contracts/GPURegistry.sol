@@ -93,6 +93,14 @@ struct SwarmTerms {
 /// again: it goes back on probation, eligible for the committee's challenges (tasks that
 /// allow probation) despite its reputation, until the next report that names it.
 ///
+/// Missing is not failing: a challenge the miner did not answer in time is evidence that it
+/// was unavailable, not that it cheated. The committee reports it as missed ({recordMissed}):
+/// the reputation stays as it was, no stake is burned, the probation count neither advances
+/// nor restarts, and the miner stays eligible for the next challenges. Only a run of more
+/// than `missedReportsAllowed` missed reports in a row puts it back on probation (ordinary
+/// clients' tasks exclude it until it passes `probationEpochs` reports again), so a miner that
+/// is never available ends up with no ordinary work, at no cost to its stake.
+///
 /// Swarms (one model served across several miners' GPUs). Rules:
 /// - Formation: {registerSwarm} takes the terms (`SwarmTerms`): the model, the head, the members (2..MAX_SWARM_MEMBERS
 ///   registered, non-exiting miners, strictly ascending), each member's share (a positive
@@ -148,6 +156,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     uint16 public untrustedSlashBps = 1000;
     /// @notice Wei an untrusted miner burns to be challenged again ({requestRechallenge}).
     uint256 public rechallengeFee = 0.01 ether;
+    /// @notice Missed reports in a row ({recordMissed}) a miner may have before the next one
+    /// puts it back on probation.
+    uint16 public missedReportsAllowed = 2;
     /// @notice Where burned stake and fees are credited: no key exists for it.
     address public constant BURN = address(0xdEaD);
     /// @notice Most members one swarm may have (bounds every per-member loop).
@@ -171,6 +182,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     mapping(address miner => uint16) public untrustedReportsOf;
     /// @notice True from {requestRechallenge} until the next report naming the miner.
     mapping(address miner => bool) public rechallengePending;
+    /// @notice Consecutive committee reports that found the miner's challenge unanswered.
+    mapping(address miner => uint16) public missedReportsOf;
     /// @notice Number of swarms registered; ids run from 1 to `swarmCount`.
     uint256 public swarmCount;
     mapping(uint256 swarmId => Swarm) private _swarms;
@@ -216,6 +229,10 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     event UntrustedPenaltySet(uint16 slashBps, uint256 rechallengeFee);
     /// @notice An untrusted miner paid `fee` to be challenged again.
     event RechallengeRequested(address indexed miner, uint256 fee);
+    event MissedReportsAllowedSet(uint16 missedReportsAllowed);
+    /// @notice A committee report found `miner`'s challenge unanswered, the `missed`-th time in
+    /// a row; `probation` is true when this put it back on probation.
+    event ReportMissed(address indexed miner, uint16 missed, bool probation);
     /// @notice Every member consented to a swarm with these terms.
     event SwarmRegistered(
         uint256 indexed swarmId,
@@ -373,6 +390,13 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit UntrustedPenaltySet(slashBps, fee);
     }
 
+    /// @notice Sets how many missed reports in a row a miner may have before the next one puts
+    /// it back on probation (see the contract's notice).
+    function setMissedReportsAllowed(uint16 v) external onlyOwner {
+        missedReportsAllowed = v;
+        emit MissedReportsAllowedSet(v);
+    }
+
     // ------------------------------------------------------------------ miners
 
     /// @notice Registers the caller as a miner with `msg.value` as stake, on probation (see
@@ -407,6 +431,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         m.passedEpochs = 0;
         delete untrustedReportsOf[msg.sender];
         delete rechallengePending[msg.sender];
+        delete missedReportsOf[msg.sender];
         emit MinerRegistered(msg.sender, modelIds, precisions, gpu, endpoint, pricePerToken, msg.value);
     }
 
@@ -565,6 +590,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         m.reputationBps = bps;
         emit ReputationSet(miner, bps);
         delete rechallengePending[miner];
+        delete missedReportsOf[miner];
         if (bps >= untrustedBelowBps) {
             delete untrustedReportsOf[miner];
         } else if (++untrustedReportsOf[miner] > 1 && address(escrow) != address(0)) {
@@ -580,6 +606,25 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
                 emit ProbationEnded(miner);
             }
         }
+    }
+
+    /// @notice Records that the committee's report found `miner`'s challenge unanswered in
+    /// time (see the contract's notice): its reputation, stake and probation count stay as
+    /// they are; a pending re-challenge is used up (a miner cannot stay eligible by never
+    /// answering); past `missedReportsAllowed` missed reports in a row it is back on
+    /// probation. VerifierCommittee only. Emits {ReportMissed}.
+    function recordMissed(address miner) external {
+        if (msg.sender != committee || msg.sender == address(0)) revert Unauthorized(msg.sender);
+        MinerInfo storage m = _miners[miner];
+        if (!m.active) revert NotRegistered(miner);
+        uint16 missed = ++missedReportsOf[miner];
+        delete rechallengePending[miner];
+        bool relapse = missed > missedReportsAllowed && !m.onProbation;
+        if (relapse) {
+            m.onProbation = true;
+            m.passedEpochs = 0;
+        }
+        emit ReportMissed(miner, missed, relapse);
     }
 
     /// @dev Takes up to `amount` of `m`'s stake (never more than it holds; locked collateral

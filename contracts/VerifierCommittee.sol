@@ -63,6 +63,9 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     /// @notice Most miners in one report.
     uint256 public constant MAX_REPORT_MINERS = 256;
     uint16 public constant BPS = 10_000;
+    /// @notice A report's score for a miner whose challenge went unanswered within
+    /// `challengeAnswerWindow`: unavailability, not a reputation (GPURegistry.recordMissed).
+    uint16 public constant MISSED = type(uint16).max;
 
     /// @notice Least stake (wei) to register.
     uint256 public minVerifierStake;
@@ -73,6 +76,10 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     uint64 public epochDuration;
     /// @notice Start of epoch 0.
     uint64 public genesisTime;
+    /// @notice Seconds a challenged miner has, from the block that posted its challenge task,
+    /// to submit its answer: members report a challenge missed only once this has passed
+    /// (off-chain rule, read here so every member applies the same one). Below `epochDuration`.
+    uint64 public challengeAnswerWindow;
     /// @notice Most members of one epoch (<= MAX_MEMBERS_CAP).
     uint256 public maxMembers = MAX_MEMBERS_CAP;
     /// @notice Epochs from a join or exit request to the boundary where it takes effect (>= 1).
@@ -116,6 +123,7 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     event MaxMembersSet(uint256 v);
     event MembershipParamsSet(uint64 activationDelay, uint32 churnLimit);
     event IdlePenaltySet(uint32 strikesAllowed, uint16 slashBps);
+    event ChallengeAnswerWindowSet(uint64 window);
     /// @notice `verifier` bonded `stake` wei and votes from epoch `activeFrom` on.
     event VerifierRegistered(address indexed verifier, uint256 stake, uint64 activeFrom);
     /// @notice A newcomer with more stake took `verifier`'s seat from epoch `activeUntil` on.
@@ -148,6 +156,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     error InvalidMembershipParams(uint64 activationDelay, uint32 churnLimit);
     error InvalidBps(uint256 bps);
     error ZeroEpochDuration();
+    /// @notice The answer window must be positive and shorter than an epoch.
+    error InvalidAnswerWindow(uint64 window, uint64 epochDuration);
     error NoMembers();
     error WrongEpoch(uint256 epoch, uint256 current);
     error AlreadyCommitted(uint256 epoch);
@@ -181,6 +191,7 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         minVerifierStake = minVerifierStake_;
         unbondingPeriod = unbondingPeriod_;
         epochDuration = epochDuration_;
+        challengeAnswerWindow = epochDuration_ / 2 > 0 ? epochDuration_ / 2 : 1;
         genesisTime = genesisTime_ == 0 || genesisTime_ > block.timestamp ? uint64(block.timestamp) : genesisTime_;
     }
 
@@ -237,6 +248,14 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         activationDelay = activationDelay_;
         churnLimit = churnLimit_;
         emit MembershipParamsSet(activationDelay_, churnLimit_);
+    }
+
+    /// @notice Sets how long a challenged miner has to answer before the committee may report
+    /// the challenge missed (seconds, > 0 and < `epochDuration`).
+    function setChallengeAnswerWindow(uint64 window) external onlyOwner {
+        if (window == 0 || window >= epochDuration) revert InvalidAnswerWindow(window, epochDuration);
+        challengeAnswerWindow = window;
+        emit ChallengeAnswerWindowSet(window);
     }
 
     /// @notice Sets how absences from expired disputes are punished.
@@ -358,10 +377,11 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     /// @notice Writes a reputation report for `epoch`, signed by a quorum of that epoch's
     /// committee, to GPURegistry. `epoch` must not be in the future and must be newer than
     /// every epoch reported before (a held-back older report can never overwrite a newer one).
-    /// Miners no longer registered are skipped.
+    /// Miners no longer registered are skipped; a miner scored `MISSED` keeps its reputation
+    /// and has the miss recorded (GPURegistry.recordMissed).
     /// @param epoch The epoch scored.
     /// @param miners Miners scored (<= 256), strictly ascending by address.
-    /// @param scoresBps Their new reputations (<= 10000 each).
+    /// @param scoresBps Their new reputations (<= 10000 each), or `MISSED`.
     /// @param evidenceRoot Root of the off-chain evidence.
     /// @param sigs Member signatures over the Report, signers strictly ascending by address.
     function submitReputation(
@@ -378,7 +398,7 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         if (miners.length != scoresBps.length) revert LengthMismatch(miners.length, scoresBps.length);
         if (miners.length > MAX_REPORT_MINERS) revert TooManyMiners(MAX_REPORT_MINERS, miners.length);
         for (uint256 i = 0; i < scoresBps.length; ++i) {
-            if (scoresBps[i] > BPS) revert ScoreOutOfRange(scoresBps[i]);
+            if (scoresBps[i] > BPS && scoresBps[i] != MISSED) revert ScoreOutOfRange(scoresBps[i]);
             if (i > 0 && miners[i] <= miners[i - 1]) revert MinersNotSorted();
         }
         address[] memory signers = _checkQuorum(_hashReport(epoch, miners, scoresBps, evidenceRoot), sigs, epoch);
@@ -387,10 +407,12 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         emit ReputationSubmitted(epoch, evidenceRoot, miners.length, signers);
         uint256 start = epochStart(epoch);
         for (uint256 i = 0; i < miners.length; ++i) {
-            if (gpuRegistry.isRegistered(miners[i])) {
-                gpuRegistry.setReputation(miners[i], scoresBps[i], start);
-            } else {
+            if (!gpuRegistry.isRegistered(miners[i])) {
                 emit ReputationSkipped(epoch, miners[i]);
+            } else if (scoresBps[i] == MISSED) {
+                gpuRegistry.recordMissed(miners[i]);
+            } else {
+                gpuRegistry.setReputation(miners[i], scoresBps[i], start);
             }
         }
     }

@@ -16,7 +16,9 @@
 6. The arbiter disputing one output (`verifier dispute`): the committee scores the whole
    shard, votes through the market's relay and records a stake quorum on-chain.
 7. A challenge epoch: the committee's challenges, disguised as ordinary client jobs, reach
-   the miners; the members score the answers and submit the epoch's reputation report.
+   the miners; the members score the answers and submit the epoch's reputation report. A
+   miner too busy to answer within the answer window (a loaded machine) is reported
+   unavailable, which costs it nothing but that epoch's credit.
 8. The market's settlement sweep finalizing each shard once its challenge window closes:
    each miner is paid for its own tokens, the unused budget goes back to the client.
 
@@ -59,6 +61,8 @@ VERIFIER_ACCOUNTS = (6, 7)
 VERIFIER_STAKES = ("0.2ether", "0.1ether")  # a quorum (> 2/3 of the stake) needs both
 PRICE_WEI = 10**9  # 1 gwei per output token
 EPOCH_S = 20
+ANSWER_WINDOW_S = 15  # a challenged miner's time to answer, from the challenge's posting
+CHALLENGE_WINDOW_S = 90  # a client's (and the arbiter's) time to check and dispute a shard
 STEPS = 8
 
 TOPICS = ["the ocean", "a small village", "prime numbers", "the market", "music", "tea",
@@ -158,7 +162,8 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
     exit (tests use this to look at a market with a finished job, a dispute and a reported
     epoch)."""
     procs: list[ManagedProcess] = []
-    params = DeployParams(epoch_duration=EPOCH_S, challenge_window=45)
+    params = DeployParams(epoch_duration=EPOCH_S, challenge_window=CHALLENGE_WINDOW_S,
+                          challenge_answer_window=ANSWER_WINDOW_S)
     with LocalStack(home, deploy_params=params) as stack:
         q = stack.quarry
         step(1, f"private Redis, Anvil, market and Celery worker up in "
@@ -223,8 +228,7 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                 status = job.status()
                 job.wait(progress=True, timeout=args.timeout)
                 outputs = job.results()
-                out = Path.cwd() / ".quarry" / "demo-results.jsonl"
-                out.parent.mkdir(parents=True, exist_ok=True)
+                out = home / "demo-results.jsonl"  # in the demo's directory (kept by --keep)
                 job.write_results(out)
                 step(5, f"client {client.address} paid {eth(status.payment)} for task "
                         f"{job.task_id} ({status.num_requests} prompts, {len(status.shards)} "
@@ -255,10 +259,16 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                 first = stack.wait_until(reported, "the committee's first report rating "
                                          "every miner", timeout=args.timeout)[0]
                 reps = {m: q.gpu.miner_info(m).reputation_bps for m in addresses}
-                step(7, f"challenge epoch {first['epoch']}: every miner answered a challenge "
+                missed = {e["miner"] for e in q.gpu.events("ReportMissed",
+                                                           int(first["blockNumber"]))
+                          if e["blockNumber"] == first["blockNumber"]}
+                step(7, f"challenge epoch {first['epoch']}: each miner got a challenge "
                         "posted like a client job from a fresh address; the members "
                         "re-scored the answers and submitted the report: reputations "
-                        + ", ".join(f"{m[:10]}... {r / 100:.0f}%" for m, r in reps.items()))
+                        + ", ".join(f"{m[:10]}... {r / 100:.0f}%"
+                                    + (" (missed its challenge: unavailable, not failed; "
+                                       "reputation kept)" if m in missed else "")
+                                    for m, r in reps.items()))
 
                 final = job.wait(progress=True, timeout=args.timeout, finalized=True)
                 paid: dict[str, int] = defaultdict(int)
@@ -298,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=60, help="batch size (60)")
     parser.add_argument("--max-tokens", type=int, default=24, help="tokens per output (24)")
     parser.add_argument("--shard-size", type=int, default=15, help="requests per shard (15)")
-    parser.add_argument("--timeout", type=float, default=240, help="seconds to wait (240)")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds to wait for each step (600: a busy machine is slow, "
+                        "not broken)")
     parser.add_argument("--keep", action="store_true",
                         help="leave everything running (look at the dashboard) until Ctrl-C, "
                         "then keep the demo directory (logs, store, board)")

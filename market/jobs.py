@@ -61,6 +61,7 @@ from market.protocol.results import (
     receipt_proven,
     verify_shard_result,
 )
+from market.standing import why_not_eligible
 from market.store import ContentNotFound, ContentTooLarge, StoreError, content_uri
 
 __all__ = [
@@ -180,13 +181,10 @@ def miner_ask(q: Quarry, miner: str, model_id: bytes, min_reputation_bps: int = 
         raise MinerOnProbation(f"miner {address} is on probation (new to the market, "
                                f"{info.passed_epochs} epoch(s) of challenges passed): allow "
                                "miners on probation to direct a job at it")
-    if not q.gpu.is_eligible(address, model_id, min_reputation_bps, allow_probation):
-        served = ", ".join(encode_hex(m) for m in q.gpu.models_of(address)) or "nothing"
-        floor = (f" with reputation >= {min_reputation_bps} bps (it has "
-                 f"{info.reputation_bps})") if min_reputation_bps else ""
-        raise MinerNotEligible(f"miner {address} may not claim tasks for model "
-                               f"{encode_hex(model_id)}{floor}: it serves {served}, "
-                               f"{'active' if info.active else 'not active (exiting?)'}")
+    why = why_not_eligible(q, address, model_id, min_reputation_bps, allow_probation)
+    if why:
+        raise MinerNotEligible(f"{why}: it may not claim this task for model "
+                               f"{encode_hex(model_id)}")
     declared = q.gpu.precision_of(address, model_id)
     if declared is None or not accepts_precision(precisions, declared):
         raise MinerNotEligible(f"miner {address} serves model {encode_hex(model_id)} in "
@@ -608,6 +606,13 @@ def open_dispute(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: i
                 "receipt, and no availability challenge on it was answered: challenge its "
                 f"availability first (`client challenge {task_id} {index}`)")
         receipt, proof = answer
+    epoch = q.committee.current_epoch()
+    if q.committee.total_weight_at(epoch) == 0:
+        raise DisputeNotPossible(
+            f"no verifier committee sits in epoch {epoch}, so no one could judge a dispute: "
+            "start verifiers (`verifier register`, then `verifier run`; a seat takes effect "
+            f"at the next epoch boundary, chain time {q.committee.epoch_start(epoch + 1)}) "
+            f"and dispute before shard {k}'s window closes at chain time {s.window_end}")
     arb = q.arbitration
     bond = _bond(bond, arb.min_bond())
     evidence = s.result_uri if evidence_uri is None else evidence_uri
@@ -630,7 +635,7 @@ def judging_committee(q: Quarry, epoch: int) -> list[str]:
 
 def report_absent(q: Quarry, account: LocalAccount, dispute_id: int) -> tuple[str, ...]:
     """Report every member of an expired dispute's committee that cast no vote (each loses
-    its seat, and stake to the opener past the committee's limit); returns those this call
+    its seat, and stake past the committee's limit, burned); returns those this call
     reported. A reporter racing this one makes the batch revert `NotAbsent`: the ballots are
     read again and the rest reported."""
     d = q.arbitration.get_dispute(dispute_id)

@@ -268,7 +268,8 @@ class RoleSettings(BaseSettings):
                         values.pop(form, None)
                 values[name], origin[name] = value, where
         settings = cls.build(values, origin)
-        if config is not None and values.get("key") and origin.get("key") == table.label:
+        if config is not None and values.get("key") and origin.get("key") == table.label \
+                and not public_devnet_key(str(values["key"])):
             warn_if_shared(table.file, "a raw private key (`key`)")  # only once it is valid
         return settings
 
@@ -391,6 +392,21 @@ def unlock_keystore(path: Path, text: str, role: str) -> str:
                           f"{reason}") from None
     _unlocked[(path.resolve(), text)] = key
     return key
+
+
+def public_devnet_key(key: str) -> bool:
+    """Whether `key` is one of the devnet's funded keys (Anvil's default mnemonic): public
+    knowledge, so a file that others can read gives nothing away (examples/config/)."""
+    global _devnet_keys
+    if _devnet_keys is None:
+        from market.chain.client import anvil_account  # eth-account: only on this path
+        from market.chain.devnet import DEVNET_ACCOUNTS
+
+        _devnet_keys = {bytes(anvil_account(i).key).hex() for i in range(DEVNET_ACCOUNTS)}
+    return key.lower().removeprefix("0x") in _devnet_keys
+
+
+_devnet_keys: set[str] | None = None
 
 
 def warn_if_shared(path: Path, what: str) -> None:

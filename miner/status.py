@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from market.errors import QuarryError
+from market.standing import miner_standing
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -36,7 +37,8 @@ def probation_note(passed_epochs: int, epochs: int, pass_bps: int) -> str:
     """What probation means for a miner on it, and what ends it (`probation_params()`)."""
     return (f"this miner is on probation ({passed_epochs} of {epochs} passing epochs): it may "
             "claim only tasks that allow miners on probation (the committee's challenge tasks, "
-            f"clients that opt in) until {epochs} consecutive committee reports score it at or "
+            "clients that opt in, and by default every client while no established miner "
+            f"serves the model) until {epochs} consecutive committee reports score it at or "
             f"above {pass_bps} bps")
 
 
@@ -87,6 +89,11 @@ class MinerStatus:
     open_challenges: list[dict[str, Any]] = field(default_factory=list)
     # each served model's declared precision (fp32 ... int8): its shards are judged at it
     precisions: dict[str, str] = field(default_factory=dict)
+    standing: str = ""  # market.standing.miner_standing
+    untrusted_below_bps: int = 0
+    rechallenge_pending: bool = False
+    missed_reports: int = 0  # committee reports in a row that found its challenge unanswered
+    missed_reports_allowed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,7 +105,7 @@ class MinerStatus:
                 f"stake      {self.stake} wei ({self.locked} wei locked as collateral, "
                 f"{self.stake - self.locked} wei free)",
                 f"reputation {self.reputation_bps} bps",
-                "probation  " + self._probation(),
+                "standing   " + self._standing(),
                 f"price      {self.price_per_token} wei/token",
                 f"endpoint   {self.endpoint}",
                 f"gpu        {self.gpu['count']} x {self.gpu['name']} "
@@ -129,13 +136,31 @@ class MinerStatus:
         lines += [self._challenge_line(c) for c in self.open_challenges]
         return "\n".join(lines)
 
-    def _probation(self) -> str:
-        if not self.on_probation:
-            return "none (may claim every task its reputation allows)"
-        return (f"ON: {self.passed_epochs} of {self.probation_epochs} passing epochs; may claim "
-                "only tasks that allow miners on probation until "
-                f"{self.probation_epochs} consecutive committee reports score it at or above "
-                f"{self.probation_pass_bps} bps")
+    def _standing(self) -> str:
+        """The standing in a word, what it may claim, and what changes it."""
+        missed = ""
+        if self.missed_reports:
+            missed = (f"; {self.missed_reports} challenge report(s) in a row found it "
+                      "unavailable (missed, not failed: no reputation or stake lost"
+                      + (f"; probation again after {self.missed_reports_allowed}"
+                         if not self.on_probation else "") + ")")
+        if self.standing == "untrusted":
+            return (f"UNTRUSTED: reputation {self.reputation_bps} bps is under "
+                    f"{self.untrusted_below_bps}; it may claim nothing, not even the "
+                    "committee's challenges, until it pays to be challenged again "
+                    "(`miner rechallenge`)" + missed)
+        if self.standing == "re-challenged":
+            return ("RE-CHALLENGED: untrusted, with a paid re-challenge pending: until the "
+                    "committee's next report it may claim only tasks that allow probation and "
+                    "set no reputation floor (the challenges)" + missed)
+        if self.standing == "on probation":
+            return (f"ON PROBATION: {self.passed_epochs} of {self.probation_epochs} passing "
+                    "epochs; may claim only tasks that allow miners on probation until "
+                    f"{self.probation_epochs} consecutive committee reports score it at or "
+                    f"above {self.probation_pass_bps} bps" + missed)
+        if self.standing == "exiting":
+            return "EXITING: claims nothing new" + missed
+        return "trusted (may claim every task its reputation allows)" + missed
 
     def _challenge_line(self, c: dict[str, Any]) -> str:
         left = c["deadline"] - self.chain_time
@@ -160,6 +185,7 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
     finalized = tasks.events("ShardFinalized", since, miner=address)
     reclaimed = tasks.events("ClaimReclaimed", since, miner=address)
     probation = gpu.probation_params()
+    untrusted, pending = gpu.untrusted_below_bps(), gpu.rechallenge_pending(address)
     withdrawable_at = None
     if registered and info.exit_requested_at:
         withdrawable_at = info.exit_requested_at + unbonding_period(q)
@@ -197,6 +223,13 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
         challenges_answered=sum(c["status"] == "ANSWERED" for c in challenges),
         challenges_unanswered=sum(c["status"] == "UNANSWERED" for c in challenges),
         open_challenges=[c for c in challenges if c["status"] == "OPEN"],
+        standing=miner_standing(reputation_bps=info.reputation_bps,
+                                untrusted_below_bps=untrusted, on_probation=info.on_probation,
+                                rechallenge_pending=pending,
+                                exiting=bool(info.exit_requested_at)) if registered else "",
+        untrusted_below_bps=untrusted, rechallenge_pending=pending,
+        missed_reports=gpu.missed_reports_of(address),
+        missed_reports_allowed=gpu.missed_reports_allowed(),
     )
 
 
@@ -240,7 +273,7 @@ def request_rechallenge(q: Quarry, account: LocalAccount) -> int:
     if not q.gpu.is_registered(address):
         raise MinerStateError(f"{address} is not a registered miner: nothing to re-challenge")
     info = q.gpu.miner_info(address)
-    untrusted = int(q.chain.call(q.gpu.contract.functions.untrustedBelowBps()))
+    untrusted = q.gpu.untrusted_below_bps()
     if info.reputation_bps >= untrusted:
         raise MinerStateError(f"reputation {info.reputation_bps} bps is not untrusted (below "
                               f"{untrusted}): the committee already challenges this miner")

@@ -34,6 +34,15 @@ are skipped before any transaction, until a committee report ends the probation.
 whose accepted precisions leave out the one this miner declared for the model (a swarm head:
 its swarm's), and tasks that require activation commitments when its engine makes none.
 
+`listener(event, info)`, when given, hears what the worker does, from whichever of its
+threads did it: "claimed", "submitted", "skipped", "failed", "challenged", "answered",
+"challenge_missed", "challenge_unanswerable" (each with its task, shard and the like), and
+"found" (a poll that found candidates: `tasks`). With `timing=True` it also hears each
+step's wall-clock span (`start`, `end` from `time.time()`, and `task_id` where it has one):
+"claim_tx", "generate", "sign", "upload", "submit_tx" and "collect". That is how a
+benchmark times the miner's steps (benchmarks/market_overhead.py) without touching its
+internals.
+
 A request's `max_tokens` above the task's `maxTokensPerRequest` is generated only up to the
 task's limit: the contract never pays beyond it (`TooManyTokens`).
 
@@ -57,6 +66,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -85,9 +95,11 @@ from market.protocol.merkle import input_tree
 from market.protocol.precision import Precision, accepts, mask_labels
 from market.protocol.requests import ParsedRequest, parse_jsonl
 from market.protocol.results import Completion, ResultItem, ShardResult, build_shard_result
+from market.standing import why_not_eligible
 from market.store import StoreError, parse_uri
 from miner import metrics
 from miner.archive import ResultArchive, default_state_dir
+from miner.backlog import Backlog
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -115,6 +127,11 @@ MAX_SHARDS_IN_FLIGHT = 4
 """Shards of one task `run` claims together and generates as one stream (the
 `max_shards_in_flight` setting): enough to keep the engine's batches full across shard
 boundaries, few enough that one miner does not lock up a task others could share."""
+CLAIM_FILL = 0.5
+"""The share of a claim's window the shards claimed together may fill at this miner's
+measured pace: the rest is room for a busier machine, signing and submitting. The stream
+also ends within the same share of the committee's answer window, so a challenge offered
+meanwhile is served in time (shards offered to the miner go first between streams)."""
 INPUT_CACHE_SIZE = 8
 """Verified task inputs kept in memory (a task's shards are usually claimed together)."""
 UNSERVABLE_KEPT = 5
@@ -273,6 +290,7 @@ class Worker:
         auto_withdraw: bool = False,
         progress: bool = True,
         listener: Callable[[str, dict[str, Any]], None] | None = None,
+        timing: bool = False,
         engine_kind: str = "torch",
         state_dir: Path | None = None,
         challenge_check_s: float = CHALLENGE_CHECK_S,
@@ -298,6 +316,7 @@ class Worker:
         self.auto_withdraw = auto_withdraw
         self.progress = progress
         self.listener = listener
+        self.timing = timing and listener is not None
         self.engine_kind = engine_kind
         metrics.INFO.info({"address": self.address, "engine": engine_kind})
         # How a checked shard is claimed: `claimShard` by default; a swarm's head passes
@@ -351,6 +370,12 @@ class Worker:
         self._unanswerable: set[int] = set()
         self._challenge_scan_from = quarry.deployment.deploy_block
         self._last_challenge_check = float("-inf")
+        # What the latest poll offered (task, shard) -> (offered to this miner, deadline), its
+        # size (requests, max tokens each), and what waits behind the stream being generated
+        # (the heartbeat's `behind`).
+        self._seen: dict[tuple[int, int], tuple[bool, int]] = {}
+        self._sizes: dict[tuple[int, int], tuple[int, int]] = {}
+        self.backlog = Backlog(quarry.committee.challenge_answer_window())
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -415,6 +440,18 @@ class Worker:
             self.market.close()
 
     # ------------------------------------------------------------------ helpers
+    @contextmanager
+    def _timed(self, step: str, task_id: int | None) -> Iterator[None]:
+        """Tell the listener the span of `step` (with `timing`; see the module docstring)."""
+        if not self.timing:
+            yield
+            return
+        start = time.time()
+        try:
+            yield
+        finally:
+            self._emit(step, start=start, end=time.time(), task_id=task_id)
+
     def _emit(self, event: str, **info: Any) -> None:
         if self.listener is not None:
             with self._emit_lock:  # the submitting thread emits too
@@ -443,6 +480,9 @@ class Worker:
             "challengesAnswered": self.summary.challenges_answered,
             "unservable": [{"taskId": t, "shardId": k, "reason": r[:UNSERVABLE_REASON_CHARS]}
                            for (t, k), r in list(self.unservable.items())[-UNSERVABLE_KEPT:]],
+            "behind": self.backlog.report(),
+            # Measured generation speed: clients size shards to end within a claim window.
+            "secondsPerToken": round(self.backlog.token_s, 6) or None,
         }
 
     # ------------------------------------------------------------------ discovery
@@ -462,6 +502,13 @@ class Worker:
                     log.info("market at %s answers again", self.market.url)
                     self._market_down = False
                 found = [(int(r["taskId"]), int(r["shard"])) for r in rows]
+                self._seen = {
+                    (int(r["taskId"]), int(r["shard"])): (
+                        str(r.get("offeredTo") or "").lower() == self.address.lower(),
+                        int(r["deadline"])) for r in rows}
+                self._sizes = {(int(r["taskId"]), int(r["shard"])): (
+                    int(r["end"]) - int(r["start"]), int(r["maxTokensPerRequest"]))
+                    for r in rows}
                 return [c for c in found
                         if c[0] not in self.skipped_tasks and c not in self.unservable]
             except MarketError as exc:
@@ -484,6 +531,7 @@ class Worker:
             self._task_scan_from = head + 1
         now = self.chain_now()
         out: list[tuple[int, int]] = []
+        self._seen = {}
         for task_id, (deadline, num_shards) in sorted(self._known_tasks.items()):
             if deadline <= now:
                 del self._known_tasks[task_id]
@@ -498,6 +546,7 @@ class Worker:
                         sh.state == ShardState.CLAIMED and sh.claim_expiry <= now
                         and sh.miner != self.address):
                     out.append((task_id, k))
+                    self._seen[(task_id, k)] = (False, deadline)
         return out
 
     def own_open_claims(self) -> list[tuple[int, int]]:
@@ -624,6 +673,7 @@ class Worker:
                 raise
         self._held = []
         self.current = None
+        self.backlog.idle()
         return [outcomes[k] for k in shards if k in outcomes]
 
     def _attempt(self, task_id: int, shard: int, outcomes: dict[int, ShardOutcome],
@@ -671,7 +721,8 @@ class Worker:
         task_id = run[0].task_id
         shards = [r.shard for r in run]
         try:
-            tx = self.claim_many(task_id, shards)
+            with self._timed("claim_tx", task_id):
+                tx = self.claim_many(task_id, shards)
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # nothing locked on a revert; one by one says why
@@ -921,10 +972,11 @@ class Worker:
                        prompt_tokens=len(g.prompt_ids), commitment=o.commitment)
             for r, g, o in zip(c.requests, c.gen, c.outputs, strict=True)
         ]
-        result = build_shard_result(
-            task_id=c.claim.task_id, shard=c.claim.shard, model_id=c.task.model_id,
-            completions=completions, private_key=self.account.key, miner=self.address,
-            chain_id=q.chain_id, task_registry=q.tasks.address)
+        with self._timed("sign", c.claim.task_id):
+            result = build_shard_result(
+                task_id=c.claim.task_id, shard=c.claim.shard, model_id=c.task.model_id,
+                completions=completions, private_key=self.account.key, miner=self.address,
+                chain_id=q.chain_id, task_registry=q.tasks.address)
         return result, result.to_bytes()
 
     def _finish(self, claim: ActiveClaim, result: ShardResult, data: bytes) -> ShardOutcome:
@@ -952,9 +1004,11 @@ class Worker:
         key = (result.task_id, result.shard)
         self.archive.save(result, data)
         try:
-            uri = self.store.put(data)
-            tx = self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
-                                            result.tokens_used)
+            with self._timed("upload", result.task_id):
+                uri = self.store.put(data)
+            with self._timed("submit_tx", result.task_id):
+                tx = self.q.tasks.submit_result(self.account, *key, result.result_root, uri,
+                                                result.tokens_used)
         except (ContractRevert, StoreError, MarketError):  # surely not submitted
             self.archive.remove(*key)
             raise
@@ -963,7 +1017,8 @@ class Worker:
 
     def _claim(self, task: Any, task_id: int, shard: int) -> ActiveClaim:
         try:
-            tx = self.claim(task_id, shard)
+            with self._timed("claim_tx", task_id):
+                tx = self.claim(task_id, shard)
         except ClaimUnavailable as exc:
             raise _Skip(str(exc)) from exc
         except ContractRevert as exc:
@@ -981,22 +1036,8 @@ class Worker:
     def ineligibility(self, model_id: bytes, min_reputation_bps: int,
                       allow_probation: bool = False) -> str:
         """Why GPURegistry.isEligible is false for this miner and model, in words."""
-        gpu = self.q.gpu
-        if not gpu.is_registered(self.address):
-            return f"miner {self.address} is not registered (run `miner register`)"
-        info = gpu.miner_info(self.address)
-        if info.exit_requested_at:
-            return "this miner has requested exit and may claim no new shards"
-        if model_id not in gpu.models_of(self.address):
-            return (f"this miner did not register model 0x{model_id.hex()} (add its directory "
-                    "to model_dirs and rerun `miner register`)")
-        if info.stake < gpu.min_stake():
-            return f"stake {info.stake} wei is below the minimum {gpu.min_stake()} wei"
-        if info.on_probation and not allow_probation:
-            return "the task does not allow miners on probation, and " + \
-                self._probation_note(info)
-        return (f"reputation {info.reputation_bps} bps is below the task's floor "
-                f"({min_reputation_bps} bps) or the registry's untrusted threshold")
+        return why_not_eligible(self.q, self.address, model_id, min_reputation_bps,
+                                allow_probation)
 
     def _probation_note(self, info: MinerInfo) -> str:
         from miner.status import probation_note
@@ -1065,8 +1106,13 @@ class Worker:
                 if not batch:
                     continue
                 started = time.monotonic()
-                outputs = engine.generate([c.gen[i] for c, i in batch])
-                _batch_metrics(batch[0][0].task.model_id, outputs, time.monotonic() - started)
+                with self._timed("generate", batch[0][0].claim.task_id):
+                    outputs = engine.generate([c.gen[i] for c, i in batch])
+                took = time.monotonic() - started
+                _batch_metrics(batch[0][0].task.model_id, outputs, took)
+                self.backlog.batch(len(outputs), took, len(stream) - pos, now + int(took),
+                                   tokens=sum(len(o.token_ids) for o in outputs))
+                self._say_late()
                 for (c, _), out in zip(batch, outputs, strict=True):
                     c.outputs.append(out)
                 bar.update(len(batch))
@@ -1367,6 +1413,8 @@ class Worker:
         try:
             while True:
                 try:
+                    if self.current is not None:  # busy: look at what waits meanwhile
+                        self._look_while_busy(api)
                     api.heartbeat(self.account, self.status())
                     warned = False
                 except MarketError as exc:
@@ -1377,6 +1425,17 @@ class Worker:
                     return
         finally:
             api.close()
+
+    def _look_while_busy(self, api: MarketAPI) -> None:
+        """From the heartbeat thread while a stream is generated: the shards now offered to
+        this miner (a directed job, a committee challenge) join what waits behind it, so the
+        heartbeat says so and the generating loop logs the ones it will not reach in time."""
+        offered: dict[tuple[int, int], tuple[bool, int]] = {}
+        for model_id in self.engines:
+            for r in api.open_shards("0x" + model_id.hex(), self.address, 20, wait_seconds=0):
+                if str(r.get("offeredTo") or "").lower() == self.address.lower():
+                    offered[(int(r["taskId"]), int(r["shard"]))] = (True, int(r["deadline"]))
+        self.backlog.also_seen(offered)
 
     def _safely(self, what: str, fn: Callable[[], Any], default: Any) -> Any:
         try:
@@ -1409,18 +1468,18 @@ class Worker:
                 self.drain()
                 self._safely("answering availability challenges", self.answer_challenges, 0)
                 self._safely("checking probation", self._check_probation, None)
-                self._safely("collecting payments", self.collect, 0)
+                with self._timed("collect", None):
+                    self._safely("collecting payments", self.collect, 0)
                 # Idle, ask the market to hold the answer until a shard opens (a long poll);
                 # one that answers sooner with nothing (an older market) gets the usual
                 # poll interval of sleep instead.
                 asked = time.monotonic()
                 wait_s = LONG_POLL_S if idle and not stop_when_idle else 0.0
-                candidates = resume or self._safely(
-                    "finding open shards", functools.partial(self.find_open_shards,
-                                                             wait_s=wait_s), [])
+                repoll = not resume  # this miner's own claims first, all of them
+                candidates = resume or self._found(wait_s) or []
                 resume = []
                 worked = False
-                for task_id, shards in task_groups(candidates, self.max_shards_in_flight):
+                for task_id, shards in self._groups(candidates, repoll):
                     if self._stop.is_set():
                         break
                     self._maybe_answer_challenges()
@@ -1456,6 +1515,64 @@ class Worker:
                 hb.join(timeout=15)
             self._warn_unwatched()
         return self.summary
+
+    def _groups(self, candidates: list[tuple[int, int]],
+                repoll: bool) -> Iterator[tuple[int, list[int]]]:
+        """`task_groups` of the candidates; with `repoll`, the market is asked again between
+        groups (one cheap read), so a shard offered to this miner since (a directed job, a
+        committee challenge: the market ranks them first) is served before the rest of an
+        older list. Each group is tried once per turn; the chain fallback is not re-read."""
+        pending, tried = list(candidates), set[tuple[int, int]]()
+        first = True
+        while pending:
+            if not first and repoll and self.market is not None and not self._market_down:
+                fresh = self._found(0.0)
+                if fresh is not None:
+                    pending = [c for c in fresh if c not in tried]
+                if not pending:
+                    return
+            first = False
+            self.backlog.seen({c: self._seen.get(c, (False, 2**62)) for c in pending})
+            task_id, shards = next(task_groups(pending, self.max_shards_in_flight))
+            shards = self._that_fit(task_id, shards)
+            tried.update((task_id, k) for k in shards)
+            pending = [c for c in pending if c not in tried]
+            self.backlog.started(task_id, shards)
+            yield task_id, shards
+
+    def _found(self, wait_s: float) -> list[tuple[int, int]] | None:
+        """`find_open_shards` (None when it fails), told to the listener when it found
+        candidates."""
+        found: list[tuple[int, int]] | None = self._safely(
+            "finding open shards", functools.partial(self.find_open_shards, wait_s=wait_s),
+            None)
+        if found:
+            self._emit("found", tasks=sorted({t for t, _ in found}))
+        return found
+
+    def _that_fit(self, task_id: int, shards: list[int]) -> list[int]:
+        """The leading shards (at least one) that, claimed together, end within `CLAIM_FILL`
+        of the claim window and of the committee's answer window at this miner's measured
+        pace: each claim's window runs from the claim, the last shard of a stream waits for
+        all before it, and a challenge offered meanwhile waits for the stream."""
+        window = CLAIM_FILL * min(self.params()["claim_timeout"],
+                                  self.backlog.answer_window_s)
+        total, tokens = 0, 0
+        for n, k in enumerate(shards):
+            requests, max_tokens = self._sizes.get((task_id, k), (0, 0))
+            total, tokens = total + requests, max(tokens, max_tokens)
+            if n > 0 and not self.backlog.fits(total, tokens, window):
+                log.info("task %d: claiming %d of shards %s together: at %.4f s/token more "
+                         "would outlast %.0f s (half the claim or answer window)", task_id, n,
+                         shards, self.backlog.token_s, window, extra={"task": task_id})
+                return shards[:n]
+        return shards
+
+    def _say_late(self) -> None:
+        """Log once each shard the miner sees but will not reach in time (`Backlog.late`)."""
+        for (task_id, shard), why in self.backlog.newly_late(self.backlog.chain_now()):
+            log.warning("behind: task %d shard %d waits: %s", task_id, shard, why,
+                        extra={"task": task_id, "shard": shard, "behind": True})
 
     def _warn_unwatched(self) -> None:
         """Leaving with shards in their window: nobody answers their challenges now."""

@@ -78,6 +78,23 @@ def root_logger_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
+@contextlib.contextmanager
+def cpu_hogs(n: int = 2) -> Iterator[list[int]]:
+    """`n` CPU-bound processes (a busy loop each) beside the block: on this 2-core machine
+    they take both cores away, as other work on a shared machine does. Yields their pids;
+    they are killed on exit."""
+    import subprocess
+    import sys
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield [h.pid for h in hogs]
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
 def write_miner_config(path: Path, key: bytes, market_url: str, model_dir: Path, *,
                        price: int, port: int, max_batch: int) -> Path:
     """A `[miner]` config as a test miner process reads it (fast polls and heartbeats)."""
@@ -263,6 +280,10 @@ def keep_up_with_the_wall_clock(net: Devnet) -> None:
     now = int(time.time())
     if net.chain.timestamp() < now:
         net.chain.rpc("evm_setTime", [now])
+        # And a block at that time: the next test reads `chain.timestamp()` (the latest
+        # block's) to set deadlines; until the interval miner's next block the latest is the
+        # reverted one, older by the tests run since, and a deadline computed from it can be
+        # in the past by the time its transaction is mined (DeadlineInPast on a busy machine).
         net.chain.mine()
 
 

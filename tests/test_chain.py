@@ -818,3 +818,29 @@ def test_offer_terms_read_every_miner_in_one_batch(devnet: Devnet, rpc_front) ->
                                                                           0, True)
                                                     for m in asked[0][1]]
     assert q.gpu.offer_terms([]) == []
+
+
+def test_the_stated_public_chain_windows_deploy_and_hold_together() -> None:
+    """PUBLIC_CHAIN_PARAMS (README "Windows that fit the network") deploy as stated, and
+    their windows nest: a challenge is answered within its epoch, an availability challenge
+    within the client's window, a leaving verifier stays slashable past its disputes."""
+    from market.chain.client import Chain, anvil_account
+    from market.chain.deploy import PUBLIC_CHAIN_PARAMS as P
+    from market.chain.deploy import Quarry, deploy
+    from market.chain.devnet import start_anvil
+
+    assert 0 < P.answer_window < P.epoch_duration
+    assert P.response_window < P.challenge_window
+    assert P.verifier_unbonding_period > P.dispute_timeout
+    anvil = start_anvil(silent=True, die_with_parent=True)
+    try:
+        chain = Chain(anvil.rpc_url)
+        deployment, _ = deploy(chain, anvil_account(0), P)
+        q = Quarry(deployment, chain)
+        assert q.committee.epoch_duration() == 3600
+        assert q.committee.challenge_answer_window() == 1800
+        assert q.arbitration.response_window() == 4 * 3600
+        assert q.tasks.params()["challenge_window"] == 24 * 3600
+        assert q.gpu.missed_reports_allowed() == 2
+    finally:
+        anvil.stop()

@@ -888,7 +888,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 cut = seat.stake * idle_bps // BPS if self.strikes[m] > strikes_allowed else 0
                 seat.stake -= cut
                 self.touched_verifiers.add(m)
-                self._credit(d.opener, cut)
+                self._credit(burn, cut)  # burned: no opener gains from an absence
                 slashed.append((m, cut))
             assert [(e["member"], e["slashed"]) for e in tx.all("AbsenceReported")] == slashed
             self.touched_disputes.add(d.id)

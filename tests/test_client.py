@@ -393,11 +393,13 @@ def test_name_resolution_and_prompt_defaults(devnet: Any, market: Market) -> Non
     assert offer.model_id == market.named_model
     assert [m.address for m in offer.miners] == [devnet.outsider.address]
     assert offer.min_price == NAMED_PRICE_FACTOR * devnet.PRICE
+    before = devnet.chain.timestamp()
     job = c.submit(["a", "b", "c"], model="tiny-test", deadline=120)
     t = job.task()
     # No heartbeat from `outsider`: counted as one miner, so shards of ceil(3 / 2) = 2.
     assert (t.shard_size, t.price_per_token) == (2, NAMED_PRICE_FACTOR * devnet.PRICE)
-    assert t.deadline - devnet.chain.timestamp() in range(115, 121)
+    # 120 s from the chain time the SDK read, which lies between these two:
+    assert before + 120 <= t.deadline <= t.created_at + 120
     assert job.inputs().requests[0].request["body"]["model"] == "tiny-test"
     assert job.cancel() == job.payment
     with pytest.raises(JobFailed, match="refunded .*cancelled"):
@@ -462,7 +464,8 @@ def test_bad_inputs_fail_before_any_money_moves(
     with pytest.raises(RequestError, match=r"bad\.jsonl: line 2: url: missing"):
         c.submit(bad)
 
-    with pytest.raises(UnknownModel, match="no registered miner serves model 'gpt-4'; "
+    with pytest.raises(UnknownModel, match=r"no registered miner serves model 'gpt-4' \(start "
+                       r"one: `miner register`, `miner run`\); "
                        "known: ") as unknown:
         c.submit(["hi"], model="gpt-4", max_tokens=4)
     assert f"tiny-test (0x{market.named_model.hex()}): 1 miner(s)" in str(unknown.value)
@@ -651,6 +654,35 @@ def test_dispute_freezes_the_shard(devnet: Any, market: Market, tmp_path: Path,
         capsys.readouterr().out
 
 
+def test_dispute_without_a_committee_says_to_start_verifiers(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every member has left: a dispute could not be judged, so it is refused before any
+    transaction, in one line that says what to start (not the contract's bare NoCommittee)."""
+    from conftest import until_seated
+
+    q = devnet.q
+    for v in devnet.verifiers:
+        q.committee.request_exit(v)
+    epoch = until_seated(q)
+    assert q.committee.total_weight_at(epoch) == 0
+    c = connect(devnet, market)
+    job = c.submit(["p0", "p1"], model=MODEL, max_tokens=4, shard_size=2)
+    serve_shard(devnet, market, job.task_id, 0, devnet.miner)
+    start = devnet.chain.block_number()
+    with pytest.raises(DisputeNotPossible, match=f"no verifier committee sits in epoch {epoch}"
+                       r".*start verifiers \(`verifier register`, then `verifier run`"):
+        job.dispute(1)
+    key = tmp_path / "key"
+    key.write_text(devnet.client.key.hex())
+    capsys.readouterr()
+    assert client_main(["dispute", str(job.task_id), "1", "--market-url", market.url,
+                        "--key-file", str(key)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`verifier run`" in err
+    assert devnet.chain.block_number() == start  # nothing sent
+
+
 def test_dispute_wait_outcomes_in_cli_and_status(devnet: Any, market: Market, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     q = devnet.q
@@ -724,8 +756,8 @@ def test_directed_job_prefer_miner(devnet: Any, market: Market, tmp_path: Path,
     with pytest.raises(PaymentTooLow, match=f"preferred miner {devnet.miner2.address}"):
         c.submit(["a"], model=MODEL, max_tokens=2, price=devnet.PRICE,
                  prefer_miner=devnet.miner2.address)
-    with pytest.raises(MinerNotEligible, match=f"{devnet.outsider.address} may not claim "
-                       f"tasks for model {MODEL}"):
+    with pytest.raises(MinerNotEligible, match=f"{devnet.outsider.address} does not serve "
+                       f"model {MODEL} .*: it may not claim this task"):
         c.submit(["a"], model=MODEL, max_tokens=2, prefer_miner=devnet.outsider.address)
 
     key = tmp_path / "key"
@@ -1124,16 +1156,24 @@ def test_miners_on_probation_only_serve_clients_that_allow_them(
     with pytest.raises(UnknownModel, match=f"only miners on probation serve model '{other}' "
                        rf"\(1 miner\(s\) \(1 alive\), from {NEWCOMER_PRICE} wei/token\): .* "
                        r"pass allow_probation=True / `client submit --allow-probation`"):
-        c.submit(["a"], model=other, max_tokens=2)
+        c.submit(["a"], model=other, max_tokens=2, allow_probation=False)
     with pytest.raises(MinerNotEligible, match=f"miner {NEWCOMER.address} is on probation .*"
                        r"\(allow_probation=True / `client submit --allow-probation`\)"):
         c.submit(["a"], model=MODEL, max_tokens=2, prefer_miner=NEWCOMER.address)
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(encode_jsonl(prompt_lines(["a", "b"], model=other, max_tokens=2)))
-    assert client_main(["submit", str(batch), *flags]) == 1
+    assert client_main(["submit", str(batch), "--no-probation", *flags]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--allow-probation" in err
     assert devnet.chain.block_number() == start_block
+
+    # By default a model that only miners on probation serve (a new market's first miners)
+    # is open to them: the task allows probation, at their ask.
+    first = c.submit(["a"], model=other, max_tokens=2)
+    assert first.task().allow_probation and first.task().price_per_token == NEWCOMER_PRICE
+    assert client_main(["submit", str(batch), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "may claim it: no established miner serves the model yet" in out
 
     # An ordinary task is out of its reach; a client that allows probation reaches it.
     ordinary = c.submit(["a"], model=MODEL, max_tokens=2)

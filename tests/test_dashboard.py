@@ -12,6 +12,7 @@ screenshots are saved under each test's output directory (`tmp_path`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -89,16 +90,25 @@ def test_the_dashboard_and_metrics_answer_before_any_deployment(tmp_path: Path) 
 # ---------------------------------------------------------------- the live demo
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The demo's eight steps, run beside two CPU-bound processes (`cpu_hogs`) that take the
+    machine's two cores, as other work on a shared machine does: a busy machine makes the
+    demo slower, never failed (the hogs stop once it is done, before the checks)."""
+    from conftest import cpu_hogs
+
     demo = _load_demo()
     home = tmp_path_factory.mktemp("demo")
-    args = argparse.Namespace(prompts=30, max_tokens=16, shard_size=10, timeout=240.0,
+    args = argparse.Namespace(prompts=30, max_tokens=16, shard_size=10, timeout=600.0,
                               keep=False, log_format="json")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUARRY_LOG_FORMAT", "json")  # every process of the stack inherits it
         mp.setenv("QUARRY_HOME", str(home / "quarry-home"))
-        mp.chdir(home)  # the demo writes its results under ./.quarry
-        with demo.demo(args, home) as run:
-            yield run
+        mp.chdir(home)  # nothing may land in the working directory (checked below)
+        with contextlib.ExitStack() as hogs:
+            hogs.enter_context(cpu_hogs(2))
+            with demo.demo(args, home) as run:
+                hogs.close()  # the steps are done: the checks run on a quiet machine
+                assert not (home / ".quarry").exists()
+                yield run
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +191,10 @@ def test_the_dashboard_shows_the_job_the_dispute_the_committee_and_the_miners(
         mrow = cells(f"tr.miner[data-miner='{miner}']")
         assert mrow[1] == "0.500000 ETH" and mrow[2] == "1 gwei"
         assert mrow[3] in {f"{bps / 100:g}%" for bps in seen[miner]}
-        assert mrow[5].endswith("s ago")
+        # new miners that answered their challenges: on probation or past it, never
+        # "untrusted" (a missed challenge is no failure)
+        assert mrow[4] in {"on probation", "trusted"} and mrow[5].isdigit()
+        assert "s ago" in mrow[6]
         plot = browser.find_element(By.CSS_SELECTOR, f"tr.miner[data-miner='{miner}'] svg")
         label = plot.get_attribute("aria-label")
         assert f"epoch {demo_run.epoch}:" in label and label.endswith(f": {mrow[3]}")

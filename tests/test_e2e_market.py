@@ -2,9 +2,10 @@
 contracts, `market serve` with its Celery worker (`LocalStack`), miners as `miner register`
 and `miner run` processes serving the tiny model, and the client SDK and CLI.
 
-The miners are new identities, hence on probation: the client opts in (`allow_probation`),
-as any client of a fresh market must, and a submission that does not is refused in one line
-naming the option.
+The miners are new identities, hence on probation: with no established miner for the model
+(a fresh market) the client's tasks let them claim by default; the tests opt in explicitly
+(`allow_probation`), and a submission that refuses them (`--no-probation`) is refused in one
+line naming the option.
 
 Covers: a job split across two miners, each paid for its own tokens to the wei; a miner
 killed mid-shard losing its claim at expiry, another miner completing the shard, and the
@@ -218,18 +219,19 @@ def test_cli_refuses_bad_input_in_one_line(stack: LocalStack, miners: dict[str, 
     cfg.chmod(0o600)  # a raw key others can read is warned about: one more line
     good = ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": '
             '{"model": "quarry-tiny", "prompt": "hi", "max_tokens": 4}}')
-    cases = {
-        "line 2": good + "\n{not json\n",
-        "no registered miner serves model": good.replace("quarry-tiny", "gpt-nothing") + "\n",
-        "`client submit --allow-probation`": good + "\n",  # only miners on probation
+    cases = {  # what the one line says, the batch, the flags
+        "line 2": (good + "\n{not json\n", []),
+        "no registered miner serves model": (
+            good.replace("quarry-tiny", "gpt-nothing") + "\n", []),
+        "`client submit --allow-probation`": (good + "\n", ["--no-probation"]),  # only new miners
     }
     tasks_before = q.tasks.task_count()
     balance_before = q.chain.balance(CLIENT.address)
-    for expected, text in cases.items():
+    for expected, (text, flags) in cases.items():
         batch = tmp_path / "batch.jsonl"
         batch.write_text(text)
-        out = subprocess.run([str(BIN / "client"), "submit", str(batch), "--config", str(cfg)],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run([str(BIN / "client"), "submit", str(batch), "--config", str(cfg),
+                              *flags], capture_output=True, text=True, timeout=60)
         assert out.returncode == 1, out
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], out.stderr

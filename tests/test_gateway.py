@@ -162,9 +162,10 @@ def chat_lines(n: int, tag: str, max_tokens: int = 24) -> bytes:
 
 def create(gw: Gateway, data: bytes, **metadata: str) -> Any:
     f = gw.sdk.files.create(file=("batch.jsonl", io.BytesIO(data)), purpose="batch")
-    meta = {"quarry_allow_probation": "true", **metadata}  # the miners are new identities
+    # No Quarry metadata by default: an unmodified OpenAI script. The miners are new
+    # identities, on probation, and with no established miner a task lets them claim it.
     return gw.sdk.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
-                                 metadata=meta)
+                                 metadata=metadata or None)
 
 
 def wait_status(gw: Gateway, batch_id: str, *states: str, timeout: float = 240) -> Any:

@@ -202,8 +202,8 @@ def test_post_batch_checks_everything_before_money_moves(devnet: Any, market: Ma
     refuses(JobError, "model_id must be 32 bytes", model_id=b"short")
     refuses(MinerNotEligible, f"miner {net.outsider.address} is not registered",
             prefer_miner=net.outsider.address)
-    refuses(MinerNotEligible, f"may not claim tasks for model 0x{'22' * 32}: it serves "
-            f"0x{'11' * 32}, active", model_id=net.OTHER_MODEL_ID, prefer_miner=net.miner.address)
+    refuses(MinerNotEligible, f"does not serve model 0x{'22' * 32} \\(it serves "
+            f"0x{'11' * 32};", model_id=net.OTHER_MODEL_ID, prefer_miner=net.miner.address)
     refuses(PaymentTooLow, f"below the ask of the preferred miner {net.miner.address} "
             f"\\({net.PRICE} wei/token\\)", price=net.PRICE - 1, prefer_miner=net.miner.address)
     poor = net.client2
@@ -301,19 +301,23 @@ def test_open_dispute_refusals_then_each_outcome(devnet: Any, market: Market) ->
 
     # No verdict by the deadline: waiting expires it, the bond returns to the opener, and the
     # members that cast no vote (all four) are reported: each loses its seat and
-    # idleSlashBps of its stake, to the opener.
+    # idleSlashBps of its stake, burned: the opener gets its bond back and nothing more.
     expiring = open_dispute(q, net.client, api, task_id, 5)
     timeout = q.arbitration.params()["dispute_timeout"]
     net.chain.advance_time(timeout + 1)
     assert wait_dispute(q, expiring).status == DisputeStatus.OPEN  # nobody to expire it
-    before = q.escrow.withdrawable(net.client.address)
+    burn = q.chain.call(q.arbitration.contract.functions.BURN())
+    before, burned = q.escrow.withdrawable(net.client.address), q.escrow.withdrawable(burn)
     info = wait_dispute(q, expiring, expire_as=net.anyone)
     members = q.committee.members_at(info.epoch)
     assert info.status == DisputeStatus.EXPIRED and set(info.absent) == set(members)
     assert info.outcome().startswith("expired") and "4 member(s) that cast no vote" in \
         info.outcome()
     penalty = net.VERIFIER_STAKE * int(net.deployment.params["idle_slash_bps"]) // 10_000
-    assert q.escrow.withdrawable(net.client.address) == before + min_bond + 4 * penalty
+    assert q.escrow.withdrawable(net.client.address) == before + min_bond
+    assert q.escrow.withdrawable(burn) == burned + 4 * penalty
+    assert all(q.committee.verifier_info(m).stake == net.VERIFIER_STAKE - penalty
+               for m in members)
     assert q.tasks.get_shard(task_id, 2).state == ShardState.SUBMITTED  # unfrozen
 
     assert [(d.dispute_id, d.status) for d in task_disputes(q, task_id)] == [

@@ -109,6 +109,21 @@ def test_a_raw_key_readable_by_others_is_warned_about(
     assert str(toml) in warned[1] and "raw private key (`key`)" in warned[1]
 
 
+def test_the_devnets_public_keys_in_a_readable_config_are_not_warned_about(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """examples/config/ holds the devnet's keys, which everyone knows: no warning."""
+    from market.chain.client import anvil_account
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "config" / "client.toml"
+    config = tmp_path / "client.toml"
+    config.write_text(example.read_text())
+    config.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="market.roleconfig"):
+        key = ClientConfig.load(config).private_key()
+    assert key.lower() == "0x" + bytes(anvil_account(1).key).hex()
+    assert not caplog.records
+
+
 @pytest.mark.chain
 def test_miner_cli_reads_a_keystore(devnet: Any, deployment_file: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:

@@ -367,7 +367,7 @@ def test_claim_for_an_unregistered_model_is_not_eligible_and_costs_nothing(
     outcome = worker.process_shard(task_id, 0)
     assert outcome.status == "skipped"
     assert "NotEligible" in outcome.reason
-    assert "did not register model 0x" + engine.model_id.hex() in outcome.reason
+    assert "does not serve model 0x" + engine.model_id.hex() in outcome.reason
     assert (devnet.chain.balance(miner.address), q.gpu.miner_info(miner.address),
             q.escrow.withdrawable(miner.address)) == before
     assert q.tasks.get_shard(task_id, 0).state == ShardState.OPEN
@@ -711,53 +711,6 @@ def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
     assert not devnet.q.gpu.is_registered(miner.address)
 
 
-def test_rechallenge_an_untrusted_miner(devnet: Any, model_dir: Path, tmp_path: Path,
-                                        deployment_file: Path, dead_market: str,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
-    """`miner rechallenge`: refused (one line, exit 1) while trusted; once a committee report
-    leaves the miner untrusted it pays the fee, which is burned, and is back on probation and
-    eligible for the committee's challenges only; asking twice is refused by name. A second
-    report in a row that leaves it untrusted burns 10% of its stake."""
-    from eth_utils import to_checksum_address
-
-    from market.protocol.canonical import keccak
-    from market.protocol.eip712 import Report, quorum_signatures
-
-    q = devnet.q
-    miner = anvil_account(12)
-    register(devnet, miner, model_dir, dead_market)
-    cfg = str(config_file(tmp_path, miner, model_dir, dead_market))
-    code, _, err = run_cli(capsys, "rechallenge", "--config", cfg)
-    assert code == 1 and "is not untrusted" in err and len(err.splitlines()) == 1
-
-    def report(bps: int) -> None:
-        epoch = max(q.committee.next_report_epoch(), q.committee.current_epoch())
-        if epoch > q.committee.current_epoch():
-            devnet.chain.advance_time(q.committee.epoch_start(epoch) - q.chain.timestamp())
-        rep = Report(epoch, (miner.address,), (bps,), keccak(b"evidence %d" % epoch))
-        q.committee.submit_reputation(devnet.anyone, rep, quorum_signatures(
-            rep, devnet.verifier_keys[:3], q.chain.chain_id, q.committee.address))
-
-    report(3000)
-    burn = to_checksum_address(q.chain.call(q.gpu.contract.functions.BURN()))
-    burned = q.escrow.withdrawable(burn)
-    fee = q.gpu.rechallenge_fee()
-    code, out, _ = run_cli(capsys, "rechallenge", "--config", cfg)
-    assert code == 0 and f"paid {fee} wei (burned)" in out
-    assert q.escrow.withdrawable(burn) == burned + fee
-    assert q.gpu.rechallenge_pending(miner.address) and q.gpu.on_probation(miner.address)
-    model = q.gpu.models_of(miner.address)[0]
-    assert q.gpu.is_eligible(miner.address, model, 0, allow_probation=True)
-    assert not q.gpu.is_eligible(miner.address, model, 0, allow_probation=False)
-    code, _, err = run_cli(capsys, "rechallenge", "--config", cfg)
-    assert code == 1 and "already pending" in err
-    stake = q.gpu.miner_info(miner.address).stake
-    report(2000)  # failed again: second untrusted report in a row
-    assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
-    assert q.gpu.untrusted_reports_of(miner.address) == 2
-    assert not q.gpu.rechallenge_pending(miner.address)
-
-
 # ----------------------------------------------------------------------------- with a market
 
 @pytest.fixture
@@ -830,6 +783,148 @@ def test_register_and_run_through_the_market(
     row = next(m for m in api.miners() if m["address"] == miner.address)
     assert row["alive"] and row["status"]["models"] == ["0x" + model_id.hex()]
     assert api.open_shards("0x" + model_id.hex(), miner.address) == []
+    api.close()
+
+
+def test_rechallenge_an_untrusted_miner_through_the_market(
+        devnet: Any, model_dir: Path, tmp_path: Path, live_market: tuple[str, Path],
+        one_torch_thread: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """`miner rechallenge`: refused (one line, exit 1) while trusted. Once a committee report
+    leaves the miner untrusted, `miner status` and `GET /miners` say "untrusted" (it can claim
+    nothing) and the market recommends it nothing. It pays the fee, which is burned: it is
+    "re-challenged", the market recommends it a challenge-like task (directed, probation
+    allowed, no floor) and `miner run` serves it, while an ordinary task stays closed to it;
+    asking twice is refused by name. A second report in a row that leaves it untrusted burns
+    10% of its stake. A missed report burns nothing and uses the re-challenge up."""
+    from eth_utils import to_checksum_address
+
+    from market.chain.contracts import MISSED_BPS
+    from market.protocol.canonical import keccak
+    from market.protocol.eip712 import Report, quorum_signatures
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q = devnet.q
+    miner = anvil_account(12)
+    register(devnet, miner, model_dir, url)
+    cfg = str(config_file(tmp_path, miner, model_dir, url, max_batch=4, poll_interval_s=0.1))
+    code, _, err = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 1 and "is not untrusted" in err and len(err.splitlines()) == 1
+    api = MarketAPI(url)
+    board = Board(db_path)
+
+    def report(bps: int) -> None:
+        epoch = max(q.committee.next_report_epoch(), q.committee.current_epoch())
+        if epoch > q.committee.current_epoch():
+            devnet.chain.advance_time(q.committee.epoch_start(epoch) - q.chain.timestamp())
+        rep = Report(epoch, (miner.address,), (bps,), keccak(b"evidence %d" % epoch))
+        q.committee.submit_reputation(devnet.anyone, rep, quorum_signatures(
+            rep, devnet.verifier_keys[:3], q.chain.chain_id, q.committee.address))
+        board.index(q)  # as the market's Celery indexer would
+
+    def row() -> dict[str, Any]:
+        return next(m for m in api.miners() if m["address"] == miner.address)
+
+    model = q.gpu.models_of(miner.address)[0]
+    challenge = post_task(devnet, api, model, batch(2, tag="challenge "), shard_size=2,  # type: ignore[arg-type]
+                          allow_probation=True)
+    ordinary = post_task(devnet, api, model, batch(2, tag="client "), shard_size=2)  # type: ignore[arg-type]
+    report(3000)
+    assert (row()["standing"], row()["untrusted"]) == ("untrusted", True)
+    assert api.open_shards("0x" + model.hex(), miner.address) == []
+    code, out, _ = run_cli(capsys, "status", "--config", cfg)
+    assert code == 0 and "standing   UNTRUSTED: reputation 3000 bps is under 4000" in out
+    assert "may claim nothing" in out and "miner rechallenge" in out
+
+    burn = to_checksum_address(q.chain.call(q.gpu.contract.functions.BURN()))
+    burned = q.escrow.withdrawable(burn)
+    fee = q.gpu.rechallenge_fee()
+    code, out, _ = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 0 and f"paid {fee} wei (burned)" in out
+    assert q.escrow.withdrawable(burn) == burned + fee
+    assert q.gpu.rechallenge_pending(miner.address) and q.gpu.on_probation(miner.address)
+    assert q.gpu.is_eligible(miner.address, model, 0, allow_probation=True)
+    assert not q.gpu.is_eligible(miner.address, model, 0, allow_probation=False)
+    board.index(q)
+    assert (row()["standing"], row()["rechallengePending"]) == ("re-challenged", True)
+    assert [(s["taskId"], s["shard"]) for s in api.open_shards(
+        "0x" + model.hex(), miner.address)] == [(challenge, 0)]
+    code, out, _ = run_cli(capsys, "run", "--config", cfg, "--once", "--no-progress")
+    assert code == 0 and out.startswith("submitted 1 shard(s)")
+    assert q.tasks.get_shard(challenge, 0).miner == miner.address
+    assert q.tasks.get_shard(ordinary, 0).state == ShardState.OPEN
+    code, _, err = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 1 and "already pending" in err
+
+    stake = q.gpu.miner_info(miner.address).stake
+    report(2000)  # failed again: second untrusted report in a row
+    assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
+    assert q.gpu.untrusted_reports_of(miner.address) == 2
+    assert not q.gpu.rechallenge_pending(miner.address)
+    assert row()["standing"] == "untrusted"
+    # Paid again, then missed: nothing burned, the re-challenge is used up.
+    code, _, _ = run_cli(capsys, "rechallenge", "--config", cfg)
+    assert code == 0
+    stake = q.gpu.miner_info(miner.address).stake
+    report(MISSED_BPS)
+    assert q.gpu.miner_info(miner.address).stake == stake
+    assert (row()["standing"], row()["missedReports"]) == ("untrusted", 1)
+    api.close()
+
+
+def test_a_shard_offered_to_the_miner_goes_before_older_work_and_a_busy_miner_says_so(
+        devnet: Any, model_dir: Path, engine: Any, live_market: tuple[str, Path]) -> None:
+    """A client task of three shards, served one at a time; as the miner claims the first, a
+    directed task (a client's pick, or a committee challenge: they look alike) is offered to
+    it. It is claimed next, before the client task's other shards; while the miner generates,
+    its heartbeat status says what it is generating and what waits behind it."""
+    from market.jobs import post_batch
+    from market.service.board import Board
+
+    url, db_path = live_market
+    q, miner = devnet.q, anvil_account(12)
+    register(devnet, miner, model_dir, url)
+    api = MarketAPI(url)
+    board = Board(db_path)
+    client_task = post_task(devnet, api, engine.model_id, batch(3, tag="client "),  # type: ignore[arg-type]
+                            shard_size=1)
+    board.index(q)
+    claims: list[tuple[int, int]] = []
+    behind: list[dict[str, Any] | None] = []
+    directed: list[int] = []
+    worker: Worker | None = None
+
+    def listener(event: str, info: dict[str, Any]) -> None:
+        if event == "claimed":
+            claims.append((info["task_id"], info["shard"]))
+            assert worker is not None
+            behind.append(worker.status()["behind"])
+        if event == "claimed" and not directed:
+            data = batch(2, tag="directed ")
+            task_id, _ = post_batch(
+                q, devnet.client2, api, data, [r.request_hash for r in parse_jsonl(data)],
+                model_id=engine.model_id, shard_size=2, max_tokens=MAX_TOKENS, price=PRICE,
+                deadline=devnet.chain.timestamp() + 3600, prefer_miner=miner.address)
+            directed.append(task_id)
+            board.index(q)
+
+    worker = Worker(account=miner, quarry=q, engines={engine.model_id: engine}, store=api,
+                    market=api, max_shards_in_flight=1, poll_interval_s=0.1, progress=False,
+                    listener=listener)
+    try:
+        worker.run(stop_when_idle=True)
+    finally:
+        worker.close()
+    assert claims[1] == (directed[0], 0)
+    assert sorted(claims[:1] + claims[2:]) == [(client_task, 0), (client_task, 1),
+                                               (client_task, 2)]
+    # As each is claimed (the listener runs then), the rest it saw waits behind it.
+    first, second = behind[0], behind[1]
+    assert first is not None and second is not None
+    assert (first["generating"], first["waiting"], first["offeredWaiting"]) == (
+        {"taskId": client_task, "shard": claims[0][1]}, 2, 0)
+    assert (second["generating"], second["waiting"]) == ({"taskId": directed[0], "shard": 0}, 2)
+    assert worker.status()["behind"] is None  # idle now
     api.close()
 
 
@@ -1259,7 +1354,8 @@ def test_miner_on_probation_takes_only_tasks_that_allow_it(
     assert worker.skipped_tasks[ordinary] == (
         "the task does not allow miners on probation, and this miner is on probation (0 of "
         f"{epochs} passing epochs): it may claim only tasks that allow miners on probation "
-        "(the committee's challenge tasks, clients that opt in) until "
+        "(the committee's challenge tasks, clients that opt in, and by default every client "
+        "while no established miner serves the model) until "
         f"{epochs} consecutive committee reports score it at or above {pass_bps} bps")
     assert q.tasks.get_shard(ordinary, 0).state == ShardState.OPEN
     # Skipped without a transaction: the miner sent only the opted-in claim and submit.
@@ -1269,13 +1365,14 @@ def test_miner_on_probation_takes_only_tasks_that_allow_it(
     status = miner_status(q, miner.address)
     assert (status.on_probation, status.passed_epochs, status.probation_epochs) == (
         True, 0, epochs)
-    assert f"probation  ON: 0 of {epochs} passing epochs" in status.format()
+    assert f"standing   ON PROBATION: 0 of {epochs} passing epochs" in status.format()
+    assert status.standing == "on probation"
 
     # The committee's reports end the probation: the skipped task is taken on the next run.
     pass_probation(devnet, miner.address)
     status = miner_status(q, miner.address)
     assert (status.on_probation, status.passed_epochs) == (False, epochs)
-    assert "probation  none" in status.format()
+    assert "standing   trusted" in status.format()
     summary = worker.run(stop_when_idle=True)
     assert [(o.task_id, o.shard) for o in summary.submitted] == [(opted_in, 0), (ordinary, 0)]
     assert ordinary not in worker.skipped_tasks

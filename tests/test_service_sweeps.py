@@ -507,6 +507,8 @@ def test_silence_never_pays_on_chain(devnet: Devnet, tmp_path: Path) -> None:
     stakes = {v.address: q.committee.verifier_info(v.address).stake for v in net.verifiers}
     before_b = escrow.withdrawable(net.client2.address)
     before_c = escrow.withdrawable(net.client.address)  # C's bond is back already
+    burn = q.chain.call(q.arbitration.contract.functions.BURN())
+    burned = escrow.withdrawable(burn)
     expired = sweep()
     assert expired.errors == [], expired.errors
     assert expired.expired == [db] and expired.refs(REPORT) == [db, dc]
@@ -516,12 +518,13 @@ def test_silence_never_pays_on_chain(devnet: Devnet, tmp_path: Path) -> None:
     c_refund = q.tasks.shard_budget(c, 0) - sum(r.output_tokens for r in rc) * net.PRICE
     assert sorted(m for d, m in expired.absent_reported if d == db) == silent
     assert sorted(m for d, m in expired.absent_reported if d == dc) == sorted(stakes)
-    assert escrow.withdrawable(net.client2.address) - before_b == bond + sum(
-        _idle_slash(stakes[m]) for m in silent)
+    # The openers get their bonds (and C's client its refund), never the absences: burned.
+    assert escrow.withdrawable(net.client2.address) - before_b == bond
+    assert escrow.withdrawable(net.client.address) - before_c == c_refund
     # On C the voter of B pays its first tenth, the others a tenth of what B left them.
-    assert escrow.withdrawable(net.client.address) - before_c == c_refund + _idle_slash(
-        stakes[voter.address]) + sum(_idle_slash(stakes[m] - _idle_slash(stakes[m]))
-                                    for m in silent)
+    assert escrow.withdrawable(burn) - burned == sum(_idle_slash(stakes[m]) for m in silent) \
+        + _idle_slash(stakes[voter.address]) + sum(
+            _idle_slash(stakes[m] - _idle_slash(stakes[m])) for m in silent)
     assert arb.ballot_of(db, voter.address) == Ballot.FAULT
     assert {arb.ballot_of(db, m) for m in silent} == {Ballot.ABSENT}
     assert {q.committee.strikes_of(m) for m in silent} == {2}

@@ -128,6 +128,30 @@ def test_index_through_the_worker(stack: LocalStack) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_held_lock_outlives_its_ttl_and_is_freed_on_release(stack: LocalStack) -> None:
+    """The keeper thread extends the token the holder's thread took (the lock is not
+    thread-local, or every extension would fail and the lock lapse under a live holder,
+    which is what a task slower than a third of the TTL on a busy machine met)."""
+    import redis
+
+    from market.service.worker import redis_lock
+
+    client = redis.Redis.from_url(stack.redis_url)
+    name = "quarry:lock:test-keeper"
+    ttl_s = 1
+    with redis_lock(name, ttl_s=ttl_s, client=client) as held:
+        assert held
+        with redis_lock(name, ttl_s=ttl_s, client=client) as again:
+            assert not again, "taken: a second holder is refused"
+        lived = time.monotonic()
+        while time.monotonic() - lived < 3 * ttl_s:  # three TTLs: extended, or it lapsed
+            assert client.exists(name), "the lock lapsed under its live holder"
+            time.sleep(ttl_s / 5)
+    assert not client.exists(name), "released on exit"
+    client.close()
+
+
+@pytest.mark.timeout(60)
 def test_recommendations_for_alive_miners(stack: LocalStack) -> None:
     from market.marketapi import MarketAPI
 
@@ -330,7 +354,8 @@ def test_sweep_expires_an_undecided_dispute_and_reports_the_silent_members(
     arb.cast_votes(miner, dispute_id, False,
                    [Vote(dispute_id, False).sign(voter.key, q.chain.chain_id, arb.address)])
     stakes = {m: q.committee.verifier_info(m).stake for m in silent}
-    before = q.escrow.withdrawable(client.address)
+    burn = q.chain.call(arb.contract.functions.BURN())
+    before, burned = q.escrow.withdrawable(client.address), q.escrow.withdrawable(burn)
     stack.wait_until(lambda: board(stack).due_expire(2**62) == [(dispute_id, task_id, 0)],
                      "the dispute on the board")
     start = q.chain.block_number()
@@ -341,7 +366,8 @@ def test_sweep_expires_an_undecided_dispute_and_reports_the_silent_members(
     assert arb.ballot_of(dispute_id, voter.address) == Ballot.NO_FAULT
     stack.wait_until(lambda: q.tasks.get_shard(task_id, 0).state == ShardState.FINALIZED,
                      "the unfrozen shard finalized")
-    assert q.escrow.withdrawable(client.address) - before == bond + refund + sum(
+    assert q.escrow.withdrawable(client.address) - before == bond + refund
+    assert q.escrow.withdrawable(burn) - burned == sum(  # the absences: burned
         s * 1000 // 10_000 for s in stakes.values())
     # expire, report, finalize: each once
     assert settler_calls(stack, start) == [(arb.address, 1), (arb.address, 1),

@@ -12,7 +12,7 @@ The committee's gaps, each performed through the real desks: a verifier seated a
 dispute opened does not vote on it (the dispute's snapshot judges it); members that do not
 vote cannot block a dispute: the working ones record their votes before the deadline, and
 the idle ones are reported absent when it expires and lose their seats and 10% of their
-stake to the opener. The leader's remedy against a withheld challenge answer (availability
+stake, burned. The leader's remedy against a withheld challenge answer (availability
 challenge, then settlement or dispute) runs against the same chain.
 """
 
@@ -384,7 +384,8 @@ def test_the_verifiers_vote_with_the_snapshot(devnet: Any, stack: Stack) -> None
 def test_idle_members_cannot_block_a_dispute(devnet: Any, stack: Stack) -> None:
     """Only two of the four desks run. No quorum can come, so past half the dispute's time
     each records its own vote on-chain; at expiry the two idle members are reported absent:
-    they lose their seats at the next boundary and 10% of their stake to the opener."""
+    they lose their seats at the next boundary and 10% of their stake, burned: the opener
+    gets its bond back and nothing from their absence."""
     from conftest import until_seated
 
     q, api = devnet.q, stack.api
@@ -410,13 +411,15 @@ def test_idle_members_cannot_block_a_dispute(devnet: Any, stack: Stack) -> None:
 
     devnet.chain.advance_time(d.deadline - devnet.chain.timestamp())
     w = q.escrow.withdrawable
-    before = w(devnet.client.address)
+    burn = q.chain.call(q.arbitration.contract.functions.BURN())
+    before, burned = w(devnet.client.address), w(burn)
     slash_bps = int(q.chain.call(q.committee.contract.functions.idleSlashBps()))
     slash = STAKE * slash_bps // BPS
     info = wait_dispute(q, dispute_id, expire_as=devnet.client)
     assert info.status == DisputeStatus.EXPIRED
     assert by_address(info.absent) == by_address(idle)
-    assert w(devnet.client.address) - before == d.bond + 2 * slash  # to the wei
+    assert w(devnet.client.address) - before == d.bond  # to the wei
+    assert w(burn) - burned == 2 * slash
     leaving_at = q.committee.current_epoch() + 1
     for v in idle:
         vi = q.committee.verifier_info(v)
@@ -443,10 +446,11 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     other answers on-chain but still publishes nothing: the leader disputes the answered
     receipt, and a desk finds the data withheld."""
     from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
-    from verifier.committee import CommitteeMember
+    from verifier.committee import CommitteeMember, chain_faults, unanswered_availability
     from verifier.reputation import ReputationParams
 
     q, api = devnet.q, stack.api
+    start = devnet.chain.timestamp()
     miners = {m.address: m for m in (devnet.miner, devnet.miner2)}
     cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", list(miners),
                             requests=2, max_tokens=MAX_TOKENS)
@@ -460,7 +464,9 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
                                    cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
             for p in posted}
-    answers = [collect_answer(q, api, cs.challenge_for(p.miner), p.task_id)  # type: ignore[arg-type]
+    answers = [collect_answer(q, api, cs.challenge_for(p.miner), p.task_id,  # type: ignore[arg-type]
+                              answer_window=q.committee.challenge_answer_window(),
+                              now=devnet.chain.timestamp())
                for p in posted]
     assert all(a.withheld for a in answers)
 
@@ -504,6 +510,11 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     assert settled.status == ChallengeStatus.UNANSWERED and settled.slashed > 0
     assert q.gpu.miner_info(silent.miner).stake == stake - settled.slashed
     assert q.tasks.get_shard(silent.task_id, 0).state == ShardState.REFUNDED
+    # The committee counts the silence as unavailability (MISSED in its next report), not
+    # as a fault: the shard's budget and collateral are the whole cost.
+    end = devnet.chain.timestamp() + 1
+    assert unanswered_availability(q, start, end) == {silent.miner}
+    assert silent.miner not in chain_faults(q, start, end)
 
     verdict = DisputeDesk(q, devnet.verifiers[1], api, stack.scorer).judge(dispute_id)
     assert verdict.miner_at_fault and "data withheld" in verdict.reason
@@ -513,6 +524,36 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     again.challenge_withheld(1, posted, answers)
     assert q.arbitration.challenge_count() == 2 and q.arbitration.dispute_count() == dispute_id
     assert sum("availability challenge" in e for e in events) >= 3
+
+
+def test_an_unanswered_challenge_is_pending_until_its_answer_window_closes(
+        devnet: Any, stack: Stack) -> None:
+    """However late in an epoch a challenge is posted, its miner has the whole
+    `challengeAnswerWindow` from the task's creation before anyone may call it missing."""
+    from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
+
+    q, api, miner = devnet.q, stack.api, devnet.miner
+    cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", [miner.address],
+                            requests=2, max_tokens=MAX_TOKENS)
+    challenge = cs.challenges[0]
+    posted = post_challenge(q, devnet.verifiers[0], api, challenge, devnet.MODEL_ID,
+                            devnet.chain.timestamp() + 3600)
+    window = q.committee.challenge_answer_window()
+    created = q.tasks.get_task(posted.task_id).created_at
+    assert 0 < window < q.committee.epoch_duration()
+
+    def status(at: int) -> str:
+        return collect_answer(q, api, challenge, posted.task_id, answer_window=window,
+                              now=at).status
+
+    assert status(created) == "pending"
+    assert status(created + window - 1) == "pending"
+    assert status(created + window) == "missing"
+    missing = collect_answer(q, api, challenge, posted.task_id, answer_window=window,
+                             now=created + window)
+    assert not missing.withheld  # nothing committed: no availability challenge to make
+    serve_by_hand(devnet, api, posted.task_id, miner, challenge.data)  # late, but in
+    assert status(created + window + 5) == "answered"
 
 
 # ---------------------------------------------------------------------------- evidence

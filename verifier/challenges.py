@@ -286,11 +286,13 @@ def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge
 
 @dataclass(frozen=True)
 class Answer:
-    """What became of one posted challenge."""
+    """What became of one posted challenge: "answered", "invalid" (signed but failing its
+    checks), "other-miner", "pending" (not submitted, its answer window still open) or
+    "missing" (not submitted when its window closed, or submitted without a document)."""
 
     miner: str
     task_id: int
-    status: str  # "answered" | "invalid" | "missing" | "other-miner"
+    status: str
     items: tuple[ResultItem, ...] = ()
     reason: str = ""
     precision: int = 0  # the shard's recorded precision (what its outputs are judged at)
@@ -302,10 +304,14 @@ class Answer:
         return self.status == "missing" and self.reason == WITHHELD
 
 
-def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: int) -> Answer:
-    """The challenged miner's verified outputs, or why there are none. A result root
-    committed without its document is a missing answer (`Answer.withheld`), not an invalid
-    one: nothing signed was shown, and the chain can be asked for it.
+def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: int, *,
+                   answer_window: int, now: int) -> Answer:
+    """The challenged miner's verified outputs at chain time `now`, or why there are none.
+    An unsubmitted challenge is "missing" only once `answer_window` seconds have passed since
+    its task was created (VerifierCommittee.challengeAnswerWindow), "pending" before: the
+    window runs from the posting, so a challenge posted late in an epoch loses nothing. A
+    result root committed without its document is a missing answer (`Answer.withheld`), not
+    an invalid one: nothing signed was shown, and the chain can be asked for it.
 
     Raises ChallengeSetInvalid when the task on-chain is not this challenge (a leader that
     lies about which task it posted).
@@ -328,4 +334,7 @@ def collect_answer(q: Quarry, market: MarketAPI, challenge: Challenge, task_id: 
             return Answer(challenge.miner, task_id, "invalid", reason=str(exc))
         return Answer(challenge.miner, task_id, "answered", tuple(items),
                       precision=s.precision)
-    return Answer(challenge.miner, task_id, "missing")
+    due = t.created_at + answer_window
+    if now < due:
+        return Answer(challenge.miner, task_id, "pending", reason=f"due at chain time {due}")
+    return Answer(challenge.miner, task_id, "missing", reason=f"not answered by {due}")

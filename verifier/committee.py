@@ -13,23 +13,29 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
    signatures of e's committee that weigh a quorum commits it.
 2. Challenges of e. The leader (`leaderOf(e)` read at the block that committed set e) posts
    each miner's challenge as a directed paid task (open to miners on probation) from a fresh
-   address, collects the signed answers, scores them and posts a proposal. A miner that
-   committed a result root but published no document is challenged to show it on-chain
-   (availability challenge): unanswered it is slashed, answered it is disputed.
+   address, collects the signed answers, scores them and posts a proposal once every answer
+   is in or its answer window (`challengeAnswerWindow`, from the task's creation) has passed:
+   a challenge posted late in epoch e keeps its whole window, and the report then finishes
+   in epoch e+1 (challenges are posted only during e, and the window is shorter than an
+   epoch).
+   A miner that committed a result root but published no document is challenged to show it
+   on-chain (availability challenge): unanswered it is slashed, answered it is disputed.
 3. Every member fetches and checks the same answers, re-scores them on its own scorers and
-   posts an observation: its scores, and the missing answers it confirms on-chain.
-4. The leader builds the report: new reputations from the previous evidence, the proposed
-   scores, a missing answer counted (score 0) only when members holding more than a
-   third of the epoch's weight confirmed it, and a score of 0 for every miner found at
-   fault on-chain during epoch e-1 (a dispute resolved at fault, whoever opened it: a
-   client, an arbiter or an auditor of client traffic; an unanswered availability
-   challenge; a proven billing fault), read from the chain by every member alike: proof,
-   not noise, so its reputation lands under the untrusted line at once.
+   posts an observation: its scores, and the missing answers it confirms on-chain (not
+   submitted, window over).
+4. The leader builds the report: new reputations from the previous evidence and the proposed
+   scores; `MISSED` (unavailability, not a score: GPURegistry keeps the reputation and counts
+   the miss) for a missing answer that members holding more than a third of the epoch's
+   weight confirmed, and for every miner that let an availability challenge go unanswered
+   during epoch e-1; a score of 0 for every miner found at fault on-chain during epoch e-1
+   (a dispute resolved at fault, whoever opened it: a client, an arbiter or an auditor of
+   client traffic; a proven billing fault), read from the chain by every member alike:
+   proof, not noise, so its reputation lands under the untrusted line at once.
    Evidence goes to the store (evidenceRoot = its sha256).
 5. Members co-sign the report only if every score is within the tolerance of their own and
    the reputations follow from the rules; any member holding signatures of e's committee
    that weigh a quorum submits it. Reports go in epoch order: once a newer epoch is
-   reported, older ones are closed.
+   reported, older ones are closed. Steps 2 to 5 of epoch e may finish early in e+1.
 
 Quorums are by stake: the signers' summed weight in the epoch's snapshot must reach
 `quorumWeight(epoch)`, never a head count. A leader that withholds or lies gets no quorum,
@@ -53,7 +59,7 @@ from eth_account import Account
 from eth_utils import encode_hex, to_checksum_address
 
 from market import jsonsafe
-from market.chain.contracts import ChallengeStatus, ShardState
+from market.chain.contracts import MISSED_BPS, ChallengeStatus, ShardState
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
 from market.logs import log_context
@@ -98,11 +104,11 @@ EPOCH_PROPOSAL, OBSERVATION, REPORT_SIGNATURE = "epoch-proposal", "observation",
 
 @dataclass(frozen=True)
 class EpochTiming:
-    """Where the leader stops waiting, as shares of the epoch."""
+    """Where the leader stops waiting, as shares of the epoch (answers are waited for by
+    their own window, `challengeAnswerWindow`)."""
 
-    collect_until: float = 0.45  # answers not in by then are reported missing
-    report_at: float = 0.65      # the report is built even if some observations are missing
-    set_slot: float = 0.25       # a set proposer's turn before the next member's
+    report_at: float = 0.9   # the report is built even if some observations are missing
+    set_slot: float = 0.25   # a set proposer's turn before the next member's
 
 
 @dataclass
@@ -191,7 +197,7 @@ class CommitteeMember:
         self._slashed: set[str] = set()
         self._scored: dict[int, list[ChallengeScore]] = {}  # task id -> per-request scores
         self._snapshots: dict[int, Snapshot] = {}
-        self._fault_cache: dict[int, dict[str, int | None]] = {}
+        self._fault_cache: dict[int, tuple[list[str], list[str]]] = {}
         self._carry_in: dict[int, dict[str, tuple[float, ...]]] = {}  # epoch -> prior
         self._carry_out: dict[int, dict[str, tuple[float, ...]]] = {}  # epoch -> to carry
         self._block_times: dict[int, int] = {}
@@ -255,11 +261,12 @@ class CommitteeMember:
             snap = self.snapshot(epoch)
             open_from = self.q.committee.next_report_epoch()  # older epochs are closed
             self._next_set(epoch, into, snap)
+            if epoch - 1 >= max(open_from, 0):  # finish the last epoch's report
+                with log_context(epoch=epoch - 1):
+                    self._run_epoch(epoch - 1, into + 1, self.snapshot(epoch - 1),
+                                    deadline=genesis + epoch * duration)
             if epoch >= open_from:
                 self._run_epoch(epoch, into, snap, deadline=genesis + (epoch + 1) * duration)
-            if epoch - 1 >= max(open_from, 0):
-                with log_context(epoch=epoch - 1):
-                    self._cosign_late(epoch - 1)
             for e in (epoch - 1, epoch):
                 if e >= max(open_from, 0):
                     with log_context(epoch=e):
@@ -406,9 +413,11 @@ class CommitteeMember:
         return self._leaders[epoch]
 
     def _run_epoch(self, epoch: int, into: float, snap: Snapshot, deadline: int) -> None:
+        """Lead, observe, propose and co-sign `epoch`'s report, `into` epochs after its start
+        (above 1 while it finishes in the next epoch)."""
         raw = self.state.sets.get(str(epoch))
         leader = self.leader(epoch)
-        if raw is None or leader is None:
+        if raw is None or leader is None or self.me not in snap.weights:
             return
         cs = ChallengeSet.from_json(raw)
         if leader == self.me and self.test_mode != "withhold":
@@ -428,23 +437,11 @@ class CommitteeMember:
         if own is not None and str(epoch) not in self.state.signed_reports:
             self._cosign(epoch, cs, proposal, own, snap)
 
-    def _cosign_late(self, epoch: int) -> None:
-        """Co-sign a past epoch's report (not yet closed) that its leader proposed too late
-        for this member to sign within the epoch: it is still submittable."""
-        if epoch not in self._observed or str(epoch) in self.state.signed_reports:
-            return
-        raw, leader, snap = self.state.sets.get(str(epoch)), self.leader(epoch), \
-            self.snapshot(epoch)
-        if raw is None or leader is None or self.me not in snap.weights:
-            return
-        proposal = next(iter(self._messages(EPOCH_PROPOSAL, epoch, authors={leader})), None)
-        own = next(iter(self._messages(REPORT_SIGNATURE, epoch, authors={leader})), None)
-        if proposal is not None and own is not None:
-            self._cosign(epoch, ChallengeSet.from_json(raw), proposal, own, snap)
-
     def _lead(self, epoch: int, into: float, cs: ChallengeSet, deadline: int) -> None:
         key = str(epoch)
         if key not in self.state.posted:
+            if into >= 1:  # the epoch is over: too late to challenge anyone in it
+                return
             sent: list[dict[str, Any]] = []
             duration = self.q.committee.epoch_duration()
             for c in cs.challenges:
@@ -471,15 +468,17 @@ class CommitteeMember:
             return
         posted = [PostedChallenge.from_json(p) for p in self.state.posted[key]]
         answers = []
+        window, now = self.q.committee.challenge_answer_window(), self.q.chain.timestamp()
         for p in posted:
             challenge = cs.challenge_for(p.miner)
             if challenge is None:  # posted from this very set: the state file is not ours
                 raise ChallengeSetInvalid(f"epoch {epoch}: posted a challenge to {p.miner}, "
                                           "who is not in the epoch's challenge set")
-            answers.append(collect_answer(self.q, self.market, challenge, p.task_id))
+            answers.append(collect_answer(self.q, self.market, challenge, p.task_id,
+                                          answer_window=window, now=now))
         self.challenge_withheld(epoch, posted, answers)
-        if any(a.status == "missing" for a in answers) and into < self.timing.collect_until:
-            return
+        if any(a.status == "pending" for a in answers):
+            return  # a miner's window is still open (it closes before epoch + 2): it may answer
         scores = self._score(cs, answers)
         if self.test_mode == "lie":
             scores = {m: BPS - s for m, s in scores.items()}
@@ -543,8 +542,10 @@ class CommitteeMember:
                     problems.append(f"{entry.get('miner')} is not in the challenge set")
                     continue
                 try:
-                    answers.append(collect_answer(self.q, self.market, challenge,
-                                                  int(entry["taskId"])))
+                    answers.append(collect_answer(
+                        self.q, self.market, challenge, int(entry["taskId"]),
+                        answer_window=self.q.committee.challenge_answer_window(),
+                        now=self.q.chain.timestamp()))
                 except (ChallengeSetInvalid, StoreError, KeyError, ValueError) as exc:
                     problems.append(str(exc))
             scores = self._score(cs, answers)
@@ -599,30 +600,36 @@ class CommitteeMember:
 
     def _next_records(self, epoch: int, scores: Mapping[str, int | None],
                       faults: Iterable[str] = ()
-                      ) -> tuple[int, dict[str, MinerRecord], dict[str, MinerRecord]]:
-        """(previous epoch, every tracked miner's record after this epoch, the changed ones);
-        miners in `faults` were found at fault on-chain (`reputation.update(fault=True)`)."""
+                      ) -> tuple[int, dict[str, MinerRecord], dict[str, int]]:
+        """(previous epoch, every tracked miner's record after this epoch, what the report
+        says of each miner it names: its new reputation, or `MISSED_BPS` for a miner that was
+        unavailable, whose record stays as it was); miners in `faults` were found at fault
+        on-chain (`reputation.update(fault=True)`)."""
         faulty = set(faults)
         prev_epoch, records = self._previous(epoch)
         out = dict(records)
-        changed = {}
+        reported: dict[str, int] = {}
         for miner, s in sorted(scores.items()):
             if s is None:
+                continue
+            if s == MISSED_BPS:
+                reported[miner] = MISSED_BPS
                 continue
             chain_rep = self.q.gpu.miner_info(miner).reputation_bps
             before = records.get(miner, MinerRecord(chain_rep, ()))
             before = MinerRecord(chain_rep, before.window)
-            out[miner] = changed[miner] = update(before, s, self.params,
-                                                 fault=miner in faulty)
-        return prev_epoch, out, changed
+            out[miner] = update(before, s, self.params, fault=miner in faulty)
+            reported[miner] = out[miner].reputation_bps
+        return prev_epoch, out, reported
 
     def _propose_report(self, epoch: int, cs: ChallengeSet, proposal: dict[str, Any],
                         snap: Snapshot) -> None:
         self._proposed_epochs.add(epoch)
         observations = self._messages(OBSERVATION, epoch, authors=snap.weights)
         faults = self._faults(epoch) | dict.fromkeys(failed_challenges(proposal), 0)
-        scores = epoch_scores(proposal, observations, snap.weights) | faults
-        prev_epoch, records, changed = self._next_records(epoch, scores, faults)
+        scores = epoch_scores(proposal, observations, snap.weights) | self._misses(epoch) \
+            | faults
+        prev_epoch, records, reported = self._next_records(epoch, scores, faults)
         carry = {m: [round(x * 1e6) for x in v]
                  for m, v in sorted(self._carry_out.get(epoch, {}).items())}
         doc = {"epoch": epoch, "previousEpoch": prev_epoch, "setDigest": encode_hex(cs.digest()),
@@ -632,8 +639,8 @@ class CommitteeMember:
                            for m, r in sorted(records.items())}}
         data = canonical_json_bytes(doc)
         uri = self.market.put(data)
-        miners = sorted(changed, key=lambda a: int(a, 16))
-        report = Report(epoch, tuple(miners), tuple(changed[m].reputation_bps for m in miners),
+        miners = sorted(reported, key=lambda a: int(a, 16))
+        report = Report(epoch, tuple(miners), tuple(reported[m] for m in miners),
                         hashlib.sha256(data).digest())
         self._sign_report(report, uri)
         metrics.EPOCHS_REPORTED.labels("led").inc()
@@ -670,17 +677,18 @@ class CommitteeMember:
             scores = epoch_scores(proposal, observations, snap.weights)
             mine = self._observed[epoch]["scores"]
             for miner, s in scores.items():
-                if s is None or (s == 0 and miner not in proposal["body"]["scores"]):
+                if s is None or s == MISSED_BPS:
                     continue  # a confirmed missing answer needs no score of mine
                 own = mine.get(miner)
                 if own is None or abs(own - s) > self.tolerance_bps:
                     raise QuarryError(f"{miner}: the leader's score {s} bps is not within "
                                       f"{self.tolerance_bps} bps of mine ({own})")
             faults = self._faults(epoch) | dict.fromkeys(failed_challenges(proposal), 0)
-            _, _, changed = self._next_records(epoch, scores | faults, faults)
+            _, _, reported = self._next_records(
+                epoch, scores | self._misses(epoch) | faults, faults)
             _check_carry(doc.get("carry", {}), self._carry_out.get(epoch, {}))
-            miners = sorted(changed, key=lambda a: int(a, 16))
-            expected = (tuple(miners), tuple(changed[m].reputation_bps for m in miners))
+            miners = sorted(reported, key=lambda a: int(a, 16))
+            expected = (tuple(miners), tuple(reported[m] for m in miners))
             if (report.miners, report.scores_bps) != expected or report.epoch != epoch:
                 raise QuarryError(f"the reputations {report.scores_bps} do not follow from "
                                   f"the scores (expected {expected[1]})")
@@ -726,13 +734,25 @@ class CommitteeMember:
     def _faults(self, epoch: int) -> dict[str, int | None]:
         """Score 0 for every registered miner found at fault on-chain during epoch - 1
         (`chain_faults`); the same for every member, since that epoch is over."""
+        return {m: 0 for m in self._chain_record(epoch)[0]}
+
+    def _misses(self, epoch: int) -> dict[str, int | None]:
+        """`MISSED_BPS` for every registered miner that let an availability challenge go
+        unanswered during epoch - 1 (`unanswered_availability`): its shard was refunded and
+        its collateral slashed already; the report counts it unavailable, not dishonest."""
+        return {m: MISSED_BPS for m in self._chain_record(epoch)[1]}
+
+    def _chain_record(self, epoch: int) -> tuple[list[str], list[str]]:
+        """(miners at fault, miners unavailable) on-chain during epoch - 1, registered ones."""
         if epoch not in self._fault_cache:
             c = self.q.committee
             start, end = c.epoch_start(epoch - 1), c.epoch_start(epoch)
-            found = chain_faults(self.q, start, end, self._block_times) if epoch > 0 else set()
-            self._fault_cache[epoch] = {m: 0 for m in sorted(found)
-                                        if self.q.gpu.miner_info(m).active}
-        return dict(self._fault_cache[epoch])
+            faults, misses = (set(), set()) if epoch == 0 else (
+                chain_faults(self.q, start, end, self._block_times),
+                unanswered_availability(self.q, start, end, self._block_times))
+            active = {m for m in faults | misses if self.q.gpu.miner_info(m).active}
+            self._fault_cache[epoch] = (sorted(faults & active), sorted(misses & active))
+        return self._fault_cache[epoch]
 
     # ------------------------------------------------------------------ disputes, slashing
     def _dispute_faults(self, posted: list[PostedChallenge], cs: ChallengeSet,
@@ -896,11 +916,9 @@ class CommitteeMember:
                 log.info("equivocation proof against %s: %s", msg["author"], exc)
 
 
-def chain_faults(q: Quarry, start: int, end: int, block_times: dict[int, int] | None = None
-                 ) -> set[str]:
-    """Miners found at fault by the chain in blocks stamped [start, end): disputes resolved
-    at fault, availability challenges settled unanswered, billing faults proven.
-    `block_times` caches block timestamps across calls."""
+def _stamped(q: Quarry, start: int, end: int, block_times: dict[int, int] | None
+             ) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an event's block is stamped in [start, end); `block_times` caches stamps."""
     times = {} if block_times is None else block_times
 
     def inside(ev: Mapping[str, Any]) -> bool:
@@ -909,15 +927,33 @@ def chain_faults(q: Quarry, start: int, end: int, block_times: dict[int, int] | 
             times[n] = int(q.chain.w3.eth.get_block(n)["timestamp"])
         return start <= times[n] < end
 
+    return inside
+
+
+def chain_faults(q: Quarry, start: int, end: int, block_times: dict[int, int] | None = None
+                 ) -> set[str]:
+    """Miners found at fault by the chain in blocks stamped [start, end): disputes resolved
+    at fault, billing faults proven. `block_times` caches block timestamps across calls."""
+    inside = _stamped(q, start, end, block_times)
     arb, since = q.arbitration, q.deployment.deploy_block
     found = {q.arbitration.get_dispute(int(ev["disputeId"])).miner
              for ev in arb.events("DisputeResolved", since)
              if ev["minerAtFault"] and inside(ev)}
-    found |= {arb.get_challenge(int(ev["challengeId"])).miner
-              for ev in arb.events("AvailabilityUnanswered", since) if inside(ev)}
     found |= {q.tasks.get_shard(int(ev["taskId"]), int(ev["shard"])).miner
               for ev in arb.events("BillingFaultProven", since) if inside(ev)}
     return {to_checksum_address(m) for m in found}
+
+
+def unanswered_availability(q: Quarry, start: int, end: int,
+                            block_times: dict[int, int] | None = None) -> set[str]:
+    """Miners whose availability challenge was settled unanswered in blocks stamped
+    [start, end): they lost that shard's budget and collateral; an offline honest miner looks
+    the same as a withholding one, so the committee counts it as unavailability."""
+    inside = _stamped(q, start, end, block_times)
+    arb = q.arbitration
+    return {to_checksum_address(arb.get_challenge(int(ev["challengeId"])).miner)
+            for ev in arb.events("AvailabilityUnanswered", q.deployment.deploy_block)
+            if inside(ev)}
 
 
 def failed_challenges(proposal: Mapping[str, Any]) -> set[str]:
@@ -946,10 +982,11 @@ def _check_carry(theirs: Mapping[str, Any], mine: Mapping[str, tuple[float, ...]
 
 def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]],
                  weights: Mapping[str, int]) -> dict[str, int | None]:
-    """The leader's proposed scores, plus 0 for each answer it reports missing that members
-    holding more than a third of the epoch's weight (`weights`: member -> weight) confirmed
-    (less: None, reputation untouched), so a lying leader cannot frame a miner, nor can
-    lying members without a third of the stake, however many identities they use."""
+    """The leader's proposed scores, plus `MISSED_BPS` for each answer it reports missing
+    that members holding more than a third of the epoch's weight (`weights`: member ->
+    weight) confirmed (less: None, nothing recorded), so a lying leader cannot frame a miner
+    as unavailable, nor can lying members without a third of the stake, however many
+    identities they use. A missing answer is not a score: the reputation stays."""
     total = sum(weights.values())
     scores: dict[str, int | None] = {
         to_checksum_address(m): int(s) for m, s in proposal["body"]["scores"].items()}
@@ -958,7 +995,7 @@ def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]]
         confirmations = {o["author"] for o in observations
                          if o["author"] in weights and miner in o["body"].get("missing", [])}
         confirmed = sum(weights[a] for a in confirmations)
-        scores[to_checksum_address(miner)] = 0 if 3 * confirmed > total else None
+        scores[to_checksum_address(miner)] = MISSED_BPS if 3 * confirmed > total else None
     return scores
 
 

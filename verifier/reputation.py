@@ -53,8 +53,10 @@ def _is_int(v: Any) -> bool:
 @dataclass(frozen=True)
 class ReputationParams:
     """Every reputation constant. Epoch scores are 10000 (the miner's challenge outputs pass
-    `verifier.scoring.judge`) or 0 (they fail, or the answer is missing or invalid): a
-    failure is evidence at the 1e-6 level, not noise, so scores are not graded.
+    `verifier.scoring.judge`) or 0 (they fail, or the signed answer is invalid): a failure is
+    evidence at the 1e-6 level, not noise, so scores are not graded. A missing answer is no
+    score at all: the committee reports the miner unavailable (`MISSED_BPS`) and its record
+    stays as it was (GPURegistry counts the misses; see `verifier.committee`).
 
     - `abnormal_below_bps = 9150`: any failed epoch is abnormal (the threshold dates from
       graded scores; with pass/fail scores any value in (0, 10000] acts the same).
@@ -164,11 +166,11 @@ def _check_bps(name: str, value: Any) -> int:
 
 def update(prev: MinerRecord, score_bps: int | None, params: ReputationParams, *,
            fault: bool = False) -> MinerRecord:
-    """The record after one epoch. `score_bps=None`: not challenged, unchanged; a confirmed
-    missing response is `score_bps=0`. `fault`: the chain found the miner at fault (a
-    dispute lost, an availability challenge unanswered, a billing fault proven): that is
-    proof, not noise, so the epoch scores 0 and the reputation lands under the untrusted
-    line whatever it was (the miner may pay to be challenged again)."""
+    """The record after one epoch. `score_bps=None`: not challenged, or not available (a
+    confirmed missing answer): unchanged. `fault`: the chain found the miner at fault (a
+    dispute lost, a billing fault proven): that is proof, not noise, so the epoch scores 0
+    and the reputation lands under the untrusted line whatever it was (the miner may pay to
+    be challenged again)."""
     if not isinstance(prev, MinerRecord):
         raise ConfigError(f"prev must be a MinerRecord, got {type(prev).__name__}")
     if not isinstance(params, ReputationParams):

@@ -24,7 +24,7 @@ from eth_utils import encode_hex, is_address, to_checksum_address
 from client.batch import encode_jsonl, output_line, parse_batch
 from client.gateway.store import GatewayStore
 from client.gateway.translate import LineError, error_line, translate_file
-from client.sdk import Client, Job, JobStatus, parse_mask
+from client.sdk import PROBATION_OPTION, Client, Job, JobStatus, parse_mask
 from market.chain.contracts import ShardState
 from market.chain.errors import ContractRevert
 from market.errors import QuarryError
@@ -45,8 +45,11 @@ OPTIONS = {
     "quarry_miner": "a miner address: a directed task, offered to that miner only",
     "quarry_arbiter": "an address that may dispute on your behalf",
     "quarry_min_reputation_bps": "least miner reputation to claim, in basis points (0-10000)",
-    "quarry_allow_probation": "\"true\": miners on probation (new identities) may claim it too",
-    "quarry_shard_size": "requests per shard (default: spread over twice the alive miners)",
+    "quarry_allow_probation": "\"true\": miners on probation (new identities) may claim it "
+                              "too; \"false\": they may not (default: only while no "
+                              "established miner serves the model)",
+    "quarry_shard_size": "requests per shard (default: spread over twice the alive miners, "
+                         "each within half a claim window at the slowest one's speed)",
     "quarry_precision": "precisions miners may serve it in, e.g. \"bf16,fp32\" (fp32, fp16, "
                         "bf16, fp8, int8; default any)",
     "quarry_require_commitments": "\"true\": every output must carry an activation "
@@ -71,7 +74,7 @@ class Options:
     miner: str | None = None
     arbiter: str | None = None
     min_reputation_bps: int = 0
-    allow_probation: bool = False
+    allow_probation: bool | None = None  # None: the SDK's default (market.sdk.Client.submit)
     shard_size: int | None = None
     precisions: int = ANY  # accepted-precision mask
     require_commitments: bool = False
@@ -93,7 +96,7 @@ def parse_options(metadata: Mapping[str, str] | None) -> Options:
         price=values.get("quarry_max_price_per_token"),
         miner=values.get("quarry_miner"), arbiter=values.get("quarry_arbiter"),
         min_reputation_bps=values.get("quarry_min_reputation_bps", 0),
-        allow_probation=values.get("quarry_allow_probation", False),
+        allow_probation=values.get("quarry_allow_probation"),
         shard_size=values.get("quarry_shard_size"),
         precisions=values.get("quarry_precision", ANY),
         require_commitments=values.get("quarry_require_commitments", False))
@@ -220,8 +223,8 @@ class Runner:
             line = getattr(exc, "line", None)
             if isinstance(line, int) and 0 < line <= len(translated.line_numbers):
                 line = translated.line_numbers[line - 1]  # Quarry's line -> the user's line
-            self._fail(b, [LineError(_code(exc), str(exc), line if isinstance(line, int)
-                                     else None)])
+            self._fail(b, [LineError(_code(exc), _gateway_words(str(exc)),
+                                     line if isinstance(line, int) else None)])
             return
         self._started(b, job.task_id)
 
@@ -346,3 +349,9 @@ def _code(exc: Exception) -> str:
 
 __all__ = ["OPTIONS", "OptionError", "Options", "Runner", "WINDOW_S",
            "parse_options"]
+
+
+def _gateway_words(message: str) -> str:
+    """An SDK message in the gateway's terms: its knobs are `metadata` keys, not the SDK's
+    arguments or the CLI's flags."""
+    return message.replace(PROBATION_OPTION, 'metadata={"quarry_allow_probation": "true"}')

@@ -7,6 +7,7 @@ interface IGPURegistry {
     function unlockCollateral(address miner, uint256 amount) external;
     function slash(address miner, uint256 amount, address beneficiary) external returns (uint256 slashed);
     function setReputation(address miner, uint16 bps, uint256 epochStart) external;
+    function recordMissed(address miner) external;
     function isEligible(address miner, bytes32 modelId, uint16 minRepBps, bool allowProbation)
         external
         view

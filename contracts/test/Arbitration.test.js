@@ -20,6 +20,7 @@ const SLASH4 = (COLL4 * BigInt(P.faultSlashBps)) / BPS;
 const REWARD4 = (SLASH4 * BigInt(P.verifierRewardBps)) / BPS;
 const TOKENS = 40n; // 4 receipts x 10 tokens
 const IDLE_SLASH = (P.minVerifierStake * 1000n) / BPS; // VerifierCommittee: idleSlashBps 1000, idleStrikesAllowed 0
+const BURN = "0x000000000000000000000000000000000000dEaD"; // Arbitration.BURN: absences are burned
 const coder = ethers.AbiCoder.defaultAbiCoder();
 
 // ------------------------------------------------------------------ small helpers
@@ -771,7 +772,7 @@ describe("Arbitration", function () {
       return { ...q, a, b, c, d };
     }
 
-    it("absent members lose their seat at the next boundary, get a strike and 10% of stake goes to the opener", async function () {
+    it("absent members lose their seat at the next boundary, get a strike and 10% of stake is burned (no opener can farm it)", async function () {
       const q = await load(expiredWithTwoVotes);
       const { arb, committee, arbiter, a, b, c, d } = q;
       const committeeBal = await balance(committee);
@@ -780,7 +781,7 @@ describe("Arbitration", function () {
       expect(await eventsOf(tx, arb, "AbsenceReported")).to.deep.equal(
         [[1n, c.address, IDLE_SLASH], [1n, d.address, IDLE_SLASH]]);
       expect(await eventsOf(tx, committee, "AbsencePenalized")).to.deep.equal(
-        [[c.address, 1n, IDLE_SLASH, arbiter.address], [d.address, 1n, IDLE_SLASH, arbiter.address]]);
+        [[c.address, 1n, IDLE_SLASH, BURN], [d.address, 1n, IDLE_SLASH, BURN]]);
       for (const v of [c, d]) {
         const info = await committee.verifierInfo(v);
         expect(info.stake).to.equal(P.minVerifierStake - IDLE_SLASH);
@@ -796,8 +797,10 @@ describe("Arbitration", function () {
         expect(await committee.strikesOf(v)).to.equal(0);
       }
       expect(await balance(committee)).to.equal(committeeBal - 2n * IDLE_SLASH);
-      // the opener (the arbiter here) got its bond back at expiry and now the slashes
-      await expectWithdrawable(q, [[arbiter, P.minBond + 2n * IDLE_SLASH]]);
+      // the opener (the arbiter here) got its bond back at expiry, nothing more: the slashes
+      // are burned
+      await expectWithdrawable(q, [[arbiter, P.minBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(2n * IDLE_SLASH);
       await expectSolvent(q);
       // seated until the boundary, gone after it
       expect(await committee.isMember(c)).to.equal(true);
@@ -822,7 +825,8 @@ describe("Arbitration", function () {
       await arb.reportAbsence(1, [d]);
       await expect(arb.reportAbsence(1, [d])).to.be.revertedWithCustomError(arb, "NotAbsent").withArgs(d.address);
       await expect(arb.reportAbsence(1, [])).not.to.emit(arb, "AbsenceReported");
-      await expectWithdrawable(q, [[q.arbiter, P.minBond + IDLE_SLASH]]);
+      await expectWithdrawable(q, [[q.arbiter, P.minBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(IDLE_SLASH);
     });
     it("only on an Expired dispute (DisputeNotExpiredStatus)", async function () {
       const q = await load(disputed);
@@ -850,14 +854,15 @@ describe("Arbitration", function () {
       await arb.expireDispute(1);
       await arb.expireDispute(2);
       const v = q.verifiers[0];
-      await expect(arb.reportAbsence(1, [v])).to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, 0, client.address);
+      await expect(arb.reportAbsence(1, [v])).to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, 0, BURN);
       const until = (await committee.verifierInfo(v)).activeUntil;
       expect((await committee.verifierInfo(v)).stake).to.equal(P.minVerifierStake);
       await expect(arb.reportAbsence(2, [v])).to.emit(arb, "AbsenceReported").withArgs(2, v.address, IDLE_SLASH);
       const info = await committee.verifierInfo(v);
       expect([info.stake, info.activeUntil]).to.deep.equal([P.minVerifierStake - IDLE_SLASH, until]);
       expect(await committee.strikesOf(v)).to.equal(2);
-      await expectWithdrawable(q, [[client, 2n * P.minBond + IDLE_SLASH]]);
+      await expectWithdrawable(q, [[client, 2n * P.minBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(IDLE_SLASH);
       await expectSolvent(q);
     });
     it("a member partly slashed for absence votes with what is left of its stake; rewards follow the recorded weights", async function () {
@@ -889,12 +894,13 @@ describe("Arbitration", function () {
       const [toA, toB, toC] = byWeight(REWARD4, [ETH, ETH, ETH - IDLE_SLASH]);
       expect([toA, toB, toC]).to.deep.equal([13793103448n, 13793103448n, 12413793103n]);
       const toClient = BUDGET4 + SLASH4 - toA - toB - toC;
-      await expectWithdrawable(q, [[client, P.minBond + IDLE_SLASH + P.minBond + toClient], [a, toA], [b, toB], [c, toC]]);
+      await expectWithdrawable(q, [[client, P.minBond + P.minBond + toClient], [a, toA], [b, toB], [c, toC]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(IDLE_SLASH);
       await expectMiner(q, P.minStake - SLASH4, 0n, miner2);
       await expectMiner(q, P.minStake, COLL4); // shard 0 waits to be finalized
       await expectSolvent(q);
     });
-    it("an absent member that asks to leave cannot withdraw before the dispute expires: reported, it loses 10% to the opener", async function () {
+    it("an absent member that asks to leave cannot withdraw before the dispute expires: reported, 10% of its stake is burned", async function () {
       // The escape of the first round: with unbonding (100 s) below the dispute timeout (600 s),
       // a member that requested exit after the dispute opened withdrew before it expired and
       // could no longer be reported. Its stake now stays bonded until epochStart(activeUntil) +
@@ -917,10 +923,11 @@ describe("Arbitration", function () {
         .to.be.revertedWithCustomError(committee, "UnbondingNotOver").withArgs(wAt);
       await arb.expireDispute(1);
       await expect(arb.reportAbsence(1, [quitter])).to.emit(arb, "AbsenceReported").withArgs(1, quitter.address, IDLE_SLASH)
-        .and.to.emit(committee, "AbsencePenalized").withArgs(quitter.address, 1, IDLE_SLASH, client.address);
+        .and.to.emit(committee, "AbsencePenalized").withArgs(quitter.address, 1, IDLE_SLASH, BURN);
       const info = await committee.verifierInfo(quitter);
       expect([info.stake, info.activeUntil, info.withdrawableAt]).to.deep.equal([P.minVerifierStake - IDLE_SLASH, at, wAt]);
-      await expectWithdrawable(q, [[client, P.minBond + IDLE_SLASH]]);
+      await expectWithdrawable(q, [[client, P.minBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(IDLE_SLASH);
       await expectSolvent(q);
       // at wAt it gets back what is left, to the wei
       await nextAt(wAt - 1n);

@@ -398,6 +398,72 @@ describe("GPURegistry", function () {
     });
   });
 
+  describe("missing is not failing (recordMissed)", function () {
+    const BURN = "0x000000000000000000000000000000000000dEaD";
+    it("a missed report keeps reputation, stake and the probation count; past missedReportsAllowed in a row, probation again", async function () {
+      const { gpu, escrow, com, miner, alice } = await loadFixture(fixture);
+      const stake = P.minStake * 2n;
+      await gpu.connect(com).setReputation(miner, 7000, LATER);
+      expect(await gpu.missedReportsAllowed()).to.equal(2);
+      for (const k of [1, 2]) {
+        await expect(gpu.connect(com).recordMissed(miner))
+          .to.emit(gpu, "ReportMissed").withArgs(miner.address, k, false)
+          .and.not.to.emit(gpu, "ReputationSet");
+        const info = await gpu.minerInfo(miner);
+        expect([info.reputationBps, info.stake, info.onProbation]).to.deep.equal([7000n, stake, false]);
+        expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(true); // still ordinary work
+      }
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(0);
+      // the third in a row: back on probation (challenges only), no stake taken
+      await expect(gpu.connect(com).recordMissed(miner)).to.emit(gpu, "ReportMissed").withArgs(miner.address, 3, true);
+      const info = await gpu.minerInfo(miner);
+      expect([info.reputationBps, info.stake, info.onProbation, info.passedEpochs]).to.deep.equal([7000n, stake, true, 0n]);
+      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(false);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true); // the committee still challenges it
+      await expect(gpu.connect(com).recordMissed(miner)).to.emit(gpu, "ReportMissed").withArgs(miner.address, 4, false);
+      expect(await escrow.withdrawable(BURN)).to.equal(0);
+      // a scored report ends the run; passing reports end the probation as for a new miner
+      await gpu.connect(com).setReputation(miner, 7300, LATER);
+      expect(await gpu.missedReportsOf(miner)).to.equal(0);
+      expect((await gpu.minerInfo(miner)).passedEpochs).to.equal(1);
+      // a miss on probation neither counts nor restarts the count
+      await gpu.connect(com).recordMissed(miner);
+      expect((await gpu.minerInfo(miner)).passedEpochs).to.equal(1);
+      await gpu.connect(com).setReputation(miner, 7500, LATER);
+      await expect(gpu.connect(com).setReputation(miner, 7700, LATER)).to.emit(gpu, "ProbationEnded").withArgs(miner.address);
+      // committee only; registered miners only; owner sets the allowance
+      await expect(gpu.connect(alice).recordMissed(miner)).to.be.revertedWithCustomError(gpu, "Unauthorized").withArgs(alice.address);
+      await expect(gpu.connect(com).recordMissed(alice)).to.be.revertedWithCustomError(gpu, "NotRegistered").withArgs(alice.address);
+      await expect(gpu.connect(miner).setMissedReportsAllowed(0)).to.be.revertedWithCustomError(gpu, "OwnableUnauthorizedAccount");
+      await expect(gpu.setMissedReportsAllowed(0)).to.emit(gpu, "MissedReportsAllowedSet").withArgs(0);
+      await expect(gpu.connect(com).recordMissed(miner)).to.emit(gpu, "ReportMissed").withArgs(miner.address, 1, true);
+    });
+    it("a missed report never burns stake, even for an untrusted miner, and uses up a pending re-challenge", async function () {
+      const { gpu, escrow, com, miner } = await loadFixture(fixture);
+      const stake = P.minStake * 2n;
+      await gpu.connect(com).setReputation(miner, 3000, LATER); // failed: untrusted (first, no burn)
+      const fee = await gpu.rechallengeFee();
+      await gpu.connect(miner).requestRechallenge({ value: fee });
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(true);
+      await gpu.connect(com).recordMissed(miner); // it did not answer the re-challenge
+      expect(await gpu.rechallengePending(miner)).to.equal(false);
+      expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false); // it pays again to be challenged
+      await gpu.connect(com).recordMissed(miner);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(1);
+      expect(await escrow.withdrawable(BURN)).to.equal(fee); // the fee only
+    });
+    it("re-registering clears the count", async function () {
+      const { gpu, com, miner } = await loadFixture(fixture);
+      await gpu.connect(com).recordMissed(miner);
+      await gpu.connect(miner).requestExit();
+      await time.increase(P.minerUnbonding);
+      await gpu.connect(miner).withdrawStake();
+      await gpu.connect(miner).register([MODEL], GPU, "http://m", PRICE, { value: P.minStake });
+      expect(await gpu.missedReportsOf(miner)).to.equal(0);
+    });
+  });
+
   describe("reputation and eligibility", function () {
     it("setReputation is committee only and bounded", async function () {
       const { gpu, com, tr, miner, alice } = await loadFixture(fixture);

@@ -3,6 +3,7 @@ const { ethers } = require("hardhat");
 const { loadFixture } = require("@nomicfoundation/hardhat-network-helpers");
 const { time } = require("@nomicfoundation/hardhat-network-helpers");
 const { P, PRICE, gasCost, deployQuarry, createTask, buildResult } = require("./helpers");
+const BURN = "0x000000000000000000000000000000000000dEaD"; // Arbitration.BURN: absences are burned
 
 // Unit tests with EOAs standing in for the Quarry contracts that PaymentEscrow trusts.
 describe("PaymentEscrow", function () {
@@ -165,7 +166,7 @@ describe("PaymentEscrow", function () {
       await invariant(escrow);
 
       // shard 2: a dispute nobody votes on expires; the four absent members each lose 10% of
-      // their stake, credited to the opener by VerifierCommittee
+      // their stake, credited by VerifierCommittee to BURN (no opener profits from absences)
       await arb.connect(client).openDispute(taskId, 2, res[2].receipts[0], res[2].proofOf(0), "ev", { value: P.minBond });
       await time.increase(P.disputeTimeout);
       await expect(arb.expireDispute(1))
@@ -173,7 +174,7 @@ describe("PaymentEscrow", function () {
       const idle = (P.minVerifierStake * 1000n) / 10000n;
       const tx2 = arb.reportAbsence(1, verifiers.map((v) => v.address));
       for (let k = 0; k < verifiers.length; k++) {
-        await expect(tx2).to.emit(escrow, "Credited").withArgs(await committee.getAddress(), client.address, idle);
+        await expect(tx2).to.emit(escrow, "Credited").withArgs(await committee.getAddress(), BURN, idle);
       }
       expect(await ethers.provider.getBalance(committee)).to.equal(P.minVerifierStake * 4n - idle * 4n);
       await invariant(escrow);
@@ -183,7 +184,8 @@ describe("PaymentEscrow", function () {
       await task.finalizeShard(taskId, 0);
       await task.finalizeShard(taskId, 2);
       const pay = (40n + 20n) * PRICE;
-      const clientGets = BUDGET4 + slash + P.minAvailabilityBond + P.minBond + idle * 4n + (BUDGET4 - 40n * PRICE) + (BUDGET2 - 20n * PRICE);
+      const clientGets = BUDGET4 + slash + P.minAvailabilityBond + P.minBond + (BUDGET4 - 40n * PRICE) + (BUDGET2 - 20n * PRICE);
+      expect(await escrow.withdrawable(BURN)).to.equal(idle * 4n);
       expect(await escrow.withdrawable(client)).to.equal(clientGets);
       expect(await escrow.withdrawable(miner)).to.equal(P.minAvailabilityBond + pay);
       expect(await escrow.escrowed(taskId)).to.equal(0);
@@ -194,8 +196,9 @@ describe("PaymentEscrow", function () {
         const tx = await escrow.connect(who).withdraw();
         expect((await ethers.provider.getBalance(who)) - before + (await gasCost(tx))).to.equal(amount);
       }
-      expect(await ethers.provider.getBalance(escrow)).to.equal(0);
-      expect(await escrow.totalWithdrawable()).to.equal(0);
+      // what is left is burned: credited to an address no key controls
+      expect(await ethers.provider.getBalance(escrow)).to.equal(idle * 4n);
+      expect(await escrow.totalWithdrawable()).to.equal(idle * 4n);
       expect(await ethers.provider.getBalance(arb)).to.equal(0);
     });
   });

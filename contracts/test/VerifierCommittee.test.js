@@ -10,6 +10,7 @@ const coder = ethers.AbiCoder.defaultAbiCoder();
 const ETH = (x) => ethers.parseEther(String(x));
 const MAX_U64 = 2n ** 64n - 1n;
 const STAKE = P.minVerifierStake;
+const BURN = "0x000000000000000000000000000000000000dEaD"; // Arbitration.BURN: absences are burned
 const BUDGET4 = 4n * 100n * PRICE; // default task: shard 0 has 4 requests x 100 tokens
 const COLL4 = (BUDGET4 * BigInt(P.collateralBps)) / 10000n;
 const TOKENS4 = 40n; // 4 receipts x 10 tokens (buildResult's default)
@@ -108,6 +109,16 @@ describe("VerifierCommittee", function () {
       expect(await committee.arbitration()).to.equal(await arb.getAddress());
       expect(await committee.treasury()).to.equal(ethers.ZeroAddress);
       expect(await committee.nextReportEpoch()).to.equal(0);
+      // the challenge answer window: half an epoch by default, positive and below an epoch
+      expect(await committee.challengeAnswerWindow()).to.equal(P.epochDuration / 2n);
+      await expect(committee.setChallengeAnswerWindow(P.epochDuration))
+        .to.be.revertedWithCustomError(committee, "InvalidAnswerWindow").withArgs(P.epochDuration, P.epochDuration);
+      await expect(committee.setChallengeAnswerWindow(0))
+        .to.be.revertedWithCustomError(committee, "InvalidAnswerWindow").withArgs(0, P.epochDuration);
+      await expect(committee.connect(outsider).setChallengeAnswerWindow(5))
+        .to.be.revertedWithCustomError(committee, "OwnableUnauthorizedAccount");
+      await expect(committee.setChallengeAnswerWindow(P.epochDuration - 1n))
+        .to.emit(committee, "ChallengeAnswerWindowSet").withArgs(P.epochDuration - 1n);
       await expect(committee.setTreasury(outsider)).to.emit(committee, "TreasurySet").withArgs(outsider.address);
       await expect(committee.setTreasury(ethers.ZeroAddress)).to.be.revertedWithCustomError(committee, "ZeroAddress");
       await expect(committee.setMinVerifierStake(3)).to.emit(committee, "MinVerifierStakeSet").withArgs(3);
@@ -828,7 +839,7 @@ describe("VerifierCommittee", function () {
       expect([m.stake, m.locked]).to.deep.equal([P.minStake - slash, 0n]);
     });
 
-    it("members of the snapshot who let a dispute expire lose their seat and 10% of their stake to the opener", async function () {
+    it("members of the snapshot who let a dispute expire lose their seat and 10% of their stake to nothing to the opener (burned)", async function () {
       const q = await loadFixture(deployQuarry);
       const { committee, arb, escrow, task, client, outsider, verifiers } = q;
       const [v0, v1, v2, v3] = verifiers;
@@ -857,11 +868,12 @@ describe("VerifierCommittee", function () {
       const escrowBal = await ethers.provider.getBalance(escrow);
       const cut = (STAKE * 1000n) / 10000n;
       const tx = arb.connect(outsider).reportAbsence(id, [v1, v2]);
-      await expect(tx).to.emit(committee, "AbsencePenalized").withArgs(v1.address, 1, cut, client.address)
-        .and.to.emit(committee, "AbsencePenalized").withArgs(v2.address, 1, cut, client.address)
+      await expect(tx).to.emit(committee, "AbsencePenalized").withArgs(v1.address, 1, cut, BURN)
+        .and.to.emit(committee, "AbsencePenalized").withArgs(v2.address, 1, cut, BURN)
         .and.to.emit(arb, "AbsenceReported").withArgs(id, v1.address, cut)
         .and.to.emit(arb, "AbsenceReported").withArgs(id, v2.address, cut);
-      expect(await escrow.withdrawable(client)).to.equal(2n * P.minBond + 2n * cut);
+      expect(await escrow.withdrawable(client)).to.equal(2n * P.minBond);
+      expect(await escrow.withdrawable(BURN)).to.equal(2n * cut);
       expect(await ethers.provider.getBalance(escrow)).to.equal(escrowBal + 2n * cut);
       expect(await escrow.withdrawable(outsider)).to.equal(0);
       const wAt = await unbondsAt(committee, c + 1n);
@@ -876,11 +888,12 @@ describe("VerifierCommittee", function () {
       // a second expired dispute: another strike and 10% of what is left; the exit stays as it was
       const cut2 = ((STAKE - cut) * 1000n) / 10000n;
       await expect(arb.reportAbsence(id2, [v1]))
-        .to.emit(committee, "AbsencePenalized").withArgs(v1.address, 2, cut2, client.address);
+        .to.emit(committee, "AbsencePenalized").withArgs(v1.address, 2, cut2, BURN);
       expect(await committee.strikesOf(v1)).to.equal(2);
       const info1 = await committee.verifierInfo(v1);
       expect([info1.stake, info1.activeUntil, info1.withdrawableAt]).to.deep.equal([STAKE - cut - cut2, c + 1n, wAt]);
-      expect(await escrow.withdrawable(client)).to.equal(2n * P.minBond + 2n * cut + cut2);
+      expect(await escrow.withdrawable(client)).to.equal(2n * P.minBond);
+      expect(await escrow.withdrawable(BURN)).to.equal(2n * cut + cut2);
       expect(await committee.strikesOf(v3)).to.equal(0);
       expect(await committee.membersAt(c + 1n)).to.deep.equal(sortedAddrs([v0, v3]));
       expect(await committee.totalWeightAt(c + 1n)).to.equal(ETH(2));
@@ -907,7 +920,7 @@ describe("VerifierCommittee", function () {
       await arb.expireDispute(id1);
       const c = await toEpochStart(committee);
       await expect(arb.reportAbsence(id1, [v]))
-        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, 0, client.address)
+        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, 0, BURN)
         .and.to.emit(arb, "AbsenceReported").withArgs(id1, v.address, 0);
       expect(await escrow.withdrawable(client)).to.equal(P.minBond);
       const info = await committee.verifierInfo(v);
@@ -929,10 +942,11 @@ describe("VerifierCommittee", function () {
       await arb.expireDispute(id2);
       const cut = (ETH(2) * 1000n) / 10000n;
       await expect(arb.reportAbsence(id2, [v]))
-        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 2, cut, client.address);
+        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 2, cut, BURN);
       expect(await committee.strikesOf(v)).to.equal(2);
       expect((await committee.verifierInfo(v)).stake).to.equal(ETH(2) - cut);
-      expect(await escrow.withdrawable(client)).to.equal(2n * P.minBond + cut);
+      expect(await escrow.withdrawable(client)).to.equal(2n * P.minBond);
+      expect(await escrow.withdrawable(BURN)).to.equal(cut);
     });
 
     it("an absent member that asked to leave cannot withdraw before the dispute expires, even one opened in the last second of its seat", async function () {
@@ -965,15 +979,16 @@ describe("VerifierCommittee", function () {
       await expect(committee.connect(v).withdrawStake())
         .to.be.revertedWithCustomError(committee, "UnbondingNotOver").withArgs(wAt);
       await arb.expireDispute(id);
-      // reported in the last second before wAt: a strike and 10% to the opener
+      // reported in the last second before wAt: a strike and 10% burned
       await time.setNextBlockTimestamp(wAt - 1n);
       await expect(arb.reportAbsence(id, [v]))
-        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, STAKE / 10n, client.address)
+        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, STAKE / 10n, BURN)
         .and.to.emit(arb, "AbsenceReported").withArgs(id, v.address, STAKE / 10n);
       expect(await committee.strikesOf(v)).to.equal(1);
       const info = await committee.verifierInfo(v);
       expect([info.stake, info.activeUntil, info.withdrawableAt]).to.deep.equal([STAKE - STAKE / 10n, c + 1n, wAt]);
-      expect(await escrow.withdrawable(client)).to.equal(P.minBond + STAKE / 10n);
+      expect(await escrow.withdrawable(client)).to.equal(P.minBond);
+      expect(await escrow.withdrawable(BURN)).to.equal(STAKE / 10n);
       // then it gets back what is left, to the wei
       await time.setNextBlockTimestamp(wAt);
       const before = await ethers.provider.getBalance(v);
@@ -1007,9 +1022,10 @@ describe("VerifierCommittee", function () {
       await time.increaseTo(d.deadline);
       await arb.expireDispute(id);
       await expect(arb.reportAbsence(id, [v]))
-        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, STAKE / 10n, client.address);
+        .to.emit(committee, "AbsencePenalized").withArgs(v.address, 1, STAKE / 10n, BURN);
       expect(await committee.strikesOf(v)).to.equal(1);
-      expect(await escrow.withdrawable(client)).to.equal(P.minBond + STAKE / 10n);
+      expect(await escrow.withdrawable(client)).to.equal(P.minBond);
+      expect(await escrow.withdrawable(BURN)).to.equal(STAKE / 10n);
       await time.setNextBlockTimestamp(bound);
       const before = await ethers.provider.getBalance(v);
       const wtx = await committee.connect(v).withdrawStake();
@@ -1075,6 +1091,26 @@ describe("VerifierCommittee", function () {
       await expect(submitReport(committee, past, await signReport(committee, signers, past)))
         .to.be.revertedWithCustomError(committee, "ReportOutOfOrder").withArgs(cur - 1n, cur + 1n);
       expect((await gpu.minerInfo(miner)).reputationBps).to.equal(3000);
+    });
+
+    it("a MISSED score records unavailability (GPURegistry.recordMissed): reputation kept, no burn", async function () {
+      const { committee, gpu, miner, miner2, verifiers } = await loadFixture(deployQuarry);
+      const MISSED = await committee.MISSED();
+      expect(MISSED).to.equal(65535);
+      const cur = await toEpochStart(committee);
+      const signers = sortByAddress(verifiers.slice(1));
+      // any other score above 10000 is out of range
+      await expect(submitReport(committee, report(cur, [miner.address], [MISSED - 1n]), []))
+        .to.be.revertedWithCustomError(committee, "ScoreOutOfRange").withArgs(MISSED - 1n);
+      const before = await gpu.minerInfo(miner);
+      const r = report(cur, [miner2.address, miner.address], [9000, MISSED]);
+      const tx = await submitReport(committee, r, await signReport(committee, signers, r));
+      await expect(tx).to.emit(gpu, "ReportMissed").withArgs(miner.address, 1, false);
+      await expect(tx).to.emit(gpu, "ReputationSet").withArgs(miner2.address, 9000);
+      const after = await gpu.minerInfo(miner);
+      expect([after.reputationBps, after.stake, after.onProbation]).to.deep.equal(
+        [before.reputationBps, before.stake, before.onProbation]);
+      expect(await gpu.missedReportsOf(miner)).to.equal(1);
     });
 
     it("reverts on a future epoch, bad arrays and bad quorums", async function () {

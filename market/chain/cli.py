@@ -1,4 +1,5 @@
-"""`market devnet up|down|status`: the local Anvil chain with the contracts deployed.
+"""`market devnet up|down|status|accounts`: the local Anvil chain with the contracts deployed,
+and its funded accounts.
 
 Cheap to import: the devnet module (and web3) load inside the handlers.
 """
@@ -25,6 +26,12 @@ def add_commands(subparsers: Any) -> None:
     status.set_defaults(func=_status)
     down = sub.add_parser("down", help="stop Anvil and remove the deployment file")
     down.set_defaults(func=_down)
+    accounts = sub.add_parser(
+        "accounts", help="print the funded devnet accounts, their keys and roles",
+        description="The devnet's funded accounts (Anvil's default mnemonic: their keys are "
+        "public, never use them elsewhere) and the role examples/config/*.toml gives each.")
+    accounts.add_argument("--json", action="store_true", help="print them as JSON")
+    accounts.set_defaults(func=_accounts)
     devnet.set_defaults(func=lambda args: (devnet.print_help(), 2)[1])
 
 
@@ -41,8 +48,9 @@ def _up(args: argparse.Namespace) -> int:
     d = devnet.up(args.port)
     print(f"devnet up: chain id {d.chain_id}, RPC {d.rpc_url}, Anvil pid {d.anvil_pid}")
     _print_addresses(d.addresses)
-    print(f"funded accounts: {devnet.DEVNET_ACCOUNTS} from Anvil's default mnemonic "
-          "(market.chain.client.anvil_account(i); 0 deployed the contracts)")
+    print(f"funded accounts: {devnet.DEVNET_ACCOUNTS} from Anvil's default mnemonic, 0 "
+          "deployed the contracts; `market devnet accounts` prints their keys and the roles "
+          "examples/config/*.toml give them")
     print(f"deployment written to {devnet.deployment_path()}")
     return 0
 
@@ -61,6 +69,20 @@ def _status(args: argparse.Namespace) -> int:
     print(f"  anvil pid {state['anvilPid']}: {running}")
     _print_addresses(state["addresses"])
     return 0 if state["answers"] else 1
+
+
+def _accounts(args: argparse.Namespace) -> int:
+    from market.chain import devnet
+
+    rows = devnet.accounts()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("devnet accounts (10,000 ETH each on a fresh devnet; the keys are public):")
+    for r in rows:
+        print(f"  {r['index']:>2} {r['address']} {r['privateKey']}"
+              + (f"  {r['role']}" if r["role"] else ""))
+    return 0
 
 
 def _down(args: argparse.Namespace) -> int:

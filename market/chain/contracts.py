@@ -30,6 +30,9 @@ from market.protocol.merkle import SumNode
 from market.protocol.precision import Precision, parse_precision
 
 ZERO_ADDRESS = "0x" + "00" * 20
+MISSED_BPS = 2**16 - 1
+"""VerifierCommittee.MISSED: a report's score for a miner whose challenge went unanswered
+within the answer window (unavailability: GPURegistry.recordMissed, reputation kept)."""
 
 T = TypeVar("T")
 _ABI_ERRORS = (ABIFunctionNotFound, MismatchedABI, Web3ValidationError)
@@ -366,6 +369,18 @@ class GPURegistry(QuarryContract):
     def rechallenge_pending(self, miner: str) -> bool:
         return bool(self._call("rechallengePending", to_checksum_address(miner)))
 
+    def missed_reports_of(self, miner: str) -> int:
+        """Consecutive committee reports that found `miner`'s challenge unanswered (past
+        `missedReportsAllowed` in a row, it went back on probation)."""
+        return int(self._call("missedReportsOf", to_checksum_address(miner)))
+
+    def missed_reports_allowed(self) -> int:
+        return int(self._call("missedReportsAllowed"))
+
+    def set_missed_reports_allowed(self, sender: LocalAccount, allowed: int) -> TxResult:
+        """Owner only."""
+        return self._tx(sender, "setMissedReportsAllowed", allowed)
+
     def rechallenge_fee(self) -> int:
         return int(self._call("rechallengeFee"))
 
@@ -399,6 +414,10 @@ class GPURegistry(QuarryContract):
 
     def min_stake(self) -> int:
         return int(self._call("minStake"))
+
+    def untrusted_below_bps(self) -> int:
+        """Miners under this reputation are untrusted: never eligible."""
+        return int(self._call("untrustedBelowBps"))
 
     # -- swarms (GPURegistry's swarm notice)
 
@@ -672,6 +691,11 @@ class VerifierCommittee(QuarryContract):
 
     def genesis_time(self) -> int:
         return int(self._call("genesisTime"))
+
+    def challenge_answer_window(self) -> int:
+        """Seconds a challenged miner has, from its challenge task's creation, to answer
+        before the committee may report the challenge missed."""
+        return int(self._call("challengeAnswerWindow"))
 
     def leader_of(self, epoch: int, block: BlockIdentifier = "latest") -> str:
         """`leaderOf(epoch)` as of `block`: it moves with lastCommitHash, so an epoch's

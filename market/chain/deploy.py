@@ -33,8 +33,11 @@ ETHER = 10**18
 @dataclass(frozen=True)
 class DeployParams:
     """Every amount (wei) and duration (seconds) the constructors and the deploy-time setters
-    take. The defaults are the devnet's: small stakes and short windows so a whole life cycle
-    runs in seconds. The README's "cost of attacking the committee" works through them."""
+    take. The defaults are the devnet's: small stakes and windows short enough that a whole
+    life cycle runs in minutes, yet long enough for a busy 2-core machine (a miner that is
+    generating, a market that indexes late). `PUBLIC_CHAIN_PARAMS` holds the windows for a
+    public chain (README "Trust", "Windows"). The README's "cost of attacking the committee"
+    works through them."""
 
     # GPURegistry
     min_stake: int = ETHER // 10
@@ -42,6 +45,8 @@ class DeployParams:
     initial_reputation_bps: int = 5000
     probation_epochs: int = 2  # passing committee reports before a new miner leaves probation
     probation_pass_bps: int = 6000
+    # Missed challenge reports in a row before the next one puts a miner back on probation.
+    missed_reports_allowed: int = 2
     # TaskRegistry
     collateral_bps: int = 2000
     claim_timeout: int = 600
@@ -52,6 +57,9 @@ class DeployParams:
     # Above dispute_timeout: a member leaving stays slashable for its absences.
     verifier_unbonding_period: int = 900
     epoch_duration: int = 120
+    # Seconds a challenged miner has, from its challenge's posting, before the committee may
+    # report it missed; 0: half the epoch.
+    challenge_answer_window: int = 0
     genesis_time: int = 0  # 0: the deploy block's timestamp
     activation_delay: int = 1  # epochs from a join or exit to the boundary it takes effect at
     churn_limit: int = 4  # verifiers activated per epoch
@@ -64,7 +72,12 @@ class DeployParams:
     verifier_reward_bps: int = 2000
     miner_bond_share_bps: int = 5000
     min_availability_bond: int = ETHER // 100  # pays the miner's answer (gas included)
-    response_window: int = 60  # seconds a miner has to answer an availability challenge
+    response_window: int = 120  # seconds a miner has to answer an availability challenge
+
+    @property
+    def answer_window(self) -> int:
+        """The challenge answer window in force: as set, or half the epoch."""
+        return self.challenge_answer_window or max(1, self.epoch_duration // 2)
 
     def constructor_args(self, name: str) -> tuple[Any, ...]:
         return {
@@ -88,10 +101,34 @@ class DeployParams:
              (self.activation_delay, self.churn_limit)),
             ("VerifierCommittee", "setIdlePenalty",
              (self.idle_strikes_allowed, self.idle_slash_bps)),
+            ("VerifierCommittee", "setChallengeAnswerWindow", (self.answer_window,)),
+            ("GPURegistry", "setMissedReportsAllowed", (self.missed_reports_allowed,)),
         ]
 
 
 DEVNET_PARAMS = DeployParams()
+
+PUBLIC_CHAIN_PARAMS = DeployParams(
+    # Windows a public chain needs (README "Windows that fit the network"): blocks of 2 to
+    # 12 s, RPC nodes minutes behind at worst, and a miner or verifier that restarts (a
+    # reboot, a driver update, a model reload) should not lose money or standing for it.
+    min_stake=10 * ETHER,
+    miner_unbonding_period=7 * 86400,
+    probation_epochs=3,
+    missed_reports_allowed=2,
+    claim_timeout=6 * 3600,
+    challenge_window=24 * 3600,
+    min_verifier_stake=32 * ETHER,
+    verifier_unbonding_period=14 * 86400,
+    epoch_duration=3600,
+    challenge_answer_window=1800,
+    dispute_timeout=3 * 86400,
+    response_window=4 * 3600,
+    min_bond=ETHER // 10,
+    min_availability_bond=ETHER // 100,
+)
+"""Stated defaults for a public chain (what the README reasons about); the devnet keeps the
+short `DEVNET_PARAMS`. The owner can change every one later."""
 
 
 def deploy(

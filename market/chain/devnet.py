@@ -28,6 +28,18 @@ from market.errors import ConfigError, QuarryError
 
 DEVNET_CHAIN_ID = 31337
 DEVNET_ACCOUNTS = 20  # funded dev accounts (Anvil's default mnemonic), 10,000 ETH each
+DEVNET_ROLES = {
+    0: "deployer: owns the contracts",
+    1: "client (examples/config/client.toml)",
+    2: "arbiter: a client's third party for disputes",
+    3: "miner (examples/config/miner.toml)",
+    4: "a second miner",
+    6: "verifier (examples/config/verifier.toml)",
+    7: "a second verifier",
+    19: "market settler: sends due settlements (examples/config/market.toml)",
+}
+"""Who uses which funded account in the README's by-hand path and the example configs;
+`market devnet accounts` prints them with their keys (public: Anvil's default mnemonic)."""
 
 
 class DevnetError(QuarryError):
@@ -317,3 +329,17 @@ def down(quiet: bool = False) -> str:
         message = f"Anvil (pid {pid}) was not running; removed {path}"
     path.unlink(missing_ok=True)
     return message
+
+
+def accounts() -> list[dict[str, Any]]:
+    """Every funded devnet account: index, address, private key (public knowledge: Anvil's
+    default mnemonic) and the role the example configs give it."""
+    from market.chain.client import anvil_account  # web3: import only when needed
+
+    out = []
+    for i in range(DEVNET_ACCOUNTS):
+        account = anvil_account(i)
+        out.append({"index": i, "address": account.address,
+                    "privateKey": "0x" + bytes(account.key).hex(),
+                    "role": DEVNET_ROLES.get(i, "")})
+    return out

@@ -199,7 +199,8 @@ def load_manifest(path: Path) -> Manifest:
     """Read a manifest file, or `<dir>/quarry-manifest.json` when given a model directory."""
     given = Path(path)
     if not given.exists():
-        raise ModelError(f"{given} does not exist")
+        raise ModelError(f"{given} does not exist (create a model there with `market model "
+                         f"create --out {given}`, or point the setting at a model directory)")
     path = manifest_path(given)
     if not path.is_file():
         raise ModelError(

@@ -138,6 +138,7 @@ def _dashboard(market: Market) -> dict[str, Any]:
         m["tx"] = txs["miner"].get(m["address"])
         m["history"] = history.get(m["address"], [])
         m["plot"] = _plot(m["history"])
+        m["behind"] = _behind((m["status"] or {}).get("behind")) if m["alive"] else ""
     disputes = board.recent_disputes(ROWS_SHOWN)
     for d in disputes:
         d["tx"] = txs["dispute"].get(d["disputeId"])
@@ -291,3 +292,15 @@ def _checksum(address: str) -> str:
     from eth_utils import to_checksum_address
 
     return str(to_checksum_address(address))
+
+
+def _behind(behind: Any) -> str:
+    """A heartbeat's `behind` (miner.backlog) in a few words, "" when the miner keeps up."""
+    if not isinstance(behind, dict):
+        return ""
+    try:
+        late = len(behind.get("late") or [])
+        return (f"behind: {float(behind['backlogSeconds']):g} s of work, "
+                f"{int(behind['waiting'])} waiting" + (f", {late} late" if late else ""))
+    except (KeyError, TypeError, ValueError):  # a miner's own words: shown only if well formed
+        return ""

@@ -47,7 +47,7 @@ from market.service.boarddb import (
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
 
-CHAIN_LAYOUT = "4"
+CHAIN_LAYOUT = "5"
 """The chain tables' layout; bump it when they change (they are then rebuilt, not migrated)."""
 
 # The events the board applies, by contract (Quarry attribute, contract name).
@@ -59,7 +59,8 @@ INDEXED_EVENTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("gpu", "GPURegistry"): (
         "MinerRegistered", "MinerUpdated", "StakeAdded", "ExitRequested", "StakeWithdrawn",
         "CollateralLocked", "CollateralUnlocked", "Slashed", "ReputationSet", "MinStakeSet",
-        "UntrustedBelowSet", "InitialReputationSet", "ProbationEnded",
+        "UntrustedBelowSet", "InitialReputationSet", "ProbationEnded", "RechallengeRequested",
+        "ReportMissed",
     ),
     ("committee", "VerifierCommittee"): (
         "UnbondingPeriodSet", "VerifierRegistered", "VerifierDisplaced",
@@ -117,6 +118,7 @@ CREATE TABLE IF NOT EXISTS miners (
     slashed TEXT NOT NULL DEFAULT '0', reputation_bps INTEGER NOT NULL,
     exit_requested INTEGER NOT NULL DEFAULT 0, withdrawable_at INTEGER NOT NULL DEFAULT 0,
     active INTEGER NOT NULL DEFAULT 1, on_probation INTEGER NOT NULL DEFAULT 0,
+    rechallenge_pending INTEGER NOT NULL DEFAULT 0, missed_reports INTEGER NOT NULL DEFAULT 0,
     registered_block INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS disputes (
     dispute_id INTEGER PRIMARY KEY, task_id INTEGER NOT NULL, shard INTEGER NOT NULL,
@@ -544,9 +546,22 @@ class ChainIndex(BoardBase):
 
     def _on_ReputationSet(self, conn: sqlite3.Connection, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
+        # A report decides a pending re-challenge and ends a run of missed reports.
         a = e["args"]
-        conn.execute("UPDATE miners SET reputation_bps=? WHERE address=?",
-                     (int(a["bps"]), _addr(a["miner"])))
+        conn.execute("UPDATE miners SET reputation_bps=?, rechallenge_pending=0, "
+                     "missed_reports=0 WHERE address=?", (int(a["bps"]), _addr(a["miner"])))
+
+    def _on_RechallengeRequested(self, conn: sqlite3.Connection, e: dict[str, Any],
+                                 extra: dict[str, Any]) -> None:
+        conn.execute("UPDATE miners SET rechallenge_pending=1, on_probation=1 WHERE address=?",
+                     (_addr(e["args"]["miner"]),))
+
+    def _on_ReportMissed(self, conn: sqlite3.Connection, e: dict[str, Any],
+                         extra: dict[str, Any]) -> None:
+        a = e["args"]
+        conn.execute("UPDATE miners SET missed_reports=?, rechallenge_pending=0, "
+                     "on_probation=MAX(on_probation, ?) WHERE address=?",
+                     (int(a["missed"]), int(bool(a["probation"])), _addr(a["miner"])))
 
     def _on_ProbationEnded(self, conn: sqlite3.Connection, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:

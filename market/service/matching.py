@@ -10,7 +10,7 @@ task its client offered to another miner (`offeredTo`, see `POST /tasks/{id}/off
 prefers the best paid work, sooner deadlines first. Shards that tie (typically the shards of
 one task) are ordered by rendezvous hashing on (miner, taskId, shard): every miner gets its
 own stable order, so two miners polling at once go for different shards instead of racing
-for the same claim.
+for the same claim. Shards offered to the miner come before everything else.
 """
 
 from __future__ import annotations
@@ -41,13 +41,18 @@ def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
     """Whether `miner` (a `Board.miners()` row) may claim `shard` (a `Board.open_shards()`
     row) at chain time `now`, as far as the board knows, and is the one it is offered to when
     its client offered it to one. A miner on probation may claim only a task that allows
-    probation (`isEligible(..., task.allowProbation)`). The miner's declared precision for
+    probation (`isEligible(..., task.allowProbation)`); an untrusted miner with a paid
+    re-challenge pending, only one that allows probation and sets no reputation floor (the
+    committee's challenges), whatever its reputation. The miner's declared precision for
     the model must be in the task's accepted mask (TaskRegistry's `PrecisionNotAccepted`),
     and a task requiring commitments is not shown to a miner whose last heartbeat says its
     engine makes none (`status.commitments`; unknown counts as able: the miner checks)."""
     if miner.get("exiting", False):
         return False
-    if miner.get("onProbation", False):
+    rechallenge = bool(miner.get("rechallengePending", False)
+                       and shard.get("allowProbation", False)
+                       and int(shard.get("minReputationBps", 0)) == 0)
+    if miner.get("onProbation", False) or rechallenge:
         if not (shard.get("allowProbation", False)
                 and miner.get("eligibleAllowingProbation", False)):
             return False
@@ -67,18 +72,21 @@ def eligible(shard: dict[str, Any], miner: dict[str, Any], now: int) -> bool:
         return False
     return (model in served
             and int(miner["pricePerToken"]) <= int(shard["pricePerToken"])
-            and int(miner["reputationBps"]) >= int(shard.get("minReputationBps", 0))
+            and (rechallenge
+                 or int(miner["reputationBps"]) >= int(shard.get("minReputationBps", 0)))
             and int(shard["deadline"]) > now)
 
 
 def rank_open_shards(open_shards: list[dict[str, Any]], miner: dict[str, Any], now: int,
                      limit: int) -> list[dict[str, Any]]:
-    """The shards `miner` may claim, best first (price desc, deadline asc, then the miner's
-    rendezvous order), at most `limit` of them."""
+    """The shards `miner` may claim, best first (those offered to it first: a client chose
+    it, and the committee's challenges come that way and wait on an answer window; then
+    price desc, deadline asc, then the miner's rendezvous order), at most `limit` of them."""
     if limit <= 0:
         return []
     address = str(miner["address"])
     candidates = [s for s in open_shards if eligible(s, miner, now)]
-    candidates.sort(key=lambda s: (-int(s["pricePerToken"]), int(s["deadline"]),
+    candidates.sort(key=lambda s: (s.get("offeredTo") is None, -int(s["pricePerToken"]),
+                                   int(s["deadline"]),
                                    -rendezvous_score(address, s["taskId"], s["shard"])))
     return candidates[:limit]

@@ -31,6 +31,7 @@ from market.service.boarddb import (
     checksum,
     model_id_bytes,
 )
+from market.standing import miner_standing
 
 
 class BoardQueries(BoardBase):
@@ -176,9 +177,11 @@ class BoardQueries(BoardBase):
         """Registered miners (GPURegistry events) with their last heartbeat.
         `eligibleAllowingProbation` is the model-independent part of `isEligible` for a task
         that allows probation: active, not exiting, stake >= minStake and reputation >= the
-        untrusted floor; `eligible` is the same for an ordinary task, so also not
-        `onProbation` (a new or re-registered miner that has not yet passed the committee's
-        challenges may claim only tasks that allow it)."""
+        untrusted floor, or a re-challenge pending (then only for a task with no reputation
+        floor, as the committee's challenges are); `eligible` is the same for an ordinary
+        task, so also not `onProbation` (a new or re-registered miner that has not yet passed
+        the committee's challenges, or one that missed too many in a row, may claim only
+        tasks that allow it). `standing` says it in a word (`market.standing`)."""
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT m.*, h.timestamp AS hb_time, h.status AS hb_status FROM miners m "
@@ -189,7 +192,9 @@ class BoardQueries(BoardBase):
         out = []
         for r in rows:
             stake, rep = int(r["stake"]), r["reputation_bps"]
-            base = bool(not r["exit_requested"] and stake >= min_stake and rep >= floor)
+            staked = bool(not r["exit_requested"] and stake >= min_stake)
+            base = staked and rep >= floor
+            pending = bool(r["rechallenge_pending"])
             models = json.loads(r["models"])
             out.append({
                 "address": r["address"], "endpoint": r["endpoint"],
@@ -201,8 +206,15 @@ class BoardQueries(BoardBase):
                 "slashed": int(r["slashed"]), "reputationBps": rep,
                 "exiting": bool(r["exit_requested"]), "withdrawableAt": r["withdrawable_at"],
                 "onProbation": bool(r["on_probation"]),
+                "untrusted": rep < floor,
+                "rechallengePending": pending,
+                "missedReports": int(r["missed_reports"]),
+                "standing": miner_standing(
+                    reputation_bps=rep, untrusted_below_bps=floor,
+                    on_probation=bool(r["on_probation"]), rechallenge_pending=pending,
+                    exiting=bool(r["exit_requested"])),
                 "eligible": base and not r["on_probation"],
-                "eligibleAllowingProbation": base,
+                "eligibleAllowingProbation": base or (staked and pending),
                 "registeredBlock": r["registered_block"],
                 "lastSeen": r["hb_time"],
                 "status": None if r["hb_status"] is None else json.loads(r["hb_status"]),

@@ -39,6 +39,9 @@ class HealthOut(Out):
     redis: bool = Field(description="whether the broker answers")
     workers: int = Field(description="Celery workers whose liveness key is fresh (< 10 s)")
     workerNames: list[str]
+    settler: str | None = Field(None, description="the address that sends due settlements "
+                                "(finalize, reclaim, refund...); null: none is set, so the "
+                                "sweeps only report what is due (set [market] settler_key)")
     detail: str | None = None
 
 
@@ -255,6 +258,12 @@ class MinerOut(Out):
     exiting: bool
     withdrawableAt: int
     onProbation: bool
+    untrusted: bool
+    rechallengePending: bool
+    missedReports: int = Field(description="committee reports in a row that found its "
+                               "challenge unanswered")
+    standing: str = Field(description="exiting | untrusted | re-challenged | on probation | "
+                          "trusted (market.standing)")
     eligible: bool
     eligibleAllowingProbation: bool
     registeredBlock: int

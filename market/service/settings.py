@@ -64,6 +64,15 @@ class MarketSettings(RoleSettings):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def settler_address(self) -> str | None:
+        """The settler key's address, or None when no key is set."""
+        if not self.settler_key:
+            return None
+        from eth_account import Account
+
+        return str(Account.from_key(self.settler_key).address)
+
     def to_env(self) -> dict[str, str]:
         """The `QUARRY_MARKET_*` variables that give a child process (a worker) these same
         settings."""

@@ -350,8 +350,22 @@ def sweep() -> dict[str, Any]:
             report = sweep_once(_board(), q, settler, chain_now(q), guard=RedisGuard(_redis()))
             if report.sent or report.errors:
                 log.warning("sweep: %s", report.summary())
+            _say_unsettled(report.pending)
             out.update(report.as_dict())
         return out
+
+
+def _say_unsettled(pending: list[Any]) -> None:
+    """Without a settler key nothing due is sent: say so, once per kind of action that
+    waits (an expired claim stays claimed, a finished shard unpaid, until someone sends)."""
+    kinds = sorted({item.action for item in pending})
+    if kinds and _cache.get("unsettled") != kinds:
+        log.warning("%d settlement(s) due (%s) and no settler key: set [market] settler_key "
+                    "(or QUARRY_MARKET_SETTLER_KEY) to an account with ETH for gas and restart "
+                    "the worker; until then expired claims are not reclaimed and finished "
+                    "shards are not finalized unless their miners or clients do it",
+                    len(pending), ", ".join(kinds))
+    _cache["unsettled"] = kinds
 
 
 @celery_app.task(name=TASK_RECOMMEND)

@@ -41,7 +41,7 @@ def health(market: MarketDep, board: BoardDep, settings: SettingsDep) -> dict[st
     out: dict[str, Any] = {"ok": False, "chainId": None,
                            "indexedBlock": cursor if cursor >= 0 else None,
                            "headBlock": None, "redis": up, "workers": len(workers),
-                           "workerNames": workers}
+                           "workerNames": workers, "settler": settings.settler_address}
     try:
         q = market.deployment.quarry()
         out["chainId"] = q.deployment.chain_id
