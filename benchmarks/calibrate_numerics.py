@@ -250,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--models takes tiny and/or trained")
     with tempfile.TemporaryDirectory(prefix="quarry-calibrate-") as tmp:
         result = run(args, Path(tmp))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.smoke:  # a smoke run's figures are meaningless: never over real ones
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     for key, model in result["error_models"].items():
         say(f"model {key}: {model}")
     for key, pair in result["pairs"].items():
