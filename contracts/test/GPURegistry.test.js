@@ -459,7 +459,7 @@ describe("GPURegistry", function () {
       await gpu.connect(miner).requestExit();
       await time.increase(P.minerUnbonding);
       await gpu.connect(miner).withdrawStake();
-      await gpu.connect(miner).register([MODEL], GPU, "http://m", PRICE, { value: P.minStake });
+      await gpu.connect(miner).register([MODEL], [1], GPU, "http://m", PRICE, { value: P.minStake });
       expect(await gpu.missedReportsOf(miner)).to.equal(0);
     });
   });
