@@ -19,10 +19,11 @@ Three measurements, one JSON object (last line; also benchmarks/out/numerics.jso
    `miner.cheats`, the int8 substitute and logit noise (sigma 0.1) included, over
    `--epochs` epochs with audits of client traffic; epochs to untrusted per mode (target
    <= 3), with commitments and with statistics alone (what commitments add).
-3. **Cost.** On the trained model, a bf16 miner's generation of a batch with and without
-   building commitments, and the fp32 verifier's whole check of the same outputs (greedy
-   and sampled evidence and the commitments): `check_to_generate_ratio` (target <= 0.25);
-   commitment bytes per 32 tokens.
+3. **Cost.** On the trained model, a bf16 miner's generation of a batch (`--cost-batch`
+   outputs of `--cost-max-tokens`) with and without building commitments, and the fp32
+   verifier's whole check of the same outputs (greedy and sampled evidence and the
+   commitments): `check_to_generate_ratio` (target <= 0.25); commitment bytes per 32
+   tokens.
 
 `--smoke` runs tiny sizes (seconds) on the tiny model only.
 """
@@ -156,7 +157,7 @@ def cost(args: argparse.Namespace, engines: Engines, work: Path) -> dict[str, An
     reference = engines.get(model_dir, "fp32")
     rng = random.Random(f"{args.seed}-cost")
     lines = draw_lines(args.cost_batch, rng, model_name=miner.manifest.name,
-                       temperatures=TEMPERATURES, max_tokens=args.max_tokens)
+                       temperatures=TEMPERATURES, max_tokens=args.cost_max_tokens)
     requests = [miner.request_from_line(line) for line in lines]
     times: dict[str, list[float]] = {"generate": [], "generate_no_commit": [], "check": []}
     outputs: list[Any] = []
@@ -177,7 +178,8 @@ def cost(args: argparse.Namespace, engines: Engines, work: Path) -> dict[str, An
     tokens = sum(len(o.token_ids) for o in outputs)
     commit_bytes = sum(len(o.commitment) for o in outputs)
     chunks = sum(math.ceil(len(o.token_ids) / CHUNK_TOKENS) for o in outputs if o.token_ids)
-    return {"outputs": len(outputs), "tokens": tokens, "repeats": args.repeats,
+    return {"outputs": len(outputs), "max_tokens": args.cost_max_tokens, "tokens": tokens,
+            "repeats": args.repeats,
             "generate_s": round(med["generate"], 3),
             "generate_without_commitments_s": round(med["generate_no_commit"], 3),
             "commitment_overhead_ratio": round(med["generate"] / med["generate_no_commit"] - 1,
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cheat-precision", default="bf16",
                         help="the precision every miner of the cheat epochs declares (bf16)")
     parser.add_argument("--cost-batch", type=int, default=32, help="outputs timed (32)")
+    parser.add_argument("--cost-max-tokens", type=int, default=128,
+                        help="their max_tokens (128, as verification_cost.py)")
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats (3)")
     parser.add_argument("--seed", default="numerics", help="request seed")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.models, args.outputs_per_setup, args.max_tokens = ["tiny"], 4, 6
         args.epochs, args.cheat_honest_outputs, args.cost_batch, args.repeats = 2, 4, 2, 1
+        args.cost_max_tokens = 6
     import torch
 
     torch.set_num_threads(args.threads)

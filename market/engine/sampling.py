@@ -145,16 +145,18 @@ def likelihood_ratios(
     exps = torch.tensor([float(e) for e in exponents], dtype=torch.float64)
     if exps.numel() == 0 or bool((exps <= 0).any()):
         raise SamplingError(f"exponents must be positive numbers, got {list(exponents)!r}")
+    targets = targets.to("cpu")
+    logq_full = torch.log_softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
+    if top_p >= 1.0:  # no nucleus: every token inside, and no order to sort into
+        return _tempered_ratios(logq_full, targets, exps)
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # what _sample_row sorts
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     sorted_p = sorted_p.to("cpu", torch.float64)
     order = order.to("cpu")
-    targets = targets.to("cpu")
-    logq_full = torch.log_softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
     logq_sorted = logq_full.gather(1, order)
-    keep = _nucleus(sorted_p, top_p) if top_p < 1.0 else torch.ones_like(sorted_p,
-                                                                         dtype=torch.bool)
-    rank = torch.argsort(order, dim=-1)  # token id -> position in the sorted order
+    keep = _nucleus(sorted_p, top_p)
+    positions = torch.arange(order.shape[1]).expand_as(order)
+    rank = torch.empty_like(order).scatter_(1, order, positions)  # token id -> sorted position
     target_rank = rank.gather(1, targets[:, None]).squeeze(1)
     inside = keep.gather(1, target_rank[:, None]).squeeze(1)
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
@@ -162,13 +164,18 @@ def likelihood_ratios(
     logq_nucleus = logq_nucleus - torch.logsumexp(logq_nucleus, dim=-1, keepdim=True)
     out = torch.empty((targets.shape[0], exps.numel()), dtype=torch.float64)
     for table, rows in ((logq_nucleus, inside), (logq_sorted, ~inside)):
-        if not bool(rows.any()):
-            continue
-        lq = table[rows]  # [n, V] log q (-inf outside the support)
-        ly = lq.gather(1, target_rank[rows][:, None])  # [n, 1]
-        log_z = torch.stack([torch.logsumexp(lq * e, dim=-1) for e in exps.tolist()], -1)
-        out[rows] = (exps[None, :] - 1.0) * ly - log_z
+        if bool(rows.any()):
+            out[rows] = _tempered_ratios(table[rows], target_rank[rows], exps)
     return out
+
+
+def _tempered_ratios(lq: torch.Tensor, targets: torch.Tensor, exps: torch.Tensor
+                     ) -> torch.Tensor:
+    """(e - 1) log q(y) - log sum_v q(v) ** e for each row of log q `lq` [n, V] (-inf
+    outside the support), target column `targets` [n] and exponent e of `exps`."""
+    ly = lq.gather(1, targets[:, None])  # [n, 1]
+    log_z = torch.stack([torch.logsumexp(lq * e, dim=-1) for e in exps.tolist()], -1)
+    return (exps[None, :] - 1.0) * ly - log_z
 
 
 def rounding_slack(logits: torch.Tensor, test: GreedyTest) -> torch.Tensor:
