@@ -49,11 +49,13 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   0.015 nats, where its honest flips reach 0.033).
 - **Activation commitments** (`market.protocol.commitments`, TOPLOC), where the miner's
   engine made them: each chunk of 32 positions is compared with the verifier's own hidden
-  states; a chunk fails when it is further than the declared precision's `ChunkTolerance`,
-  set above every honest chunk measured in calibration. Taking an honest chunk's chance to
-  fail as at most `CHUNK_FALSE_RATE` (0.02; measured: 18 of 7,810 honest chunks on the
-  trained model failed, at most 3 of 440 (0.7%) for one precision pair, and none on the
-  tiny model; `benchmarks/numerics.py`), the product over
+  states; a chunk fails when it is further than the declared precision's tolerance
+  (`verifier.error_models`: twice the worst honest chunk of the calibration runs, which a
+  larger sample still exceeds now and then). Taking an honest chunk's chance to fail as at
+  most `CHUNK_FALSE_RATE` (0.03; measured: at most 1.1% for any precision pair, 13 of
+  1,150 chunks of fp8 weights against an fp32 verifier on the trained model, 21 of 3,018
+  for bf16, none for fp32 or fp16, 1 of 20,408 on the tiny model; `benchmarks/numerics.py`),
+  the product over
   chunks of (q / eps if failed else (1 - q) / (1 - eps)) is a test supermartingale for each
   alternative failure rate q in `COMMIT_ALTERNATIVES`, and so is their mean.
 
@@ -120,7 +122,7 @@ GREEDY_EXPONENTS = (0.05, 0.15, 0.35, 0.6)
 honest bound (another model, weight noise, cheaper precision)."""
 COMMIT_ALTERNATIVES = (0.1, 0.3, 0.9)
 """Alternatives of the commitment test: the share of chunks a dishonest miner fails."""
-CHUNK_FALSE_RATE = 0.02
+CHUNK_FALSE_RATE = 0.03
 """The honest chance, taken as an upper bound, that one chunk fails its tolerance."""
 FALSE_FAULT_RATE = 1e-6
 """The most often an honest set of outputs may fail, by the stated model."""
