@@ -55,22 +55,32 @@ HONEST_SETUPS = (
     MinerSetup("fp16"), MinerSetup("fp16", "1"), MinerSetup("fp16", "shuffled5"),
     MinerSetup("int8"), MinerSetup("fp8"),
 )
+VLLM_SETUPS = (MinerSetup("bf16"), MinerSetup("fp16"))
+"""The honest miners of `--miner-engine vllm` (it batches by itself; one kernel)."""
 VERIFIER_PRECISIONS = ("fp32", "bf16")
 
 
 class Engines:
-    """Engines loaded once per (model, precision, attention, role)."""
+    """Engines loaded once per (model, precision, attention, kind): torch ones on `device`
+    (the verifiers' and, by default, the miners'), vLLM ones for `--miner-engine vllm`."""
 
-    def __init__(self) -> None:
-        self._cache: dict[tuple[str, str, str], Any] = {}
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self._cache: dict[tuple[str, str, str, str], Any] = {}
 
-    def get(self, model_dir: Path, precision: str, attention: str = "sdpa") -> Any:
-        from market.engine.torch_engine import TorchEngine
-
-        key = (str(model_dir), precision, attention)
+    def get(self, model_dir: Path, precision: str, attention: str = "sdpa",
+            kind: str = "torch") -> Any:
+        key = (str(model_dir), precision, attention, kind)
         if key not in self._cache:
-            self._cache[key] = TorchEngine(model_dir, precision=precision, attention=attention,
-                                           device="cpu")
+            if kind == "vllm":  # imported lazily; says how to install it where it is absent
+                from market.engine.factory import load_engine
+
+                self._cache[key] = load_engine("vllm", model_dir, precision=precision)
+            else:
+                from market.engine.torch_engine import TorchEngine
+
+                self._cache[key] = TorchEngine(model_dir, precision=precision,
+                                               attention=attention, device=self.device)
         return self._cache[key]
 
 

@@ -25,7 +25,10 @@ Three measurements, one JSON object (last line; also benchmarks/out/numerics.jso
    commitments): `check_to_generate_ratio` (target <= 0.25); commitment bytes per 32
    tokens.
 
-`--smoke` runs tiny sizes (seconds) on the tiny model only.
+`--smoke` runs tiny sizes (seconds) on the tiny model only. On a GPU machine with vLLM,
+`--device cuda --miner-engine vllm --skip cheats,cost` measures part 1 with vLLM in bf16
+and fp16 as the honest miners and torch as the verifiers (no commitments: vLLM makes
+none).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from _numerics import (  # noqa: E402
     HONEST_SETUPS,
     TRAINED_MODEL,
     VERIFIER_PRECISIONS,
+    VLLM_SETUPS,
     Engines,
     draw_lines,
     generate,
@@ -72,6 +76,8 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
     models = {"tiny": work / "tiny", "trained": TRAINED_MODEL}
     create_model(models["tiny"])
     setups = HONEST_SETUPS if not args.smoke else HONEST_SETUPS[:1] + HONEST_SETUPS[4:5]
+    if args.miner_engine == "vllm":
+        setups = VLLM_SETUPS
     total = {"outputs": 0, "at_fault": 0, "shards": 0, "shards_at_fault": 0}
     worst: dict[str, float] = {"greedy": -math.inf, "sampled": -math.inf,
                                "commitments": -math.inf, "shard": -math.inf}
@@ -84,7 +90,8 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
             n = outputs_for(setup, args.outputs_per_setup)
             lines = draw_lines(n, rng, model_name=probe.manifest.name,
                                temperatures=TEMPERATURES, max_tokens=args.max_tokens)
-            engine = engines.get(model_dir, setup.precision, setup.attention)
+            engine = engines.get(model_dir, setup.precision, setup.attention,
+                                 args.miner_engine)
             requests = [engine.request_from_line(line) for line in lines]
             t0 = time.monotonic()
             outputs = generate(engine, requests, setup.batching, rng)
@@ -211,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats (3)")
     parser.add_argument("--seed", default="numerics", help="request seed")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
+    parser.add_argument("--device", default="cpu",
+                        help="the torch engines' device (cpu; cuda on a GPU machine)")
+    parser.add_argument("--miner-engine", choices=("torch", "vllm"), default="torch",
+                        help="the honest miners' engine in part 1 (vllm: bf16 and fp16 "
+                        "miners, needs a GPU and vLLM; the verifiers stay torch)")
     parser.add_argument("--skip", default="", help="parts to skip: faults, cheats, cost")
     parser.add_argument("--smoke", action="store_true", help="seconds: tiny sizes, tiny model")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -225,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    engines = Engines()
+    engines = Engines(args.device)
     result: dict[str, Any] = {"benchmark": "numerics", "models": args.models,
                               "max_tokens": args.max_tokens, "temperatures": TEMPERATURES,
-                              "setups": [s.label for s in HONEST_SETUPS],
+                              "miner_engine": args.miner_engine, "device": args.device,
+                              "setups": [s.label for s in (VLLM_SETUPS if args.miner_engine
+                                                           == "vllm" else HONEST_SETUPS)],
                               "verifiers": VERIFIER_PRECISIONS}
     with tempfile.TemporaryDirectory(prefix="quarry-numerics-") as tmp:
         work = Path(tmp)
@@ -264,4 +278,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from market.errors import QuarryError
+
+    try:
+        sys.exit(main())
+    except QuarryError as exc:  # vLLM absent, a model that does not load: one line
+        say(f"numerics: {exc}")
+        sys.exit(2)

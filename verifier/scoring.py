@@ -23,7 +23,7 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   q_t^(e)(y_t) / q_t(y_t) has expectation exactly 1 given the prefix, so the product over
   positions (and outputs) is a test martingale, and so is the mean over the fixed grid
   `EXPONENTS`. Rounding moves q_t a little; this test has never needed a tolerance for it
-  (0 of 20,000 honest outputs at fault in every precision, `benchmarks/numerics.py`). A
+  (0 of 20,408 honest outputs at fault in every precision pair, `benchmarks/numerics.py`). A
   token outside the nucleus is judged against the untruncated distribution, so
   nucleus-edge rounding on another accelerator cannot make an infinite ratio.
 - **Greedy requests** (temperature 0): the token at every position is the argmax of the
