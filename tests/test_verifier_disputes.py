@@ -207,10 +207,9 @@ def by_address(addresses: Any) -> list[str]:
 
 def test_committee_resolves_honest_and_cheating_outputs_to_the_wei(
         devnet: Any, stack: Stack, engine: Any, model_dir: Path) -> None:
+    from market.engine.factory import load_engine
     from miner.cheats import cheating_engine
     from miner.worker import Worker
-
-    from market.engine.factory import load_engine
 
     q, api, mid = devnet.q, stack.api, engine.model_id
     # The honest miner declared bf16 and computes in it, as a GPU miner does; the verifiers
