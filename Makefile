@@ -77,7 +77,7 @@ test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test
 
 test-python: setup browser $(ARTIFACTS_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The Hardhat suite (one core, ~1.5 min) runs beside pytest (mostly waiting on chains and
 # processes), which keeps `make test` inside its 20-minute budget on two cores.
