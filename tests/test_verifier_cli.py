@@ -52,6 +52,9 @@ def test_register_status_exit_withdraw(devnet: Any, deployment_file: Path, tmp_p
     c = q.committee
     account, flags = _verifier(tmp_path, 16)
     me = account.address
+    # Start at an epoch's first second, so the whole epoch passes before the seat takes
+    # effect: on a busy machine the commands below can take longer than an epoch's tail.
+    q.chain.advance_time(max(0, c.epoch_start(c.current_epoch() + 1) - q.chain.timestamp()))
 
     # Register: the seat takes effect at the next boundary, and the command says when.
     code, out, _ = _run(capsys, "register", *flags, "--stake", str(STAKE))
