@@ -17,6 +17,7 @@ import importlib.util
 import json
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,15 @@ def test_metrics_parse_and_their_counters_move_with_a_job(demo_run: Any) -> None
                             allow_probation=True)
         job.wait(progress=False, timeout=120)
         tokens = job.status().tokens
+    # The market keeps a /metrics page for a second (market.service.kept): a job done
+    # within it reads the page from before it, so read until the store's counter moves.
+    stored = total(before, "quarry_market_requests_total", route="/store", status="201")
+    deadline = time.monotonic() + 10
     after = metrics(market_url)
+    while total(after, "quarry_market_requests_total", route="/store",
+                status="201") <= stored and time.monotonic() < deadline:
+        time.sleep(0.6)
+        after = metrics(market_url)
     assert total(after, "quarry_market_requests_total", route="/store",
                  status="201") > total(before, "quarry_market_requests_total",
                                        route="/store", status="201")
