@@ -11,7 +11,7 @@ SOL_SOURCES := $(shell find contracts -name '*.sol' -not -path '*/test/*' 2>/dev
 
 ABI_DIR := market/chain/abi
 
-.PHONY: help setup redis browser compile test test-contracts test-python lint typecheck check-deps \
+.PHONY: help setup redis browser compile test test-contracts test-python test-smoke lint typecheck check-deps \
 	bench demo clean
 
 help:
@@ -76,13 +76,18 @@ check-deps: $(PY_STAMP)
 test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test
 
+# The benchmarks' smoke runs (test-smoke) are left to their own job, so they run beside the rest.
 test-python: setup browser $(ARTIFACTS_STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 --ignore=tests/test_benchmarks_smoke.py
 
-# The Hardhat suite (one core, ~1.5 min) runs beside pytest (mostly waiting on chains and
-# processes), which keeps `make test` inside its 20-minute budget on two cores.
-test: setup lint typecheck
-	$(MAKE) --no-print-directory -j2 test-contracts test-python
+test-smoke: setup $(ARTIFACTS_STAMP)
+	$(PY) -m pytest -q tests/test_benchmarks_smoke.py
+
+# pytest (mostly waiting on chains and processes) starts first; ruff, mypy, the Hardhat suite
+# and the benchmarks' smoke runs (~7 min together) run one after another beside it, which
+# keeps `make test` inside its 20-minute budget on two cores.
+test: setup
+	$(MAKE) --no-print-directory -j2 test-python lint typecheck test-contracts test-smoke
 
 bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/[!_]*.py; do \

@@ -254,7 +254,7 @@ def main() -> int:
 
 def swarm_joins(stack: LocalStack, front: RpcFront, seconds: float,
                 idle_reads: int) -> dict[str, Any]:
-    """Joins signed by one registered miner (100 bodies, timestamps a second apart) for a
+    """Joins signed by one registered miner (100 bodies, prices a wei apart) for a
     manifest declaring 300,000 layers."""
     market = stack.market_url
     assert stack.market is not None
@@ -268,10 +268,12 @@ def swarm_joins(stack: LocalStack, front: RpcFront, seconds: float,
     member = anvil_account(12)
     stack.quarry.gpu.register(member, [bytes.fromhex(model_id[2:])],
                               GpuSpec("H100", 81920, 1), "http://127.0.0.1:1", 10**9, 10**18)
+    # Distinct bodies by price, all stamped now: stamps spread over the market's 60 s skew
+    # window went stale on a busy machine before the burst began (400s, not the limiter's).
     now = int(time.time())
-    joins = [swarm_join(member, model_id, timestamp=now - 50 + k, memory_mib=1 << 24,
+    joins = [swarm_join(member, model_id, timestamp=now, memory_mib=1 << 24,
                         tflops=1000.0, endpoint="tcp://127.0.0.1:9500",
-                        public_key="9" * 40, price_per_token=10**9)
+                        public_key="9" * 40, price_per_token=10**9 + k)
              for k in range(100)]
     out = burst(lambda c, i: c.post(f"{market}/swarms/{model_id}/members",
                                     json=joins[i % len(joins)]).status_code,
