@@ -1190,13 +1190,15 @@ class Job:
 
     def prove_billing_fault(self, index: int) -> BillingFault:
         """Prove on-chain that request `index`'s receipt bills more tokens than its output
-        holds (or than a request may have): the shard is refunded and the miner slashed at
-        once, without the committee. `DisputeNotPossible` when there is nothing to prove."""
+        holds (or than a request may have), or that its shard's result tree records a false
+        sum (proven from the lying request's path, which the result's `index` names): the
+        shard is refunded and the miner slashed at once, without the committee.
+        `DisputeNotPossible` when there is nothing to prove."""
         tx = prove_billing_fault(self._q, self.client.account, self.client.market,
                                  self.task_id, index)
         ev = tx.event("BillingFaultProven")
         shard = int(ev["shard"])
-        return BillingFault(self.task_id, shard, index, int(ev["slashed"]),
+        return BillingFault(self.task_id, shard, int(ev["index"]), int(ev["slashed"]),
                             self._q.tasks.shard_budget(self.task_id, shard), tx)
 
     def cancel(self) -> int:
