@@ -67,6 +67,7 @@ from market.jobs import (
     post_batch,
     prove_billing_fault,
     shard_changes,
+    sum_fault,
     task_disputes,
     task_shard_range,
     verified_shard,
@@ -1087,6 +1088,12 @@ class Job:
             command, index = "challenge", self._range(self._task or self.task(), k)[0]
         else:
             command = _REMEDIES.get(check, "dispute")
+        if check == "merkle proof" and index is not None:
+            # a receipt that does not prove may sit under a false sum in the tree: provable
+            # at once, from the document, where a challenge would only make the miner fail
+            start, end = self._range(self._task or self.task(), k)
+            if sum_fault(self.client.market, s, k, start, end - start, index) is not None:
+                command = "prove-billing"
         return (f"remedy: `client {command} {self.task_id} {index}` ({_REMEDY_WHY[command]}) "
                 f"before chain time {s.window_end}")
 

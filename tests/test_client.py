@@ -1156,7 +1156,8 @@ def test_inner_node_billing_lie_proven_with_the_cli(
     assert shard.tokens_used == billed + 4
     for it in doc.items:
         assert q.arbitration.proves(job.task_id, 0, it.receipt, it.proof) == (it.index != 1)
-    with pytest.raises(ResultCheckFailed, match="merkle proof check failed: request 1"):
+    with pytest.raises(ResultCheckFailed, match="merkle proof check failed: request 1: .*; "
+                       f"remedy: `client prove-billing {job.task_id} 1` "):
         job.results()
 
     budget = q.tasks.shard_budget(job.task_id, 0)

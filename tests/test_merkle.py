@@ -251,8 +251,11 @@ def test_lying_trees_and_sum_lie_paths_match_the_javascript_twin() -> None:
     for (leaves, lies), expected in zip(cases, json.loads(proc.stdout)["cases"], strict=True):
         nodes = _result_tree(leaves).leaves
         n = len(nodes)
-        root, total, proofs, _ = lying_result_tree(nodes, lies)
+        root, total, proofs, paths = lying_result_tree(nodes, lies)
         js = expected["lying"]
+        assert [[{"sum": str(p.sum), "sibling": "0x" + p.sibling.hex(),
+                  "siblingSum": str(p.sibling_sum)} for p in path] for path in paths] \
+            == js["paths"]
         assert ("0x" + root.hex(), str(total)) == (js["root"], js["total"])
         assert [[p.to_json() for p in proof] for proof in proofs] == [
             [{"hash": p["hash"], "sum": int(p["sum"])} for p in proof] for proof in js["proofs"]]
