@@ -12,6 +12,9 @@
   verifiers of 1 ETH, registered and seated here.
 - proveBillingFault on a receipt billing more than maxTokensPerRequest (proven by the receipt
   alone), and VerifierCommittee.register of a fifth verifier.
+- proveSumFault on a 10-request and a 10,000-request shard whose tree records one token too
+  many for receipt 0 in its parent (a lie in an inner node, which every other receipt's
+  proof hides): the path from receipt 0 grows with log2(n), as the answer's proof does.
 - Swarms: registerSwarm of four members (four EIP-712 consents checked on-chain), then a
   10-request shard claimed by the head for the swarm (collateral locked from four members),
   submitted, and finalized (the payment credited to four members), next to the same steps
@@ -44,6 +47,7 @@ from market.chain.devnet import start_anvil
 from market.protocol import (
     Receipt,
     ResultTree,
+    SumNode,
     Vote,
     input_tree,
     keccak,
@@ -54,6 +58,7 @@ from market.protocol import (
 )
 from market.protocol.commitments import commitment_hash
 from market.protocol.eip712 import SwarmConsent
+from market.protocol.merkle import receipt_leaf, sum_lie_path
 from market.protocol.precision import Precision, precision_mask
 
 MODEL_ID = keccak(b"benchmark model manifest")
@@ -89,10 +94,11 @@ class Submitted:
 
 
 def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
-                    over_cap: bool = False, swarm_id: int = 0) -> Submitted:
+                    over_cap: bool = False, swarm_id: int = 0, lie: int = 0) -> Submitted:
     """A task of n requests in one shard, claimed and submitted with its result sum tree
     (`over_cap`: receipt 0 bills maxTokensPerRequest + 1 tokens; `swarm_id`: claimed by
-    that swarm's head, SWARM[0], for the swarm)."""
+    that swarm's head, SWARM[0], for the swarm; `lie`: receipt 0's parent records `lie`
+    tokens more than it bills)."""
     hashes = [request_hash(r) for r in requests(n, tag)]
     root = input_tree(hashes).root
     task_id, create = q.tasks.create_task(
@@ -111,6 +117,10 @@ def submitted_shard(q: Quarry, chain: Chain, n: int, tag: str,
         receipts.append(Receipt(task_id, 0, i, h, output_hash(f"{2 * i}", ids), count,
                                 MODEL_ID, commitment_hash(b"activations %d" % i)))
     tree = receipts_tree(receipts)
+    if lie:
+        leaves = list(tree.leaves)
+        leaves[0] = SumNode(leaves[0].hash, leaves[0].sum + lie)
+        tree = ResultTree(leaves)
     submit = q.tasks.submit_result(miner, task_id, 0, tree.root,
                                    f"store://results/{tree.root.hex()}", tree.total)
     return Submitted(task_id, receipts, tree, create, claim, submit)
@@ -177,6 +187,17 @@ def billing_fault(q: Quarry, chain: Chain, tag: str) -> int:
                                              s.tree.proof(0), bytes(32), []).gas_used
 
 
+def sum_fault(q: Quarry, chain: Chain, n: int, tag: str) -> dict[str, int]:
+    """proveSumFault from receipt 0's path, found as a client finds it (`sum_lie_path`): from
+    the receipts and the sums another receipt's proof records."""
+    s = submitted_shard(q, chain, n, tag, lie=1)
+    found = sum_lie_path([receipt_leaf(r) for r in s.receipts], {1: s.tree.proof(1)},
+                         s.tree.root, s.tree.total, prefer=(0,))
+    assert found is not None and found[0] == 0, "the lie is on receipt 0's path"
+    tx = q.arbitration.prove_sum_fault(CLIENT, s.task_id, 0, s.receipts[0], found[1])
+    return {"proveSumFault": tx.gas_used, "path_steps": len(found[1])}
+
+
 def seat(q: Quarry, chain: Chain, verifiers: list[LocalAccount]) -> list[int]:
     """Register `verifiers` with 1 ETH each and move the clock to the epoch where they sit;
     returns each registration's gas."""
@@ -231,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         fault = dispute(q, chain, True, "fault")
         no_fault = dispute(q, chain, False, "no-fault")
         billing = billing_fault(q, chain, "billing")
+        sums = {n: sum_fault(q, chain, n, f"sum{n}") for n in sizes}
+        for n, f in sums.items():
+            print(f"{n:>6} requests: billing lie in an inner node {f}")
         register = q.committee.register(NEWCOMER, ETHER).gas_used
         swarm_id, swarm_register = form_swarm(q, chain)
         single = lifecycle(q, chain, 10)
@@ -264,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         "gas_cast_votes_no_fault": no_fault["castVotes"],
         "gas_dispute_fault_total": fault["openDispute"] + fault["castVotes"],
         "gas_prove_billing_fault_cap": billing,
+        "gas_prove_sum_fault_10": sums[sizes[0]]["proveSumFault"],
+        "path_steps_10": sums[sizes[0]]["path_steps"],
+        "gas_prove_sum_fault_10000": sums[sizes[1]]["proveSumFault"],
+        "path_steps_10000": sums[sizes[1]]["path_steps"],
         "gas_verifier_register": register,
         "swarm_members": len(SWARM),
         "gas_register_swarm": swarm_register,

@@ -421,8 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prove-billing", help="prove an over-billing receipt on-chain",
                        description="Prove that request INDEX's receipt bills more tokens than "
-                       "its output holds (or than a request may have): the shard is refunded "
-                       "and the miner slashed at once, without the committee.")
+                       "its output holds (or than a request may have), or that its shard's "
+                       "result tree records a false sum (from the lying request's path): the "
+                       "shard is refunded and the miner slashed at once, without the committee.")
     p.add_argument("task_id", type=_task_id, metavar="TASK_ID")
     p.add_argument("index", type=_non_negative, metavar="INDEX")
     _common(p)

@@ -67,6 +67,7 @@ from market.jobs import (
     post_batch,
     prove_billing_fault,
     shard_changes,
+    sum_fault,
     task_disputes,
     task_shard_range,
     verified_shard,
@@ -1087,6 +1088,12 @@ class Job:
             command, index = "challenge", self._range(self._task or self.task(), k)[0]
         else:
             command = _REMEDIES.get(check, "dispute")
+        if check == "merkle proof" and index is not None:
+            # a receipt that does not prove may sit under a false sum in the tree: provable
+            # at once, from the document, where a challenge would only make the miner fail
+            start, end = self._range(self._task or self.task(), k)
+            if sum_fault(self.client.market, s, k, start, end - start, index) is not None:
+                command = "prove-billing"
         return (f"remedy: `client {command} {self.task_id} {index}` ({_REMEDY_WHY[command]}) "
                 f"before chain time {s.window_end}")
 
@@ -1190,13 +1197,15 @@ class Job:
 
     def prove_billing_fault(self, index: int) -> BillingFault:
         """Prove on-chain that request `index`'s receipt bills more tokens than its output
-        holds (or than a request may have): the shard is refunded and the miner slashed at
-        once, without the committee. `DisputeNotPossible` when there is nothing to prove."""
+        holds (or than a request may have), or that its shard's result tree records a false
+        sum (proven from the lying request's path, which the result's `index` names): the
+        shard is refunded and the miner slashed at once, without the committee.
+        `DisputeNotPossible` when there is nothing to prove."""
         tx = prove_billing_fault(self._q, self.client.account, self.client.market,
                                  self.task_id, index)
         ev = tx.event("BillingFaultProven")
         shard = int(ev["shard"])
-        return BillingFault(self.task_id, shard, index, int(ev["slashed"]),
+        return BillingFault(self.task_id, shard, int(ev["index"]), int(ev["slashed"]),
                             self._q.tasks.shard_budget(self.task_id, shard), tx)
 
     def cancel(self) -> int:

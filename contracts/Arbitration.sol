@@ -9,6 +9,7 @@ import {
     Receipts,
     ResultTree,
     SumNode,
+    SumStep,
     SigLib,
     InvalidSignature,
     DuplicateSigner,
@@ -116,7 +117,9 @@ struct Liable {
 contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     bytes32 public constant VOTE_TYPEHASH = keccak256("Vote(uint256 disputeId,bool minerAtFault)");
     uint16 public constant BPS = 10_000;
-    /// @notice Most availability challenges one shard can receive.
+    /// @notice Most availability challenges one challenger can open on one shard. The budget is
+    /// each challenger's own: a miner (or a friend) on the committee that challenges its own
+    /// shard spends only its own budget, never the client's.
     uint8 public constant MAX_AVAILABILITY_CHALLENGES = 3;
     /// @notice Where absent members' slashed stake is credited: no key exists for it.
     address public constant BURN = address(0xdEaD);
@@ -150,8 +153,9 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     mapping(uint256 disputeId => mapping(bool minerAtFault => address[])) private _voters;
     mapping(uint256 disputeId => mapping(address member => uint256)) private _voteWeights;
     mapping(uint256 challengeId => AvailabilityChallenge) private _challenges;
-    /// @notice Availability challenges opened per shard.
-    mapping(uint256 taskId => mapping(uint32 shard => uint8)) public availabilityChallengesOf;
+    /// @notice Availability challenges `challenger` opened on a shard.
+    mapping(uint256 taskId => mapping(uint32 shard => mapping(address challenger => uint8))) public
+        availabilityChallengesOf;
 
     event TaskRegistrySet(address taskRegistry);
     event GPURegistrySet(address gpuRegistry);
@@ -203,7 +207,8 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     );
     /// @notice No answer in time: the miner is at fault and lost `slashed` wei.
     event AvailabilityUnanswered(uint256 indexed challengeId, uint256 indexed taskId, uint32 indexed shard, uint256 slashed);
-    /// @notice A receipt under the shard's commitment was proven to over-bill; `slashed` wei taken.
+    /// @notice A receipt under the shard's commitment was proven to over-bill, or a sum on its
+    /// path (or `tokensUsed`) to contradict the sums below it; `slashed` wei taken.
     event BillingFaultProven(
         uint256 indexed taskId, uint32 indexed shard, uint32 index, address prover, uint256 slashed
     );
@@ -437,8 +442,9 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
 
     /// @notice Challenges a Submitted shard, inside its window, to show the receipt of request
     /// `index` on-chain within `responseWindow`, with `msg.value` (>= minAvailabilityBond) as
-    /// bond. Client, arbiter or auditor only; at most MAX_AVAILABILITY_CHALLENGES per shard. Freezes the
-    /// shard. Emits {AvailabilityChallenged}.
+    /// bond. Client, arbiter or auditor only; at most MAX_AVAILABILITY_CHALLENGES per shard and
+    /// challenger, so nobody's challenges use up the client's. Freezes the shard. Emits
+    /// {AvailabilityChallenged}.
     /// @return challengeId The new challenge's id (from 1).
     function challengeAvailability(uint256 taskId, uint32 shard, uint32 index)
         external
@@ -451,9 +457,9 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         (, Shard memory s) = _checkChallenger(taskId, shard);
         (uint32 start, uint32 end) = taskRegistry.shardRange(taskId, shard);
         if (index < start || index >= end) revert IndexNotInShard(index, start, end);
-        uint8 count = availabilityChallengesOf[taskId][shard];
+        uint8 count = availabilityChallengesOf[taskId][shard][msg.sender];
         if (count >= MAX_AVAILABILITY_CHALLENGES) revert TooManyChallenges(MAX_AVAILABILITY_CHALLENGES);
-        availabilityChallengesOf[taskId][shard] = count + 1;
+        availabilityChallengesOf[taskId][shard][msg.sender] = count + 1;
 
         challengeId = ++challengeCount;
         AvailabilityChallenge storage c = _challenges[challengeId];
@@ -535,6 +541,34 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
             if (h != receipt.outputHash) revert OutputHashMismatch();
             if (receipt.outputTokens <= tokenIds.length) revert NoBillingFault();
         }
+        taskRegistry.markDisputed(taskId, shard);
+        uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0);
+        emit BillingFaultProven(taskId, shard, receipt.index, msg.sender, slashed);
+    }
+
+    /// @notice Proves on-chain that a Submitted shard's result tree lies about a sum: on the path
+    /// from `receipt`'s leaf to the root, some parent records for its child a sum other than the
+    /// child's own (the receipt's `outputTokens` at the leaf, the sum of its two recorded
+    /// children above), or `tokensUsed` differs from the root's two children's sums. Such a lie
+    /// inflates `tokensUsed` while every receipt outside the lying subtree still proves, so it
+    /// must be provable where it sits. `path` is O(log n): per level, the sum recorded for the
+    /// path's node and its sibling (ResultTree.findSumLie), and must hash to `resultRoot`.
+    /// Settled at once as a fault (as {proveBillingFault}). Client, arbiter or auditor, inside
+    /// the window. Emits {BillingFaultProven}.
+    /// @param receipt A receipt of the shard under the lying node (its leaf starts the path).
+    /// @param path From the leaf up: each node's recorded sum and its sibling.
+    function proveSumFault(uint256 taskId, uint32 shard, Receipt calldata receipt, SumStep[] calldata path)
+        external
+        nonReentrant
+    {
+        (Task memory t, Shard memory s) = _checkChallenger(taskId, shard);
+        (uint32 start, uint32 end) = taskRegistry.shardRange(taskId, shard);
+        if (!_belongs(taskId, shard, t.modelId, start, end, receipt)) revert ReceiptMismatch();
+        bytes32 leaf = ResultTree.leafHash(receipt.index, Receipts.structHash(receipt));
+        (bool ok, bytes32 root, bool lie) =
+            ResultTree.findSumLie(receipt.index - start, end - start, leaf, receipt.outputTokens, s.tokensUsed, path);
+        if (!ok || root != s.resultRoot) revert InvalidProof();
+        if (!lie) revert NoBillingFault();
         taskRegistry.markDisputed(taskId, shard);
         uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0);
         emit BillingFaultProven(taskId, shard, receipt.index, msg.sender, slashed);

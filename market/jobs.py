@@ -15,7 +15,8 @@ remedies, all inside the shard's challenge window:
 - `open_dispute`: with the receipt from the document, or from an answered challenge when the
   document is still missing (the committee then finds the data withheld);
 - `prove_billing_fault`: a receipt that bills more tokens than its output has (or than a
-  request may have) is proven wrong on-chain at once, without the committee.
+  request may have), or a result tree that records a false sum for a subtree (`sum_fault`),
+  is proven wrong on-chain at once, without the committee.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from market.errors import QuarryError
 from market.marketapi import MarketAPI
 from market.protocol.canonical import keccak
 from market.protocol.eip712 import Receipt
-from market.protocol.merkle import SumNode, input_tree
+from market.protocol.merkle import SumNode, SumStep, input_tree, receipt_leaf, sum_lie_path
 from market.protocol.precision import ANY as ANY_PRECISION
 from market.protocol.precision import PrecisionError, check_mask, mask_labels
 from market.protocol.precision import accepts as accepts_precision
@@ -98,6 +99,7 @@ __all__ = [
     "answered_receipt",
     "wait_challenge",
     "prove_billing_fault",
+    "sum_fault",
 ]
 
 HAS_RESULTS = frozenset({ShardState.SUBMITTED, ShardState.DISPUTED, ShardState.FINALIZED})
@@ -842,20 +844,54 @@ def wait_challenge(
 # ---------------------------------------------------------------------------- billing
 
 
+def sum_fault(market: MarketAPI, s: Shard, k: int, start: int, size: int,
+              index: int) -> tuple[Receipt, list[SumStep]] | None:
+    """A receipt and the `SumStep` path proving that shard `k`'s result tree records a false
+    sum (a lie in an inner node, or a `tokensUsed` its receipts do not add up to), found from
+    the shard's result document (its receipts, and the sums the miner's proofs record);
+    request `index`'s path is tried first. None when the document is missing or incomplete,
+    or shows no such lie."""
+    try:
+        doc = fetch_result_document(market, k, s.result_uri)
+    except (ContentNotFound, ResultCheckFailed, StoreError, QuarryError):
+        return None
+    if [it.index for it in doc.items] != list(range(start, start + size)):
+        return None  # every leaf is needed to recompute the sums
+    found = sum_lie_path([receipt_leaf(it.receipt) for it in doc.items],
+                         {m: it.proof for m, it in enumerate(doc.items)},
+                         s.result_root, s.tokens_used, prefer=(index - start,))
+    if found is None:
+        return None
+    m, path = found
+    return doc.items[m].receipt, path
+
+
 def prove_billing_fault(q: Quarry, account: LocalAccount, market: MarketAPI, task_id: int,
                         index: int) -> TxResult:
     """Prove on-chain that request `index`'s receipt over-bills: it claims more tokens than
-    a request may have, or than its own output (the document's token ids) holds. The shard
-    is refunded and the miner slashed at once. `DisputeNotPossible` when the shard cannot be
-    challenged or the document shows no billing fault."""
+    a request may have, or than its own output (the document's token ids) holds; or that
+    its shard's result tree records a false sum (`sum_fault`: from `index`'s path when the
+    lie is on it, else from another request's). The shard is refunded and the miner
+    slashed at once. `DisputeNotPossible` when the shard cannot be challenged or the
+    document shows no billing fault."""
     t, k, s = _challengeable(q, account, task_id, index, "challenged")
     start, end = q.tasks.shard_range(task_id, k)
     item = _document_item(market, s, k, start, end - start, index)
+    over = item is not None and (item.receipt.output_tokens > t.max_tokens_per_request
+                                 or item.receipt.output_tokens > len(item.token_ids))
+    if not over:
+        lie = sum_fault(market, s, k, start, end - start, index)
+        if lie is not None:
+            receipt, path = lie
+            call = q.arbitration.contract.functions.proveSumFault(
+                task_id, k, receipt.as_tuple(), [p.as_tuple() for p in path])
+            check_funds(q, account, 0, call, "Arbitration.proveSumFault", "billing proof")
+            return q.arbitration.prove_sum_fault(account, task_id, k, receipt, path)
     if item is None:
         raise DisputeNotPossible(f"shard {k}'s result document does not prove request "
                                  f"{index}'s receipt; challenge its availability instead")
     r = item.receipt
-    if r.output_tokens <= t.max_tokens_per_request and r.output_tokens <= len(item.token_ids):
+    if not over:
         raise DisputeNotPossible(f"request {index}'s receipt bills {r.output_tokens} tokens, "
                                  f"its output holds {len(item.token_ids)}: no over-billing to "
                                  "prove")

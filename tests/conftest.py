@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from market.chain.client import Chain
     from market.chain.deploy import Deployment, Quarry
     from market.chain.devnet import AnvilProcess
+    from market.protocol.merkle import SumNode as SumNodeT
+    from market.protocol.merkle import SumStep as SumStepT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -299,3 +301,43 @@ def deployment_file(devnet: Devnet, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     d = devnet.deployment
     return Deployment(d.chain_id, d.rpc_url, dict(d.addresses), d.deploy_block, d.deployer,
                       dict(d.params)).save(home / "deployment.json")
+
+
+def lying_result_tree(
+        leaves: list[SumNodeT], lies: dict[str, int],
+) -> tuple[bytes, int, list[list[SumNodeT]], list[list[SumStepT]]]:
+    """(root, tokensUsed, proofs, SumStep paths) of a result tree whose parents may record
+    false sums: `lies` maps a subtree "lo:hi" (leaf positions [lo, hi)) to the sum its parent
+    records, and "root" to the tokensUsed submitted (contracts/test/resultTree.js
+    LyingSumTree). Hashes are honest over what the parents record, so every receipt outside a
+    lying subtree still proves."""
+    from market.protocol.merkle import SumNode, SumStep, sum_node_hash
+
+    nodes: dict[tuple[int, int], SumNode] = {}
+
+    def build(lo: int, hi: int) -> SumNode:
+        if hi - lo == 1:
+            node = leaves[lo]
+        else:
+            k = 1 << ((hi - lo - 1).bit_length() - 1)
+            left, right = build(lo, lo + k), build(lo + k, hi)
+            node = SumNode(sum_node_hash(left, right), left.sum + right.sum)
+        if f"{lo}:{hi}" in lies:
+            node = SumNode(node.hash, lies[f"{lo}:{hi}"])
+        nodes[(lo, hi)] = node
+        return node
+
+    n = len(leaves)
+    top = build(0, n)
+    proofs, paths = [], []
+    for m in range(n):
+        proof, path, lo, hi = [], [], 0, n
+        while hi - lo > 1:
+            k = 1 << ((hi - lo - 1).bit_length() - 1)
+            span, sib = ((lo, lo + k), (lo + k, hi)) if m < lo + k else ((lo + k, hi), (lo, lo + k))
+            proof.append(nodes[sib])
+            path.append(SumStep(nodes[span].sum, nodes[sib].hash, nodes[sib].sum))
+            lo, hi = span
+        proofs.append(proof[::-1])
+        paths.append(path[::-1])
+    return top.hash, lies.get("root", top.sum), proofs, paths

@@ -54,7 +54,7 @@ from market.model.tokenizer import TOKENIZER_FILES, write_tokenizer
 from market.protocol.canonical import json_hash
 from market.protocol.eip712 import Vote, quorum_signatures
 from market.protocol.errors import RequestError
-from market.protocol.merkle import SumNode, receipts_tree
+from market.protocol.merkle import SumNode, receipt_leaf, receipts_tree
 from market.protocol.precision import precision_mask
 from market.protocol.requests import parse_jsonl
 from market.protocol.results import Completion, ShardResult, build_shard_result
@@ -221,6 +221,24 @@ def over_billed(index: int, tokens: int) -> Tamper:
             for j, (it, r) in enumerate(zip(doc.items, receipts, strict=True)))
         return dataclasses.replace(doc, result_root=tree.root, tokens_used=tree.total,
                                    items=items)
+
+    return tamper
+
+
+def inner_lie(position: int, extra: int) -> Tamper:
+    """Issue 29, gap 3: a miner's document (and commitment) whose tree records `extra` tokens
+    too many for request `position` in its parent node: tokensUsed grows by `extra`, every
+    other receipt still proves under the root, signatures and outputs untouched."""
+
+    def tamper(doc: ShardResult, devnet: Any) -> ShardResult:
+        from conftest import lying_result_tree
+
+        leaves = [receipt_leaf(it.receipt) for it in doc.items]
+        key = f"{position}:{position + 1}"
+        root, total, proofs, _ = lying_result_tree(leaves, {key: leaves[position].sum + extra})
+        items = tuple(dataclasses.replace(it, proof=tuple(p))
+                      for it, p in zip(doc.items, proofs, strict=True))
+        return dataclasses.replace(doc, result_root=root, tokens_used=total, items=items)
 
     return tamper
 
@@ -1114,6 +1132,39 @@ def test_over_billing_receipt_proven_with_the_cli(
     slash = shard.collateral * q.arbitration.params()["fault_slash_bps"] // 10_000
     client_before = q.escrow.withdrawable(devnet.client.address)
     assert client_main(["prove-billing", str(job.task_id), "1", *flags]) == 0
+    assert capsys.readouterr().out == (
+        f"billing fault proven on request 1 (shard 0): shard budget of {budget} wei refunded, "
+        f"miner slashed {slash} wei, both to your escrow balance (`client withdraw`)\n")
+    assert q.tasks.get_shard(job.task_id, 0).state == ShardState.REFUNDED
+    assert q.escrow.withdrawable(devnet.client.address) == client_before + budget + slash
+    assert q.escrow.withdrawable(devnet.miner.address) == 0 and \
+        q.escrow.escrowed(job.task_id) == 0
+
+
+def test_inner_node_billing_lie_proven_with_the_cli(
+        devnet: Any, market: Market, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The lie sits in request 1's parent; `client prove-billing` for request 2 (whose
+    receipt proves) finds the lying path from the document's receipts and proofs and
+    proves it on-chain: the whole shard budget and the slash go to the client."""
+    q, flags = devnet.q, key_flags(devnet, market, tmp_path)
+    job = connect(devnet, market).submit(["x", "y", "z"], model=MODEL, max_tokens=4,
+                                         shard_size=3)
+    doc = serve_shard(devnet, market, job.task_id, 0, devnet.miner, inner_lie(1, 4))
+    billed = sum(it.receipt.output_tokens for it in doc.items)
+    shard = q.tasks.get_shard(job.task_id, 0)
+    assert shard.tokens_used == billed + 4
+    for it in doc.items:
+        assert q.arbitration.proves(job.task_id, 0, it.receipt, it.proof) == (it.index != 1)
+    with pytest.raises(ResultCheckFailed, match="merkle proof check failed: request 1: .*; "
+                       f"remedy: `client prove-billing {job.task_id} 1` "):
+        job.results()
+
+    budget = q.tasks.shard_budget(job.task_id, 0)
+    slash = shard.collateral * q.arbitration.params()["fault_slash_bps"] // 10_000
+    client_before = q.escrow.withdrawable(devnet.client.address)
+    capsys.readouterr()
+    assert client_main(["prove-billing", str(job.task_id), "2", *flags]) == 0
     assert capsys.readouterr().out == (
         f"billing fault proven on request 1 (shard 0): shard budget of {budget} wei refunded, "
         f"miner slashed {slash} wei, both to your escrow balance (`client withdraw`)\n")

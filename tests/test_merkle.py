@@ -19,10 +19,13 @@ from market.protocol.merkle import (
     INDEX_HASH_TYPES,
     ResultTree,
     SumNode,
+    SumStep,
+    find_sum_lie,
     leaf_hash,
     node_hash,
     process_proof,
     process_sum_proof,
+    sum_lie_path,
     sum_node_hash,
     verify_sum_proof,
 )
@@ -189,3 +192,118 @@ def test_sum_tree_bad_inputs() -> None:
     with pytest.raises(MerkleError, match="malformed"):
         SumNode.from_json({"hash": "00" * 32, "sum": 1})
     assert process_sum_proof(3, 3, SumNode(b"\0" * 32, 1), []) is None
+
+
+# ---------------------------------------------------------------------------- billing lies
+
+
+def _random_lies(n: int, rng: random.Random, total: int) -> dict[str, int]:
+    """One parent records a false sum for one subtree (up or down), or the root's total lies."""
+    keys = [f"{lo}:{hi}" for lo, hi in _ranges(n) if (lo, hi) != (0, n)]
+    if not keys or rng.random() < 0.2:
+        return {"root": total + rng.randrange(1, 50)}
+    return {rng.choice(keys): rng.randrange(0, 10_000)}
+
+
+def _ranges(n: int) -> list[tuple[int, int]]:
+    out, todo = [], [(0, n)]
+    while todo:
+        lo, hi = todo.pop()
+        out.append((lo, hi))
+        if hi - lo > 1:
+            k = 1 << ((hi - lo - 1).bit_length() - 1)
+            todo += [(lo, lo + k), (lo + k, hi)]
+    return out
+
+
+def _lied_under(lies: dict[str, int], leaves: list[SumNode], n: int, m: int) -> bool:
+    """Whether leaf m's path crosses a recorded sum that differs from the truth."""
+    if "root" in lies:
+        return True
+    [(key, value)] = lies.items()
+    lo, hi = map(int, key.split(":"))
+    return lo <= m < hi and value != sum(x.sum for x in leaves[lo:hi])
+
+
+@pytest.mark.skipif(shutil.which("node") is None
+                    or not (ROOT / "node_modules" / "ethers").exists(),
+                    reason="node and ethers are needed for the cross-check")
+def test_lying_trees_and_sum_lie_paths_match_the_javascript_twin() -> None:
+    """The Hardhat tests' LyingSumTree and findSumLie against conftest's lying tree and
+    `find_sum_lie` / `sum_lie_path`: the path the client finds from a document's proofs is
+    the one the contract is shown in the Hardhat tests."""
+    from conftest import lying_result_tree
+
+    rng = random.Random(29)
+    cases = []
+    for n in (1, 2, 3, 4, 5, 7, 8, 13, 17, 40):
+        leaves = _sum_leaves(n, n)
+        lies = _random_lies(n, rng, sum(t for _, _, t in leaves))
+        cases.append((leaves, lies))
+    payload = {"cases": [{"leaves": [{"index": str(i), "structHash": "0x" + h.hex(),
+                                      "tokens": str(t)} for i, h, t in leaves],
+                          "lies": {k: str(v) for k, v in lies.items()}}
+                         for leaves, lies in cases]}
+    proc = subprocess.run(
+        ["node", str(ROOT / "tests" / "js" / "result_tree.js")], input=json.dumps(payload),
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=True,
+    )
+    for (leaves, lies), expected in zip(cases, json.loads(proc.stdout)["cases"], strict=True):
+        nodes = _result_tree(leaves).leaves
+        n = len(nodes)
+        root, total, proofs, paths = lying_result_tree(nodes, lies)
+        js = expected["lying"]
+        assert [[{"sum": str(p.sum), "sibling": "0x" + p.sibling.hex(),
+                  "siblingSum": str(p.sibling_sum)} for p in path] for path in paths] \
+            == js["paths"]
+        assert ("0x" + root.hex(), str(total)) == (js["root"], js["total"])
+        assert [[p.to_json() for p in proof] for proof in proofs] == [
+            [{"hash": p["hash"], "sum": int(p["sum"])} for p in proof] for proof in js["proofs"]]
+        lied = [m for m in range(n) if _lied_under(lies, nodes, n, m)]
+        for m in range(n):
+            # a receipt proves exactly when no sum on its path lies
+            assert verify_sum_proof(root, total, m, n, nodes[m], proofs[m]) == (m not in lied)
+            assert js["findSumLie"][m] == {"ok": True, "root": js["root"], "lie": m in lied}
+        found = sum_lie_path(nodes, dict(enumerate(proofs)), root, total,
+                             prefer=lied[-1:])
+        if not lied:
+            assert found is None  # a "lie" that records the true sum is none
+            continue
+        assert found is not None
+        m, path = found
+        assert m == lied[-1]
+        assert [{"sum": str(p.sum), "sibling": "0x" + p.sibling.hex(),
+                 "siblingSum": str(p.sibling_sum)} for p in path] == js["paths"][m]
+        assert find_sum_lie(m, n, nodes[m], total, path) == (True, root, True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 2**32), min_size=1, max_size=40), st.randoms())
+def test_sum_lie_path_finds_every_lie_and_never_an_honest_tree(
+        sums: list[int], rnd: random.Random) -> None:
+    """Honest trees: every path is consistent and no lie is found, from the proofs or
+    without them. A lying one: found from the proofs (or, for a false total, from the
+    receipts alone), on a leaf under the lie, and tampering with the path's sums breaks its
+    hash chain."""
+    from conftest import lying_result_tree
+
+    nodes = [SumNode(keccak(i.to_bytes(4, "big")), t) for i, t in enumerate(sums)]
+    n = len(nodes)
+    tree = ResultTree(nodes)
+    proofs = {m: tree.proof(m) for m in range(n)}
+    assert sum_lie_path(nodes, proofs, tree.root, tree.total) is None
+    assert sum_lie_path(nodes, {}, tree.root, tree.total) is None
+    lies = _random_lies(n, rnd, tree.total)
+    root, total, lying, _ = lying_result_tree(nodes, lies)
+    found = sum_lie_path(nodes, dict(enumerate(lying)), root, total)
+    if not any(_lied_under(lies, nodes, n, m) for m in range(n)):
+        assert found is None
+        return
+    assert found is not None
+    m, path = found
+    assert _lied_under(lies, nodes, n, m)
+    assert find_sum_lie(m, n, nodes[m], total, path) == (True, root, True)
+    for j, step in enumerate(path):
+        forged = [*path[:j], SumStep(step.sum + 1, step.sibling, step.sibling_sum), *path[j + 1:]]
+        assert find_sum_lie(m, n, nodes[m], total, forged)[1] != root
+    assert not find_sum_lie(m, n, nodes[m], total, path[:-1])[0] or n == 1

@@ -58,6 +58,15 @@ struct SumNode {
     uint64 sum;
 }
 
+/// @notice One level of a billing-lie path (ResultTree.findSumLie): the sum the parent's hash
+/// records for the path's node, and the node's sibling as that parent records it. Sums are
+/// full words because a lying parent may record any value its hash can hold.
+struct SumStep {
+    uint256 sum;
+    bytes32 sibling;
+    uint256 siblingSum;
+}
+
 /// @notice A signature does not parse (bad length or malleable `s`).
 error InvalidSignature();
 /// @notice Two signatures of a quorum recover to the same signer.
@@ -175,5 +184,57 @@ library ResultTree {
     ) internal pure returns (bool) {
         (bool ok, bytes32 r, uint256 s) = processProof(position, size, leaf, leafSum, proof);
         return ok && r == root && s == total;
+    }
+
+    /// @dev Walks `path` from the leaf at `position` of a tree of `size` leaves to the root,
+    /// hashing every parent with the sums it records (`path[i].sum` for the path's node), and
+    /// compares each recorded sum with the one recomputed from below: the leaf's own `leafSum`
+    /// at the bottom, the sum of a node's two recorded children above, and `total` (the
+    /// shard's `tokensUsed`) for the root. Any difference is a sum the miner's own commitment
+    /// contradicts. A lie in an inner node leaves every receipt outside its subtree provable,
+    /// so it is caught only by a path through it: this one reveals each level's pair
+    /// (O(log n) calldata), so the lie is checked where it sits.
+    /// @return ok The path's length fits (position, size).
+    /// @return root The root hash the path leads to (the caller checks it against `resultRoot`).
+    /// @return lie Some recorded sum on the path, or `total`, differs from the sum below it.
+    function findSumLie(
+        uint256 position,
+        uint256 size,
+        bytes32 leaf,
+        uint256 leafSum,
+        uint256 total,
+        SumStep[] calldata path
+    ) internal pure returns (bool ok, bytes32 root, bool lie) {
+        if (position >= size) return (false, bytes32(0), false);
+        uint256 fn = position;
+        uint256 sn = size - 1;
+        root = leaf;
+        uint256 below = leafSum;
+        // an overflowing sum of two recorded children exceeds any word a parent can record
+        bool overflow = false;
+        for (uint256 i = 0; i < path.length; ++i) {
+            if (sn == 0) return (false, bytes32(0), false);
+            SumStep calldata p = path[i];
+            if (overflow || p.sum != below) lie = true;
+            if (fn & 1 == 1 || fn == sn) {
+                root = nodeHash(p.sibling, p.siblingSum, root, p.sum);
+                if (fn & 1 == 0) {
+                    while (fn & 1 == 0 && fn != 0) {
+                        fn >>= 1;
+                        sn >>= 1;
+                    }
+                }
+            } else {
+                root = nodeHash(root, p.sum, p.sibling, p.siblingSum);
+            }
+            unchecked {
+                below = p.sum + p.siblingSum;
+                overflow = below < p.sum;
+            }
+            fn >>= 1;
+            sn >>= 1;
+        }
+        ok = sn == 0;
+        if (overflow || below != total) lie = true;
     }
 }

@@ -5,6 +5,7 @@ const {
   P, MODEL, OTHER_MODEL, PRICE, RECEIPT_TYPES, VOTE_TYPES, domainOf, sortByAddress, deployQuarry, activate,
   createTask, buildResult, resultTree, receiptLeaf, receiptStructHash, signVotes, signReport, gasCost,
 } = require("./helpers");
+const { LyingSumTree, findSumLie } = require("./resultTree");
 
 const S = { Open: 0n, Claimed: 1n, Submitted: 2n, Disputed: 3n, Finalized: 4n, Refunded: 5n };
 const D = { None: 0n, Open: 1n, MinerAtFault: 2n, MinerNotAtFault: 3n, Expired: 4n };
@@ -964,7 +965,7 @@ describe("Arbitration", function () {
       expect([c.taskId, c.shard, c.index, c.status, c.challenger, c.miner, c.bond, c.openedAt, c.deadline]).to.deep.equal(
         [taskId, 0n, 1n, C.Open, client.address, miner.address, P.minAvailabilityBond, now, deadline]);
       expect(await arb.challengeCount()).to.equal(1);
-      expect(await arb.availabilityChallengesOf(taskId, 0)).to.equal(1);
+      expect(await arb.availabilityChallengesOf(taskId, 0, client)).to.equal(1);
       await expectSolvent(q, P.minAvailabilityBond);
       // the miner cannot finalize, even once its window is over
       const { windowEnd } = await task.getShard(taskId, 0);
@@ -1107,15 +1108,20 @@ describe("Arbitration", function () {
       await nextAt(windowEnd);
       await expect(challenge(q, 0)).to.be.revertedWithCustomError(q.arb, "OutsideWindow").withArgs(windowEnd);
     });
-    it("at most three challenges per shard (TooManyChallenges); an ordinary dispute stays possible", async function () {
+    it("at most three challenges per shard and challenger (TooManyChallenges); others keep their own; an ordinary dispute stays possible", async function () {
       const q = await load(submitted);
-      for (let round = 1; round <= 3; round++) {
-        await challenge(q, round);
-        await answer(q, round, round);
+      let id = 0;
+      const auditor = q.verifiers[0];
+      for (const who of [q.client, q.arbiter, auditor]) {
+        for (let round = 1; round <= 3; round++) {
+          await challenge(q, round, { from: who });
+          await answer(q, ++id, round);
+        }
+        expect(await q.arb.availabilityChallengesOf(q.taskId, 0, who)).to.equal(3);
+        await expect(challenge(q, 0, { from: who })).to.be.revertedWithCustomError(q.arb, "TooManyChallenges").withArgs(3);
       }
-      expect(await q.arb.availabilityChallengesOf(q.taskId, 0)).to.equal(3);
-      await expect(challenge(q, 0)).to.be.revertedWithCustomError(q.arb, "TooManyChallenges").withArgs(3);
-      await expectWithdrawable(q, [[q.miner, 3n * P.minAvailabilityBond]]);
+      expect(await q.arb.availabilityChallengesOf(q.taskId, 0, q.verifiers[1])).to.equal(0);
+      await expectWithdrawable(q, [[q.miner, 9n * P.minAvailabilityBond]]);
       await expect(open(q, 0)).to.emit(q.arb, "DisputeOpened");
     });
     it("an honest miner's answer costs less gas than the bond it receives", async function () {
@@ -1242,6 +1248,137 @@ describe("Arbitration", function () {
       const { windowEnd } = await q.task.getShard(q.taskId, 0);
       await nextAt(windowEnd);
       await expect(prove(q, 1, null, [])).to.be.revertedWithCustomError(q.arb, "OutsideWindow").withArgs(windowEnd);
+    });
+  });
+
+  describe("billing lies in inner nodes and the challenge budget (issue 29, gap 3)", function () {
+    const X = 50n; // the lie: leaf 0 billed 10, its parent records 60
+    const leavesOf = (receipts) => receipts.map((r) => ({ hash: receiptLeaf(r), sum: BigInt(r.outputTokens) }));
+    /** `lies` (LyingSumTree) committed by `miner` over honest receipts of shard 0. */
+    async function commitLie(q, lies, miner = q.miner) {
+      const receipts = receiptsFor(q.taskId, 0, 0, 4);
+      const tree = new LyingSumTree(leavesOf(receipts), lies);
+      await q.task.connect(miner).claimShard(q.taskId, 0);
+      await q.task.connect(miner).submitResult(q.taskId, 0, tree.root, "store://out", tree.total);
+      return { root: tree.root, total: tree.total, receipts, tree, proofOf: (k) => tree.proof(k) };
+    }
+    /** The issue's miner: it also holds a committee seat (1 ETH), so it is an auditor. */
+    async function lyingAuditor() {
+      const q = await taskCreated();
+      await q.committee.connect(q.miner).register({ value: P.minVerifierStake });
+      await activate(q.committee);
+      return { ...q, res: await commitLie(q, { "0:1": 10n + X }) };
+    }
+    async function lying() {
+      const q = await taskCreated();
+      return { ...q, res: await commitLie(q, { "0:1": 10n + X }) };
+    }
+    const proveSum = (q, k, over = {}) => q.arb.connect(over.from ?? q.client).proveSumFault(
+      q.taskId, 0, over.receipt ?? q.res.receipts[k], over.path ?? q.res.tree.path(k));
+
+    it("the lie: tokensUsed grows by X while every other receipt still proves", async function () {
+      const q = await load(lying);
+      expect((await q.task.getShard(q.taskId, 0)).tokensUsed).to.equal(TOKENS + X);
+      for (let k = 1; k < 4; k++) expect(await q.arb.proves(q.taskId, 0, q.res.receipts[k], q.res.proofOf(k))).to.equal(true);
+      expect(await q.arb.proves(q.taskId, 0, q.res.receipts[0], q.res.proofOf(0))).to.equal(false);
+      await expect(open(q, 1)).to.emit(q.arb, "DisputeOpened"); // a proven receipt is disputable
+    });
+    it("ATTACK closed: the miner on the committee spends its own three challenges, not the client's; the client's challenge of the lying leaf wins, to the wei", async function () {
+      const q = await load(lyingAuditor);
+      const { arb, miner, client, taskId } = q;
+      for (let k = 1; k <= 3; k++) {
+        await challenge(q, k, { from: miner });
+        await answer(q, k, k); // its bonds come back to it
+      }
+      expect(await arb.availabilityChallengesOf(taskId, 0, miner)).to.equal(3);
+      await expect(challenge(q, 1, { from: miner })).to.be.revertedWithCustomError(arb, "TooManyChallenges").withArgs(3);
+      expect(await arb.availabilityChallengesOf(taskId, 0, client)).to.equal(0);
+      await challenge(q, 0); // was TooManyChallenges(3)
+      for (const proof of [q.res.proofOf(0), q.res.proofOf(1)]) {
+        await expect(answer(q, 4, 0, { proof })).to.be.revertedWithCustomError(arb, "InvalidProof");
+      }
+      await time.increase(P.responseWindow);
+      await expect(arb.settleUnanswered(4)).to.emit(arb, "AvailabilityUnanswered").withArgs(4, taskId, 0, SLASH4);
+      await expectWithdrawable(q, [[miner, 3n * P.minAvailabilityBond], [client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
+      await expectMiner(q, P.minStake - SLASH4, 0n);
+      await expectSolvent(q);
+    });
+    it("ATTACK closed: proveSumFault proves the inner-node lie from the lying leaf's path at once (O(log n) calldata), to the wei", async function () {
+      const q = await load(lying);
+      const { arb, task, gpu, client, taskId, payment, res } = q;
+      const path = res.tree.path(0);
+      expect(path.length).to.equal(2);
+      expect(path[0].sum).to.equal(10n + X);
+      expect(findSumLie(0, 4, { hash: receiptLeaf(res.receipts[0]), sum: 10n }, res.total, path))
+        .to.deep.equal({ ok: true, root: res.root, lie: true });
+      const gpuBal = await balance(gpu);
+      const tx = await proveSum(q, 0);
+      await expect(tx).to.emit(arb, "BillingFaultProven").withArgs(taskId, 0, 0, client.address, SLASH4);
+      await expect(tx).to.emit(task, "ShardDisputed").withArgs(taskId, 0);
+      await expect(tx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, true);
+      await expect(tx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
+      await expectWithdrawable(q, [[client, BUDGET4 + SLASH4]]);
+      await expectMiner(q, P.minStake - SLASH4, 0n);
+      expect(await balance(gpu)).to.equal(gpuBal - SLASH4);
+      expect(await q.escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
+      await expectSolvent(q);
+      expect((await task.getShard(taskId, 0)).state).to.equal(S.Refunded);
+      await expect(proveSum(q, 0)).to.be.revertedWithCustomError(arb, "ShardNotSubmitted").withArgs(S.Refunded);
+    });
+    it("a lie one level up is proven from either leaf below it, by the arbiter or an auditor; leaves outside it show NoBillingFault", async function () {
+      for (const [k, who] of [[0, "arbiter"], [1, "auditor"]]) {
+        const q = await load(taskCreated);
+        q.res = await commitLie(q, { "0:2": 20n + X });
+        const from = who === "arbiter" ? q.arbiter : q.verifiers[0];
+        for (const j of [2, 3]) await expect(proveSum(q, j, { from })).to.be.revertedWithCustomError(q.arb, "NoBillingFault");
+        await expect(proveSum(q, k, { from })).to.emit(q.arb, "BillingFaultProven").withArgs(q.taskId, 0, k, from.address, SLASH4);
+        await expectWithdrawable(q, [[q.client, BUDGET4 + SLASH4]]);
+        await expectSolvent(q);
+      }
+    });
+    it("an inflated tokensUsed (gap 2) and a lie that moves tokens between leaves are proven too; a sum past 2^256 does not overflow", async function () {
+      for (const lies of [{ root: TOKENS + 5n }, { "0:1": 15n, "1:2": 5n }, { "0:1": ethers.MaxUint256, "0:2": 20n }]) {
+        const q = await load(taskCreated);
+        q.res = await commitLie(q, lies.root ? lies : { ...lies, root: TOKENS });
+        await expect(proveSum(q, 1)).to.emit(q.arb, "BillingFaultProven").withArgs(q.taskId, 0, 1, q.client.address, SLASH4);
+        await expectWithdrawable(q, [[q.client, BUDGET4 + SLASH4]]);
+        await expectMiner(q, P.minStake - SLASH4, 0n);
+        await expectSolvent(q);
+      }
+    });
+    it("an honest tree: every path is NoBillingFault; forged sums, short or long paths and strangers revert; nothing moves", async function () {
+      const q = await load(submitted);
+      const tree = new LyingSumTree(leavesOf(q.res.receipts));
+      expect(tree.root).to.equal(q.res.root);
+      q.res.tree = tree;
+      for (let k = 0; k < 4; k++) await expect(proveSum(q, k)).to.be.revertedWithCustomError(q.arb, "NoBillingFault");
+      const p = tree.path(0);
+      const forged = [[{ ...p[0], sum: p[0].sum + 1n }, p[1]], [p[0], { ...p[1], siblingSum: p[1].siblingSum + 1n }],
+        [p[0]], [...p, p[1]], [], tree.path(1)];
+      for (const path of forged) await expect(proveSum(q, 0, { path })).to.be.revertedWithCustomError(q.arb, "InvalidProof");
+      await expect(proveSum(q, 0, { receipt: { ...q.res.receipts[0], outputTokens: 9 } })).to.be.revertedWithCustomError(q.arb, "InvalidProof");
+      await expect(proveSum(q, 0, { receipt: { ...q.res.receipts[0], modelId: OTHER_MODEL } })).to.be.revertedWithCustomError(q.arb, "ReceiptMismatch");
+      for (const who of [q.outsider, q.miner]) {
+        await expect(proveSum(q, 0, { from: who })).to.be.revertedWithCustomError(q.arb, "NotClientArbiterOrAuditor").withArgs(who.address);
+      }
+      await expectWithdrawable(q, []);
+      await expectMiner(q, P.minStake, COLL4);
+      await expectSolvent(q);
+    });
+    it("on a 128-request shard the path is 7 steps and the proof costs less than a dispute bond", async function () {
+      const q0 = await load(deployQuarry);
+      const { taskId } = await createTask(q0.task, q0.client, { numRequests: 128, shardSize: 128 });
+      const q = { ...q0, taskId };
+      const receipts = receiptsFor(taskId, 0, 0, 128);
+      const tree = new LyingSumTree(leavesOf(receipts), { "64:96": 320n + X });
+      await q.task.connect(q.miner).claimShard(taskId, 0);
+      await q.task.connect(q.miner).submitResult(taskId, 0, tree.root, "store://out", tree.total);
+      q.res = { receipts, tree };
+      expect(tree.path(77).length).to.equal(7);
+      await expect(proveSum(q, 100)).to.be.revertedWithCustomError(q.arb, "NoBillingFault");
+      const tx = await proveSum(q, 77);
+      await expect(tx).to.emit(q.arb, "BillingFaultProven");
+      expect((await tx.wait()).gasUsed).to.be.lessThan(300000n);
     });
   });
 

@@ -23,8 +23,9 @@ const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
 const {
-  P, MODEL, PRECISION, SWARM_TYPES, deployQuarry, termsOf, domainOf, resultTree, signVotes, signReport, gasCost,
+  P, MODEL, PRECISION, SWARM_TYPES, deployQuarry, termsOf, domainOf, resultTree, receiptLeaf, signVotes, signReport, gasCost,
 } = require("./helpers");
+const { LyingSumTree } = require("./resultTree");
 
 const S = { Open: 0, Claimed: 1, Submitted: 2, Disputed: 3, Finalized: 4, Refunded: 5 };
 const DS = { open: 1n, fault: 2n, nofault: 3n, expired: 4n };
@@ -236,7 +237,7 @@ async function run(seed, steps, wideEvery) {
   };
   const freshShard = () => ({
     state: S.Open, miner: ethers.ZeroAddress, claimExpiry: 0n, windowEnd: 0n, collateral: 0n, tokensUsed: 0n,
-    submittedAt: 0n, result: null, avail: 0, swarm: null, precision: 0,
+    submittedAt: 0n, result: null, avail: {}, swarm: null, precision: 0,
   });
   const eligible = (m, t) => {
     const st = mstate.get(m.address);
@@ -327,11 +328,27 @@ async function run(seed, steps, wideEvery) {
       outputs.push({ textHash, ids });
     }
     if (kind === "overcap") receipts[bad].outputTokens = maxT + rnd.int(1, (n - 1) * maxT - others);
-    const tree = resultTree(receipts);
+    let tree = resultTree(receipts);
     const cap = BigInt(n * maxT);
     let tokensUsed = tree.total;
     if (kind === "inflated") tokensUsed = tree.total + BigInt(rnd.int(1, Number(cap - tree.total)));
-    return { kind, bad, receipts, outputs, tree, tokensUsed, proofOf: (k) => tree.proof(k) };
+    const leaves = receipts.map((r) => ({ hash: receiptLeaf(r), sum: BigInt(r.outputTokens) }));
+    // `paths` gives every leaf's SumStep path (Arbitration.proveSumFault) as the miner committed it
+    let paths = new LyingSumTree(leaves, kind === "inflated" ? { root: tokensUsed } : {});
+    let lied = [0, 0]; // the leaves [lo, hi) under a lying inner node: their proofs fail
+    if (kind === "lie") {
+      // a parent records a false sum for one subtree (up, within the shard's cap, or down)
+      const key = rnd.pick([...paths.nodes.keys()].filter((x) => x !== `0:${n}`));
+      const truth = paths.nodes.get(key).sum;
+      const room = cap - tree.total;
+      const delta = room > 0n && (truth === 0n || rnd.chance(0.7)) ? BigInt(rnd.int(1, Number(room))) : -BigInt(rnd.int(1, Number(truth)));
+      paths = new LyingSumTree(leaves, { [key]: truth + delta });
+      lied = key.split(":").map(Number);
+      tree = paths;
+      tokensUsed = paths.total;
+    }
+    const liedAt = (k) => kind === "inflated" || (k >= lied[0] && k < lied[1]); // the commitment's sums lie on k's path
+    return { kind, bad, receipts, outputs, tree, tokensUsed, proofOf: (k) => tree.proof(k), paths, liedAt, lied };
   }
 
   // ---------------------------------------------------------------- checks
@@ -366,7 +383,7 @@ async function run(seed, steps, wideEvery) {
         expect(Number(sh.precision)).to.equal(m.precision, `${tag} precision`);
         expect(await task.shardSwarm(t.id, s)).to.equal(m.swarm ? m.swarm.id : 0n, `${tag} swarm`);
         if (m.result) expect(sh.resultRoot).to.equal(m.result.tree.root);
-        if (m.avail) expect(await arb.availabilityChallengesOf(t.id, s)).to.equal(m.avail);
+        for (const [a, n] of Object.entries(m.avail)) expect(await arb.availabilityChallengesOf(t.id, s, a)).to.equal(n);
         if (m.state === S.Open || LIVE.includes(m.state)) held += budgetOf(t, s);
       }
       const esc = await escrow.escrowed(t.id);
@@ -681,9 +698,10 @@ async function run(seed, steps, wideEvery) {
       }
       let kind = "honest";
       const x = rnd.next();
-      if (x < 0.25 && n >= 2) kind = "overcap";
-      else if (x < 0.4) kind = "miscount";
-      else if (x < 0.6) kind = "inflated";
+      if (x < 0.15 && n >= 2) kind = "overcap";
+      else if (x < 0.27) kind = "miscount";
+      else if (x < 0.4) kind = "inflated";
+      else if (x < 0.62 && n >= 2) kind = "lie";
       let res = buildShardResult(t, s, kind);
       if (kind === "inflated" && res.tree.total === BigInt(n * t.maxTokens)) res = buildShardResult(t, s, (kind = "honest"));
       if (rnd.chance(0.05)) {
@@ -696,6 +714,10 @@ async function run(seed, steps, wideEvery) {
         .to.emit(task, "ResultSubmitted")
         .withArgs(t.id, s, m.address, res.tree.root, "store://out", res.tokensUsed, ts + P.challengeWindow);
       Object.assign(sh, { state: S.Submitted, windowEnd: ts + P.challengeWindow, submittedAt: ts, tokensUsed: res.tokensUsed, result: res });
+      if (["lie", "inflated"].includes(kind) && rnd.chance(0.3)) { // a watchful client proves the lie at once
+        const r = await actions.proveSumFault({ at: [t, s] });
+        bump(r === true ? "proveSumFault" : r);
+      }
       return `submit_${kind}`;
     },
     async finalizeShard() {
@@ -792,6 +814,10 @@ async function run(seed, steps, wideEvery) {
       if (res.kind === "inflated") {
         await expect(open()).to.be.revertedWithCustomError(arb, "InvalidProof");
         return "disputeInflated";
+      }
+      if (res.liedAt(k)) {
+        await expect(open()).to.be.revertedWithCustomError(arb, "InvalidProof");
+        return "disputeLie";
       }
       const e = epochOf(ts);
       const total = totalAt(e);
@@ -923,48 +949,80 @@ async function run(seed, steps, wideEvery) {
       for (const [a, slashed] of expected) await expect(tx).to.emit(arb, "AbsenceReported").withArgs(d.id, a, slashed);
       return true;
     },
-    async challengeAvailability() {
+    /** `opts` (from challengeBurst): `at` [task, shard], `from` the challenger, `answer` at once. */
+    async challengeAvailability(opts = {}) {
       const ts = await pin();
-      const c = allShards((t, sh) => sh.state === S.Submitted && ts < sh.windowEnd);
+      const c = opts.at ? [opts.at] : allShards((t, sh) => sh.state === S.Submitted && ts < sh.windowEnd);
       if (!c.length) return false;
       // clients challenge the results they cannot check more often
       // (and, so that answers must extend the window to responseWindow, late in the window)
-      const suspect = c.filter(([t, s]) => ["inflated", "overcap"].includes(shardOf(t, s).result.kind));
+      const suspect = c.filter(([t, s]) => ["inflated", "overcap", "lie"].includes(shardOf(t, s).result.kind));
       const late = c.filter(([t, s]) => shardOf(t, s).windowEnd - ts < P.responseWindow);
       const [t, s] = rnd.pick(suspect.length && rnd.chance(0.4) ? suspect : late.length && rnd.chance(0.4) ? late : c);
       const sh = shardOf(t, s);
       const [start, end] = t.ranges[s];
-      const from = challengerOf(t);
+      // auditors (members of the current committee) challenge too; each challenger has its own
+      // budget of three per shard, so theirs never use up the client's
+      const auditors = vsigners.filter((v) => weightAt(v.address, epochOf(ts)) > 0n);
+      const from = opts.from ?? (auditors.length && rnd.chance(0.35) ? rnd.pick(auditors) : challengerOf(t));
       const bond = P.minAvailabilityBond + BigInt(rnd.int(0, 1e6));
-      if (sh.avail >= 3) {
+      const used = sh.avail[from.address] || 0;
+      const byOthers = Object.entries(sh.avail).reduce((a, [x, n]) => (x === from.address ? a : a + n), 0);
+      if (used >= 3) {
         await expect(arb.connect(from).challengeAvailability(t.id, s, start, { value: bond }))
           .to.be.revertedWithCustomError(arb, "TooManyChallenges").withArgs(3);
         return "challengeTooMany";
       }
-      if (rnd.chance(0.06)) {
+      if (!opts.at && rnd.chance(0.06)) {
         await expect(arb.connect(from).challengeAvailability(t.id, s, end, { value: bond }))
           .to.be.revertedWithCustomError(arb, "IndexNotInShard").withArgs(end, start, end);
         return "challengeBadIndex";
       }
-      if (rnd.chance(0.04)) {
+      if (!opts.at && rnd.chance(0.04)) {
         await expect(arb.connect(from).challengeAvailability(t.id, s, start, { value: P.minAvailabilityBond - 1n }))
           .to.be.revertedWithCustomError(arb, "InsufficientBond").withArgs(P.minAvailabilityBond, P.minAvailabilityBond - 1n);
         return "challengeLowBond";
       }
       const bad = sh.result.bad >= 0 && sh.result.kind === "overcap" && rnd.chance(0.5);
-      const index = bad ? sh.result.receipts[sh.result.bad].index : rnd.int(start, end - 1);
+      const lied = sh.result.kind === "lie" && rnd.chance(0.6);
+      const index = bad ? sh.result.receipts[sh.result.bad].index
+        : lied ? start + rnd.int(sh.result.lied[0], sh.result.lied[1] - 1) : rnd.int(start, end - 1);
       const id = BigInt(challenges.length + 1);
       await expect(arb.connect(from).challengeAvailability(t.id, s, index, { value: bond })).to.emit(arb, "AvailabilityChallenged")
         .withArgs(id, t.id, s, index, from.address, sh.miner, bond, ts + P.responseWindow);
       const ch = { id, t, s, index, challenger: from.address, bond, openedAt: ts, deadline: ts + P.responseWindow, status: "open" };
       challenges.push(ch);
       sh.state = S.Disputed;
-      sh.avail += 1;
-      if (rnd.chance(0.4)) { // a watchful miner answers at once
+      sh.avail[from.address] = used + 1;
+      if (byOthers >= 3) bump("challengeAfterOthersSpent3");
+      if (from !== t.client && from.address !== arbiter.address) bump("challengeByAuditor");
+      if (opts.answer || rnd.chance(0.4)) { // a watchful miner answers at once
         const r = await answer(ch, await pin());
         bump(r === true ? "answerAvailability" : r);
       }
       return true;
+    },
+    /** The issue-29 attack, at random: one challenger (an auditor, often: the miner's friend on
+     * the committee) spends its whole budget on a shard, the miner answering each; then the
+     * client challenges the same shard, which its own budget always allows. */
+    async challengeBurst() {
+      let ts = await pin();
+      const c = allShards((t, sh) => sh.state === S.Submitted && ts < sh.windowEnd);
+      if (!c.length) return false;
+      const [t, s] = rnd.pick(c);
+      const auditors = vsigners.filter((v) => weightAt(v.address, epochOf(ts)) > 0n);
+      const spender = auditors.length && rnd.chance(0.7) ? rnd.pick(auditors) : challengerOf(t);
+      const open = () => shardOf(t, s).state === S.Submitted && ts < shardOf(t, s).windowEnd;
+      for (let i = 0; i < 4 && open(); i++) {
+        const r = await actions.challengeAvailability({ at: [t, s], from: spender, answer: true });
+        bump(r === true ? "challengeAvailability" : r);
+        ts = BigInt(await time.latest()) + 1n;
+      }
+      if (open() && spender !== t.client) {
+        const r = await actions.challengeAvailability({ at: [t, s], from: t.client });
+        bump(r === true ? "challengeAvailability" : r);
+      }
+      return "challengeBurst";
     },
     async answerAvailability() {
       const ts = await pin();
@@ -1000,7 +1058,7 @@ async function run(seed, steps, wideEvery) {
         arb.connect(from).proveBillingFault(t.id, s, res.receipts[k], res.proofOf(k), textHash, ids);
       if (res.bad < 0 || rnd.chance(0.15)) {
         // an honest receipt: its true output proves nothing; a made-up one does not hash
-        const ok = res.receipts.map((r, k) => k).filter((k) => k !== res.bad);
+        const ok = res.receipts.map((r, k) => k).filter((k) => k !== res.bad && !res.liedAt(k));
         if (!ok.length) return false;
         const k = rnd.pick(ok);
         const { textHash, ids } = res.outputs[k];
@@ -1018,6 +1076,41 @@ async function run(seed, steps, wideEvery) {
       await expect(res.kind === "overcap" ? prove(k, ethers.ZeroHash, []) : prove(k, textHash, ids))
         .to.emit(arb, "BillingFaultProven").withArgs(t.id, s, index, from.address, slashed);
       return `billing_${res.kind}`;
+    },
+    /** `opts.at`: [task, shard] (a watchful client, right after the submission). */
+    async proveSumFault(opts = {}) {
+      const ts = await pin();
+      const c = opts.at ? [opts.at] : allShards((t, sh) => sh.state === S.Submitted && ts < sh.windowEnd);
+      if (!c.length) return false;
+      // provers look where the sums do not add up more often
+      const suspect = c.filter(([t, s]) => ["inflated", "lie"].includes(shardOf(t, s).result.kind));
+      const [t, s] = rnd.pick(suspect.length && rnd.chance(0.6) ? suspect : c);
+      const sh = shardOf(t, s);
+      const res = sh.result;
+      const n = res.receipts.length;
+      const from = challengerOf(t);
+      const lied = res.receipts.map((r, k) => k).filter((k) => res.liedAt(k));
+      const k = lied.length && rnd.chance(0.7) ? rnd.pick(lied) : rnd.int(0, n - 1);
+      const prove = (path, who = from) => arb.connect(who).proveSumFault(t.id, s, res.receipts[k], path);
+      const path = res.paths.path(k);
+      if (!opts.at && rnd.chance(0.05)) {
+        await expect(prove(path, outsider)).to.be.revertedWithCustomError(arb, "NotClientArbiterOrAuditor").withArgs(outsider.address);
+        return "sumNotClient";
+      }
+      if (!opts.at && path.length && rnd.chance(0.1)) {
+        // a sum the commitment does not hold: the path no longer hashes to resultRoot
+        const j = rnd.int(0, path.length - 1);
+        const forged = path.map((p, i) => (i === j ? { ...p, sum: p.sum + 1n } : p));
+        await expect(prove(forged)).to.be.revertedWithCustomError(arb, "InvalidProof");
+        return "sumForged";
+      }
+      if (!res.liedAt(k)) {
+        await expect(prove(path)).to.be.revertedWithCustomError(arb, "NoBillingFault");
+        return "sumNoFault";
+      }
+      const slashed = settleFault(t, s, []);
+      await expect(prove(path)).to.emit(arb, "BillingFaultProven").withArgs(t.id, s, res.receipts[k].index, from.address, slashed);
+      return `sum_${res.kind}`;
     },
     async withdraw() {
       const c = actors.filter((a) => w.get(a.address) > 0n);
@@ -1260,6 +1353,11 @@ async function run(seed, steps, wideEvery) {
       await expect(arb.connect(who).answerAvailability(ch.id, r, res.proofOf(k))).to.be.revertedWithCustomError(arb, "InvalidProof");
       return "answerInflated";
     }
+    if (res.liedAt(k)) {
+      // a parent on its path records a false sum: this receipt cannot be shown
+      await expect(arb.connect(who).answerAvailability(ch.id, r, res.proofOf(k))).to.be.revertedWithCustomError(arb, "InvalidProof");
+      return "answerLie";
+    }
     const windowEnd = max(sh.windowEnd + (ts - ch.openedAt), ts + P.responseWindow);
     const tx = arb.connect(who).answerAvailability(ch.id, r, res.proofOf(k));
     await expect(tx).to.emit(arb, "AvailabilityAnswered");
@@ -1283,10 +1381,10 @@ async function run(seed, steps, wideEvery) {
   }
 
   const weights = [
-    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 12], ["finalizeShard", 8], ["reclaimExpired", 4],
+    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 16], ["finalizeShard", 8], ["reclaimExpired", 4],
     ["declarePrecision", 1], ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
-    ["reportAbsence", 3], ["challengeAvailability", 5], ["answerAvailability", 7], ["settleUnanswered", 3],
-    ["proveBillingFault", 4], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
+    ["reportAbsence", 3], ["challengeAvailability", 8], ["answerAvailability", 7], ["settleUnanswered", 4],
+    ["proveBillingFault", 5], ["proveSumFault", 5], ["challengeBurst", 3], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
     ["verifierExit", 2], ["verifierWithdraw", 3], ["timeJump", 7], ["epochJump", 3],
   ];
   const total = weights.reduce((a, [, x]) => a + x, 0);
@@ -1305,7 +1403,7 @@ async function run(seed, steps, wideEvery) {
 
 describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", function () {
   this.timeout(300000);
-  const seeds = [1, 3, 7, 42, 2024, 99, 21, 8];
+  const seeds = [1, 3, 7, 42, 2024, 99, 21, 8, 5, 13];
   const STEPS = 600;
   const WIDE_EVERY = 10;
   const agg = {};
@@ -1325,6 +1423,8 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
     for (const k of [
       "openDispute", "resolveFault", "resolveNoFault", "votesPartial", "expireDispute", "reportAbsence",
       "challengeAvailability", "answerAvailability", "answerLate", "settleUnanswered", "answerOverCap", "answerInflated",
+      "answerLie", "disputeLie", "challengeTooMany", "challengeByAuditor", "challengeAfterOthersSpent3",
+      "sum_lie", "sum_inflated", "sumNoFault", "sumForged", "submit_lie",
       "billing_overcap", "billing_miscount", "billingNoFault", "billingHashMismatch",
       "reclaimExpired", "refundUnfinished", "cancelTask", "withdraw", "reputation", "probationEnded",
       "reportNotSorted", "reportBeforeRegistration",

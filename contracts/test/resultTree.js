@@ -80,4 +80,96 @@ class SumTree {
   }
 }
 
-module.exports = { leafHash, nodeHash, rootOf, proofOf, processProof, SumTree };
+/**
+ * A result tree whose parents may record false sums: `lies` maps a subtree "lo:hi" (leaf
+ * positions [lo, hi)) to the sum its parent records for it, and "root" to the tokensUsed
+ * submitted. Every hash is computed honestly over what the parents record, so receipts outside
+ * a lying subtree still prove (`proof(m)`), while `path(m)` gives the SumStep path
+ * (Arbitration.proveSumFault) from leaf m: each node's recorded sum and its recorded sibling.
+ */
+class LyingSumTree {
+  constructor(leaves, lies = {}) {
+    this.leaves = leaves.map((l) => ({ hash: l.hash, sum: BigInt(l.sum) }));
+    this.lies = lies;
+    this.nodes = new Map(); // "lo:hi" -> {hash, sum: as its parent records it}
+    const top = this._build(0, this.leaves.length);
+    this.root = top.hash;
+    this.total = lies.root !== undefined ? BigInt(lies.root) : top.below;
+  }
+  _build(lo, hi) {
+    let node;
+    if (hi - lo === 1) {
+      node = { ...this.leaves[lo], below: this.leaves[lo].sum };
+    } else {
+      const k = split(hi - lo);
+      const l = this._build(lo, lo + k);
+      const r = this._build(lo + k, hi);
+      node = { hash: nodeHash(l, r), below: l.sum + r.sum };
+      node.sum = node.below;
+    }
+    const key = `${lo}:${hi}`;
+    if (this.lies[key] !== undefined) node.sum = BigInt(this.lies[key]);
+    this.nodes.set(key, node);
+    return node;
+  }
+  /** [{lo, hi, sibling: [lo, hi]}] from leaf m up to the root's children. */
+  _ranges(m) {
+    const out = [];
+    let lo = 0;
+    let hi = this.leaves.length;
+    while (hi - lo > 1) {
+      const k = split(hi - lo);
+      if (m < lo + k) {
+        out.push({ key: `${lo}:${lo + k}`, sib: `${lo + k}:${hi}` });
+        hi = lo + k;
+      } else {
+        out.push({ key: `${lo + k}:${hi}`, sib: `${lo}:${lo + k}` });
+        lo = lo + k;
+      }
+    }
+    return out.reverse();
+  }
+  /** Ordinary proof of leaf m: siblings {hash, sum} as their parents record them. */
+  proof(m) {
+    return this._ranges(m).map(({ sib }) => ({ hash: this.nodes.get(sib).hash, sum: this.nodes.get(sib).sum }));
+  }
+  /** SumStep path of leaf m: [{sum, sibling, siblingSum}] from the leaf up. */
+  path(m) {
+    return this._ranges(m).map(({ key, sib }) => ({
+      sum: this.nodes.get(key).sum, sibling: this.nodes.get(sib).hash, siblingSum: this.nodes.get(sib).sum,
+    }));
+  }
+}
+
+/** ResultTree.findSumLie in JavaScript: {ok, root, lie}. */
+function findSumLie(position, size, leaf, total, path) {
+  if (position >= size) return { ok: false };
+  let fn = BigInt(position);
+  let sn = BigInt(size - 1);
+  let root = leaf.hash;
+  let below = BigInt(leaf.sum);
+  let lie = false;
+  for (const p of path) {
+    if (sn === 0n) return { ok: false };
+    const sum = BigInt(p.sum);
+    if (sum !== below) lie = true;
+    if ((fn & 1n) === 1n || fn === sn) {
+      root = nodeHash({ hash: p.sibling, sum: p.siblingSum }, { hash: root, sum });
+      if ((fn & 1n) === 0n) {
+        while ((fn & 1n) === 0n && fn !== 0n) {
+          fn >>= 1n;
+          sn >>= 1n;
+        }
+      }
+    } else {
+      root = nodeHash({ hash: root, sum }, { hash: p.sibling, sum: p.siblingSum });
+    }
+    below = sum + BigInt(p.siblingSum);
+    fn >>= 1n;
+    sn >>= 1n;
+  }
+  if (below !== BigInt(total)) lie = true;
+  return { ok: sn === 0n, root, lie };
+}
+
+module.exports = { leafHash, nodeHash, rootOf, proofOf, processProof, SumTree, LyingSumTree, findSumLie };

@@ -26,7 +26,7 @@ from market.chain.artifacts import load_artifact
 from market.chain.client import Chain, Read, TxResult, plain
 from market.chain.errors import ChainError
 from market.protocol.eip712 import Receipt, Report, SwarmConsent
-from market.protocol.merkle import SumNode
+from market.protocol.merkle import SumNode, SumStep
 from market.protocol.precision import Precision, parse_precision
 
 ZERO_ADDRESS = "0x" + "00" * 20
@@ -866,6 +866,18 @@ class Arbitration(QuarryContract):
                             token_ids: Sequence[int]) -> TxResult:
         return self._tx(sender, "proveBillingFault", task_id, shard, receipt.as_tuple(),
                         _proof(proof), text_hash, list(token_ids))
+
+    def prove_sum_fault(self, sender: LocalAccount, task_id: int, shard: int,
+                        receipt: Receipt, path: Sequence[SumStep]) -> TxResult:
+        """Prove that the shard's result tree records a false sum on `receipt`'s path
+        (`path`: `sum_lie_path`); settled at once as a billing fault."""
+        return self._tx(sender, "proveSumFault", task_id, shard, receipt.as_tuple(),
+                        [p.as_tuple() for p in path])
+
+    def availability_challenges_of(self, task_id: int, shard: int, challenger: str) -> int:
+        """Availability challenges `challenger` opened on the shard (three at most, each
+        challenger its own budget)."""
+        return int(self._call("availabilityChallengesOf", task_id, shard, challenger))
 
     def get_challenge(self, challenge_id: int) -> AvailabilityChallenge:
         return as_struct(AvailabilityChallenge, self._call("getChallenge", challenge_id))

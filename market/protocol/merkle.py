@@ -14,6 +14,11 @@ A shard's result tree is not a StandardMerkleTree but a Merkle *sum* tree (`Resu
 Solidity library `ResultTree`): its leaves are the shard's receipts in index order, each
 carrying its `outputTokens`, and every node carries the tokens below it, so the root's sum is
 the shard's `tokensUsed` and any receipt proven under the root is proven to be billed.
+
+A miner can still write a false sum for a subtree into its parent's hash: `tokensUsed` grows
+while every receipt outside that subtree proves. `find_sum_lie` (Solidity
+`ResultTree.findSumLie`) checks, along one leaf's path, each recorded sum against the sum
+below it, and `sum_lie_path` finds such a path from a result document's receipts and proofs.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ __all__ = [
     "INDEX_HASH_TYPES",
     "StandardMerkleTree",
     "SumNode",
+    "SumStep",
     "ResultTree",
     "leaf_hash",
     "node_hash",
@@ -40,6 +46,8 @@ __all__ = [
     "process_sum_proof",
     "verify_proof",
     "verify_sum_proof",
+    "find_sum_lie",
+    "sum_lie_path",
     "input_tree",
     "receipt_leaf",
     "receipts_tree",
@@ -321,3 +329,129 @@ def receipt_leaf(receipt: Any) -> SumNode:
 def receipts_tree(receipts: Sequence[Any]) -> ResultTree:
     """A shard's result tree from its `Receipt`s in index order."""
     return ResultTree([receipt_leaf(r) for r in receipts])
+
+
+UINT256_MAX = 2**256 - 1
+
+
+@dataclass(frozen=True)
+class SumStep:
+    """One level of a billing-lie path (Solidity `SumStep`): the sum the parent's hash records
+    for the path's node, and the node's sibling as the parent records it. Sums are uint256:
+    a lying parent may record any word."""
+
+    sum: int
+    sibling: bytes
+    sibling_sum: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sibling, bytes | bytearray) or len(self.sibling) != 32:
+            raise MerkleError(f"sum step sibling {self.sibling!r} is not 32 bytes")
+        for v in (self.sum, self.sibling_sum):
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= UINT256_MAX:
+                raise MerkleError(f"sum step sum {v!r} is not a uint256")
+
+    def as_tuple(self) -> tuple[int, bytes, int]:
+        """The ABI tuple a contract call takes."""
+        return (self.sum, bytes(self.sibling), self.sibling_sum)
+
+
+def _word_node_hash(lh: bytes, ls: int, rh: bytes, rs: int) -> bytes:
+    return keccak(bytes(lh) + ls.to_bytes(32, "big") + bytes(rh) + rs.to_bytes(32, "big"))
+
+
+def find_sum_lie(position: int, size: int, leaf: SumNode, total: int,
+                 path: Sequence[SumStep]) -> tuple[bool, bytes, bool]:
+    """(fits, root, lie) as `ResultTree.findSumLie` on-chain: whether the path's length fits
+    (position, size), the root hash it leads to, and whether a recorded sum on it (or `total`,
+    the shard's tokensUsed) differs from the sum below it."""
+    if not 0 <= position < size:
+        return False, b"", False
+    fn, sn = position, size - 1
+    root, below, lie = bytes(leaf.hash), leaf.sum, False
+    for p in path:
+        if sn == 0:
+            return False, b"", False
+        if p.sum != below:  # an overflowed `below` (> 2**256 - 1) never equals a word
+            lie = True
+        if fn & 1 or fn == sn:
+            root = _word_node_hash(p.sibling, p.sibling_sum, root, p.sum)
+            if not fn & 1:
+                while not fn & 1 and fn != 0:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            root = _word_node_hash(root, p.sum, p.sibling, p.sibling_sum)
+        below = p.sum + p.sibling_sum
+        fn >>= 1
+        sn >>= 1
+    return sn == 0, root, lie or below != total
+
+
+def _path_ranges(position: int, size: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(node, sibling) leaf ranges [lo, hi) on `position`'s path, from the leaf up."""
+    out: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    lo, hi = 0, size
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if position < lo + k:
+            out.append(((lo, lo + k), (lo + k, hi)))
+            hi = lo + k
+        else:
+            out.append(((lo + k, hi), (lo, lo + k)))
+            lo = lo + k
+    out.reverse()
+    return out
+
+
+def sum_lie_path(leaves: Sequence[SumNode], proofs: Mapping[int, Sequence[SumNode]],
+                 root: bytes, total: int,
+                 prefer: Sequence[int] = ()) -> tuple[int, list[SumStep]] | None:
+    """A leaf position and its `SumStep` path proving that the committed tree (`root`,
+    `total`) lies about a sum, or None when none is found.
+
+    `leaves` are the shard's receipts' leaves, in position order; `proofs` the miner's proofs
+    by position (a result document's). A lying parent shows its recorded sums only in the
+    proofs of leaves outside the lie, so every node is taken as those proofs record it (the
+    first proof naming it), else recomputed from its recorded children. Positions in
+    `prefer` are tried first, then every other; O(n log n)."""
+    n = len(leaves)
+    recorded: dict[tuple[int, int], SumNode] = {}
+    for m, proof in proofs.items():
+        ranges = _path_ranges(m, n) if 0 <= m < n else []
+        if len(proof) != len(ranges):
+            continue
+        for (_, sib), node in zip(ranges, proof, strict=True):
+            recorded.setdefault(sib, node)
+
+    def node_at(lo: int, hi: int, table: Mapping[tuple[int, int], SumNode],
+                memo: dict[tuple[int, int], tuple[bytes, int]]) -> tuple[bytes, int]:
+        if (lo, hi) in table:
+            got = table[(lo, hi)]
+            return bytes(got.hash), got.sum
+        if (lo, hi) not in memo:
+            if hi - lo == 1:
+                memo[(lo, hi)] = (bytes(leaves[lo].hash), leaves[lo].sum)
+            else:
+                k = _split(hi - lo)
+                lh, ls = node_at(lo, lo + k, table, memo)
+                rh, rs = node_at(lo + k, hi, table, memo)
+                memo[(lo, hi)] = (_word_node_hash(lh, ls, rh, rs), ls + rs)
+        return memo[(lo, hi)]
+
+    order = list(dict.fromkeys([m for m in prefer if 0 <= m < n] + list(range(n))))
+    for table in (recorded, {}):  # the miner's recorded sums, then the receipts' own
+        memo: dict[tuple[int, int], tuple[bytes, int]] = {}
+        for m in order:
+            path: list[SumStep] = []
+            for (lo, hi), (slo, shi) in _path_ranges(m, n):
+                _, node_sum = node_at(lo, hi, table, memo)
+                sib_hash, sib_sum = node_at(slo, shi, table, memo)
+                if node_sum > UINT256_MAX or sib_sum > UINT256_MAX:
+                    break
+                path.append(SumStep(node_sum, sib_hash, sib_sum))
+            else:
+                fits, got, lie = find_sum_lie(m, n, leaves[m], total, path)
+                if fits and lie and got == bytes(root):
+                    return m, path
+    return None
