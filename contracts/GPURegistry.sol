@@ -135,7 +135,7 @@ struct SwarmTerms {
 ///   each member gets `floor(amount * share / totalShares)` and the head also the remainder, so
 ///   the parts add up to the payment to the wei ({swarmSplit}). Each member's part is credited
 ///   to its own address in PaymentEscrow. The split only credits; it never takes from a stake,
-///   so no rounding can take more than a member locked.
+///   so no rounding can take more than a member locked or leave a shard unsettleable.
 /// - Leaving: any member may leave ({leaveSwarm}); the swarm then takes no new claims (re-form it
 ///   as a new swarm). Shards it claimed before run to their end under their snapshot: the
 ///   leaver keeps its pay for them (the head keeps its collateral locked and its liability),
@@ -512,10 +512,12 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         _unlock(miner, amount);
     }
 
-    /// @notice Takes up to `amount` wei of `miner`'s stake and credits it to `beneficiary` in
-    /// PaymentEscrow. Locked collateral shrinks with the stake if the stake falls below it.
-    /// TaskRegistry or Arbitration only.
-    /// @return slashed The wei actually taken (`min(amount, stake)`).
+    /// @notice Takes up to `amount` wei of `miner`'s free stake and credits it to `beneficiary`
+    /// in PaymentEscrow. The callers unlock a shard's collateral before slashing it for that
+    /// shard, so the free stake covers the slash; the collateral of the miner's other open
+    /// shards is never taken, so each of them can still be settled. TaskRegistry or
+    /// Arbitration only.
+    /// @return slashed The wei actually taken (`min(amount, stake - locked)`).
     function slash(address miner, uint256 amount, address beneficiary) external nonReentrant returns (uint256 slashed) {
         if (msg.sender == address(0) || (msg.sender != taskRegistry && msg.sender != arbitration)) {
             revert Unauthorized(msg.sender);
@@ -560,9 +562,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (bps >= untrustedBelowBps) {
             delete untrustedReportsOf[miner];
         } else if (++untrustedReportsOf[miner] > 1 && address(escrow) != address(0)) {
-            uint256 burn = m.stake * untrustedSlashBps / BPS;
-            uint256 free = m.stake - m.locked;
-            _slash(m, miner, burn < free ? burn : free, BURN);
+            _slash(m, miner, m.stake * untrustedSlashBps / BPS, BURN);
         }
         if (m.onProbation && epochStart >= m.registeredAt) {
             if (bps < probationPassBps) {
@@ -593,16 +593,20 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit ReportMissed(miner, missed, relapse);
     }
 
-    /// @dev Takes up to `amount` of `m`'s stake (never more than it holds; locked collateral
-    /// shrinks with it) and credits it to `beneficiary` through the escrow.
+    /// @dev Takes up to `amount` of `m`'s free stake (`stake - locked`) and credits it to
+    /// `beneficiary` through the escrow. Never the collateral of an open shard: every caller
+    /// unlocks a shard's collateral before slashing it for that shard, and a slash never
+    /// exceeds that collateral, so capping at the free stake changes no outcome; it guarantees
+    /// that a fault on one shard can never leave `locked` below another open shard's collateral
+    /// (whose settlement would then revert `UnlockExceedsLocked` forever).
     function _slash(MinerInfo storage m, address miner, uint256 amount, address beneficiary)
         private
         returns (uint256 slashed)
     {
-        slashed = amount < m.stake ? amount : m.stake;
+        uint256 free = m.stake - m.locked;
+        slashed = amount < free ? amount : free;
         if (slashed == 0) return 0;
         m.stake -= slashed;
-        if (m.locked > m.stake) m.locked = m.stake;
         emit Slashed(miner, slashed, beneficiary, msg.sender);
         escrow.credit{value: slashed}(beneficiary);
     }
