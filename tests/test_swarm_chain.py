@@ -182,3 +182,39 @@ def test_reclaim_slashes_the_head_alone(devnet: Devnet) -> None:
     assert [q.gpu.miner_info(m.address).locked for m in four] == [0, 0, 0, 0]
     assert q.tasks.shard_swarm(posted.task_id, 0) == 0
     assert_escrow_invariant(net)
+
+
+def test_a_head_that_is_also_the_client_cannot_rob_its_members(devnet: Devnet) -> None:
+    """Issue 29, gap 1, through the Python bindings: the head posts a task with its own key,
+    claims it for the swarm, submits, challenges its own shard and never answers. The fault
+    is slashed from the head alone and paid back to it as the client: its members' stake,
+    locks and escrow balances do not move by a wei, and the head nets nothing (gas aside)."""
+    net, q = devnet, devnet.q
+    four = members_of(net)
+    swarm_id = form(net, four, consent_of(net, four))
+    head, others = four[HEAD], [m for i, m in enumerate(four) if i != HEAD]
+    posted = post_task(net, 4, 4, client=head, tag="robbery")
+    claim = q.tasks.claim_shard_for_swarm(head, posted.task_id, 0, swarm_id)
+    collateral = claim.event("ShardClaimed")["collateral"]
+    assert [q.gpu.miner_info(m.address).locked for m in four] == [
+        collateral if i == HEAD else 0 for i in range(len(four))]
+    work = do_work(net, posted, 0, head)
+    q.tasks.submit_result(head, posted.task_id, 0, work.root, "store://out", work.tokens)
+    stakes = {m.address: q.gpu.miner_info(m.address).stake for m in four}
+    owed = {m.address: q.escrow.withdrawable(m.address) for m in four}
+    bond = q.arbitration.params()["min_availability_bond"]
+    challenge_id, _ = q.arbitration.challenge_availability(head, posted.task_id, 0, 0, bond)
+    net.chain.advance_time(q.arbitration.params()["response_window"])
+    settled = q.arbitration.settle_unanswered(net.anyone, challenge_id)
+    slash = collateral * q.arbitration.params()["fault_slash_bps"] // BPS
+    assert settled.event("AvailabilityUnanswered")["slashed"] == slash
+    for m in others:
+        assert q.gpu.miner_info(m.address).stake == stakes[m.address]
+        assert q.gpu.miner_info(m.address).locked == 0
+        assert q.escrow.withdrawable(m.address) == owed[m.address]
+    lost = stakes[head.address] - q.gpu.miner_info(head.address).stake
+    got = q.escrow.withdrawable(head.address) - owed[head.address]
+    assert lost == slash
+    assert got == posted.payment + bond + slash  # the budget, its bond, the slash
+    assert got - posted.payment - bond - lost == 0
+    assert_escrow_invariant(net)
