@@ -16,9 +16,9 @@
   many for receipt 0 in its parent (a lie in an inner node, which every other receipt's
   proof hides): the path from receipt 0 grows with log2(n), as the answer's proof does.
 - Swarms: registerSwarm of four members (four EIP-712 consents checked on-chain), then a
-  10-request shard claimed by the head for the swarm (collateral locked from four members),
+  10-request shard claimed by the head for the swarm (collateral locked from the head alone),
   submitted, and finalized (the payment credited to four members), next to the same steps
-  for a single miner; an unanswered challenge on a swarm shard (four members slashed).
+  for a single miner; an unanswered challenge on a swarm shard (the head alone slashed).
 
 The roots are real: the input tree over the requests' hashes and the result sum tree over
 the receipts, built by `market.protocol`; tokensUsed is the tree's sum. Every receipt signs an

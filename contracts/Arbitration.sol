@@ -81,12 +81,6 @@ struct AvailabilityChallenge {
     uint64 deadline;
 }
 
-/// @notice Who answers for a shard's fault: its miner, or (swarmId != 0) its swarm's members.
-struct Liable {
-    address miner;
-    uint256 swarmId;
-}
-
 /// @title Arbitration
 /// @notice Disputes over receipts, resolved by stake-weighted committee votes; availability
 /// challenges that make withheld results a fault; on-chain proofs of over-billing
@@ -103,7 +97,9 @@ struct Liable {
 ///   `collateral * faultSlashBps / 10000` of its stake, of which `verifierRewardBps` is split
 ///   among the voters (if any) in proportion to their weight and the rest goes to the client;
 ///   a bond returns to the opener. A swarm's shard (TaskRegistry.shardSwarm) is slashed from its
-///   members by their shares (GPURegistry.slashSwarm); bonds owed to the miner go to its head.
+///   head alone, the shard's `miner` (it alone chose what was submitted and answered, so a head
+///   that is also the client can only pay itself its own stake); bonds owed to the miner go to
+///   its head.
 /// - No fault: `minerBondShareBps` of the bond goes to the miner and the rest is split among
 ///   the voters in proportion to their weight (rounding dust to the miner); the shard can be
 ///   finalized at once. Paying by weight, not per head, leaves nothing to gain by splitting a
@@ -725,14 +721,13 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     ) private returns (uint256 slashed) {
         (address miner, uint256 collateral, address client) =
             taskRegistry.resolveDispute(taskId, shard, true, uint64(block.timestamp));
-        Liable memory liable = Liable(miner, taskRegistry.shardSwarm(taskId, shard));
-        return _slashFault(liable, collateral * faultSlashBps / BPS, client, voters, weights, total);
+        return _slashFault(miner, collateral * faultSlashBps / BPS, client, voters, weights, total);
     }
 
-    /// @dev Takes `slashAmount` from the liable miner (or swarm): `verifierRewardBps` of it to
-    /// `voters` by weight, the rest to `client`.
+    /// @dev Takes `slashAmount` from the shard's miner (a swarm's head): `verifierRewardBps` of
+    /// it to `voters` by weight, the rest to `client`.
     function _slashFault(
-        Liable memory liable,
+        address miner,
         uint256 slashAmount,
         address client,
         address[] memory voters,
@@ -744,15 +739,9 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         for (uint256 i = 0; i < voters.length; ++i) {
             uint256 share = reward * weights[i] / total;
             paid += share;
-            slashed += _slash(liable, share, voters[i]);
+            slashed += gpuRegistry.slash(miner, share, voters[i]);
         }
-        slashed += _slash(liable, slashAmount - paid, client);
-    }
-
-    /// @dev Slashes the shard's miner, or its swarm's members by their shares (GPURegistry).
-    function _slash(Liable memory liable, uint256 amount, address beneficiary) private returns (uint256) {
-        if (liable.swarmId == 0) return gpuRegistry.slash(liable.miner, amount, beneficiary);
-        return gpuRegistry.slashSwarm(liable.swarmId, amount, beneficiary);
+        slashed += gpuRegistry.slash(miner, slashAmount - paid, client);
     }
 
     function _emitOpened(uint256 disputeId, Dispute storage d) private {

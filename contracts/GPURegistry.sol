@@ -36,8 +36,9 @@ struct MinerInfo {
     uint16 passedEpochs;
 }
 
-/// @notice A swarm: miners serving one model together, each paid and liable by its share.
-/// Immutable once registered except `active` (see GPURegistry's swarm notice).
+/// @notice A swarm: miners serving one model together, each paid by its share; its head alone
+/// is liable for its shards. Immutable once registered except `active` (see GPURegistry's
+/// swarm notice).
 struct Swarm {
     bytes32 modelId;
     /// @dev The member that claims shards for the group and signs its receipts.
@@ -49,7 +50,7 @@ struct Swarm {
     /// @dev Each member's weight (e.g. the layers it serves), in `members` order, all > 0.
     uint32[] shares;
     uint64 totalShares;
-    /// @dev Index of `head` in `members`: it gets every rounding remainder.
+    /// @dev Index of `head` in `members`: it gets the payment split's rounding remainder.
     uint8 headIndex;
     /// @dev False once any member left: no new claims (open ones run to their end).
     bool active;
@@ -121,14 +122,24 @@ struct SwarmTerms {
 ///   for it ({swarmPrecision}); members that do not list the model declare nothing, and a swarm
 ///   none of whose members declares one cannot claim. The shard records the precision at the
 ///   claim, so a later {update} of a member does not change what the shard is judged at.
-/// - Money: collateral is locked from, payment paid to, and faults slashed from the members in
-///   proportion to their shares: each member gets `floor(amount * share / totalShares)` and the
-///   head also the remainder, so the parts add up to the amount to the wei ({swarmSplit}).
-///   Each member's payment is credited to its own address in PaymentEscrow.
+/// - Liability: the head alone decides what the swarm claims, what it submits and bills, and
+///   whether a challenge is answered, so a swarm shard's collateral is locked from the head's
+///   stake alone, and every fault of the shard (an expired claim's penalty, an unanswered
+///   availability challenge, a proven billing fault, a lost dispute) is slashed from the head's
+///   stake alone, exactly as for a single miner's shard. No other member's stake is ever locked
+///   or slashed for a swarm shard: a head that also holds the client's key can only pay itself
+///   its own stake (less the voters' reward after a verdict), never its members'. The members
+///   trust the head with their work, not their stake; the head trusts its members' stages with
+///   its stake (it answers for their wrong outputs as for its own).
+/// - Money: the payment of a finalized swarm shard is split over the members by their shares:
+///   each member gets `floor(amount * share / totalShares)` and the head also the remainder, so
+///   the parts add up to the payment to the wei ({swarmSplit}). Each member's part is credited
+///   to its own address in PaymentEscrow. The split only credits; it never takes from a stake,
+///   so no rounding can take more than a member locked or leave a shard unsettleable.
 /// - Leaving: any member may leave ({leaveSwarm}); the swarm then takes no new claims (re-form it
 ///   as a new swarm). Shards it claimed before run to their end under their snapshot: the
-///   leaver keeps its locked collateral, its pay and its liability for them, and loses nothing
-///   else for leaving.
+///   leaver keeps its pay for them (the head keeps its collateral locked and its liability),
+///   and loses nothing for leaving.
 contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, OneTimeWiring {
     /// @notice Most models one miner may list.
     uint256 public constant MAX_MODELS = 16;
@@ -501,32 +512,12 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         _unlock(miner, amount);
     }
 
-    /// @notice Locks `amount` of shard collateral from the swarm's members, split by their
-    /// shares ({swarmSplit}). TaskRegistry only.
-    function lockSwarmCollateral(uint256 swarmId, uint256 amount) external {
-        _onlyTaskRegistry();
-        Swarm storage w = _swarm(swarmId);
-        uint256[] memory parts = _split(w, amount);
-        for (uint256 i = 0; i < parts.length; ++i) {
-            _lock(w.members[i], parts[i]);
-        }
-    }
-
-    /// @notice Unlocks `amount` of shard collateral from the swarm's members, split as it was
-    /// locked. TaskRegistry only.
-    function unlockSwarmCollateral(uint256 swarmId, uint256 amount) external {
-        _onlyTaskRegistry();
-        Swarm storage w = _swarm(swarmId);
-        uint256[] memory parts = _split(w, amount);
-        for (uint256 i = 0; i < parts.length; ++i) {
-            _unlock(w.members[i], parts[i]);
-        }
-    }
-
-    /// @notice Takes up to `amount` wei of `miner`'s stake and credits it to `beneficiary` in
-    /// PaymentEscrow. Locked collateral shrinks with the stake if the stake falls below it.
-    /// TaskRegistry or Arbitration only.
-    /// @return slashed The wei actually taken (`min(amount, stake)`).
+    /// @notice Takes up to `amount` wei of `miner`'s free stake and credits it to `beneficiary`
+    /// in PaymentEscrow. The callers unlock a shard's collateral before slashing it for that
+    /// shard, so the free stake covers the slash; the collateral of the miner's other open
+    /// shards is never taken, so each of them can still be settled. TaskRegistry or
+    /// Arbitration only.
+    /// @return slashed The wei actually taken (`min(amount, stake - locked)`).
     function slash(address miner, uint256 amount, address beneficiary) external nonReentrant returns (uint256 slashed) {
         if (msg.sender == address(0) || (msg.sender != taskRegistry && msg.sender != arbitration)) {
             revert Unauthorized(msg.sender);
@@ -535,29 +526,6 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (address(escrow) == address(0)) revert NotWired();
         MinerInfo storage m = _miners[miner];
         slashed = _slash(m, miner, amount, beneficiary);
-    }
-
-    /// @notice Takes up to `amount` wei from the swarm's members, split by their shares
-    /// ({swarmSplit}; each member loses at most its stake), and credits it to `beneficiary` in
-    /// PaymentEscrow. TaskRegistry or Arbitration only.
-    /// @return slashed The wei actually taken from all members together.
-    function slashSwarm(uint256 swarmId, uint256 amount, address beneficiary)
-        external
-        nonReentrant
-        returns (uint256 slashed)
-    {
-        if (msg.sender == address(0) || (msg.sender != taskRegistry && msg.sender != arbitration)) {
-            revert Unauthorized(msg.sender);
-        }
-        if (beneficiary == address(0)) revert ZeroAddress();
-        if (address(escrow) == address(0)) revert NotWired();
-        Swarm storage w = _swarm(swarmId);
-        uint256[] memory parts = _split(w, amount);
-        for (uint256 i = 0; i < parts.length; ++i) {
-            address member = w.members[i];
-            slashed += _deduct(_miners[member], member, parts[i], beneficiary);
-        }
-        if (slashed > 0) escrow.credit{value: slashed}(beneficiary);
     }
 
     /// @notice Pays `rechallengeFee` (burned) to be challenged again: an untrusted miner,
@@ -594,9 +562,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (bps >= untrustedBelowBps) {
             delete untrustedReportsOf[miner];
         } else if (++untrustedReportsOf[miner] > 1 && address(escrow) != address(0)) {
-            uint256 burn = m.stake * untrustedSlashBps / BPS;
-            uint256 free = m.stake - m.locked;
-            _slash(m, miner, burn < free ? burn : free, BURN);
+            _slash(m, miner, m.stake * untrustedSlashBps / BPS, BURN);
         }
         if (m.onProbation && epochStart >= m.registeredAt) {
             if (bps < probationPassBps) {
@@ -627,26 +593,22 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit ReportMissed(miner, missed, relapse);
     }
 
-    /// @dev Takes up to `amount` of `m`'s stake (never more than it holds; locked collateral
-    /// shrinks with it) and credits it to `beneficiary` through the escrow.
+    /// @dev Takes up to `amount` of `m`'s free stake (`stake - locked`) and credits it to
+    /// `beneficiary` through the escrow. Never the collateral of an open shard: every caller
+    /// unlocks a shard's collateral before slashing it for that shard, and a slash never
+    /// exceeds that collateral, so capping at the free stake changes no outcome; it guarantees
+    /// that a fault on one shard can never leave `locked` below another open shard's collateral
+    /// (whose settlement would then revert `UnlockExceedsLocked` forever).
     function _slash(MinerInfo storage m, address miner, uint256 amount, address beneficiary)
         private
         returns (uint256 slashed)
     {
-        slashed = _deduct(m, miner, amount, beneficiary);
-        if (slashed > 0) escrow.credit{value: slashed}(beneficiary);
-    }
-
-    /// @dev Removes up to `amount` from `m`'s stake (the caller credits it); returns what it took.
-    function _deduct(MinerInfo storage m, address miner, uint256 amount, address beneficiary)
-        private
-        returns (uint256 taken)
-    {
-        taken = amount < m.stake ? amount : m.stake;
-        if (taken == 0) return 0;
-        m.stake -= taken;
-        if (m.locked > m.stake) m.locked = m.stake;
-        emit Slashed(miner, taken, beneficiary, msg.sender);
+        uint256 free = m.stake - m.locked;
+        slashed = amount < free ? amount : free;
+        if (slashed == 0) return 0;
+        m.stake -= slashed;
+        emit Slashed(miner, slashed, beneficiary, msg.sender);
+        escrow.credit{value: slashed}(beneficiary);
     }
 
     // ------------------------------------------------------------------ swarms
@@ -719,7 +681,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     }
 
     /// @notice The caller leaves the swarm, which then takes no new claims. Shards it claimed
-    /// before run to their end: the caller keeps its collateral, pay and liability for them.
+    /// before run to their end: the caller keeps its pay for them (the head, its liability).
     /// @param swarmId The swarm.
     function leaveSwarm(uint256 swarmId) external {
         Swarm storage w = _swarm(swarmId);
@@ -774,7 +736,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     }
 
     /// @notice `amount` split over the swarm's members by share: `floor(amount * share /
-    /// totalShares)` each, plus the remainder to the head, so the parts sum to `amount`.
+    /// totalShares)` each, plus the remainder to the head, so the parts sum to `amount`. Used
+    /// only to credit a finalized swarm shard's payment (collateral and faults are the head's).
     function swarmSplit(uint256 swarmId, uint256 amount)
         external
         view

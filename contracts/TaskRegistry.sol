@@ -37,8 +37,10 @@ import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 /// Swarms (GPURegistry's swarm notice): a swarm's head claims with {claimShardForSwarm}; the
 /// shard's `miner` is then the head (it submits and signs the receipts, and Arbitration checks
 /// them against it) and {shardSwarm} names the swarm, whose fixed shares are the shard's
-/// snapshot. Collateral is locked from, the payment credited to, and a reclaim penalty or a
-/// fault slashed from its members by those shares, floor each and the remainder to the head.
+/// snapshot. The payment is credited to its members by those shares, floor each and the
+/// remainder to the head. The collateral is locked from, and a reclaim penalty or a fault
+/// slashed from, the head alone, as for a single miner: the head alone decides what is
+/// claimed, billed and answered, so no member can be made to pay for it.
 ///
 /// Money: the whole payment `numRequests * maxTokensPerRequest * pricePerToken` sits in
 /// PaymentEscrow under the task id. A shard's budget is `requests * maxTokensPerRequest *
@@ -343,8 +345,9 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
 
     /// @notice Claims an Open shard for swarm `swarmId`, whose head must be the caller; as
     /// {claimShard}, but the swarm must be eligible (GPURegistry.checkSwarmClaim reverts with the
-    /// reason), its precision (GPURegistry.swarmPrecision) must be accepted, and the collateral
-    /// is locked from its members by their shares. Emits {ShardClaimed} and {SwarmShardClaimed}.
+    /// reason) and its precision (GPURegistry.swarmPrecision) accepted. The collateral is locked
+    /// from the head alone (it alone answers for the shard). Emits {ShardClaimed} and
+    /// {SwarmShardClaimed}.
     /// @param taskId The task.
     /// @param shard The shard index.
     /// @param swarmId The swarm (GPURegistry).
@@ -430,7 +433,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             }
         }
         escrow.release(taskId, t.client, refund);
-        _unlock(taskId, shard, miner, s.collateral);
+        gpuRegistry.unlockCollateral(miner, s.collateral);
     }
 
     // ------------------------------------------------------------------ Arbitration hooks
@@ -472,7 +475,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             t.committed -= budget;
             emit ShardRefunded(taskId, shard, budget);
             escrow.release(taskId, client, budget);
-            _unlock(taskId, shard, miner, collateral);
+            gpuRegistry.unlockCollateral(miner, collateral);
         } else {
             s.state = ShardState.Submitted;
             s.windowEnd = windowEnd;
@@ -587,27 +590,17 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         s.collateral = collateral;
         t.committed += budget;
         emit ShardClaimed(taskId, shard, msg.sender, expiry, collateral, precision);
-        if (swarmId == 0) {
-            gpuRegistry.lockCollateral(msg.sender, collateral);
-        } else {
+        if (swarmId != 0) {
             shardSwarm[taskId][shard] = swarmId;
             emit SwarmShardClaimed(taskId, shard, swarmId);
-            gpuRegistry.lockSwarmCollateral(swarmId, collateral);
         }
-    }
-
-    /// @dev Unlocks the claim's collateral from its miner, or from its swarm's members.
-    function _unlock(uint256 taskId, uint32 shard, address miner, uint256 collateral) private {
-        uint256 swarmId = shardSwarm[taskId][shard];
-        if (swarmId == 0) gpuRegistry.unlockCollateral(miner, collateral);
-        else gpuRegistry.unlockSwarmCollateral(swarmId, collateral);
+        gpuRegistry.lockCollateral(msg.sender, collateral);
     }
 
     function _reclaim(uint256 taskId, Task storage t, uint32 shard, Shard storage s) private {
         if (block.timestamp < s.claimExpiry) revert ClaimNotExpired(s.claimExpiry);
         address miner = s.miner;
         uint256 collateral = s.collateral;
-        uint256 swarmId = shardSwarm[taskId][shard];
         uint256 penalty = collateral * reclaimPenaltyBps / BPS;
         uint256 budget = _budget(t, shard);
         bool reopen = !t.cancelled && block.timestamp < t.deadline;
@@ -620,13 +613,8 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
             emit ShardRefunded(taskId, shard, budget);
             escrow.release(taskId, t.client, budget);
         }
-        if (swarmId == 0) {
-            gpuRegistry.unlockCollateral(miner, collateral);
-            gpuRegistry.slash(miner, penalty, t.client);
-        } else {
-            gpuRegistry.unlockSwarmCollateral(swarmId, collateral);
-            gpuRegistry.slashSwarm(swarmId, penalty, t.client);
-        }
+        gpuRegistry.unlockCollateral(miner, collateral);
+        gpuRegistry.slash(miner, penalty, t.client);
     }
 
     function _task(uint256 taskId) private view returns (Task storage t) {

@@ -15,7 +15,13 @@ The machine drives the real contracts through the Python wrappers:
   (`proveSumFault`) along a leaf's path;
 - the committee: joins with random stakes (into a committee of at most MAX_MEMBERS, so the
   least stake gets displaced), exits, withdrawals at the unbonding bound, reputation reports,
-  epoch boundaries; a new miner on probation; miners re-declaring their precision.
+  epoch boundaries; a new miner on probation; miners re-declaring their precision;
+- swarms: two swarms of the two established miners (shares 1:3, each headed by one of them)
+  claim shards through their head (every member must be eligible, the swarm serves in its
+  least exact member's precision, the head alone locks the collateral); such a shard then
+  goes through every path above, its pay split over the members by share and its every
+  fault (reclaim, unanswered challenge, lost dispute, proven billing fault) slashed from the
+  head alone, never from the other member.
 
 A Python model predicts every action's outcome (success, or the custom error it reverts
 with, at the chain time it ran) and every wei it moves. After every step: PaymentEscrow
@@ -23,8 +29,9 @@ holds totalEscrowed + totalWithdrawable, the task escrows add up to totalEscrowe
 its unsettled shard budgets, withdrawable balances are the model's; Arbitration holds the
 bonds of the open disputes and challenges; VerifierCommittee holds the stakes of the
 verifiers registered and not withdrawn, and its records and snapshots are the model's;
-GPURegistry holds the miners' stakes, and each miner's locked collateral is that of its
-Claimed, Submitted and Disputed shards; the shards, disputes and challenges the step touched
+GPURegistry holds the miners' stakes (a slash takes free stake only), and each miner's locked
+collateral is that of its Claimed, Submitted and Disputed shards (a swarm's: its head's); the
+shards, disputes and challenges the step touched
 match the model (all of them at teardown). A Panic or an unknown revert is a bug.
 
 Blocks come exactly a second apart and waits set the next block's time (`fixed_clock`), so
@@ -83,6 +90,7 @@ from market.protocol import (
     verify_sum_proof,
 )
 from market.protocol.commitments import ZERO_HASH, commitment_hash
+from market.protocol.eip712 import SwarmConsent
 from market.protocol.precision import Precision, accepts, precision_mask
 
 if TYPE_CHECKING:
@@ -234,6 +242,7 @@ class ShardM:
     work: Work | None = None
     challenges: dict[str, int] = field(default_factory=dict)  # per challenger
     precision: int = 0  # the claimant's declaration at the claim (0 while open)
+    swarm: SwarmM | None = None  # the swarm whose head holds the claim
 
     @property
     def key(self) -> tuple[int, int]:
@@ -242,6 +251,20 @@ class ShardM:
     def other(self, index: int) -> int:
         """Another request of the shard (the same one for a shard of one)."""
         return self.start + (index - self.start + 1) % (self.end - self.start)
+
+
+@dataclass(frozen=True)
+class SwarmM:
+    id: int
+    head: str
+    members: tuple[str, ...]  # ascending
+    shares: tuple[int, ...]
+
+    def split(self, amount: int) -> list[int]:
+        """GPURegistry.swarmSplit: floor(amount * share / total) each, the rest to the head."""
+        parts = [amount * s // sum(self.shares) for s in self.shares]
+        parts[self.members.index(self.head)] += amount - sum(parts)
+        return parts
 
 
 @dataclass
@@ -298,8 +321,11 @@ class MinerM:
     precision: int = int(Precision.FP32)  # declared for the model
 
 
-def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
+def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleBasedStateMachine]:
+    """The machine class; `reached` counts the swarm paths the examples took (claims,
+    payments, faults, reclaims), so the test can show it reached them."""
     q, chain = net.q, net.chain
+    seen: Counter[str] = Counter() if reached is None else reached
     cid = chain.chain_id
     clients = [net.client, net.client2]
     miner_accounts = [net.miner, net.miner2, net.outsider]  # the outsider may register later
@@ -350,6 +376,18 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             for a in fresh:
                 chain.set_balance(a.address, 100 * ETH)
             chain.send(vc.contract.functions.setMaxMembers(MAX_MEMBERS), net.deployer)
+            # Two swarms of the established miners, shares 1:3 and each headed by one of them
+            # (registered after the snapshot, so every example starts from none).
+            pair = sorted((net.miner, net.miner2), key=lambda a: int(a.address, 16))
+            self.swarms: list[SwarmM] = []
+            for head in pair:
+                consent = SwarmConsent.for_plan(
+                    net.MODEL_ID, head.address, {pair[0].address: 1, pair[1].address: 3},
+                    net.PRICE, chain.timestamp() + 600)
+                swarm_id, _ = q.gpu.register_swarm(
+                    net.anyone, consent, [q.gpu.sign_swarm_consent(consent, m) for m in pair])
+                self.swarms.append(SwarmM(swarm_id, head.address, consent.members,
+                                          consent.shares))
             # Unequal stakes from the start, so that quorums and rewards go by weight, not
             # by head count (the fixture's four members bond 1 ETH each). The clock then
             # starts on the boundary where they sit, so every example sees the same epochs.
@@ -466,8 +504,10 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             self.touched_accounts.add(who)
 
         def _slash(self, miner: str, amount: int, beneficiary: str) -> int:
+            """GPURegistry.slash: free stake only (the slashed shard is no longer live)."""
             m = self.miners[miner]
-            taken = min(amount, m.stake)
+            locked = sum(sh.collateral for sh in self._in(*LIVE) if sh.miner == miner)
+            taken = min(amount, m.stake - locked)
             m.stake -= taken
             self._credit(beneficiary, taken)
             return taken
@@ -512,6 +552,8 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             """Arbitration._settleFault: budget back to the client, collateral slashed, the
             voters' reward split by recorded weight; returns the stake taken."""
             client = self.tasks[sh.task_id].client.address
+            if sh.swarm is not None:
+                seen["swarm fault"] += 1
             sh.state = S.REFUNDED
             self._touch(sh)
             self._credit(client, sh.budget)
@@ -527,9 +569,11 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
         def _reclaim(self, sh: ShardM, reopen: bool) -> None:
             client = self.tasks[sh.task_id].client.address
             miner, penalty = sh.miner, sh.collateral * reclaim_bps // BPS
+            if sh.swarm is not None:
+                seen["swarm reclaim"] += 1
             if reopen:
                 sh.state, sh.miner, sh.collateral, sh.claim_expiry = S.OPEN, ZERO_ADDRESS, 0, 0
-                sh.precision = 0  # the contract deletes the claim
+                sh.precision, sh.swarm = 0, None  # the contract deletes the claim
             else:
                 sh.state = S.REFUNDED
                 self._credit(client, sh.budget)
@@ -611,6 +655,42 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 sh.claim_expiry, sh.precision = self.now + claim_timeout, precision
                 self._touch(sh)
 
+        def _do_claim_swarm(self, sh: ShardM, sw: SwarmM) -> None:
+            """`claimShardForSwarm` by the swarm's head: every member eligible (in member
+            order), the swarm's precision (its least exact member's) accepted, and the head's
+            free stake covering the whole collateral."""
+            task = self.tasks[sh.task_id]
+            collateral = sh.budget * collateral_bps // BPS
+            precision = max(self.miners[a].precision for a in sw.members)
+
+            def outcome(t: int) -> str:
+                if sh.state != S.OPEN:
+                    return "ShardNotOpen"
+                if t >= task.deadline:
+                    return "DeadlinePassed"
+                for a in sw.members:
+                    m = self.miners[a]
+                    if (m.stake < min_stake or m.rep < untrusted_bps
+                            or (m.on_probation and not task.allow_probation)):
+                        return "MemberNotEligible"
+                if not accepts(task.precisions, precision):
+                    return "PrecisionNotAccepted"
+                locked = sum(s.collateral for s in self._in(*LIVE) if s.miner == sw.head)
+                free = self.miners[sw.head].stake - locked
+                return OK if free >= collateral else "InsufficientFreeStake"
+
+            tx = self._run(outcome, lambda: q.tasks.claim_shard_for_swarm(
+                account_of[sw.head], *sh.key, sw.id))
+            if tx:
+                ev = tx.event("ShardClaimed")
+                assert (ev["miner"], ev["collateral"], ev["precision"]) == (
+                    sw.head, collateral, precision)
+                assert tx.event("SwarmShardClaimed")["swarmId"] == sw.id
+                sh.state, sh.miner, sh.collateral = S.CLAIMED, sw.head, collateral
+                sh.claim_expiry, sh.precision, sh.swarm = self.now + claim_timeout, precision, sw
+                self._touch(sh)
+                seen["swarm claim"] += 1
+
         def _do_claim_many(self, shards: list[ShardM], miner: LocalAccount) -> None:
             """`claimShards`: all or none, each shard checked as `claimShard` checks it, in
             order, with the collateral of those before it already locked."""
@@ -679,7 +759,14 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             if tx:
                 assert sh.work is not None
                 pay = sh.work.tokens_used * net.PRICE
-                self._credit(sh.miner, pay)
+                if sh.swarm is None:
+                    self._credit(sh.miner, pay)
+                else:
+                    parts = sh.swarm.split(pay)
+                    assert tx.event("SwarmPaid")["amounts"] == parts
+                    seen["swarm pay"] += 1
+                    for member, part in zip(sh.swarm.members, parts, strict=True):
+                        self._credit(member, part)
                 self._credit(self.tasks[sh.task_id].client.address, sh.budget - pay)
                 sh.state = S.FINALIZED
                 self._touch(sh)
@@ -1111,6 +1198,12 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             self._do_claim(sh, miner_accounts[who])
 
         @precondition(lambda self: self._in(S.OPEN))
+        @rule(i=st.integers(0, 50), which=st.integers(0, 1))
+        def claim_swarm(self, i: int, which: int) -> None:
+            sh = choose(self._in(S.OPEN), i, lambda s: self.now < self.tasks[s.task_id].deadline)
+            self._do_claim_swarm(sh, self.swarms[which])
+
+        @precondition(lambda self: self._in(S.OPEN))
         @rule(i=st.integers(0, 50), n=st.integers(2, 3), who=st.sampled_from([0, 0, 1, 2]),
               repeat=st.sampled_from([False] * 7 + [True]))
         def claim_many(self, i: int, n: int, who: int, repeat: bool) -> None:
@@ -1430,10 +1523,14 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             task = self.tasks[sh.task_id]
             if sh.state == S.OPEN and self.now >= task.deadline:
                 self._do_refund(sh)
+            elif sh.state == S.OPEN and k % 3 == 1:  # a third of the claims by a swarm
+                self._do_claim_swarm(sh, self.swarms[(k // 3) % 2])
             elif sh.state == S.OPEN:
                 outsider = task.allow_probation and k % 3 == 2
                 self._do_claim(sh, net.outsider if outsider else [net.miner, net.miner2][k % 2])
-            elif sh.state == S.CLAIMED and self.now >= sh.claim_expiry:
+            elif sh.state == S.CLAIMED and (self.now >= sh.claim_expiry
+                                            or (sh.swarm is not None and k % 4 == 0)):
+                self._until(sh.claim_expiry)  # a head that lets its swarm's claim expire
                 self._do_reclaim(sh)
             elif sh.state == S.CLAIMED:
                 self._do_submit(sh, account_of[sh.miner], seed, MODES[k % len(MODES)])
@@ -1594,13 +1691,15 @@ def fixed_clock(net: Devnet) -> Iterator[None]:
 def test_market_invariants_under_random_histories(devnet: Devnet) -> None:
     REACHED.clear()
     with fixed_clock(devnet):
-        run_state_machine_as_test(make_machine(devnet), settings=settings(
+        run_state_machine_as_test(make_machine(devnet, REACHED), settings=settings(
             max_examples=10, stateful_step_count=60, deadline=None, derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ))
     print(dict(sorted(REACHED.items())))
-    # issue 29: availability challenges and sum-lie proofs are reached, both ways
+    # issue 29: availability challenges, sum-lie proofs and swarm shards (faults included)
+    # are reached, both ways (derandomized: fixed)
     for path in ("prove_sum:ok", "prove_sum:NoBillingFault", "challenge:ok",
                  "challenge:TooManyChallenges", "challenge after another spent its budget",
-                 "answer:ok", "answer under a lie"):
+                 "answer:ok", "answer under a lie", "swarm claim", "swarm pay", "swarm fault",
+                 "swarm reclaim"):
         assert REACHED[path] > 0, (path, REACHED)

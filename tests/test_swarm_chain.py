@@ -1,8 +1,9 @@
 """Swarms on a real Anvil through the Python bindings: four miners consent (EIP-712, signed
 in Python) to serve the 8-layer model as one swarm, the head claims, signs and submits, and
 finalization pays each member its share of the payment to the wei; forged, replayed and
-altered consents are refused; a member that leaves stops new claims; a reclaim slashes the
-members in proportion."""
+altered consents are refused; a member that leaves stops new claims; the head alone locks
+the collateral and a reclaim slashes the head alone (it alone decides what is claimed, billed
+and answered), never the other members."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def test_four_member_swarm_claims_submits_and_is_paid_to_the_wei(devnet: Devnet)
     assert q.tasks.get_shard(posted.task_id, 0).precision == Precision.BF16
     assert claim.event("SwarmShardClaimed")["swarmId"] == swarm_id
     assert q.tasks.shard_swarm(posted.task_id, 0) == swarm_id
-    assert [q.gpu.miner_info(m.address).locked for m in four] == split(collateral, LAYERS, HEAD)
+    assert [q.gpu.miner_info(m.address).locked for m in four] == [
+        collateral if i == HEAD else 0 for i in range(len(four))]
 
     # the head signs the receipts and submits, as a single miner would
     work = do_work(net, posted, 0, head)
@@ -162,7 +164,7 @@ def test_forged_replayed_or_altered_consents_are_refused(devnet: Devnet) -> None
                      PRICE, 0, 1)
 
 
-def test_reclaim_slashes_every_member_by_its_share(devnet: Devnet) -> None:
+def test_reclaim_slashes_the_head_alone(devnet: Devnet) -> None:
     net, q = devnet, devnet.q
     four = members_of(net)
     swarm_id = form(net, four, consent_of(net, four))
@@ -175,8 +177,44 @@ def test_reclaim_slashes_every_member_by_its_share(devnet: Devnet) -> None:
     q.tasks.reclaim_expired(net.anyone, posted.task_id, 0)
     penalty = collateral * q.tasks.params()["reclaim_penalty_bps"] // BPS
     lost = [b - q.gpu.miner_info(m.address).stake for m, b in zip(four, before, strict=True)]
-    assert lost == split(penalty, LAYERS, HEAD)
+    assert lost == [penalty if i == HEAD else 0 for i in range(len(four))]
     assert q.escrow.withdrawable(net.client.address) - client_before == penalty
     assert [q.gpu.miner_info(m.address).locked for m in four] == [0, 0, 0, 0]
     assert q.tasks.shard_swarm(posted.task_id, 0) == 0
+    assert_escrow_invariant(net)
+
+
+def test_a_head_that_is_also_the_client_cannot_rob_its_members(devnet: Devnet) -> None:
+    """Issue 29, gap 1, through the Python bindings: the head posts a task with its own key,
+    claims it for the swarm, submits, challenges its own shard and never answers. The fault
+    is slashed from the head alone and paid back to it as the client: its members' stake,
+    locks and escrow balances do not move by a wei, and the head nets nothing (gas aside)."""
+    net, q = devnet, devnet.q
+    four = members_of(net)
+    swarm_id = form(net, four, consent_of(net, four))
+    head, others = four[HEAD], [m for i, m in enumerate(four) if i != HEAD]
+    posted = post_task(net, 4, 4, client=head, tag="robbery")
+    claim = q.tasks.claim_shard_for_swarm(head, posted.task_id, 0, swarm_id)
+    collateral = claim.event("ShardClaimed")["collateral"]
+    assert [q.gpu.miner_info(m.address).locked for m in four] == [
+        collateral if i == HEAD else 0 for i in range(len(four))]
+    work = do_work(net, posted, 0, head)
+    q.tasks.submit_result(head, posted.task_id, 0, work.root, "store://out", work.tokens)
+    stakes = {m.address: q.gpu.miner_info(m.address).stake for m in four}
+    owed = {m.address: q.escrow.withdrawable(m.address) for m in four}
+    bond = q.arbitration.params()["min_availability_bond"]
+    challenge_id, _ = q.arbitration.challenge_availability(head, posted.task_id, 0, 0, bond)
+    net.chain.advance_time(q.arbitration.params()["response_window"])
+    settled = q.arbitration.settle_unanswered(net.anyone, challenge_id)
+    slash = collateral * q.arbitration.params()["fault_slash_bps"] // BPS
+    assert settled.event("AvailabilityUnanswered")["slashed"] == slash
+    for m in others:
+        assert q.gpu.miner_info(m.address).stake == stakes[m.address]
+        assert q.gpu.miner_info(m.address).locked == 0
+        assert q.escrow.withdrawable(m.address) == owed[m.address]
+    lost = stakes[head.address] - q.gpu.miner_info(head.address).stake
+    got = q.escrow.withdrawable(head.address) - owed[head.address]
+    assert lost == slash
+    assert got == posted.payment + bond + slash  # the budget, its bond, the slash
+    assert got - posted.payment - bond - lost == 0
     assert_escrow_invariant(net)

@@ -13,7 +13,8 @@ One scenario on one module-scoped stack (lean: few requests and tokens):
 4. a non-head member is SIGKILLed mid-job: the job completes (over the re-planned survivors)
    or its claim is released by the standard rule;
 5. every finalized shard pays each member of the swarm that claimed it exactly its
-   `swarmSplit` share, and every reclaim slashes them by it: escrow credits to the wei.
+   `swarmSplit` share (escrow credits to the wei), and every reclaim slashes the penalty
+   from that swarm's head alone, never from another member's stake.
 """
 
 from __future__ import annotations
@@ -228,16 +229,15 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
     assert sum(expected.values()) > 0
     assert {a: q.escrow.withdrawable(a) - escrow_before[a] for a in address.values()} == \
         expected
-    # A released claim's penalty is slashed from the members of the swarm that held it.
+    # A released claim's penalty is slashed from the head of the swarm that held it, alone.
     slashed: dict[str, int] = dict.fromkeys(address.values(), 0)
     for task_id in jobs:
         for ev in q.tasks.events("ClaimReclaimed", taskId=task_id):
             held = [c for c in q.tasks.events("SwarmShardClaimed", taskId=task_id,
                                               shard=int(ev["shard"]))
                     if c["blockNumber"] <= ev["blockNumber"]][-1]
-            for member, part in q.gpu.swarm_split(int(held["swarmId"]),
-                                                  int(ev["penalty"])).items():
-                slashed[member] += part
+            assert q.gpu.swarm_info(int(held["swarmId"])).head == ev["miner"]
+            slashed[ev["miner"]] += int(ev["penalty"])
     assert {a: stake_before[a] - q.gpu.miner_info(a).stake for a in address.values()} == \
         slashed
 

@@ -17,9 +17,6 @@ interface IGPURegistry {
         view
         returns (uint8);
     function isRegistered(address miner) external view returns (bool);
-    function lockSwarmCollateral(uint256 swarmId, uint256 amount) external;
-    function unlockSwarmCollateral(uint256 swarmId, uint256 amount) external;
-    function slashSwarm(uint256 swarmId, uint256 amount, address beneficiary) external returns (uint256 slashed);
     function checkSwarmClaim(
         uint256 swarmId,
         address head,

@@ -286,15 +286,20 @@ describe("GPURegistry", function () {
       expect(await ethers.provider.getBalance(gpu)).to.equal(P.minStake * 2n - 1001n);
       expect(await ethers.provider.getBalance(escrow)).to.equal(1001);
     });
-    it("clamps to the stake and shrinks locked collateral with it", async function () {
+    it("takes only free stake: an open shard's collateral stays locked and whole, so it can still be unlocked", async function () {
       const { gpu, escrow, tr, arb, miner, alice } = await loadFixture(fixture);
       const stake = P.minStake * 2n;
-      await gpu.connect(tr).lockCollateral(miner, stake);
-      await gpu.connect(arb).slash(miner, stake / 2n, alice);
+      const locked = (stake * 3n) / 4n;
+      await gpu.connect(tr).lockCollateral(miner, locked);
+      // asked for more than is free: takes the free part only, the lock is untouched
+      await expect(gpu.connect(arb).slash(miner, stake / 2n, alice))
+        .to.emit(gpu, "Slashed").withArgs(miner.address, stake - locked, alice.address, arb.address);
       let info = await gpu.minerInfo(miner);
-      expect(info.stake).to.equal(stake / 2n);
-      expect(info.locked).to.equal(stake / 2n);
-      expect(await gpu.isEligible(miner, MODEL, 0, false)).to.equal(true);
+      expect(info.stake).to.equal(locked);
+      expect(info.locked).to.equal(locked);
+      await expect(gpu.connect(arb).slash(miner, 1, alice)).not.to.emit(gpu, "Slashed");
+      // the shard's settlement unlocks all of it (UnlockExceedsLocked before), then may slash it
+      await gpu.connect(tr).unlockCollateral(miner, locked);
       await gpu.connect(arb).slash(miner, stake, alice);
       info = await gpu.minerInfo(miner);
       expect(info.stake).to.equal(0);

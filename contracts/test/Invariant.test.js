@@ -15,8 +15,13 @@
 //     the precision recorded at its claim (a miner's or its swarm's least exact member's
 //     declaration, which the task's accepted mask must include; miners re-declare at random);
 //   - swarms (formed by the miners' EIP-712 consents): whether each still takes claims, every
-//     miner's consent nonce; a swarm shard's collateral, pay and slashes split over its members
-//     by share (floor each, the remainder to the head), counted in each member's locked stake.
+//     miner's consent nonce; a swarm shard's pay split over its members by share (floor each,
+//     the remainder to the head), its collateral locked from and every fault (reclaim penalty,
+//     unanswered challenge, billing fault, lost dispute) slashed from the head alone, so no
+//     other member's stake or lock ever moves for it;
+//   - a slash never takes another open shard's collateral (only free stake), so every open
+//     shard stays settleable: heavy tasks (collateral a large part of a stake) lock miners and
+//     heads fully across several shards, and faults then hit them with other shards open.
 // Every transaction's block timestamp is pinned to latest + 1, so the model knows the exact
 // `block.timestamp` (and epoch) each call runs at.
 const { expect } = require("chai");
@@ -252,34 +257,35 @@ async function run(seed, steps, wideEvery) {
     parts[sw.headIndex] += amount - parts.reduce((a, x) => a + x, 0n);
     return parts;
   };
-  /** The collateral `addr` has locked for shard `sh` (its part of a swarm's). */
-  const lockedIn = (sh, addr) => {
-    if (!sh.swarm) return sh.miner === addr ? sh.collateral : 0n;
-    const i = sh.swarm.members.indexOf(addr);
-    return i < 0 ? 0n : splitOf(sh.swarm, sh.collateral)[i];
-  };
+  /** The collateral `addr` has locked for shard `sh`: all of it for its miner (a swarm's head). */
+  const lockedIn = (sh, addr) => (sh.miner === addr ? sh.collateral : 0n);
   const lockedOf = (addr) => allShards((t, sh) => LIVE.includes(sh.state))
     .reduce((a, [t, s]) => a + lockedIn(shardOf(t, s), addr), 0n);
+  /** GPURegistry.slash: up to `amount` of the free stake (the slashed shard is no longer live). */
   const slashMiner = (addr, amount, to) => {
     const st = mstate.get(addr);
-    const x = min(amount, st.stake);
+    const x = min(amount, st.stake - lockedOf(addr));
     st.stake -= x;
     if (x > 0n) credit(to, x);
     return x;
   };
-  /** Slashes the shard's miner, or its swarm's members by share (one credit for the total). */
+  /** Slashes the shard's miner: a swarm's head alone, never its other members. */
   const slashLiable = (sh, amount, to) => {
-    if (!sh.swarm) return slashMiner(sh.miner, amount, to);
-    bump("swarmSlash");
-    let taken = 0n;
-    splitOf(sh.swarm, amount).forEach((part, i) => {
-      const st = mstate.get(sh.swarm.members[i]);
-      const x = min(part, st.stake);
-      st.stake -= x;
-      taken += x;
-    });
-    if (taken > 0n) credit(to, taken);
-    return taken;
+    if (sh.swarm) bump("swarmSlash");
+    return slashMiner(sh.miner, amount, to);
+  };
+  /** Counts a fault or reclaim on a swarm shard, and whether its head still has other shards
+   * open (the settlement a rounding slash used to freeze). */
+  const bumpSwarmFault = (sh, kind) => {
+    if (!sh.swarm) return;
+    bump(kind);
+    if (lockedOf(sh.miner) > 0n) bump(`${kind}WithOpen`);
+  };
+  /** Picks a [task, shard] from `c`, a swarm's shard half the time when there is one, so the
+   * swarm paths (faults on a head's shards among them) are reached many times per seed. */
+  const pickPreferSwarm = (c) => {
+    const sw = c.filter(([t, s]) => shardOf(t, s).swarm);
+    return rnd.pick(sw.length && rnd.chance(0.5) ? sw : c);
   };
   /** Arbitration._settleFault: budget back to the client, collateral slashed, the voters'
    * reward split by their recorded weights ([address, weight] pairs), the rest to the client. */
@@ -287,6 +293,7 @@ async function run(seed, steps, wideEvery) {
     const sh = shardOf(t, s);
     const budget = budgetOf(t, s);
     sh.state = S.Refunded;
+    bumpSwarmFault(sh, "swarmFault");
     t.committed -= budget;
     credit(t.client.address, budget);
     const slashAmount = (sh.collateral * BigInt(P.faultSlashBps)) / BPS;
@@ -474,7 +481,10 @@ async function run(seed, steps, wideEvery) {
       const numRequests = rnd.int(1, 8);
       const shardSize = rnd.int(1, 4);
       const maxTokens = rnd.int(1, 40);
-      const price = BigInt(rnd.int(1, 1e9));
+      // a heavy task's collateral is a large part of a 1 ETH stake, so claims run out of free
+      // stake and faults hit miners (swarm heads too) fully locked across several shards
+      const heavy = rnd.chance(0.3);
+      const price = heavy ? BigInt(rnd.int(1, 100)) * 10n ** 15n : BigInt(rnd.int(1, 1e9));
       const ts = await pin();
       const deadline = ts + BigInt(rnd.int(300, 2500));
       const value = BigInt(numRequests) * BigInt(maxTokens) * price;
@@ -510,7 +520,7 @@ async function run(seed, steps, wideEvery) {
         id, client: c, arbiter: arbiterAddr, maxTokens, price, deadline, minRep, allowProbation, precisions, cancelled: false,
         committed: 0n, ranges, shards: ranges.map(freshShard),
       });
-      return true;
+      return heavy ? "createTaskHeavy" : true;
     },
     async declarePrecision() {
       // a miner re-declares its precision for the model: claims made before keep theirs
@@ -540,6 +550,12 @@ async function run(seed, steps, wideEvery) {
       }
       const budget = budgetOf(t, s);
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
+      const free = mstate.get(m.address).stake - lockedOf(m.address);
+      if (coll > free) {
+        await expect(task.connect(m).claimShard(t.id, s)).to.be.revertedWithCustomError(gpu, "InsufficientFreeStake")
+          .withArgs(free, coll);
+        return "claimNoFreeStake";
+      }
       await expect(task.connect(m).claimShard(t.id, s)).to.emit(task, "ShardClaimed")
         .withArgs(t.id, s, m.address, ts + P.claimTimeout, coll, p);
       Object.assign(shardOf(t, s), {
@@ -568,8 +584,16 @@ async function run(seed, steps, wideEvery) {
         return "claimsPrecisionNotAccepted";
       }
       const colls = picked.map((s) => (budgetOf(t, s) * BigInt(P.collateralBps)) / BPS);
-      const need = colls.reduce((a, x) => a + x, 0n);
-      if (need > mstate.get(m.address).stake - lockedOf(m.address)) return false; // claimShard's model never meets it either
+      let free = mstate.get(m.address).stake - lockedOf(m.address);
+      for (const c of colls) {
+        if (c > free) {
+          // all or none: the first shard that does not fit reverts the whole batch
+          await expect(task.connect(m).claimShards(t.id, picked)).to.be.revertedWithCustomError(gpu, "InsufficientFreeStake")
+            .withArgs(free, c);
+          return "claimsNoFreeStake";
+        }
+        free -= c;
+      }
       const tx = task.connect(m).claimShards(t.id, picked);
       for (const [j, s] of picked.entries()) {
         await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, m.address, ts + P.claimTimeout, colls[j], p);
@@ -583,9 +607,12 @@ async function run(seed, steps, wideEvery) {
       return "claimShards";
     },
     async registerSwarm() {
-      if (swarms.length >= 6) return false;
+      if (swarms.filter((x) => x.active).length >= 3 || swarms.length >= 12) return false;
       const ts = await pin();
-      const group = rnd.shuffle(miners).slice(0, rnd.int(2, miners.length)).sort((a, b) => byAddress(a.address, b.address));
+      // mostly of miners off probation, so the swarm can claim ordinary tasks
+      const established = miners.filter((m) => !mstate.get(m.address).onProbation);
+      const pool = established.length >= 2 && rnd.chance(0.6) ? established : miners;
+      const group = rnd.shuffle(pool).slice(0, rnd.int(2, pool.length)).sort((a, b) => byAddress(a.address, b.address));
       const terms = {
         modelId: MODEL,
         head: rnd.pick(group).address,
@@ -639,8 +666,11 @@ async function run(seed, steps, wideEvery) {
       const ts = await pin();
       const c = allShards((t, sh) => sh.state === S.Open && ts < t.deadline);
       if (!c.length || !swarms.length) return false;
-      const [t, s] = rnd.pick(c);
-      const sw = rnd.pick(swarms);
+      // mostly a swarm that may claim the shard (so swarm shards are common), else any pair
+      const fits = c.flatMap(([t, s]) => swarms.filter((sw) => sw.active && t.price >= sw.ask
+        && sw.members.every((a) => eligible({ address: a }, t)) && accepts(t.precisions, swarmPrecisionOf(sw)))
+        .map((sw) => [t, s, sw]));
+      const [t, s, sw] = fits.length && rnd.chance(0.8) ? rnd.pick(fits) : [...rnd.pick(c), rnd.pick(swarms)];
       const head = miners.find((m) => m.address === sw.head);
       if (!sw.active) {
         await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
@@ -673,6 +703,13 @@ async function run(seed, steps, wideEvery) {
       }
       const budget = budgetOf(t, s);
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
+      // the head alone locks the collateral: its free stake must cover all of it
+      const free = mstate.get(head.address).stake - lockedOf(head.address);
+      if (coll > free) {
+        await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
+          .to.be.revertedWithCustomError(gpu, "InsufficientFreeStake").withArgs(free, coll);
+        return "claimSwarmNoFreeStake";
+      }
       const tx = task.connect(head).claimShardForSwarm(t.id, s, sw.id);
       await expect(tx).to.emit(task, "ShardClaimed").withArgs(t.id, s, head.address, ts + P.claimTimeout, coll, p);
       await expect(tx).to.emit(task, "SwarmShardClaimed").withArgs(t.id, s, sw.id);
@@ -750,7 +787,7 @@ async function run(seed, steps, wideEvery) {
       const ts = await pin();
       const c = allShards((t, sh) => sh.state === S.Claimed);
       if (!c.length) return false;
-      const [t, s] = rnd.pick(c);
+      const [t, s] = pickPreferSwarm(c);
       const sh = shardOf(t, s);
       if (ts < sh.claimExpiry) {
         await expect(task.reclaimExpired(t.id, s)).to.be.revertedWithCustomError(task, "ClaimNotExpired").withArgs(sh.claimExpiry);
@@ -795,7 +832,7 @@ async function run(seed, steps, wideEvery) {
       const ts = await pin();
       const c = allShards((t, sh) => sh.state === S.Submitted && ts < sh.windowEnd);
       if (!c.length) return false;
-      const [t, s] = rnd.pick(c);
+      const [t, s] = pickPreferSwarm(c);
       const sh = shardOf(t, s);
       const res = sh.result;
       const from = challengerOf(t);
@@ -958,7 +995,7 @@ async function run(seed, steps, wideEvery) {
       // (and, so that answers must extend the window to responseWindow, late in the window)
       const suspect = c.filter(([t, s]) => ["inflated", "overcap", "lie"].includes(shardOf(t, s).result.kind));
       const late = c.filter(([t, s]) => shardOf(t, s).windowEnd - ts < P.responseWindow);
-      const [t, s] = rnd.pick(suspect.length && rnd.chance(0.4) ? suspect : late.length && rnd.chance(0.4) ? late : c);
+      const [t, s] = pickPreferSwarm(suspect.length && rnd.chance(0.4) ? suspect : late.length && rnd.chance(0.4) ? late : c);
       const sh = shardOf(t, s);
       const [start, end] = t.ranges[s];
       // auditors (members of the current committee) challenge too; each challenger has its own
@@ -1050,7 +1087,7 @@ async function run(seed, steps, wideEvery) {
       const ts = await pin();
       const c = allShards((t, sh) => sh.state === S.Submitted && ts < sh.windowEnd && sh.result.kind !== "inflated");
       if (!c.length) return false;
-      const [t, s] = rnd.pick(c);
+      const [t, s] = pickPreferSwarm(c);
       const sh = shardOf(t, s);
       const res = sh.result;
       const from = challengerOf(t);
@@ -1132,7 +1169,7 @@ async function run(seed, steps, wideEvery) {
     },
     async addStake() {
       const m = rnd.pick(miners);
-      const v = BigInt(rnd.int(1, 50)) * 10n ** 16n;
+      const v = BigInt(rnd.int(1, 150)) * 10n ** 16n; // up to 1.5 ETH: heavy faults drain stakes
       await pin();
       const st = mstate.get(m.address);
       await expect(gpu.connect(m).addStake({ value: v })).to.emit(gpu, "StakeAdded").withArgs(m.address, v, st.stake + v);
@@ -1376,12 +1413,14 @@ async function run(seed, steps, wideEvery) {
     await expect(txp).to.emit(task, "ClaimReclaimed").withArgs(t.id, s, sh.miner, penalty, reopen);
     t.committed -= budget;
     if (!reopen) credit(t.client.address, budget);
-    slashLiable(sh, penalty, t.client.address);
+    const held = { ...sh };
     Object.assign(sh, freshShard(), { state: reopen ? S.Open : S.Refunded, avail: sh.avail });
+    bumpSwarmFault(held, "swarmReclaim");
+    slashLiable(held, penalty, t.client.address);
   }
 
   const weights = [
-    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 2], ["leaveSwarm", 1], ["claimShardSwarm", 6], ["submitResult", 16], ["finalizeShard", 8], ["reclaimExpired", 4],
+    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 3], ["leaveSwarm", 1], ["claimShardSwarm", 10], ["submitResult", 14], ["finalizeShard", 8], ["reclaimExpired", 4],
     ["declarePrecision", 1], ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
     ["reportAbsence", 3], ["challengeAvailability", 8], ["answerAvailability", 7], ["settleUnanswered", 4],
     ["proveBillingFault", 5], ["proveSumFault", 5], ["challengeBurst", 3], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
@@ -1432,6 +1471,8 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "verifierWithdraw", "timeJump", "epochJump", "submit_overcap", "submit_miscount", "submit_inflated",
       "registerSwarm", "registerSwarmForged", "leaveSwarm", "swarmReplay", "claimShardSwarm", "claimSwarmInactive",
       "claimSwarmAskAbove", "claimSwarmMemberNotEligible", "finalizeSwarm", "swarmSlash",
+      "createTaskHeavy", "claimNoFreeStake", "claimsNoFreeStake", "claimSwarmNoFreeStake",
+      "swarmFault", "swarmFaultWithOpen", "swarmReclaim", "swarmReclaimWithOpen",
       "claimShards", "claimsNotEligible", "untrustedSlash", "missed", "missedToProbation",
       "createTaskBadMask", "declarePrecision", "claimPrecisionNotAccepted", "claimsPrecisionNotAccepted",
       "claimSwarmPrecisionNotAccepted",

@@ -1,5 +1,6 @@
-// Swarms: one model served by several miners, consented to by EIP-712 signatures, paid and
-// slashed by the shares snapshotted at claim (GPURegistry's swarm notice).
+// Swarms: one model served by several miners, consented to by EIP-712 signatures, paid by the
+// shares snapshotted at claim; the head alone locks the collateral and answers for every fault
+// (GPURegistry's swarm notice).
 const { expect } = require("chai");
 const { ethers } = require("hardhat");
 const { loadFixture, time } = require("@nomicfoundation/hardhat-network-helpers");
@@ -207,7 +208,7 @@ describe("Swarms", function () {
   });
 
   describe("claims", function () {
-    it("the head claims for the group: collateral locked by share, the snapshot recorded", async function () {
+    it("the head claims for the group: collateral locked from the head alone, the snapshot recorded", async function () {
       const q = await loadFixture(withSwarm);
       const t = await createTask(q.task, q.client);
       const budget = await q.task.shardBudget(t.taskId, 0);
@@ -217,9 +218,7 @@ describe("Swarms", function () {
       const at = BigInt(await time.latest());
       await expect(tx).to.emit(q.task, "ShardClaimed")
         .withArgs(t.taskId, 0, q.head.address, at + P.claimTimeout, coll, PRECISION.BF16);
-      const parts = split(coll, q.shares, q.headIndex);
-      expect(await lockedOf(q.gpu, q.four)).to.deep.equal(parts);
-      expect(parts.reduce((a, x) => a + x, 0n)).to.equal(coll);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, coll, 0n]);
       const sh = await q.task.getShard(t.taskId, 0);
       expect(sh.miner).to.equal(q.head.address);
       expect(sh.collateral).to.equal(coll);
@@ -247,11 +246,10 @@ describe("Swarms", function () {
       const any = await createTask(q.task, q.client);
       await q.task.connect(q.head).claimShardForSwarm(any.taskId, 0, q.swarmId);
       expect((await q.task.getShard(any.taskId, 0)).precision).to.equal(PRECISION.INT8);
-      // only the two successful claims locked collateral
+      // only the two successful claims locked collateral, from the head alone
       const coll = ((await q.task.shardBudget(any.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
       const after = await lockedOf(q.gpu, q.four);
-      const parts = split(coll, q.shares, q.headIndex);
-      expect(after).to.deep.equal(before.map((x, i) => x + 2n * parts[i]));
+      expect(after).to.deep.equal(before.map((x, i) => (i === q.headIndex ? x + 2n * coll : x)));
     });
 
     it("a swarm none of whose members declares the model cannot claim, even a task accepting any precision", async function () {
@@ -316,14 +314,17 @@ describe("Swarms", function () {
       await expect(p.task.connect(p.four[0]).claimShardForSwarm(open.taskId, 0, 1)).to.emit(p.task, "ShardClaimed");
     });
 
-    it("a member without free stake for its part blocks the claim", async function () {
+    it("the head must have free stake for the whole collateral; the members' stake is never locked", async function () {
       const q = await loadFixture(withSwarm);
-      const t = await createTask(q.task, q.client, { maxTokens: 1000, price: ethers.parseUnits("0.01", "ether") });
+      // 4 requests x 100 tokens at 0.01 ETH: collateral 2 ETH, all of the head's stake
+      const t = await createTask(q.task, q.client, { price: ethers.parseUnits("0.01", "ether") });
       const coll = ((await q.task.shardBudget(t.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
-      const part0 = split(coll, q.shares, q.headIndex)[0];
-      expect(part0).to.be.greaterThan(STAKE);
-      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId))
-        .to.be.revertedWithCustomError(q.gpu, "InsufficientFreeStake").withArgs(STAKE, part0);
+      expect(coll).to.equal(STAKE);
+      await q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, STAKE, 0n]);
+      // the head has nothing free for a second shard, though the members have all of theirs
+      await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 1, q.swarmId))
+        .to.be.revertedWithCustomError(q.gpu, "InsufficientFreeStake").withArgs(0, coll);
     });
   });
 
@@ -368,7 +369,7 @@ describe("Swarms", function () {
       expect(await cheap.gpu.swarmSplit(1, 7)).to.deep.equal([terms.members, [2n, 1n, 4n, 0n]]);
     });
 
-    it("a member that leaves mid-shard: no new claims, the open shard still pays and unlocks it", async function () {
+    it("a member that leaves mid-shard: no new claims, nothing of its stake held, the open shard still pays it", async function () {
       const q = await loadFixture(claimed);
       const leaver = q.four[0];
       await expect(q.gpu.connect(leaver).leaveSwarm(q.swarmId)).to.emit(q.gpu, "SwarmLeft").withArgs(q.swarmId, leaver.address);
@@ -378,12 +379,12 @@ describe("Swarms", function () {
       await expect(q.gpu.connect(q.four[1]).leaveSwarm(q.swarmId)).to.be.revertedWithCustomError(q.gpu, "SwarmInactive");
       await expect(q.gpu.connect(q.outsider).leaveSwarm(q.swarmId))
         .to.be.revertedWithCustomError(q.gpu, "NotSwarmMember").withArgs(q.swarmId, q.outsider.address);
-      // the leaver's collateral stays locked for the open shard: it cannot walk away with it
-      const lockedBefore = (await q.gpu.minerInfo(leaver)).locked;
-      expect(lockedBefore).to.be.greaterThan(0n);
+      // the leaver answers for nothing the head does: none of its stake is locked, and it may
+      // exit with all of it while the shard runs on the head's collateral
+      expect((await q.gpu.minerInfo(leaver)).locked).to.equal(0n);
       await q.gpu.connect(leaver).requestExit();
       await time.increase(P.minerUnbonding);
-      await expect(q.gpu.connect(leaver).withdrawStake()).to.be.revertedWithCustomError(q.gpu, "StakeLocked").withArgs(lockedBefore);
+      await expect(q.gpu.connect(leaver).withdrawStake()).to.changeEtherBalance(leaver, STAKE);
       // the head finishes the shard; everyone, the leaver too, is paid by the snapshot
       const res = await buildResult(q.task, q.taskId, 0, 0, 4, q.head, MODEL, 25);
       await q.task.connect(q.head).submitResult(q.taskId, 0, res.root, "u", res.total);
@@ -391,8 +392,7 @@ describe("Swarms", function () {
       await q.task.finalizeShard(q.taskId, 0);
       const parts = split(res.total * PRICE, q.shares, q.headIndex);
       for (let i = 0; i < 4; i++) expect(await q.escrow.withdrawable(q.four[i])).to.equal(parts[i]);
-      expect((await q.gpu.minerInfo(leaver)).locked).to.equal(0n);
-      await expect(q.gpu.connect(leaver).withdrawStake()).to.changeEtherBalance(leaver, STAKE);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, 0n, 0n]);
     });
 
     it("a re-plan is a new swarm: the shard claimed before it is paid by the old shares", async function () {
@@ -417,8 +417,8 @@ describe("Swarms", function () {
     });
   });
 
-  describe("faults slash every member by its share", function () {
-    it("a reclaim after the claim expired: the penalty comes from the members by share", async function () {
+  describe("faults slash the head alone", function () {
+    it("a reclaim after the claim expired: the penalty comes from the head alone", async function () {
       const q = await loadFixture(claimed);
       const coll = (await q.task.getShard(q.taskId, 0)).collateral;
       const penalty = (coll * BigInt(P.reclaimPenaltyBps)) / BPS;
@@ -426,9 +426,8 @@ describe("Swarms", function () {
       const before = await stakesOf(q.gpu, q.four);
       await expect(q.task.connect(q.outsider).reclaimExpired(q.taskId, 0))
         .to.emit(q.task, "ClaimReclaimed").withArgs(q.taskId, 0, q.head.address, penalty, true);
-      const parts = split(penalty, q.shares, q.headIndex);
       const after = await stakesOf(q.gpu, q.four);
-      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(parts[i]);
+      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(i === q.headIndex ? penalty : 0n);
       expect(await q.escrow.withdrawable(q.client)).to.equal(penalty);
       expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, 0n, 0n]);
       expect(await q.task.shardSwarm(q.taskId, 0)).to.equal(0);
@@ -437,7 +436,7 @@ describe("Swarms", function () {
       expect(await q.task.shardSwarm(q.taskId, 0)).to.equal(0);
     });
 
-    it("an unanswered availability challenge slashes the members in proportion", async function () {
+    it("an unanswered availability challenge slashes the head alone", async function () {
       const q = await loadFixture(submitted);
       const coll = (await q.task.getShard(q.taskId, 0)).collateral;
       await q.arb.connect(q.client).challengeAvailability(q.taskId, 0, 2, { value: P.minAvailabilityBond });
@@ -446,13 +445,12 @@ describe("Swarms", function () {
       const slash = (coll * BigInt(P.faultSlashBps)) / BPS;
       await expect(q.arb.settleUnanswered(1)).to.emit(q.arb, "AvailabilityUnanswered").withArgs(1, q.taskId, 0, slash);
       const after = await stakesOf(q.gpu, q.four);
-      const parts = split(slash, q.shares, q.headIndex);
-      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(parts[i]);
+      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(i === q.headIndex ? slash : 0n);
       expect((await q.task.getShard(q.taskId, 0)).state).to.equal(S.Refunded);
       expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, 0n, 0n]);
     });
 
-    it("a lost dispute: voters' rewards and the client's part each split by share, sums to the wei", async function () {
+    it("a lost dispute: voters' rewards and the client's part all from the head, to the wei", async function () {
       const q = await loadFixture(submitted);
       const coll = (await q.task.getShard(q.taskId, 0)).collateral;
       await q.arb.connect(q.client).openDispute(q.taskId, 0, q.res.receipts[1], q.res.proofOf(1), "ev", { value: P.minBond });
@@ -461,18 +459,11 @@ describe("Swarms", function () {
       await q.arb.castVotes(1, true, await signVotes(q.arb, voters, 1, true));
       const slashAmount = (coll * BigInt(P.faultSlashBps)) / BPS;
       const reward = (slashAmount * BigInt(P.verifierRewardBps)) / BPS;
-      // equal weights: each voter gets reward / 3, each such slash split over the members
-      const expected = [0n, 0n, 0n, 0n];
-      let paid = 0n;
-      for (let v = 0; v < 3; v++) {
-        const share = reward / 3n;
-        paid += share;
-        split(share, q.shares, q.headIndex).forEach((x, i) => { expected[i] += x; });
-      }
-      split(slashAmount - paid, q.shares, q.headIndex).forEach((x, i) => { expected[i] += x; });
+      // equal weights: each voter gets reward / 3; the head pays it all, the members nothing
+      const paid = 3n * (reward / 3n);
       const after = await stakesOf(q.gpu, q.four);
-      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(expected[i]);
-      expect(expected.reduce((a, x) => a + x, 0n)).to.equal(slashAmount);
+      for (let i = 0; i < 4; i++) expect(before[i] - after[i]).to.equal(i === q.headIndex ? slashAmount : 0n);
+      for (const v of voters) expect(await q.escrow.withdrawable(v)).to.equal(reward / 3n);
       expect((await q.arb.getDispute(1)).status).to.equal(2n);
       // the client got its budget back plus the non-reward part; the bond back too
       const budget = await q.task.shardBudget(q.taskId, 0);
@@ -484,6 +475,163 @@ describe("Swarms", function () {
       await q.arb.connect(q.client).challengeAvailability(q.taskId, 0, 1, { value: P.minAvailabilityBond });
       await q.arb.connect(q.head).answerAvailability(1, q.res.receipts[1], q.res.proofOf(1));
       expect(await q.escrow.withdrawable(q.head)).to.equal(P.minAvailabilityBond);
+    });
+  });
+
+  describe("a head cannot rob its members (issue 29, gap 1)", function () {
+    // The issue's run: a 2-member swarm with shares 1:3, the head (share 1) also holding the
+    // client key, a 4 ETH shard at the devnet's collateral (20%) and reclaim penalty (50%).
+    const BUDGET = ethers.parseEther("4");
+    const TASK_PRICE = ethers.parseUnits("1", "finney"); // 4 requests x 1000 tokens x 0.001 ETH
+    async function robbery() {
+      const q = await withMembers();
+      await q.task.setParams(2000, P.claimTimeout, P.challengeWindow, 5000);
+      const [head, member] = [q.four[1], q.four[2]];
+      const terms = await termsOf([head, member], [1, 3], head);
+      await q.gpu.registerSwarm(terms, [await consent(q.gpu, head, terms), await consent(q.gpu, member, terms)]);
+      const t = await createTask(q.task, head, { numRequests: 4, shardSize: 4, maxTokens: 1000, price: TASK_PRICE });
+      expect(t.value).to.equal(BUDGET);
+      await q.task.connect(head).claimShardForSwarm(t.taskId, 0, 1);
+      return { ...q, head, member, taskId: t.taskId };
+    }
+    /** The head's receipts bill 1001 tokens for request 0: over maxTokensPerRequest (1000). */
+    async function overbilled(q) {
+      const res = await buildResult(q.task, q.taskId, 0, 0, 4, q.head, MODEL, (i) => (i === 0 ? 1001 : 1));
+      await q.task.connect(q.head).submitResult(q.taskId, 0, res.root, "store://out", res.total);
+      return res;
+    }
+    const C = ethers.parseEther("0.8"); // 20% of 4 ETH, locked from the head alone
+    const faults = {
+      // the head proves its own receipt over-bills
+      billing: [C, async (q) => {
+        const res = await overbilled(q);
+        await q.arb.connect(q.head).proveBillingFault(q.taskId, 0, res.receipts[0], res.proofOf(0), ethers.ZeroHash, []);
+        return 0n;
+      }],
+      // the head challenges its own shard and never answers
+      unanswered: [C, async (q) => {
+        await overbilled(q);
+        await q.arb.connect(q.head).challengeAvailability(q.taskId, 0, 0, { value: P.minAvailabilityBond });
+        await time.increase(P.responseWindow);
+        await q.arb.connect(q.outsider).settleUnanswered(1);
+        return P.minAvailabilityBond;
+      }],
+      // the head disputes its own receipt and the committee finds the fault: 20% goes to the voters
+      dispute: [C, async (q) => {
+        const res = await overbilled(q);
+        await q.arb.connect(q.head).openDispute(q.taskId, 0, res.receipts[1], res.proofOf(1), "ev", { value: P.minBond });
+        await q.arb.castVotes(1, true, await signVotes(q.arb, q.verifiers.slice(0, 3), 1, true));
+        return P.minBond;
+      }],
+      // the head lets its claim expire; cancelling takes the reopened shard's budget back
+      reclaim: [C / 2n, async (q) => {
+        await time.increase(P.claimTimeout);
+        await q.task.connect(q.outsider).reclaimExpired(q.taskId, 0);
+        await q.task.connect(q.head).cancelTask(q.taskId);
+        return 0n;
+      }],
+    };
+    for (const [name, [slash, attack]] of Object.entries(faults)) {
+      it(`${name}: the member loses nothing and the head gains nothing, to the wei`, async function () {
+        const q = await loadFixture(robbery);
+        // before the fault: the shard's whole collateral is the head's, none the member's
+        expect(await lockedOf(q.gpu, [q.head, q.member])).to.deep.equal([C, 0n]);
+        const [headStake, memberStake] = await stakesOf(q.gpu, [q.head, q.member]);
+        const bond = await attack(q);
+        const [headStake2, memberStake2] = await stakesOf(q.gpu, [q.head, q.member]);
+        // the member: stake, lock and escrow untouched
+        expect(memberStake2).to.equal(memberStake);
+        expect(await q.escrow.withdrawable(q.member)).to.equal(0n);
+        expect(await lockedOf(q.gpu, [q.head, q.member])).to.deep.equal([0n, 0n]);
+        // the head: its own stake paid for the fault; as the client it got back its budget,
+        // its bond and the slash less the voters' reward (gas not counted)
+        expect(headStake - headStake2).to.equal(slash);
+        // after a verdict three voters of equal weight get floor(20% / 3) each
+        const reward = name === "dispute" ? 3n * ((slash * BigInt(P.verifierRewardBps)) / BPS / 3n) : 0n;
+        const got = await q.escrow.withdrawable(q.head);
+        expect(got).to.equal(BUDGET + bond + slash - reward);
+        const net = got - BUDGET - bond - (headStake - headStake2);
+        expect(net).to.equal(-reward); // 0, or -0.159999999999999999 ETH to the voters after a verdict
+        expect(net <= 0n).to.equal(true);
+      });
+    }
+
+    it("a member whose stake is all its own can exit while the swarm's shard is open", async function () {
+      const q = await loadFixture(robbery);
+      await q.gpu.connect(q.member).requestExit();
+      await time.increase(P.minerUnbonding);
+      await expect(q.gpu.connect(q.member).withdrawStake()).to.changeEtherBalance(q.member, STAKE);
+      // the head still answers for the shard alone
+      expect((await q.gpu.minerInfo(q.head)).locked).to.equal(C);
+    });
+  });
+
+  describe("no rounding can freeze a swarm shard (issue 29, gap 2)", function () {
+    // The head's stake exactly covers three open swarm shards; odd amounts and three voters of
+    // equal weight make every per-payee part round. A fault on the first must leave the other
+    // two settleable: one finalized, one lost in a verdict, to the wei.
+    const TASK_PRICE = 123456789012345n; // wei per token: nothing below divides evenly
+    async function fullyLocked() {
+      const q = await withMembers();
+      const [member, head] = [q.four[0], q.signers[15]].sort((a, b) => (BigInt(a.address) < BigInt(b.address) ? -1 : 1));
+      const t = await createTask(q.task, q.client, { numRequests: 12, shardSize: 4, maxTokens: 2001, price: TASK_PRICE });
+      const coll = ((await q.task.shardBudget(t.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
+      await q.gpu.setProbation(0, 6000);
+      await q.gpu.connect(q.signers[15]).register([MODEL], [PRECISION.FP16], GPU, "e", 1, { value: 3n * coll });
+      const terms = await termsOf([member, head], [1, 2], q.signers[15]);
+      await q.gpu.registerSwarm(terms, [await consent(q.gpu, member, terms), await consent(q.gpu, head, terms)]);
+      const hd = q.signers[15];
+      for (const s of [0, 1, 2]) await q.task.connect(hd).claimShardForSwarm(t.taskId, s, 1);
+      const info = await q.gpu.minerInfo(hd);
+      expect(info.locked).to.equal(info.stake); // fully locked
+      const results = [];
+      for (const s of [0, 1, 2]) {
+        const res = await buildResult(q.task, t.taskId, s, 4 * s, 4 * s + 4, hd, MODEL, (i) => 1000 + i);
+        await q.task.connect(hd).submitResult(t.taskId, s, res.root, "u", res.total);
+        results.push(res);
+      }
+      return { ...q, hd, member, taskId: t.taskId, coll, results, shares: [1, 2], headIdx: member.address < hd.address ? 1 : 0 };
+    }
+
+    it("a fault verdict on one shard, then finalizeShard and a fault verdict on the others, all settle", async function () {
+      const q = await loadFixture(fullyLocked);
+      const voters = q.verifiers.slice(0, 3);
+      const memberStake = (await q.gpu.minerInfo(q.member)).stake;
+      const slash = (q.coll * BigInt(P.faultSlashBps)) / BPS;
+      const reward = (slash * BigInt(P.verifierRewardBps)) / BPS;
+      const perVoter = reward / 3n;
+      // shard 0: lost in a verdict
+      await q.arb.connect(q.client).openDispute(q.taskId, 0, q.results[0].receipts[1], q.results[0].proofOf(1), "ev", { value: P.minBond });
+      await q.arb.castVotes(1, true, await signVotes(q.arb, voters, 1, true));
+      let info = await q.gpu.minerInfo(q.hd);
+      expect(info.stake).to.equal(2n * q.coll);
+      expect(info.locked).to.equal(2n * q.coll);
+      // shard 2: lost in a verdict too (UnlockExceedsLocked before the fix)
+      await q.arb.connect(q.client).openDispute(q.taskId, 2, q.results[2].receipts[0], q.results[2].proofOf(0), "ev", { value: P.minBond });
+      await q.arb.castVotes(2, true, await signVotes(q.arb, voters, 2, true));
+      info = await q.gpu.minerInfo(q.hd);
+      expect(info.stake).to.equal(q.coll);
+      expect(info.locked).to.equal(q.coll);
+      // shard 1: finalized, paid by the 1:2 shares
+      await time.increase(P.challengeWindow);
+      const pay = q.results[1].total * TASK_PRICE;
+      await expect(q.task.finalizeShard(q.taskId, 1)).to.emit(q.task, "ShardFinalized");
+      info = await q.gpu.minerInfo(q.hd);
+      expect(info.stake).to.equal(q.coll);
+      expect(info.locked).to.equal(0n);
+      const parts = split(pay, q.shares, q.headIdx);
+      expect(await q.escrow.withdrawable(q.hd)).to.equal(parts[q.headIdx]);
+      expect(await q.escrow.withdrawable(q.member)).to.equal(parts[1 - q.headIdx]);
+      expect((await q.gpu.minerInfo(q.member)).stake).to.equal(memberStake);
+      for (const v of voters) expect(await q.escrow.withdrawable(v)).to.equal(2n * perVoter);
+      const budgets = await Promise.all([0, 1, 2].map((s) => q.task.shardBudget(q.taskId, s)));
+      expect(await q.escrow.withdrawable(q.client)).to.equal(
+        budgets[0] + budgets[2] + (budgets[1] - pay) + 2n * (slash - 3n * perVoter) + 2n * P.minBond);
+      expect(await q.escrow.escrowed(q.taskId)).to.equal(0n);
+      // the head, its stake no longer locked, withdraws what is left of it
+      await q.gpu.connect(q.hd).requestExit();
+      await time.increase(P.minerUnbonding);
+      await expect(q.gpu.connect(q.hd).withdrawStake()).to.changeEtherBalance(q.hd, q.coll);
     });
   });
 });

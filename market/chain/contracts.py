@@ -521,7 +521,8 @@ class TaskRegistry(QuarryContract):
 
     def claim_shard_for_swarm(self, sender: LocalAccount, task_id: int, shard: int,
                               swarm_id: int) -> TxResult:
-        """The swarm's head claims for the group: collateral locked from the members by share."""
+        """The swarm's head claims for the group: the collateral is locked from the head's stake
+        alone (it alone answers for the shard's faults); the payment is split by share."""
         return self._tx(sender, "claimShardForSwarm", task_id, shard, swarm_id)
 
     def shard_swarm(self, task_id: int, shard: int) -> int:
