@@ -1420,7 +1420,7 @@ async function run(seed, steps, wideEvery) {
   }
 
   const weights = [
-    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 3], ["leaveSwarm", 1], ["claimShardSwarm", 10], ["submitResult", 14], ["finalizeShard", 8], ["reclaimExpired", 4],
+    ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 3], ["leaveSwarm", 1], ["claimShardSwarm", 10], ["submitResult", 16], ["finalizeShard", 8], ["reclaimExpired", 4],
     ["declarePrecision", 1], ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
     ["reportAbsence", 3], ["challengeAvailability", 8], ["answerAvailability", 7], ["settleUnanswered", 4],
     ["proveBillingFault", 5], ["proveSumFault", 5], ["challengeBurst", 3], ["withdraw", 4], ["addStake", 2], ["reputation", 4], ["verifierJoin", 4],
