@@ -462,9 +462,11 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 return "TooManyOutputTokens"
             return OK if sh.work.proven(receipt, proof) else "InvalidProof"
 
-        def _settle_fault(self, sh: ShardM, voters: list[tuple[str, int]], total: int) -> int:
+        def _settle_fault(self, sh: ShardM, voters: list[tuple[str, int]], total: int,
+                          rest: str | None = None) -> int:
             """Arbitration._settleFault: budget back to the client, collateral slashed, the
-            voters' reward split by recorded weight; returns the stake taken."""
+            voters' reward split by recorded weight, the rest to `rest` (an unanswered
+            availability challenge: burned) or the client; returns the stake taken."""
             client = self.tasks[sh.task_id].client.address
             sh.state = S.REFUNDED
             self._touch(sh)
@@ -476,7 +478,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 share = reward * w // total
                 paid += share
                 slashed += self._slash(sh.miner, share, voter)
-            return slashed + self._slash(sh.miner, amount - paid, client)
+            return slashed + self._slash(sh.miner, amount - paid, rest or client)
 
         def _reclaim(self, sh: ShardM, reopen: bool) -> None:
             client = self.tasks[sh.task_id].client.address
@@ -755,7 +757,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             tx = self._run(outcome, lambda: q.arbitration.settle_unanswered(net.anyone, c.id))
             if tx:
                 c.status = ChallengeStatus.UNANSWERED
-                slashed = self._settle_fault(sh, [], 0)
+                slashed = self._settle_fault(sh, [], 0, burn)  # an outage pays no one
                 assert tx.event("AvailabilityUnanswered")["slashed"] == slashed
                 self._credit(c.challenger, c.bond)
                 self.touched_challenges.add(c.id)

@@ -282,7 +282,9 @@ async function run(seed, steps, wideEvery) {
   };
   /** Arbitration._settleFault: budget back to the client, collateral slashed, the voters'
    * reward split by their recorded weights ([address, weight] pairs), the rest to the client. */
-  const settleFault = (t, s, voters) => {
+  /** Settles a fault on shard `s`: the rest of the slash goes to the client, or to `rest`
+   * (BURN for an unanswered availability challenge). */
+  const settleFault = (t, s, voters, rest) => {
     const sh = shardOf(t, s);
     const budget = budgetOf(t, s);
     sh.state = S.Refunded;
@@ -298,7 +300,7 @@ async function run(seed, steps, wideEvery) {
       paid += share;
       slashed += slashLiable(sh, share, v);
     }
-    slashed += slashLiable(sh, slashAmount - paid, t.client.address);
+    slashed += slashLiable(sh, slashAmount - paid, rest ?? t.client.address);
     return slashed;
   };
 
@@ -981,7 +983,7 @@ async function run(seed, steps, wideEvery) {
         await expect(arb.settleUnanswered(ch.id)).to.be.revertedWithCustomError(arb, "ResponseWindowOpen").withArgs(ch.deadline);
         return "settleEarly";
       }
-      const slashed = settleFault(ch.t, ch.s, []);
+      const slashed = settleFault(ch.t, ch.s, [], BURN); // an outage pays no one
       credit(ch.challenger, ch.bond);
       ch.status = "unanswered";
       await expect(arb.connect(rnd.pick(actors)).settleUnanswered(ch.id)).to.emit(arb, "AvailabilityUnanswered")
