@@ -921,12 +921,22 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                 slashed = self._settle_fault(sh, [], 0)
                 assert tx.event("BillingFaultProven")["slashed"] == slashed
 
-        def _full_lowest(self) -> SeatM | None:
-            """With every seat taken, the member a newcomer would displace."""
-            seated = [r for r in self.records.values() if r.active_until == SEATED]
+        def _full_lowest(self, but: SeatM | None = None) -> SeatM | None:
+            """With every seat taken (`but` aside), the member a newcomer would displace."""
+            seated = [r for r in self.records.values()
+                      if r.active_until == SEATED and r is not but]
             if len(seated) < MAX_MEMBERS:
                 return None
             return min(seated, key=lambda r: (r.weight, -r.active_from, -int(r.address, 16)))
+
+        def _churn_smallest(self, at: int) -> SeatM | None:
+            """With `at`'s activation slots all taken, the pending join a newcomer with more
+            stake would displace (least stake, then highest address)."""
+            if self.activations.get(at, 0) < churn:
+                return None
+            pending = [r for r in self.records.values()
+                       if r.active_until == SEATED and r.active_from == at]
+            return min(pending, key=lambda r: (r.weight, -int(r.address, 16)), default=None)
 
         def _do_join(self, account: LocalAccount, stake: int) -> None:
             def outcome(t: int) -> str:
@@ -934,22 +944,29 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
                     return "AlreadyRegistered"
                 if stake == 0 or stake < min_vstake:
                     return "InsufficientStake"
-                if self.activations.get(self._change_epoch(t), 0) >= churn:
+                at = self._change_epoch(t)
+                bumped = self._churn_smallest(at)
+                if self.activations.get(at, 0) >= churn and (bumped is None
+                                                             or stake <= bumped.weight):
                     return "ChurnLimitReached"
-                lowest = self._full_lowest()
+                lowest = self._full_lowest(bumped)
                 return "CommitteeFull" if lowest and stake <= lowest.weight else OK
 
             tx = self._run(outcome, lambda: vc.register(account, stake))
             if not tx:
                 return
             at = self._change_epoch(self.now)
-            lowest = self._full_lowest()
-            if lowest is not None:
-                assert tx.event("VerifierDisplaced") == {
-                    "verifier": lowest.address, "by": account.address, "activeUntil": at}
-                self._unseat(lowest, at)
-            else:
-                assert not tx.all("VerifierDisplaced")
+            bumped = self._churn_smallest(at)
+            lowest = self._full_lowest(bumped)
+            displaced = [r for r in (bumped, lowest) if r is not None]
+            assert tx.all("VerifierDisplaced") == [
+                {"verifier": r.address, "by": account.address, "activeUntil": at}
+                for r in displaced]
+            for r in displaced:
+                pending = r.active_from == at
+                self._unseat(r, at)
+                if pending:  # a displaced join took no effect: its stake is free at once
+                    r.withdrawable_at = self.now
             assert tx.event("VerifierRegistered")["activeFrom"] == at
             self.activations[at] = self.activations.get(at, 0) + 1
             seat = SeatM(account.address, stake, stake, at)

@@ -34,7 +34,7 @@ const MAX64 = 2n ** 64n - 1n;
 const LIVE = [S.Claimed, S.Submitted, S.Disputed];
 const coder = ethers.AbiCoder.defaultAbiCoder();
 const MAX_MEMBERS = 6n; // small, so joins displace the least stake
-const CHURN = 4;
+const CHURN = 2; // small, so joins around a boundary compete for its slots by stake
 
 /** mulberry32: small, seedable, good enough to drive test sequences. */
 function prng(seed) {
@@ -125,6 +125,7 @@ async function run(seed, steps, wideEvery) {
   const swarmPrecisionOf = (sw) => Math.max(...sw.members.map((a) => mprec.get(a)));
   const registered3 = BigInt(await time.latest()); // its registration's block
   await committee.setMaxMembers(MAX_MEMBERS);
+  await committee.setMembershipParams(1, CHURN);
   for (const m of miners) {
     const i = await gpu.minerInfo(m);
     mstate.set(m.address, {
@@ -200,13 +201,15 @@ async function run(seed, steps, wideEvery) {
   };
   /** The seated member (not leaving) with the least weight; among equals the one activated
    * last, then the highest address. */
-  const lowestSeat = (list) => {
+  /** VerifierCommittee._lowestSeat: among seated verifiers not leaving (activated at `from`
+   * only, when given), the least weight, then the latest activation, then the highest address. */
+  const lowestSeat = (list, from) => {
     let lowest = null;
     let lw = 2n ** 256n - 1n;
     let lf = 0n;
     for (const a of list) {
       const v = vinfo.get(a);
-      if (v.activeUntil !== MAX64) continue;
+      if (v.activeUntil !== MAX64 || (from !== undefined && v.activeFrom !== from)) continue;
       if (v.weight < lw || (v.weight === lw && (v.activeFrom > lf || (v.activeFrom === lf && BigInt(a) > BigInt(lowest))))) {
         lowest = a; lw = v.weight; lf = v.activeFrom;
       }
@@ -1156,15 +1159,21 @@ async function run(seed, steps, wideEvery) {
       }
       const stake = P.minVerifierStake + BigInt(rnd.int(0, 200)) * 10n ** 16n + BigInt(rnd.int(0, 1e9));
       const at = changeEpoch(ts);
-      if ((activations.get(at) || 0) >= CHURN) {
-        await expect(committee.connect(v).register({ value: stake }))
-          .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(at, CHURN);
-        return "joinChurnLimit";
-      }
       const seats2 = pruned(cur);
+      // a full boundary: the pending join with the least stake gives way to strictly more
+      let bumped = null;
+      if ((activations.get(at) || 0) >= CHURN) {
+        const [smallest, sw] = lowestSeat(seats2, at);
+        if (!smallest || stake <= sw) {
+          await expect(committee.connect(v).register({ value: stake }))
+            .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(at, CHURN);
+          return "joinChurnLimit";
+        }
+        bumped = smallest;
+      }
       let displaced = null;
-      if (BigInt(notLeaving().length) >= MAX_MEMBERS) {
-        const [lowest, lw] = lowestSeat(seats2);
+      if (BigInt(notLeaving().length - (bumped ? 1 : 0)) >= MAX_MEMBERS) {
+        const [lowest, lw] = lowestSeat(seats2.filter((a) => a !== bumped));
         if (stake <= lw) {
           await expect(committee.connect(v).register({ value: stake }))
             .to.be.revertedWithCustomError(committee, "CommitteeFull").withArgs(MAX_MEMBERS, lw);
@@ -1175,9 +1184,12 @@ async function run(seed, steps, wideEvery) {
       const tx = committee.connect(v).register({ value: stake });
       await expect(tx).to.emit(committee, "VerifierRegistered").withArgs(v.address, stake, at);
       seats = seats2;
-      if (displaced) {
-        await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(displaced, v.address, at);
-        unseat(displaced, at, ts);
+      for (const d of [bumped, displaced]) {
+        if (!d) continue;
+        await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(d, v.address, at);
+        const pending = vinfo.get(d).activeFrom === at;
+        unseat(d, at, ts);
+        if (pending) vinfo.get(d).withdrawableAt = ts; // a displaced join is free at once
       }
       activations.set(at, (activations.get(at) || 0) + 1);
       const rec = { addr: v.address, stake, weight: stake, activeFrom: at, activeUntil: MAX64, withdrawableAt: 0n };
@@ -1185,7 +1197,7 @@ async function run(seed, steps, wideEvery) {
       regs.push(rec);
       seats.push(v.address);
       if (at > lastKey) lastKey = at;
-      return displaced ? "joinDisplacing" : true;
+      return bumped ? "joinChurnDisplacing" : displaced ? "joinDisplacing" : true;
     },
     async verifierExit() {
       const ts = await pin();
@@ -1331,6 +1343,7 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "reclaimExpired", "refundUnfinished", "cancelTask", "withdraw", "reputation", "probationEnded",
       "reportNotSorted", "reportBeforeRegistration",
       "claimOnProbation", "claimOnProbationAllowed", "verifierJoin", "joinDisplacing", "verifierExit", "joinCancelled",
+      "joinChurnLimit", "joinChurnDisplacing",
       "verifierWithdraw", "timeJump", "epochJump", "submit_overcap", "submit_miscount", "submit_inflated",
       "registerSwarm", "registerSwarmForged", "leaveSwarm", "swarmReplay", "claimShardSwarm", "claimSwarmInactive",
       "claimSwarmAskAbove", "claimSwarmMemberNotEligible", "finalizeSwarm", "swarmSlash",

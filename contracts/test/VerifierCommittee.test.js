@@ -316,7 +316,8 @@ describe("VerifierCommittee", function () {
           .to.emit(committee, "VerifierRegistered").withArgs(w.address, STAKE, c + 1n);
       }
       expect(await committee.activations(c + 1n)).to.equal(4);
-      await expect(committee.connect(ws[4]).register({ value: ETH(9) }))
+      // no more stake than the smallest pending join: refused (more would displace it, "gap 4" below)
+      await expect(committee.connect(ws[4]).register({ value: STAKE }))
         .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(c + 1n, 4);
       await toEpoch(committee, c + 1n);
       await expect(committee.connect(ws[4]).register({ value: ETH(9) }))
@@ -429,6 +430,85 @@ describe("VerifierCommittee", function () {
       const e = await committee.currentEpoch();
       await committee.connect(att[0]).register({ value: STAKE });
       expect((await committee.verifierInfo(att[0])).activeFrom).to.equal(e + 1n);
+    });
+
+    it("issue 29 gap 4: four 0.1 ETH squatters no longer keep out a 50 ETH join; the displaced squatter gets its stake back at once", async function () {
+      // The attack: four minimum joins fill the next boundary's activation slots, so an honest
+      // verifier with 50 ETH was refused ChurnLimitReached; the squatters cancelled before the
+      // boundary and rotated. Slots now go by stake: the honest join displaces the smallest.
+      const { committee, verifiers, signers } = await loadFixture(deployQuarry);
+      const MIN = ETH(1) / 10n;
+      await committee.setMinVerifierStake(MIN);
+      const honest = signers[10];
+      const sq = await wallets(4);
+      const c = await toEpochStart(committee);
+      const committeeBal = await ethers.provider.getBalance(committee);
+      for (const w of sq) await committee.connect(w).register({ value: MIN });
+      expect(await committee.activations(c + 1n)).to.equal(4);
+      // the pending join displaced is the smallest; among equals, the highest address
+      const victim = sortByAddress(sq)[3];
+      const tx = committee.connect(honest).register({ value: ETH(50) });
+      await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(victim.address, honest.address, c + 1n)
+        .and.to.emit(committee, "VerifierRegistered").withArgs(honest.address, ETH(50), c + 1n);
+      expect(await committee.activations(c + 1n)).to.equal(4);
+      expect(await committee.seats()).to.have.length(verifiers.length + 4);
+      expect(await committee.memberCountAt(c + 1n)).to.equal(8);
+      expect(await committee.totalWeightAt(c + 1n)).to.equal(4n * STAKE + 3n * MIN + ETH(50));
+      // the displaced join took no effect and did nothing wrong: its stake is free at once
+      const ts = BigInt(await time.latest());
+      const info = await committee.verifierInfo(victim);
+      expect([info.activeFrom, info.activeUntil, info.withdrawableAt]).to.deep.equal([c + 1n, c + 1n, ts]);
+      const before = await ethers.provider.getBalance(victim);
+      const wtx = await committee.connect(victim).withdrawStake();
+      await expect(wtx).to.emit(committee, "VerifierStakeWithdrawn").withArgs(victim.address, MIN);
+      expect((await ethers.provider.getBalance(victim)) - before + (await gasCost(wtx))).to.equal(MIN);
+      // squatting again with the same stake is refused; one wei more only displaces a squatter
+      const [again, richer] = await wallets(2);
+      await expect(committee.connect(again).register({ value: MIN }))
+        .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(c + 1n, 4);
+      const left = sortByAddress(sq.filter((w) => w !== victim));
+      await expect(committee.connect(richer).register({ value: MIN + 1n }))
+        .to.emit(committee, "VerifierDisplaced").withArgs(left[2].address, richer.address, c + 1n);
+      await expect(committee.connect(left[2]).withdrawStake()).to.emit(committee, "VerifierStakeWithdrawn").withArgs(left[2].address, MIN);
+      // the rotation: the remaining squatters cancel, and their stake stays bonded
+      const unbonding = await committee.unbondingPeriod();
+      for (const w of [left[0], left[1], richer]) {
+        const t = BigInt(await time.latest()) + 1n;
+        await time.setNextBlockTimestamp(t);
+        await expect(committee.connect(w).requestExit())
+          .to.emit(committee, "VerifierExitRequested").withArgs(w.address, c + 1n, t + unbonding);
+      }
+      // the honest verifier sits from the boundary, to the wei of the snapshot
+      await toEpoch(committee, c + 1n);
+      expect(await committee.members()).to.deep.equal(sortedAddrs([...verifiers, honest]));
+      expect(await committee.totalWeightAt(c + 1n)).to.equal(4n * STAKE + ETH(50));
+      // held: the honest 50 ETH and the three cancelled squatters' stakes, unbonding
+      expect(await ethers.provider.getBalance(committee)).to.equal(committeeBal + ETH(50) + 2n * MIN + MIN + 1n);
+    });
+
+    it("issue 29 gap 4: keeping a 50 ETH join out takes churnLimit bonds above 50 ETH each, seated or locked for the unbonding period", async function () {
+      const { committee, verifiers, signers } = await loadFixture(deployQuarry);
+      const honest = signers[10];
+      const att = await wallets(4, ETH(60));
+      const c = await toEpochStart(committee);
+      const committeeBal = await ethers.provider.getBalance(committee);
+      for (const w of att) await committee.connect(w).register({ value: ETH(50) + 1n });
+      await expect(committee.connect(honest).register({ value: ETH(50) }))
+        .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(c + 1n, 4);
+      expect(await ethers.provider.getBalance(committee)).to.equal(committeeBal + 4n * (ETH(50) + 1n));
+      // cancelling before the boundary frees the slots but locks every attacker's 50 ETH + 1 wei
+      const unbonding = await committee.unbondingPeriod();
+      for (const w of att) {
+        const t = BigInt(await time.latest()) + 1n;
+        await time.setNextBlockTimestamp(t);
+        await committee.connect(w).requestExit();
+        expect((await committee.verifierInfo(w)).withdrawableAt).to.equal(t + unbonding);
+        await expect(committee.connect(w).withdrawStake()).to.be.revertedWithCustomError(committee, "UnbondingNotOver");
+      }
+      await expect(committee.connect(honest).register({ value: ETH(50) }))
+        .to.emit(committee, "VerifierRegistered").withArgs(honest.address, ETH(50), c + 1n);
+      await toEpoch(committee, c + 1n);
+      expect(await committee.members()).to.deep.equal(sortedAddrs([...verifiers, honest]));
     });
 
     it("register-then-exit cannot fill the seat list: 124 cancelled joins within one epoch leave it as it was", async function () {
