@@ -763,6 +763,48 @@ describe("VerifierCommittee", function () {
         .to.emit(committee, "ReputationSubmitted").withArgs(cur, r.evidenceRoot, 1, addrs(heavy));
     });
 
+    it("issue 29 gap 5: stake bonded one second before a boundary decides a dispute opened one second after it; bonded at the boundary it does not", async function () {
+      // The true bound (activationDelay 1): stake bonded at any time in epoch e sits from the
+      // start of e + 1, so it judges every dispute opened from then on, as little as one second
+      // after it was bonded. Not "bonded at least one epoch before the dispute".
+      const q = await loadFixture(deployQuarry);
+      const { committee, arb, escrow, task, client, miner, signers } = q;
+      const [attacker, late] = signers.slice(10, 12);
+      const { taskId, res } = await submitted(q);
+      const { taskId: taskId2, res: res2 } = await submitted(q);
+      const e = await committee.currentEpoch();
+      const boundary = await committee.epochStart(e + 1n);
+      const H = ETH(4); // the four honest members
+      await time.setNextBlockTimestamp(boundary - 1n);
+      await expect(committee.connect(attacker).register({ value: 2n * H + 1n }))
+        .to.emit(committee, "VerifierRegistered").withArgs(attacker.address, 2n * H + 1n, e + 1n);
+      // one second too late for the same boundary: it sits from e + 2
+      await time.setNextBlockTimestamp(boundary);
+      await expect(committee.connect(late).register({ value: 2n * H + 1n }))
+        .to.emit(committee, "VerifierRegistered").withArgs(late.address, 2n * H + 1n, e + 2n);
+      // the dispute opens one second after the boundary, two after the bond: epoch e + 1
+      await time.setNextBlockTimestamp(boundary + 1n);
+      const id = await openDispute(q, taskId, res);
+      const d = await arb.getDispute(id);
+      expect(d.epoch).to.equal(e + 1n);
+      expect(d.totalWeight).to.equal(H + 2n * H + 1n);
+      // the latecomer is not in this dispute's committee
+      await expect(arb.castVotes(id, true, await signVotes(arb, [late], id, true)))
+        .to.be.revertedWithCustomError(arb, "NotCommitteeMember").withArgs(late.address);
+      // the attacker alone holds more than two thirds: it rules an honest receipt a fault
+      const tx = arb.castVotes(id, true, await signVotes(arb, [attacker], id, true));
+      await expect(tx).to.emit(arb, "DisputeResolved").withArgs(id, true, [attacker.address], COLL4);
+      const reward = (COLL4 * BigInt(P.verifierRewardBps)) / 10000n;
+      expect(await escrow.withdrawable(attacker)).to.equal(reward);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4 + COLL4 - reward + P.minBond);
+      expect((await q.gpu.minerInfo(miner)).stake).to.equal(P.minStake - COLL4);
+      // a dispute opened in epoch e + 2 has the latecomer in its committee too
+      await time.increaseTo(await committee.epochStart(e + 2n));
+      const id2 = await openDispute(q, taskId2, res2);
+      expect(await arb.castVotes.staticCall(id2, true, await signVotes(arb, sortByAddress([attacker, late]), id2, true))).to.equal(true);
+      expect((await task.getShard(taskId, 0)).state).to.equal(5n); // Refunded
+    });
+
     it("gap 3: nine minimum stakes registered after a dispute opened are not in its snapshot", async function () {
       const q = await loadFixture(deployQuarry);
       const { committee, arb, escrow, gpu, task, miner, client, verifiers } = q;
