@@ -146,6 +146,9 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     error NotWired();
     error Unauthorized(address caller);
     /// @notice Only externally owned accounts may register (votes and reports are ECDSA-signed).
+    /// @dev The check is `msg.sender == tx.origin`: an EIP-7702-delegated account passes when its
+    /// own key sends the transaction. Harmless while every payout is pulled behind
+    /// `nonReentrant` and signatures are plain ECDSA (EIP7702.test.js).
     error ContractAccount(address account);
     error InsufficientStake(uint256 required, uint256 got);
     error AlreadyRegistered(address verifier);
