@@ -382,7 +382,10 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             time t - 1, and the transaction lands in the next, at t. So it reverts with
             outcome(t - 1) when that is an error; else it succeeds at t when outcome(t) is OK;
             else (a deadline falls at t) it is mined and reverts there, changing nothing.
-            Panics and unknown reverts are bugs."""
+            Anvil sometimes estimates on the pending block, at t (a challenge opened the
+            second before its shard's window closed reverted OutsideWindow in the estimate, on
+            main's contracts too): a revert in the estimate may then be outcome(t), and it
+            changes nothing either. Panics and unknown reverts are bugs."""
             t = chain.timestamp() + 1
             before, at = outcome(t - 1), outcome(t)
             try:
@@ -390,7 +393,7 @@ def make_machine(net: Devnet) -> type[RuleBasedStateMachine]:
             except ContractRevert as exc:
                 if exc.error in BUG_ERRORS:
                     raise
-                assert exc.error == before, f"reverted {exc}, expected {before}"
+                assert exc.error in (before, at), f"reverted {exc}, expected {before} or {at}"
                 self.now = t - 1
                 return None
             except ChainError as exc:
