@@ -1184,8 +1184,8 @@ class Job:
         """Block until challenge `challenge_id` is answered or its deadline passes; returns it.
 
         With `settle`, this account then settles an unanswered challenge: the miner is at
-        fault (shard budget and slash to the client, bond back); without it, the still-open
-        challenge is returned. `JobTimeout` after `timeout` seconds. The bar (on a
+        fault (shard budget back to the client, bond back, the slash burned); without it,
+        the still-open challenge is returned. `JobTimeout` after `timeout` seconds. The bar (on a
         terminal's stderr) shows the chain time used of the miner's response window.
         """
         info = self.challenge_info(challenge_id)

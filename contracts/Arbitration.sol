@@ -95,7 +95,9 @@ struct AvailabilityChallenge {
 /// - Fault (a committee verdict, an unanswered availability challenge, or a proven billing
 ///   fault): the client gets the whole shard budget back (TaskRegistry), the miner loses
 ///   `collateral * faultSlashBps / 10000` of its stake, of which `verifierRewardBps` is split
-///   among the voters (if any) in proportion to their weight and the rest goes to the client;
+///   among the voters (if any) in proportion to their weight and the rest goes to the client
+///   (to `BURN` for an unanswered availability challenge: an honest miner that was offline
+///   looks the same as a withholding one, so no client may profit from its outage);
 ///   a bond returns to the opener. A swarm's shard (TaskRegistry.shardSwarm) is slashed from its
 ///   head alone, the shard's `miner` (it alone chose what was submitted and answered, so a head
 ///   that is also the client can only pay itself its own stake); bonds owed to the miner go to
@@ -117,7 +119,8 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     /// each challenger's own: a miner (or a friend) on the committee that challenges its own
     /// shard spends only its own budget, never the client's.
     uint8 public constant MAX_AVAILABILITY_CHALLENGES = 3;
-    /// @notice Where absent members' slashed stake is credited: no key exists for it.
+    /// @notice Where slashes that no one may earn are credited (absent members' stake, the
+    /// collateral of an unanswered availability challenge): no key exists for it.
     address public constant BURN = address(0xdEaD);
 
     /// @notice Least bond (wei) to open a dispute.
@@ -497,15 +500,18 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         escrow.credit{value: c.bond}(c.miner);
     }
 
-    /// @notice Settles an availability challenge left unanswered past its deadline as a fault:
-    /// the client gets the shard budget back and the slash, the challenger its bond. Anyone may
-    /// call. Emits {AvailabilityUnanswered}.
+    /// @notice Settles an availability challenge left unanswered past its deadline: the client
+    /// gets the shard budget back (it holds no provable result), the challenger its bond, and
+    /// the miner's slashed collateral is credited to `BURN`. An offline honest miner cannot be
+    /// told from a withholding one, so its outage must not pay the client or anyone who can
+    /// time a challenge: challenging only makes the challenger whole. Anyone may call.
+    /// Emits {AvailabilityUnanswered}.
     function settleUnanswered(uint256 challengeId) external nonReentrant {
         AvailabilityChallenge storage c = _challenge(challengeId);
         if (c.status != ChallengeStatus.Open) revert ChallengeNotOpen(c.status);
         if (block.timestamp < c.deadline) revert ResponseWindowOpen(c.deadline);
         c.status = ChallengeStatus.Unanswered;
-        uint256 slashed = _settleFault(c.taskId, c.shard, new address[](0), new uint256[](0), 0);
+        uint256 slashed = _settleFault(c.taskId, c.shard, new address[](0), new uint256[](0), 0, BURN);
         emit AvailabilityUnanswered(challengeId, c.taskId, c.shard, slashed);
         escrow.credit{value: c.bond}(c.challenger);
     }
@@ -538,7 +544,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
             if (receipt.outputTokens <= tokenIds.length) revert NoBillingFault();
         }
         taskRegistry.markDisputed(taskId, shard);
-        uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0);
+        uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0, address(0));
         emit BillingFaultProven(taskId, shard, receipt.index, msg.sender, slashed);
     }
 
@@ -566,7 +572,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         if (!ok || root != s.resultRoot) revert InvalidProof();
         if (!lie) revert NoBillingFault();
         taskRegistry.markDisputed(taskId, shard);
-        uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0);
+        uint256 slashed = _settleFault(taskId, shard, new address[](0), new uint256[](0), 0, address(0));
         emit BillingFaultProven(taskId, shard, receipt.index, msg.sender, slashed);
     }
 
@@ -682,7 +688,7 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
         uint256 tally = minerAtFault ? d.faultWeight : d.noFaultWeight;
         uint256 bond = d.bond;
         if (minerAtFault) {
-            uint256 slashed = _settleFault(d.taskId, d.shard, voters, weights, tally);
+            uint256 slashed = _settleFault(d.taskId, d.shard, voters, weights, tally, address(0));
             emit DisputeResolved(disputeId, true, voters, slashed);
             escrow.credit{value: bond}(d.opener);
         } else {
@@ -710,22 +716,24 @@ contract Arbitration is Ownable, ReentrancyGuard, EIP712, OneTimeWiring {
     /// @dev Settles a frozen shard as the miner's fault: the client gets the shard budget back
     /// (TaskRegistry), and `collateral * faultSlashBps` of the miner's stake is slashed, with
     /// `verifierRewardBps` of it split among `voters` in proportion to `weights` (summing to
-    /// `total`) and the rest to the client.
+    /// `total`) and the rest to `rest`, or to the client when `rest` is zero.
     /// @return slashed The stake actually taken.
     function _settleFault(
         uint256 taskId,
         uint32 shard,
         address[] memory voters,
         uint256[] memory weights,
-        uint256 total
+        uint256 total,
+        address rest
     ) private returns (uint256 slashed) {
         (address miner, uint256 collateral, address client) =
             taskRegistry.resolveDispute(taskId, shard, true, uint64(block.timestamp));
-        return _slashFault(miner, collateral * faultSlashBps / BPS, client, voters, weights, total);
+        address to = rest == address(0) ? client : rest;
+        return _slashFault(miner, collateral * faultSlashBps / BPS, to, voters, weights, total);
     }
 
     /// @dev Takes `slashAmount` from the shard's miner (a swarm's head): `verifierRewardBps` of
-    /// it to `voters` by weight, the rest to `client`.
+    /// it to `voters` by weight, the rest to `client` (the client, or `BURN`).
     function _slashFault(
         address miner,
         uint256 slashAmount,

@@ -284,6 +284,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     error UnlockExceedsLocked(uint256 locked, uint256 requested);
     error InvalidBps(uint256 bps);
     /// @notice Only externally owned accounts may register (receipts need ECDSA signatures).
+    /// @dev The check is `msg.sender == tx.origin`: an EIP-7702-delegated account passes when its
+    /// own key sends the transaction. Harmless while every payout is pulled behind
+    /// `nonReentrant` and signatures are plain ECDSA (EIP7702.test.js).
     error ContractAccount(address account);
     /// @notice Only an untrusted miner may ask to be challenged again.
     error NotUntrusted(address miner, uint16 reputationBps);

@@ -36,7 +36,9 @@ struct VerifierInfo {
 /// way:
 /// - a join or an exit takes effect at the start of epoch `currentEpoch() + activationDelay`,
 ///   and at most `churnLimit` verifiers may be activated at one epoch (Ethereum's validator
-///   churn limit);
+///   churn limit); the slots go by stake, not by arrival: at a full boundary a join with more
+///   stake displaces the pending join with the least, so holding a boundary's slots against
+///   a join of stake S takes `churnLimit` joins of more than S each;
 /// - the committee of an epoch (its snapshot) is fixed once the epoch starts: a member's weight
 ///   is the stake it bonded, and a quorum is more than two thirds of the snapshot's total weight
 ///   (by stake, not by head count);
@@ -127,6 +129,8 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     /// @notice `verifier` bonded `stake` wei and votes from epoch `activeFrom` on.
     event VerifierRegistered(address indexed verifier, uint256 stake, uint64 activeFrom);
     /// @notice A newcomer with more stake took `verifier`'s seat from epoch `activeUntil` on.
+    /// A pending join displaced before it took effect (`activeUntil` is then its `activeFrom`)
+    /// may withdraw its stake at once.
     event VerifierDisplaced(address indexed verifier, address indexed by, uint64 activeUntil);
     /// @notice `verifier` votes until epoch `activeUntil` and may withdraw at `withdrawableAt`.
     event VerifierExitRequested(address indexed verifier, uint64 activeUntil, uint64 withdrawableAt);
@@ -142,13 +146,17 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     error NotWired();
     error Unauthorized(address caller);
     /// @notice Only externally owned accounts may register (votes and reports are ECDSA-signed).
+    /// @dev The check is `msg.sender == tx.origin`: an EIP-7702-delegated account passes when its
+    /// own key sends the transaction. Harmless while every payout is pulled behind
+    /// `nonReentrant` and signatures are plain ECDSA (EIP7702.test.js).
     error ContractAccount(address account);
     error InsufficientStake(uint256 required, uint256 got);
     error AlreadyRegistered(address verifier);
     error NotMember(address account);
     /// @notice Every seat is taken by a member with at least `lowestStake` (a newcomer must bond more).
     error CommitteeFull(uint256 max, uint256 lowestStake);
-    /// @notice `limit` verifiers are already being activated at epoch `epoch`: try next epoch.
+    /// @notice `limit` verifiers, each with at least as much stake, are already being
+    /// activated at epoch `epoch`: bond more or try next epoch.
     error ChurnLimitReached(uint256 epoch, uint256 limit);
     error NotExiting(address verifier);
     error UnbondingNotOver(uint64 withdrawableAt);
@@ -270,10 +278,15 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
 
     /// @notice Bonds `msg.value` as stake and takes a seat from the next possible epoch
     /// boundary (`currentEpoch() + activationDelay`). Externally owned accounts only.
-    /// @dev Reverts {ChurnLimitReached} when that boundary already activates `churnLimit`
-    /// verifiers, and {CommitteeFull} when every seat is taken by at least as much stake;
-    /// otherwise, with every seat taken, the member with the least stake is displaced at the
-    /// same boundary. Emits {VerifierRegistered} (and {VerifierDisplaced}).
+    /// @dev When that boundary already activates `churnLimit` verifiers, the pending join with
+    /// the least stake there is displaced if `msg.value` is strictly more, else this reverts
+    /// {ChurnLimitReached}: slots go by stake, so a squatter keeps out only smaller joins, and
+    /// keeping a join of stake S out costs `churnLimit` bonds of more than S (seated at the
+    /// boundary, or locked for `unbondingPeriod` if cancelled). Then, with every seat taken,
+    /// the member with the least stake is displaced at the same boundary, or this reverts
+    /// {CommitteeFull} when every seat holds at least as much stake. A displaced join that had
+    /// not taken effect judged nothing and did nothing wrong, so its stake is free at once.
+    /// Emits {VerifierRegistered} (and {VerifierDisplaced}).
     function register() external payable {
         // solhint-disable-next-line avoid-tx-origin
         if (msg.sender != tx.origin) revert ContractAccount(msg.sender);
@@ -281,13 +294,16 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         if (v.activeFrom != 0) revert AlreadyRegistered(msg.sender);
         if (msg.value == 0 || msg.value < minVerifierStake) revert InsufficientStake(minVerifierStake, msg.value);
         uint48 at = _changeEpoch();
-        if (activations[at] >= churnLimit) revert ChurnLimitReached(at, churnLimit);
         _prune();
+        if (activations[at] >= churnLimit) {
+            (address smallest, uint256 smallestWeight) = _lowestSeat(at);
+            if (smallest == address(0) || msg.value <= smallestWeight) revert ChurnLimitReached(at, churnLimit);
+            _displace(smallest, at);
+        }
         if (_memberCount.latest() >= maxMembers) {
-            (address lowest, uint256 lowestWeight) = _lowestSeat();
+            (address lowest, uint256 lowestWeight) = _lowestSeat(0);
             if (msg.value <= lowestWeight) revert CommitteeFull(maxMembers, lowestWeight);
-            _unseat(lowest, at);
-            emit VerifierDisplaced(lowest, msg.sender, at);
+            _displace(lowest, at);
         }
         if (_seats.length >= MAX_SEATS) revert CommitteeFull(maxMembers, 0);
         activations[at] += 1;
@@ -624,6 +640,16 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         return SafeCast.toUint64(epochStart(at) + disputeTimeout + unbondingPeriod);
     }
 
+    /// @dev Ends `account`'s membership at `at` in favour of the caller, a newcomer with more
+    /// stake. A join that had not taken effect is released at once: unlike a cancelled one
+    /// (locked for `unbondingPeriod`), it chose nothing, so displacing it must cost it nothing.
+    function _displace(address account, uint48 at) private {
+        _unseat(account, at);
+        VerifierInfo storage v = _verifiers[account];
+        if (v.activeFrom == at) v.withdrawableAt = SafeCast.toUint64(block.timestamp);
+        emit VerifierDisplaced(account, msg.sender, at);
+    }
+
     /// @dev Removes `account` from the seat list (order is not kept).
     function _removeSeat(address account) private {
         uint256 n = _seats.length;
@@ -636,15 +662,16 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         }
     }
 
-    /// @dev The seated verifier (not leaving) with the least weight; among equals the one
-    /// activated last, then the highest address (independent of the seats' order).
-    function _lowestSeat() private view returns (address lowest, uint256 lowestWeight) {
+    /// @dev The seated verifier (not leaving) with the least weight, among those activated at
+    /// `from` only unless it is 0; among equals the one activated last, then the highest
+    /// address (independent of the seats' order). `lowest` is zero when none qualifies.
+    function _lowestSeat(uint48 from) private view returns (address lowest, uint256 lowestWeight) {
         lowestWeight = type(uint256).max;
         uint64 lowestFrom = 0;
         for (uint256 i = 0; i < _seats.length; ++i) {
             address a = _seats[i];
             VerifierInfo storage v = _verifiers[a];
-            if (v.activeUntil != type(uint64).max) continue;
+            if (v.activeUntil != type(uint64).max || (from != 0 && v.activeFrom != from)) continue;
             if (
                 v.weight < lowestWeight
                     || (v.weight == lowestWeight && (v.activeFrom > lowestFrom || (v.activeFrom == lowestFrom && a > lowest)))

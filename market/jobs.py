@@ -738,7 +738,7 @@ class ChallengeInfo(AvailabilityChallenge):
     receipt: Receipt | None = None  # the answer (ANSWERED)
     proof: tuple[SumNode, ...] = ()
     window_end: int = 0  # the shard's window after the answer (ANSWERED)
-    slashed: int = 0  # the miner's stake taken (UNANSWERED)
+    slashed: int = 0  # the miner's stake taken (UNANSWERED), burned
 
     @property
     def settled(self) -> bool:
@@ -751,7 +751,7 @@ class ChallengeInfo(AvailabilityChallenge):
                     f"time {self.window_end}")
         if self.status == ChallengeStatus.UNANSWERED:
             return (f"unanswered: miner at fault, shard budget refunded, miner slashed "
-                    f"{self.slashed} wei, bond of {self.bond} wei returned")
+                    f"{self.slashed} wei (burned), bond of {self.bond} wei returned")
         return f"open: the miner must answer by chain time {self.deadline}"
 
     def to_json(self) -> dict[str, Any]:

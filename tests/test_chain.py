@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
 
 from market.chain.contracts import (
     MAX_CLAIM_BATCH,
@@ -458,7 +459,11 @@ def test_unanswered_availability_challenge_is_a_fault(devnet: Devnet) -> None:
     assert q.tasks.get_shard(posted.task_id, 0).state == ShardState.REFUNDED
     info = q.gpu.miner_info(net.miner.address)
     assert (info.stake, info.locked) == (MINER_STAKE - collateral, 0)
-    withdraw_exact(net, net.client, posted.payment + collateral + bond)
+    # the client is made whole (budget and bond); the collateral is burned, so no client
+    # profits from an honest miner's outage (issue 29, gap 6)
+    withdraw_exact(net, net.client, posted.payment + bond)
+    burn = to_checksum_address(q.chain.call(q.arbitration.contract.functions.BURN()))
+    assert q.escrow.withdrawable(burn) == collateral
     assert q.escrow.withdrawable(net.miner.address) == 0
     assert_escrow_invariant(net)
 

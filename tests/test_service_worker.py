@@ -302,7 +302,8 @@ def test_sweep_settles_an_unanswered_challenge_for_an_offline_client(
         stack: LocalStack) -> None:
     """The miner bills a shard whose results it never publishes; the client challenges one
     request and goes offline. Past the response window the workers settle it: the client's
-    escrow gets the shard's budget, the miner's slashed collateral and the bond, to the wei."""
+    escrow gets the shard's budget and the bond back, to the wei; the miner's slashed
+    collateral is burned."""
     q = stack.quarry
     client, miner = OFFLINE_CLIENT, MINERS[0]
     task_id = post_task(stack, client=client)
@@ -323,7 +324,7 @@ def test_sweep_settles_an_unanswered_challenge_for_an_offline_client(
     stack.wait_until(lambda: q.arbitration.get_challenge(challenge_id).status
                      == ChallengeStatus.UNANSWERED, "the settlement")
     assert q.tasks.get_shard(task_id, 0).state == ShardState.REFUNDED
-    assert q.escrow.withdrawable(client.address) - before == budget + collateral + bond
+    assert q.escrow.withdrawable(client.address) - before == budget + bond
     assert q.gpu.miner_info(miner.address).stake == stake - collateral
     stack.wait_until(lambda: board(stack).job(task_id)["challenges"][0]["status"]
                      == "Unanswered", "the settlement on the board")

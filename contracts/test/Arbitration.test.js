@@ -942,6 +942,53 @@ describe("Arbitration", function () {
     });
   });
 
+  describe("issue 29 gap 6: an honest participant's downtime pays no one", function () {
+    it("ATTACK fails: a client that challenges an offline honest miner is made whole, nothing more; the collateral is burned", async function () {
+      // the miner published an honest result, then went offline for the whole response window
+      const q = await load(submitted);
+      const { arb, gpu, escrow, client, miner, taskId } = q;
+      const wallet0 = await balance(client);
+      const gpuBal = await balance(gpu);
+      let gas = await gasCost(await challenge(q, 2));
+      await time.increase(P.responseWindow);
+      const stx = await arb.connect(client).settleUnanswered(1);
+      gas += await gasCost(stx);
+      await expect(stx).to.emit(gpu, "Slashed").withArgs(miner.address, SLASH4, BURN, await arb.getAddress());
+      // credited: the shard's own budget and the bond, not a wei of the miner's collateral
+      await expectWithdrawable(q, [[client, BUDGET4 + P.minAvailabilityBond]]);
+      expect(await escrow.withdrawable(BURN)).to.equal(SLASH4);
+      gas += await gasCost(await escrow.connect(client).withdraw());
+      // the client's wallet: the budget it had paid for this shard back, minus its gas
+      expect(await balance(client)).to.equal(wallet0 + BUDGET4 - gas);
+      await expectMiner(q, P.minStake - SLASH4, 0n);
+      expect(await balance(gpu)).to.equal(gpuBal - SLASH4);
+      expect(await escrow.withdrawable(miner)).to.equal(0n);
+      await expectSolvent(q);
+    });
+    it("ATTACK fails: an opener that lets a dispute expire while the whole committee is down gains nothing from reporting it", async function () {
+      // the four members (1 ETH each) are down for maintenance; the client opens a dispute on an
+      // honest shard, waits out the timeout and reports every member absent
+      const q = await load(submitted);
+      const { arb, committee, escrow, client } = q;
+      const wallet0 = await balance(client);
+      const committeeBal = await balance(committee);
+      let gas = await gasCost(await open(q, 2));
+      await time.increaseTo((await arb.getDispute(1)).deadline);
+      gas += await gasCost(await arb.connect(client).expireDispute(1));
+      const rtx = await arb.connect(client).reportAbsence(1, q.verifiers.map((v) => v.address));
+      gas += await gasCost(rtx);
+      expect(await eventsOf(rtx, committee, "AbsencePenalized")).to.deep.equal(
+        q.verifiers.map((v) => [v.address, 1n, IDLE_SLASH, BURN]));
+      await expectWithdrawable(q, [[client, P.minBond]]); // its own bond back, nothing more
+      expect(await escrow.withdrawable(BURN)).to.equal(4n * IDLE_SLASH);
+      gas += await gasCost(await escrow.connect(client).withdraw());
+      expect(await balance(client)).to.equal(wallet0 - gas);
+      expect(await balance(committee)).to.equal(committeeBal - 4n * IDLE_SLASH);
+      for (const v of q.verifiers) expect((await committee.verifierInfo(v)).stake).to.equal(P.minVerifierStake - IDLE_SLASH);
+      await expectSolvent(q);
+    });
+  });
+
   describe("availability challenges (gap 1)", function () {
     it("without a challenge, a shard that published nothing is paid in full (the attack)", async function () {
       const q = await load(withheld);
@@ -951,7 +998,7 @@ describe("Arbitration", function () {
       await q.task.finalizeShard(q.taskId, 0);
       await expectWithdrawable(q, [[q.miner, BUDGET4]]);
     });
-    it("ATTACK closed: the unanswered challenge refunds the client, slashes the miner and pays it nothing", async function () {
+    it("ATTACK closed: the unanswered challenge refunds the client, slashes the miner (burned) and pays it nothing", async function () {
       const q = await load(withheld);
       const { arb, task, gpu, escrow, client, miner, outsider, taskId, payment } = q;
       const gpuBal = await balance(gpu);
@@ -977,8 +1024,10 @@ describe("Arbitration", function () {
       await expect(stx).to.emit(arb, "AvailabilityUnanswered").withArgs(1, taskId, 0, SLASH4);
       await expect(stx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, true);
       await expect(stx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
-      await expect(stx).to.emit(gpu, "Slashed").withArgs(miner.address, SLASH4, client.address, await arb.getAddress());
-      await expectWithdrawable(q, [[client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
+      await expect(stx).to.emit(gpu, "Slashed").withArgs(miner.address, SLASH4, BURN, await arb.getAddress());
+      // the client is made whole (budget and bond), nothing more: the collateral is burned
+      await expectWithdrawable(q, [[client, BUDGET4 + P.minAvailabilityBond]]);
+      expect(await escrow.withdrawable(BURN)).to.equal(SLASH4);
       await expectMiner(q, P.minStake - SLASH4, 0n);
       expect(await balance(gpu)).to.equal(gpuBal - SLASH4);
       expect(await escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
@@ -1068,7 +1117,8 @@ describe("Arbitration", function () {
       await nextAt(deadline);
       await expect(answer(q, 1, 2)).to.be.revertedWithCustomError(arb, "ResponseWindowClosed").withArgs(deadline);
       await arb.settleUnanswered(1);
-      await expectWithdrawable(q, [[q.client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
+      await expectWithdrawable(q, [[q.client, BUDGET4 + P.minAvailabilityBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(SLASH4);
     });
     it("the last second before the deadline still answers; settling at the deadline works", async function () {
       const q = await load(submitted);
@@ -1078,7 +1128,8 @@ describe("Arbitration", function () {
       const deadline2 = (await stampOf(await challenge(q, 3))) + P.responseWindow;
       await nextAt(deadline2);
       await expect(q.arb.settleUnanswered(2)).to.emit(q.arb, "AvailabilityUnanswered").withArgs(2, q.taskId, 0, SLASH4);
-      await expectWithdrawable(q, [[q.miner, P.minAvailabilityBond], [q.client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
+      await expectWithdrawable(q, [[q.miner, P.minAvailabilityBond], [q.client, BUDGET4 + P.minAvailabilityBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(SLASH4);
     });
     it("client, arbiter or auditor only, with at least the minimum bond, on a request of the shard", async function () {
       const q = await load(submitted);
@@ -1093,13 +1144,15 @@ describe("Arbitration", function () {
       await expect(challenge(q, 4)).to.be.revertedWithCustomError(arb, "IndexNotInShard").withArgs(4, 0, 4);
       await expect(challenge(q, 100)).to.be.revertedWithCustomError(arb, "IndexNotInShard").withArgs(100, 0, 4);
       await expect(challenge(q, 0, { shard: 1 })).to.be.revertedWithCustomError(arb, "ShardNotSubmitted").withArgs(S.Open);
-      // the arbiter challenges; unanswered, its bond returns to it and the slash goes to the client
+      // the arbiter challenges; unanswered, its bond returns to it, the budget to the client and
+      // the slash is burned
       await challenge(q, 3, { from: q.arbiter, value: 2n * P.minAvailabilityBond });
       await expect(challenge(q, 0)).to.be.revertedWithCustomError(arb, "ShardNotSubmitted").withArgs(S.Disputed);
       await expect(open(q, 0)).to.be.revertedWithCustomError(arb, "ShardNotSubmitted").withArgs(S.Disputed);
       await time.increase(P.responseWindow);
       await arb.settleUnanswered(1);
-      await expectWithdrawable(q, [[q.arbiter, 2n * P.minAvailabilityBond], [client, BUDGET4 + SLASH4]]);
+      await expectWithdrawable(q, [[q.arbiter, 2n * P.minAvailabilityBond], [client, BUDGET4]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(SLASH4);
       await expectSolvent(q);
     });
     it("only inside the challenge window", async function () {
@@ -1167,7 +1220,8 @@ describe("Arbitration", function () {
       }
       await time.increase(P.responseWindow);
       await expect(arb.settleUnanswered(1)).to.emit(arb, "AvailabilityUnanswered").withArgs(1, taskId, 0, SLASH4);
-      await expectWithdrawable(q, [[q.client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
+      await expectWithdrawable(q, [[q.client, BUDGET4 + P.minAvailabilityBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(SLASH4);
       await expectMiner(q, P.minStake - SLASH4, 0n);
       await expectSolvent(q);
     });

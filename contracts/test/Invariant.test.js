@@ -40,7 +40,7 @@ const MAX64 = 2n ** 64n - 1n;
 const LIVE = [S.Claimed, S.Submitted, S.Disputed];
 const coder = ethers.AbiCoder.defaultAbiCoder();
 const MAX_MEMBERS = 6n; // small, so joins displace the least stake
-const CHURN = 4;
+const CHURN = 2; // small, so joins around a boundary compete for its slots by stake
 
 /** mulberry32: small, seedable, good enough to drive test sequences. */
 function prng(seed) {
@@ -78,7 +78,9 @@ const min = (a, b) => (a < b ? a : b);
 const max = (a, b) => (a > b ? a : b);
 const byAddress = (a, b) => (BigInt(a) < BigInt(b) ? -1 : 1);
 
-async function run(seed, steps, wideEvery) {
+/** Runs `steps` random actions from `seed` (drawn by `weightsOver`'s weights when given, else
+ * the full mix) and checks the invariants after each; returns how often each outcome came up. */
+async function run(seed, steps, wideEvery, weightsOver) {
   const q = await loadFixture(deployQuarry);
   const { escrow, gpu, task, committee, arb, client, arbiter, miner, miner2, outsider, verifiers, signers } = q;
   const miner3 = signers[10];
@@ -131,6 +133,7 @@ async function run(seed, steps, wideEvery) {
   const swarmPrecisionOf = (sw) => Math.max(...sw.members.map((a) => mprec.get(a)));
   const registered3 = BigInt(await time.latest()); // its registration's block
   await committee.setMaxMembers(MAX_MEMBERS);
+  await committee.setMembershipParams(1, CHURN);
   for (const m of miners) {
     const i = await gpu.minerInfo(m);
     mstate.set(m.address, {
@@ -206,13 +209,15 @@ async function run(seed, steps, wideEvery) {
   };
   /** The seated member (not leaving) with the least weight; among equals the one activated
    * last, then the highest address. */
-  const lowestSeat = (list) => {
+  /** VerifierCommittee._lowestSeat: among seated verifiers not leaving (activated at `from`
+   * only, when given), the least weight, then the latest activation, then the highest address. */
+  const lowestSeat = (list, from) => {
     let lowest = null;
     let lw = 2n ** 256n - 1n;
     let lf = 0n;
     for (const a of list) {
       const v = vinfo.get(a);
-      if (v.activeUntil !== MAX64) continue;
+      if (v.activeUntil !== MAX64 || (from !== undefined && v.activeFrom !== from)) continue;
       if (v.weight < lw || (v.weight === lw && (v.activeFrom > lf || (v.activeFrom === lf && BigInt(a) > BigInt(lowest))))) {
         lowest = a; lw = v.weight; lf = v.activeFrom;
       }
@@ -289,7 +294,9 @@ async function run(seed, steps, wideEvery) {
   };
   /** Arbitration._settleFault: budget back to the client, collateral slashed, the voters'
    * reward split by their recorded weights ([address, weight] pairs), the rest to the client. */
-  const settleFault = (t, s, voters) => {
+  /** Settles a fault on shard `s`: the rest of the slash goes to the client, or to `rest`
+   * (BURN for an unanswered availability challenge). */
+  const settleFault = (t, s, voters, rest) => {
     const sh = shardOf(t, s);
     const budget = budgetOf(t, s);
     sh.state = S.Refunded;
@@ -306,7 +313,7 @@ async function run(seed, steps, wideEvery) {
       paid += share;
       slashed += slashLiable(sh, share, v);
     }
-    slashed += slashLiable(sh, slashAmount - paid, t.client.address);
+    slashed += slashLiable(sh, slashAmount - paid, rest ?? t.client.address);
     return slashed;
   };
 
@@ -1076,7 +1083,7 @@ async function run(seed, steps, wideEvery) {
         await expect(arb.settleUnanswered(ch.id)).to.be.revertedWithCustomError(arb, "ResponseWindowOpen").withArgs(ch.deadline);
         return "settleEarly";
       }
-      const slashed = settleFault(ch.t, ch.s, []);
+      const slashed = settleFault(ch.t, ch.s, [], BURN); // an outage pays no one
       credit(ch.challenger, ch.bond);
       ch.status = "unanswered";
       await expect(arb.connect(rnd.pick(actors)).settleUnanswered(ch.id)).to.emit(arb, "AvailabilityUnanswered")
@@ -1284,15 +1291,21 @@ async function run(seed, steps, wideEvery) {
       }
       const stake = P.minVerifierStake + BigInt(rnd.int(0, 200)) * 10n ** 16n + BigInt(rnd.int(0, 1e9));
       const at = changeEpoch(ts);
-      if ((activations.get(at) || 0) >= CHURN) {
-        await expect(committee.connect(v).register({ value: stake }))
-          .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(at, CHURN);
-        return "joinChurnLimit";
-      }
       const seats2 = pruned(cur);
+      // a full boundary: the pending join with the least stake gives way to strictly more
+      let bumped = null;
+      if ((activations.get(at) || 0) >= CHURN) {
+        const [smallest, sw] = lowestSeat(seats2, at);
+        if (!smallest || stake <= sw) {
+          await expect(committee.connect(v).register({ value: stake }))
+            .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(at, CHURN);
+          return "joinChurnLimit";
+        }
+        bumped = smallest;
+      }
       let displaced = null;
-      if (BigInt(notLeaving().length) >= MAX_MEMBERS) {
-        const [lowest, lw] = lowestSeat(seats2);
+      if (BigInt(notLeaving().length - (bumped ? 1 : 0)) >= MAX_MEMBERS) {
+        const [lowest, lw] = lowestSeat(seats2.filter((a) => a !== bumped));
         if (stake <= lw) {
           await expect(committee.connect(v).register({ value: stake }))
             .to.be.revertedWithCustomError(committee, "CommitteeFull").withArgs(MAX_MEMBERS, lw);
@@ -1303,9 +1316,12 @@ async function run(seed, steps, wideEvery) {
       const tx = committee.connect(v).register({ value: stake });
       await expect(tx).to.emit(committee, "VerifierRegistered").withArgs(v.address, stake, at);
       seats = seats2;
-      if (displaced) {
-        await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(displaced, v.address, at);
-        unseat(displaced, at, ts);
+      for (const d of [bumped, displaced]) {
+        if (!d) continue;
+        await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(d, v.address, at);
+        const pending = vinfo.get(d).activeFrom === at;
+        unseat(d, at, ts);
+        if (pending) vinfo.get(d).withdrawableAt = ts; // a displaced join is free at once
       }
       activations.set(at, (activations.get(at) || 0) + 1);
       const rec = { addr: v.address, stake, weight: stake, activeFrom: at, activeUntil: MAX64, withdrawableAt: 0n };
@@ -1313,7 +1329,7 @@ async function run(seed, steps, wideEvery) {
       regs.push(rec);
       seats.push(v.address);
       if (at > lastKey) lastKey = at;
-      return displaced ? "joinDisplacing" : true;
+      return bumped ? "joinChurnDisplacing" : displaced ? "joinDisplacing" : true;
     },
     async verifierExit() {
       const ts = await pin();
@@ -1419,7 +1435,7 @@ async function run(seed, steps, wideEvery) {
     slashLiable(held, penalty, t.client.address);
   }
 
-  const weights = [
+  const weights = weightsOver ?? [
     ["createTask", 6], ["claimShard", 10], ["claimShards", 3], ["registerSwarm", 3], ["leaveSwarm", 1], ["claimShardSwarm", 10], ["submitResult", 16], ["finalizeShard", 8], ["reclaimExpired", 4],
     ["declarePrecision", 1], ["refundUnfinished", 3], ["cancelTask", 1], ["openDispute", 6], ["castVotes", 5], ["expireDispute", 3],
     ["reportAbsence", 3], ["challengeAvailability", 8], ["answerAvailability", 7], ["settleUnanswered", 4],
@@ -1457,6 +1473,22 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       if (process.env.QUARRY_INVARIANT_VERBOSE) console.log(seed, JSON.stringify(counts));
     });
   }
+  it("verifier joins, cancels, exits and withdrawals around epoch boundaries keep the committee's accounting (churn limit 2)", async function () {
+    // Issue 29, gap 4: joins compete for a boundary's two slots by stake, pending joins are
+    // displaced or cancelled just before the boundary (epochJump lands on its last second).
+    const counts = {};
+    for (const seed of [5, 11]) {
+      const c = await run(seed, 200, 10, [
+        ["verifierJoin", 8], ["verifierExit", 5], ["verifierWithdraw", 4], ["timeJump", 2], ["epochJump", 4],
+        ["createTask", 1], ["claimShard", 1], ["submitResult", 1], ["openDispute", 1], ["castVotes", 1],
+      ]);
+      for (const [k, v] of Object.entries(c)) counts[k] = (counts[k] || 0) + v;
+    }
+    if (process.env.QUARRY_INVARIANT_VERBOSE) console.log("churn", JSON.stringify(counts));
+    for (const k of ["joinChurnLimit", "joinChurnDisplacing", "joinDisplacing", "joinCancelled", "verifierWithdraw"]) {
+      expect(counts[k] || 0, `${k}: ${JSON.stringify(counts)}`).to.be.greaterThan(0);
+    }
+  });
   it("the seeds together exercise every action, disputes resolved both ways", function () {
     if (process.env.QUARRY_INVARIANT_VERBOSE) console.log(JSON.stringify(agg));
     for (const k of [
@@ -1468,6 +1500,7 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "reclaimExpired", "refundUnfinished", "cancelTask", "withdraw", "reputation", "probationEnded",
       "reportNotSorted", "reportBeforeRegistration",
       "claimOnProbation", "claimOnProbationAllowed", "verifierJoin", "joinDisplacing", "verifierExit", "joinCancelled",
+      "joinChurnLimit", "joinChurnDisplacing",
       "verifierWithdraw", "timeJump", "epochJump", "submit_overcap", "submit_miscount", "submit_inflated",
       "registerSwarm", "registerSwarmForged", "leaveSwarm", "swarmReplay", "claimShardSwarm", "claimSwarmInactive",
       "claimSwarmAskAbove", "claimSwarmMemberNotEligible", "finalizeSwarm", "swarmSlash",

@@ -3,7 +3,7 @@ const { ethers } = require("hardhat");
 const { loadFixture } = require("@nomicfoundation/hardhat-network-helpers");
 const { time } = require("@nomicfoundation/hardhat-network-helpers");
 const { P, PRICE, gasCost, deployQuarry, createTask, buildResult } = require("./helpers");
-const BURN = "0x000000000000000000000000000000000000dEaD"; // Arbitration.BURN: absences are burned
+const BURN = "0x000000000000000000000000000000000000dEaD"; // Arbitration.BURN: absences and unanswered availability challenges are burned
 
 // Unit tests with EOAs standing in for the Quarry contracts that PaymentEscrow trusts.
 describe("PaymentEscrow", function () {
@@ -155,13 +155,13 @@ describe("PaymentEscrow", function () {
       await invariant(escrow);
 
       // shard 1: unanswered; the budget is released by TaskRegistry, the slash credited by
-      // GPURegistry, the bond credited back by Arbitration
+      // GPURegistry to BURN (an outage pays no one), the bond credited back by Arbitration
       await arb.connect(client).challengeAvailability(taskId, 1, 4, { value: P.minAvailabilityBond });
       await time.increase(P.responseWindow);
       const slash = (COLL4 * BigInt(P.faultSlashBps)) / 10000n;
       const tx1 = arb.settleUnanswered(2);
       await expect(tx1).to.emit(escrow, "Released").withArgs(taskId, client.address, BUDGET4);
-      await expect(tx1).to.emit(escrow, "Credited").withArgs(await gpu.getAddress(), client.address, slash);
+      await expect(tx1).to.emit(escrow, "Credited").withArgs(await gpu.getAddress(), BURN, slash);
       await expect(tx1).to.emit(escrow, "Credited").withArgs(await arb.getAddress(), client.address, P.minAvailabilityBond);
       await invariant(escrow);
 
@@ -184,8 +184,8 @@ describe("PaymentEscrow", function () {
       await task.finalizeShard(taskId, 0);
       await task.finalizeShard(taskId, 2);
       const pay = (40n + 20n) * PRICE;
-      const clientGets = BUDGET4 + slash + P.minAvailabilityBond + P.minBond + (BUDGET4 - 40n * PRICE) + (BUDGET2 - 20n * PRICE);
-      expect(await escrow.withdrawable(BURN)).to.equal(idle * 4n);
+      const clientGets = BUDGET4 + P.minAvailabilityBond + P.minBond + (BUDGET4 - 40n * PRICE) + (BUDGET2 - 20n * PRICE);
+      expect(await escrow.withdrawable(BURN)).to.equal(idle * 4n + slash);
       expect(await escrow.withdrawable(client)).to.equal(clientGets);
       expect(await escrow.withdrawable(miner)).to.equal(P.minAvailabilityBond + pay);
       expect(await escrow.escrowed(taskId)).to.equal(0);
@@ -197,8 +197,8 @@ describe("PaymentEscrow", function () {
         expect((await ethers.provider.getBalance(who)) - before + (await gasCost(tx))).to.equal(amount);
       }
       // what is left is burned: credited to an address no key controls
-      expect(await ethers.provider.getBalance(escrow)).to.equal(idle * 4n);
-      expect(await escrow.totalWithdrawable()).to.equal(idle * 4n);
+      expect(await ethers.provider.getBalance(escrow)).to.equal(idle * 4n + slash);
+      expect(await escrow.totalWithdrawable()).to.equal(idle * 4n + slash);
       expect(await ethers.provider.getBalance(arb)).to.equal(0);
     });
   });

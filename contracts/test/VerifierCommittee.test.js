@@ -316,7 +316,8 @@ describe("VerifierCommittee", function () {
           .to.emit(committee, "VerifierRegistered").withArgs(w.address, STAKE, c + 1n);
       }
       expect(await committee.activations(c + 1n)).to.equal(4);
-      await expect(committee.connect(ws[4]).register({ value: ETH(9) }))
+      // no more stake than the smallest pending join: refused (more would displace it, "gap 4" below)
+      await expect(committee.connect(ws[4]).register({ value: STAKE }))
         .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(c + 1n, 4);
       await toEpoch(committee, c + 1n);
       await expect(committee.connect(ws[4]).register({ value: ETH(9) }))
@@ -429,6 +430,85 @@ describe("VerifierCommittee", function () {
       const e = await committee.currentEpoch();
       await committee.connect(att[0]).register({ value: STAKE });
       expect((await committee.verifierInfo(att[0])).activeFrom).to.equal(e + 1n);
+    });
+
+    it("issue 29 gap 4: four 0.1 ETH squatters no longer keep out a 50 ETH join; the displaced squatter gets its stake back at once", async function () {
+      // The attack: four minimum joins fill the next boundary's activation slots, so an honest
+      // verifier with 50 ETH was refused ChurnLimitReached; the squatters cancelled before the
+      // boundary and rotated. Slots now go by stake: the honest join displaces the smallest.
+      const { committee, verifiers, signers } = await loadFixture(deployQuarry);
+      const MIN = ETH(1) / 10n;
+      await committee.setMinVerifierStake(MIN);
+      const honest = signers[10];
+      const sq = await wallets(4);
+      const c = await toEpochStart(committee);
+      const committeeBal = await ethers.provider.getBalance(committee);
+      for (const w of sq) await committee.connect(w).register({ value: MIN });
+      expect(await committee.activations(c + 1n)).to.equal(4);
+      // the pending join displaced is the smallest; among equals, the highest address
+      const victim = sortByAddress(sq)[3];
+      const tx = committee.connect(honest).register({ value: ETH(50) });
+      await expect(tx).to.emit(committee, "VerifierDisplaced").withArgs(victim.address, honest.address, c + 1n)
+        .and.to.emit(committee, "VerifierRegistered").withArgs(honest.address, ETH(50), c + 1n);
+      expect(await committee.activations(c + 1n)).to.equal(4);
+      expect(await committee.seats()).to.have.length(verifiers.length + 4);
+      expect(await committee.memberCountAt(c + 1n)).to.equal(8);
+      expect(await committee.totalWeightAt(c + 1n)).to.equal(4n * STAKE + 3n * MIN + ETH(50));
+      // the displaced join took no effect and did nothing wrong: its stake is free at once
+      const ts = BigInt(await time.latest());
+      const info = await committee.verifierInfo(victim);
+      expect([info.activeFrom, info.activeUntil, info.withdrawableAt]).to.deep.equal([c + 1n, c + 1n, ts]);
+      const before = await ethers.provider.getBalance(victim);
+      const wtx = await committee.connect(victim).withdrawStake();
+      await expect(wtx).to.emit(committee, "VerifierStakeWithdrawn").withArgs(victim.address, MIN);
+      expect((await ethers.provider.getBalance(victim)) - before + (await gasCost(wtx))).to.equal(MIN);
+      // squatting again with the same stake is refused; one wei more only displaces a squatter
+      const [again, richer] = await wallets(2);
+      await expect(committee.connect(again).register({ value: MIN }))
+        .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(c + 1n, 4);
+      const left = sortByAddress(sq.filter((w) => w !== victim));
+      await expect(committee.connect(richer).register({ value: MIN + 1n }))
+        .to.emit(committee, "VerifierDisplaced").withArgs(left[2].address, richer.address, c + 1n);
+      await expect(committee.connect(left[2]).withdrawStake()).to.emit(committee, "VerifierStakeWithdrawn").withArgs(left[2].address, MIN);
+      // the rotation: the remaining squatters cancel, and their stake stays bonded
+      const unbonding = await committee.unbondingPeriod();
+      for (const w of [left[0], left[1], richer]) {
+        const t = BigInt(await time.latest()) + 1n;
+        await time.setNextBlockTimestamp(t);
+        await expect(committee.connect(w).requestExit())
+          .to.emit(committee, "VerifierExitRequested").withArgs(w.address, c + 1n, t + unbonding);
+      }
+      // the honest verifier sits from the boundary, to the wei of the snapshot
+      await toEpoch(committee, c + 1n);
+      expect(await committee.members()).to.deep.equal(sortedAddrs([...verifiers, honest]));
+      expect(await committee.totalWeightAt(c + 1n)).to.equal(4n * STAKE + ETH(50));
+      // held: the honest 50 ETH and the three cancelled squatters' stakes, unbonding
+      expect(await ethers.provider.getBalance(committee)).to.equal(committeeBal + ETH(50) + 2n * MIN + MIN + 1n);
+    });
+
+    it("issue 29 gap 4: keeping a 50 ETH join out takes churnLimit bonds above 50 ETH each, seated or locked for the unbonding period", async function () {
+      const { committee, verifiers, signers } = await loadFixture(deployQuarry);
+      const honest = signers[10];
+      const att = await wallets(4, ETH(60));
+      const c = await toEpochStart(committee);
+      const committeeBal = await ethers.provider.getBalance(committee);
+      for (const w of att) await committee.connect(w).register({ value: ETH(50) + 1n });
+      await expect(committee.connect(honest).register({ value: ETH(50) }))
+        .to.be.revertedWithCustomError(committee, "ChurnLimitReached").withArgs(c + 1n, 4);
+      expect(await ethers.provider.getBalance(committee)).to.equal(committeeBal + 4n * (ETH(50) + 1n));
+      // cancelling before the boundary frees the slots but locks every attacker's 50 ETH + 1 wei
+      const unbonding = await committee.unbondingPeriod();
+      for (const w of att) {
+        const t = BigInt(await time.latest()) + 1n;
+        await time.setNextBlockTimestamp(t);
+        await committee.connect(w).requestExit();
+        expect((await committee.verifierInfo(w)).withdrawableAt).to.equal(t + unbonding);
+        await expect(committee.connect(w).withdrawStake()).to.be.revertedWithCustomError(committee, "UnbondingNotOver");
+      }
+      await expect(committee.connect(honest).register({ value: ETH(50) }))
+        .to.emit(committee, "VerifierRegistered").withArgs(honest.address, ETH(50), c + 1n);
+      await toEpoch(committee, c + 1n);
+      expect(await committee.members()).to.deep.equal(sortedAddrs([...verifiers, honest]));
     });
 
     it("register-then-exit cannot fill the seat list: 124 cancelled joins within one epoch leave it as it was", async function () {
@@ -681,6 +761,48 @@ describe("VerifierCommittee", function () {
         .to.emit(committee, "ChallengeSetCommitted");
       await expect(submitReport(committee, r, await signReport(committee, heavy, r)))
         .to.emit(committee, "ReputationSubmitted").withArgs(cur, r.evidenceRoot, 1, addrs(heavy));
+    });
+
+    it("issue 29 gap 5: stake bonded one second before a boundary decides a dispute opened one second after it; bonded at the boundary it does not", async function () {
+      // The true bound (activationDelay 1): stake bonded at any time in epoch e sits from the
+      // start of e + 1, so it judges every dispute opened from then on, as little as one second
+      // after it was bonded. Not "bonded at least one epoch before the dispute".
+      const q = await loadFixture(deployQuarry);
+      const { committee, arb, escrow, task, client, miner, signers } = q;
+      const [attacker, late] = signers.slice(10, 12);
+      const { taskId, res } = await submitted(q);
+      const { taskId: taskId2, res: res2 } = await submitted(q);
+      const e = await committee.currentEpoch();
+      const boundary = await committee.epochStart(e + 1n);
+      const H = ETH(4); // the four honest members
+      await time.setNextBlockTimestamp(boundary - 1n);
+      await expect(committee.connect(attacker).register({ value: 2n * H + 1n }))
+        .to.emit(committee, "VerifierRegistered").withArgs(attacker.address, 2n * H + 1n, e + 1n);
+      // one second too late for the same boundary: it sits from e + 2
+      await time.setNextBlockTimestamp(boundary);
+      await expect(committee.connect(late).register({ value: 2n * H + 1n }))
+        .to.emit(committee, "VerifierRegistered").withArgs(late.address, 2n * H + 1n, e + 2n);
+      // the dispute opens one second after the boundary, two after the bond: epoch e + 1
+      await time.setNextBlockTimestamp(boundary + 1n);
+      const id = await openDispute(q, taskId, res);
+      const d = await arb.getDispute(id);
+      expect(d.epoch).to.equal(e + 1n);
+      expect(d.totalWeight).to.equal(H + 2n * H + 1n);
+      // the latecomer is not in this dispute's committee
+      await expect(arb.castVotes(id, true, await signVotes(arb, [late], id, true)))
+        .to.be.revertedWithCustomError(arb, "NotCommitteeMember").withArgs(late.address);
+      // the attacker alone holds more than two thirds: it rules an honest receipt a fault
+      const tx = arb.castVotes(id, true, await signVotes(arb, [attacker], id, true));
+      await expect(tx).to.emit(arb, "DisputeResolved").withArgs(id, true, [attacker.address], COLL4);
+      const reward = (COLL4 * BigInt(P.verifierRewardBps)) / 10000n;
+      expect(await escrow.withdrawable(attacker)).to.equal(reward);
+      expect(await escrow.withdrawable(client)).to.equal(BUDGET4 + COLL4 - reward + P.minBond);
+      expect((await q.gpu.minerInfo(miner)).stake).to.equal(P.minStake - COLL4);
+      // a dispute opened in epoch e + 2 has the latecomer in its committee too
+      await time.increaseTo(await committee.epochStart(e + 2n));
+      const id2 = await openDispute(q, taskId2, res2);
+      expect(await arb.castVotes.staticCall(id2, true, await signVotes(arb, sortByAddress([attacker, late]), id2, true))).to.equal(true);
+      expect((await task.getShard(taskId, 0)).state).to.equal(5n); // Refunded
     });
 
     it("gap 3: nine minimum stakes registered after a dispute opened are not in its snapshot", async function () {

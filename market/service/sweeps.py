@@ -5,11 +5,11 @@
 - reclaim every expired claim (slashes part of the collateral to the client, reopens the
   shard, or refunds it past the deadline);
 - refund every shard still Open after the task's deadline;
-- settle every availability challenge left unanswered past its deadline (the miner is at
-  fault: the client gets the shard's budget, the slash and its bond back);
+- settle every availability challenge left unanswered past its deadline (the miner loses the
+  shard: the client gets its budget and the challenger its bond back; the slash is burned);
 - expire every dispute past its deadline (the bond goes back to the opener, the shard
   unfreezes), then report the members of its committee that cast no vote (each loses its seat
-  and part of its stake to the opener); a dispute someone else expired is reported too.
+  and part of its stake, burned); a dispute someone else expired is reported too.
 
 So silence never pays, even with the client offline: a miner that does not answer a challenge
 is at fault, and a committee member that does not vote is reported absent.
