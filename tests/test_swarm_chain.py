@@ -187,8 +187,8 @@ def test_reclaim_slashes_the_head_alone(devnet: Devnet) -> None:
 def test_a_head_that_is_also_the_client_cannot_rob_its_members(devnet: Devnet) -> None:
     """Issue 29, gap 1, through the Python bindings: the head posts a task with its own key,
     claims it for the swarm, submits, challenges its own shard and never answers. The fault
-    is slashed from the head alone and paid back to it as the client: its members' stake,
-    locks and escrow balances do not move by a wei, and the head nets nothing (gas aside)."""
+    is slashed from the head alone and burned (gap 6): its members' stake, locks and escrow
+    balances do not move by a wei, and the head loses the slash (gas aside)."""
     net, q = devnet, devnet.q
     four = members_of(net)
     swarm_id = form(net, four, consent_of(net, four))
@@ -215,6 +215,6 @@ def test_a_head_that_is_also_the_client_cannot_rob_its_members(devnet: Devnet) -
     lost = stakes[head.address] - q.gpu.miner_info(head.address).stake
     got = q.escrow.withdrawable(head.address) - owed[head.address]
     assert lost == slash
-    assert got == posted.payment + bond + slash  # the budget, its bond, the slash
-    assert got - posted.payment - bond - lost == 0
+    assert got == posted.payment + bond  # the budget and its bond; the slash is burned
+    assert got - posted.payment - bond - lost == -slash
     assert_escrow_invariant(net)

@@ -1353,7 +1353,9 @@ describe("Arbitration", function () {
       }
       await time.increase(P.responseWindow);
       await expect(arb.settleUnanswered(4)).to.emit(arb, "AvailabilityUnanswered").withArgs(4, taskId, 0, SLASH4);
-      await expectWithdrawable(q, [[miner, 3n * P.minAvailabilityBond], [client, BUDGET4 + SLASH4 + P.minAvailabilityBond]]);
+      // the slash is burned (gap 6): the client gets back what it put in, no more
+      await expectWithdrawable(q, [[miner, 3n * P.minAvailabilityBond], [client, BUDGET4 + P.minAvailabilityBond]]);
+      expect(await q.escrow.withdrawable(BURN)).to.equal(SLASH4);
       await expectMiner(q, P.minStake - SLASH4, 0n);
       await expectSolvent(q);
     });
