@@ -255,6 +255,10 @@ class SelectEngine(_OtherModel):
     """A torch copy of the model whose token choice breaks the protocol's rule
     (`likely-end-*`, `top-k-*`, `sampled-noise-*`)."""
 
+    def __init__(self, honest: TextEngine, seed: int, other: TextEngine, mode: str) -> None:
+        super().__init__(honest, seed, other)
+        self.mode = mode
+
 
 def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) -> TextEngine:
     """A torch copy of the model choosing tokens as `mode` says (module doc); the logprobs
@@ -574,9 +578,10 @@ def cheating_engine(mode: str, engine: TextEngine, model_dir: Path, *, seed: int
     if mode.startswith("sampled-noise-"):
         return SelectEngine(engine, seed, _noisy_torch_engine(
             model_dir, engine, seed=seed, sigma=float(mode.rpartition("-")[2]),
-            sampled_only=True))
+            sampled_only=True), mode)
     if mode.startswith(("likely-end-", "top-k-")):
-        return SelectEngine(engine, seed, _select_cheat(mode, model_dir, engine, seed=seed))
+        return SelectEngine(engine, seed, _select_cheat(mode, model_dir, engine, seed=seed),
+                            mode)
     if mode == "greedy-sampled":
         return GreedySampledEngine(engine, seed)
     if mode == "cold":
