@@ -36,6 +36,12 @@ the way the request asks, where it is cheaper or hard to see:
   token is chosen (seeded per request): the activations are honest, the choices are not.
 - `truncate`: stops at half of max_tokens with a stop token and `finish_reason: "stop"`,
   saving the rest of the generation.
+- `likely-end-C` (C = 0.03, 0.1): on sampled requests, ends with the likeliest stop token
+  wherever the stop tokens' chance (tempered, in the nucleus) is at least C, rather than
+  where one is drawn: fewer tokens, each end a plausible one.
+- `top-k-K` (K = 5, 20): sampled requests drawn from the K most likely tokens only.
+- `sampled-noise-S` (S = 0.25, 0.5): `logit-noise` at S nats on sampled requests only;
+  greedy ones are served exactly, so the greedy test sees nothing.
 - `selective`: honest on what looks like a committee challenge, the cheaper `substitute`
   model on everything else. Its test is the one that worked before challenges were
   disguised: a prompt that is a passage of the public corpus in `market/model/corpus.py`.
@@ -68,7 +74,9 @@ from market.errors import QuarryError
 
 CRUDE_MODES = ("substitute", "perturb", "random", "wrong-prompt")
 """Modes that change what is computed: another model, noisy weights, junk, another prompt."""
-SAMPLING_MODES = ("greedy-sampled", "cold", "noise", "truncate", "int8", "logit-noise")
+SAMPLING_MODES = ("greedy-sampled", "cold", "noise", "truncate", "int8", "logit-noise",
+                  "likely-end-0.03", "likely-end-0.1", "top-k-5", "top-k-20",
+                  "sampled-noise-0.25", "sampled-noise-0.5")
 """Modes that serve the real model but not the way the request asks (module doc)."""
 SELECTIVE_MODES = ("selective",)
 """Modes that are honest on the committee's challenges and cheat on client traffic."""
@@ -203,10 +211,11 @@ class LogitNoiseEngine(_OtherModel):
     mode = "logit-noise"
 
 
-def _noisy_torch_engine(model_dir: Path, engine: TextEngine, *, seed: int, sigma: float
-                        ) -> TextEngine:
-    """A torch copy of the model whose every token choice sees its logits plus Gaussian
-    noise of `sigma` nats (a generator per request, seeded by the request and `seed`)."""
+def _noisy_torch_engine(model_dir: Path, engine: TextEngine, *, seed: int, sigma: float,
+                        sampled_only: bool = False) -> TextEngine:
+    """A torch copy of the model whose every token choice (with `sampled_only`, every
+    sampled one) sees its logits plus Gaussian noise of `sigma` nats (a generator per
+    request, seeded by the request and `seed`)."""
     import torch
 
     from market.engine.torch_engine import TorchEngine
@@ -218,6 +227,7 @@ def _noisy_torch_engine(model_dir: Path, engine: TextEngine, *, seed: int, sigma
             from market.engine.sampling import select_next
 
             noise = torch.stack([
+                torch.zeros(logits.shape[1]) if sampled_only and r.greedy else
                 torch.randn(logits.shape[1], generator=self._noise_for(r), dtype=torch.float32)
                 for r in requests]).to(logits.device)
             ids, _ = select_next(logits.float() + sigma * noise, requests, generators)
@@ -239,6 +249,57 @@ def _noisy_torch_engine(model_dir: Path, engine: TextEngine, *, seed: int, sigma
             return super().generate(requests)
 
     return NoisyLogits(model_dir, manifest=engine.manifest, **_engine_options(engine))
+
+
+class SelectEngine(_OtherModel):
+    """A torch copy of the model whose token choice breaks the protocol's rule
+    (`likely-end-*`, `top-k-*`, `sampled-noise-*`)."""
+
+    def __init__(self, honest: TextEngine, seed: int, other: TextEngine, mode: str) -> None:
+        super().__init__(honest, seed, other)
+        self.mode = mode
+
+
+def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) -> TextEngine:
+    """A torch copy of the model choosing tokens as `mode` says (module doc); the logprobs
+    it reports are the honest untempered ones of the tokens it chose."""
+    import torch
+
+    from market.engine.sampling import select_next
+    from market.engine.torch_engine import TorchEngine
+
+    family, _, value = mode.rpartition("-")
+    threshold = float(value)
+
+    class Cheat(TorchEngine):
+        def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
+                    generators: list[torch.Generator | None]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+            raw = logits.float()
+            sampled = [i for i, r in enumerate(requests) if not r.greedy]
+            if family == "top-k" and sampled:
+                kth = torch.topk(raw, int(threshold), dim=-1).values[:, -1:]
+                cut = raw.masked_fill(raw < kth, float("-inf"))
+                raw = torch.where(torch.tensor([not r.greedy for r in requests],
+                                               device=raw.device)[:, None], cut, raw)
+            ids, _ = select_next(raw, requests, generators)
+            if family == "likely-end" and sampled and self.stop_token_ids:
+                stops = torch.tensor(sorted(self.stop_token_ids), device=raw.device)
+                for i in sampled:
+                    r = requests[i]
+                    probs = torch.softmax(raw[i] / r.temperature, -1).double()
+                    ordered, order = torch.sort(probs, descending=True, stable=True)
+                    keep = (torch.cumsum(ordered, 0) - ordered) < r.top_p
+                    keep[0] = True
+                    nucleus = torch.zeros_like(probs)
+                    nucleus[order[keep]] = ordered[keep]
+                    nucleus /= nucleus.sum()
+                    if float(nucleus[stops].sum()) >= threshold:
+                        ids[i] = stops[int(torch.argmax(nucleus[stops]))]
+            honest_lp = torch.log_softmax(logits.float(), -1).gather(1, ids[:, None])
+            return ids, honest_lp.squeeze(1)
+
+    return Cheat(model_dir, manifest=engine.manifest, **_engine_options(engine))
 
 
 class GreedySampledEngine(CheatingEngine):
@@ -514,6 +575,13 @@ def cheating_engine(mode: str, engine: TextEngine, model_dir: Path, *, seed: int
     if mode == "logit-noise":
         return LogitNoiseEngine(engine, seed, _noisy_torch_engine(model_dir, engine, seed=seed,
                                                                   sigma=LOGIT_NOISE))
+    if mode.startswith("sampled-noise-"):
+        return SelectEngine(engine, seed, _noisy_torch_engine(
+            model_dir, engine, seed=seed, sigma=float(mode.rpartition("-")[2]),
+            sampled_only=True), mode)
+    if mode.startswith(("likely-end-", "top-k-")):
+        return SelectEngine(engine, seed, _select_cheat(mode, model_dir, engine, seed=seed),
+                            mode)
     if mode == "greedy-sampled":
         return GreedySampledEngine(engine, seed)
     if mode == "cold":

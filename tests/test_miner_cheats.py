@@ -136,10 +136,16 @@ def reference_stats(honest: TextEngine, reqs: list[GenerationRequest],
 
 # ----------------------------------------------------------------------------- every mode
 
-def test_modes_are_the_declared_eleven() -> None:
+SUPPORT_MODES = ("likely-end-0.03", "likely-end-0.1", "top-k-5", "top-k-20",
+                 "sampled-noise-0.25", "sampled-noise-0.5")
+"""Cheats on sampled requests only, which the tiny model's peaked distributions hide
+(`test_support_cheats_are_caught_on_the_trained_model` judges them)."""
+
+
+def test_modes_are_the_declared_seventeen() -> None:
     assert CRUDE_MODES == ("substitute", "perturb", "random", "wrong-prompt")
     assert SAMPLING_MODES == ("greedy-sampled", "cold", "noise", "truncate", "int8",
-                              "logit-noise")
+                              "logit-noise", *SUPPORT_MODES)
     assert SELECTIVE_MODES == ("selective",)
     assert CHEAT_MODES == CRUDE_MODES + SAMPLING_MODES + SELECTIVE_MODES
 
@@ -186,6 +192,8 @@ def test_mode_keeps_the_interface_and_limits(
         assert changed >= len(PROMPTS) // 2
     elif mode in ("noise", "int8", "logit-noise"):
         assert 0 < changed  # a few near-ties move
+    elif mode in SUPPORT_MODES:  # sampled requests only (on this model, barely)
+        assert changed == 0
     else:  # greedy-sampled and cold only change sampled requests
         assert changed == 0 and outs[len(PROMPTS)] != honest_outputs[len(PROMPTS)]
     assert honest.generate(requests) == honest_outputs  # the honest engine is untouched
@@ -452,7 +460,7 @@ def test_every_mode_fails_the_verifiers_judgement(cheats: dict[str, Any],
 
     assert verdict(honest.generate(reqs)).passed
     reasons = {}
-    for mode in CHEAT_MODES:
+    for mode in (m for m in CHEAT_MODES if m not in SUPPORT_MODES):
         v = verdict(cheats[mode].generate(reqs))
         assert not v.passed, mode
         reasons[mode] = v.reason

@@ -25,6 +25,8 @@ from verifier.scoring import (
     EVIDENCE_WIDTH,
     EXPONENTS,
     GREEDY_EXPONENTS,
+    SAMPLED_WIDTH,
+    SUPPORT_TEST,
     ChallengeScore,
     ScoringError,
     judge,
@@ -94,6 +96,47 @@ def test_the_ratios_are_an_exact_martingale() -> None:
         assert torch.isfinite(ratios).all()  # outside the nucleus: finite, not -inf/inf
 
 
+def test_the_support_alternatives_are_an_exact_martingale_and_catch_their_cheats() -> None:
+    """The stop and top-k alternatives (SUPPORT_TEST) have expectation exactly 1 under
+    honest sampling at every stop mass, nucleus or not; an end chosen where it was likely
+    and a token of the head weigh more than 1, a continuation there and a tail token less."""
+    from market.engine.base import SupportTest
+
+    gen = torch.Generator().manual_seed(5)
+    vocab = torch.arange(64)
+    stop_ids = {0, 7}
+    width = SAMPLED_WIDTH
+    for shift in (-6.0, 0.0, 2.0, 4.0):  # stop mass from ~0 to most of the distribution
+        logits = torch.randn(64, generator=gen) * 3
+        logits[[0, 7]] += shift
+        for temperature, top_p in ((1.0, 1.0), (0.7, 0.9), (1.3, 0.5)):
+            ratios = likelihood_ratios(logits.repeat(64, 1), vocab, temperature, top_p,
+                                       EXPONENTS, SUPPORT_TEST, stop_ids)
+            assert ratios.shape == (64, width) and torch.isfinite(ratios).all()
+            probs = torch.softmax(logits.double() / temperature, -1)
+            ordered, order = torch.sort(probs, descending=True, stable=True)
+            keep = (torch.cumsum(ordered, 0) - ordered) < top_p
+            q = torch.zeros(64, dtype=torch.float64)
+            q[order[keep]] = ordered[keep]
+            q /= q.sum()
+            assert torch.allclose((q[:, None] * ratios.exp()).sum(0),
+                                  torch.ones(width, dtype=torch.float64))
+    # One stop alternative at c = 0.1: an end where the stop mass is 0.2 weighs
+    # 0.2 + 0.8 / 0.2 = 4.2; a continuation there 0.2; under c, 1.
+    test = SupportTest(stops=((0.1, 0.8),))
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.05, 0.5, 0.45]]))
+    got = likelihood_ratios(logits, torch.tensor([0, 1]), 1.0, 1.0, (1.0,), test, {0})
+    assert torch.allclose(got[:, 1].exp(), torch.tensor([4.2, 1.0], dtype=torch.float64))
+    got = likelihood_ratios(logits[:1], torch.tensor([1]), 1.0, 1.0, (1.0,), test, {0})
+    assert math.isclose(got[0, 1].exp().item(), 0.2)
+    # Top-2 at lam 0.5: the head (mass 0.8) weighs 0.5 + 0.5 / 0.8, the tail 0.5.
+    test = SupportTest(top_ks=((2, 0.5),))
+    got = likelihood_ratios(logits[:1].repeat(3, 1), torch.tensor([0, 1, 2]), 1.0, 1.0, (1.0,),
+                            test)
+    assert torch.allclose(got[:, 1].exp(), torch.tensor([0.5, 1.125, 1.125],
+                                                        dtype=torch.float64))
+
+
 def test_the_greedy_ratios_are_a_supermartingale_under_the_bound() -> None:
     """Under the bound p = softmax(-g'/beta) each alternative's factor has expectation
     exactly 1; moving honest mass from other tokens onto the argmax or its ties (what
@@ -145,7 +188,7 @@ def test_honest_sampled_passes_and_cheap_sampling_fails(engine: TorchEngine,
     honest = engine.generate(reqs)
     assert ids(honest) != ids(engine.generate(requests(engine, 0.0)))  # really sampled
     scores = score_outputs(engine, reqs, ids(honest), finish(honest))
-    assert all(not s.greedy and len(s.log_ratios) == len(EXPONENTS) for s in scores)
+    assert all(not s.greedy and len(s.log_ratios) == SAMPLED_WIDTH for s in scores)
     verdict = judge(scores)
     assert verdict.passed and verdict.log_evidence < THRESHOLD / 2, verdict
     # The same requests answered greedily: far MORE likely than honest sampling, and failed.
@@ -258,7 +301,7 @@ def test_bad_input_is_named(engine: TorchEngine) -> None:
 
 
 def test_json_round_trip_and_judge_rules() -> None:
-    honest = ChallengeScore(greedy=False, tokens=7, log_ratios=(-1.0,) * len(EXPONENTS),
+    honest = ChallengeScore(greedy=False, tokens=7, log_ratios=(-1.0,) * SAMPLED_WIDTH,
                             log_perplexity=1.5)
     assert ChallengeScore.from_json(honest.to_json()) == honest
     with pytest.raises(ScoringError, match="lacks margins"):
@@ -270,7 +313,7 @@ def test_json_round_trip_and_judge_rules() -> None:
     with pytest.raises(ScoringError, match="3 failed of 2 chunks"):
         ChallengeScore.from_json({**honest.to_json(), "chunks": 2, "failed_chunks": 3})
     # Evidence pools across outputs: each alone passes, together they fail.
-    weak = replace(honest, log_ratios=(0.0,) * (len(EXPONENTS) - 1) + (9.0,))
+    weak = replace(honest, log_ratios=(0.0,) * (SAMPLED_WIDTH - 1) + (9.0,))
     assert judge([weak]).passed and not judge([weak, weak]).passed
     # Greedy evidence cannot hide in sampled evidence: the kinds are averaged, so a set
     # fails when either kind alone reaches twice the threshold.

@@ -86,7 +86,7 @@ from verifier.challenges import (
     post_challenge,
 )
 from verifier.reputation import MinerRecord, ReputationParams, update
-from verifier.scoring import ChallengeScore, judge
+from verifier.scoring import EVIDENCE_WIDTH, ChallengeScore, judge
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -584,12 +584,14 @@ class CommitteeMember:
     def _carried(self, epoch: int) -> dict[str, tuple[float, ...]]:
         """Each miner's evidence carried by epoch - 1's report (log ratios per alternative,
         floored at 0: `Judgement.carry`, in micro-nats), pooled into this epoch's test.
-        Nothing is carried across a gap: only a report of exactly epoch - 1 counts."""
+        Nothing is carried across a gap: only a report of exactly epoch - 1 counts, and only
+        evidence over this test's alternatives (a report by an older verifier, whose test had
+        other alternatives, carries nothing)."""
         if epoch not in self._carry_in:
             prev, doc = self._last_report(epoch)
             carry = doc.get("carry", {}) if prev == epoch - 1 else {}
             self._carry_in[epoch] = {to_checksum_address(m): tuple(int(x) / 1e6 for x in v)
-                                     for m, v in carry.items()}
+                                     for m, v in carry.items() if len(v) == EVIDENCE_WIDTH}
         return self._carry_in[epoch]
 
     def _evidence(self, root: bytes) -> dict[str, Any]:

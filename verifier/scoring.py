@@ -26,6 +26,14 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   (0 of 20,408 honest outputs at fault in every precision pair, `benchmarks/numerics.py`). A
   token outside the nucleus is judged against the untruncated distribution, so
   nucleus-edge rounding on another accelerator cannot make an infinite ratio.
+  Tempering misses miners that sample from the right distribution's head only or end
+  outputs early, so the grid also holds `SUPPORT_TEST`'s mixtures q' = (1 - lam) q +
+  lam r, with r inside q's support: r = q cut to the stop tokens at positions whose stop
+  mass s is at least c (an end chosen wherever one was likely: each such end weighs
+  (1 - lam) + lam / s, each continuation there 1 - lam), and r = q cut to its k most
+  likely tokens (top-k or min-p sampling: each token of the head weighs (1 - lam) +
+  lam / m_k, each of the tail 1 - lam). Both factors have expectation exactly 1 under q,
+  so they join the same mean.
 - **Greedy requests** (temperature 0): the token at every position is the argmax of the
   miner's logits, which are the reference's plus the miner's rounding. The error model,
   for declared precision P against a verifier in precision V, is two parts:
@@ -106,7 +114,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from market.engine.base import Engine, GenerationRequest, GreedyTest, ScoreResult, text_for
+from market.engine.base import (
+    Engine,
+    GenerationRequest,
+    GreedyTest,
+    ScoreResult,
+    SupportTest,
+    text_for,
+)
 from market.errors import QuarryError
 from market.protocol.commitments import ChunkCheck, chunk_sizes, expected_length
 from market.protocol.precision import Precision, PrecisionError, parse_precision
@@ -117,6 +132,12 @@ BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
 """Alternatives of the sampled test: the same model at temperature T / e. 16 is nearly
 greedy; 0.25 is four times hotter. The grid is fixed in advance (it is part of the test)."""
+SUPPORT_TEST = SupportTest(stops=((0.01, 0.8), (0.03, 0.8), (0.1, 0.8), (0.3, 0.8)),
+                           top_ks=((2, 0.7), (5, 0.7), (20, 0.7), (50, 0.7)))
+"""Further alternatives of the sampled test, on how outputs end (an end token chosen where
+its chance was at least c) and where tokens come from (the k most likely only); fixed in
+advance like EXPONENTS (`market.engine.base.SupportTest`)."""
+SAMPLED_WIDTH = len(EXPONENTS) + SUPPORT_TEST.width
 GREEDY_EXPONENTS = (0.05, 0.15, 0.35, 0.6)
 """Alternatives of the greedy test: Gumbel noise of scale beta / e, from 1.7 to 20 times the
 honest bound (another model, weight noise, cheaper precision)."""
@@ -129,8 +150,10 @@ FALSE_FAULT_RATE = 1e-6
 FINISH_REASONS = ("stop", "length")
 KINDS = ("greedy", "sampled", "commitments")
 """The kinds of evidence, in the order of `Judgement.own` (and of a `prior`)."""
-GRIDS = {"greedy": GREEDY_EXPONENTS, "sampled": EXPONENTS, "commitments": COMMIT_ALTERNATIVES}
-EVIDENCE_WIDTH = sum(len(g) for g in GRIDS.values())
+GRIDS = {"greedy": len(GREEDY_EXPONENTS), "sampled": SAMPLED_WIDTH,
+         "commitments": len(COMMIT_ALTERNATIVES)}
+"""How many alternatives each kind's e-value averages over."""
+EVIDENCE_WIDTH = sum(GRIDS.values())
 
 
 @dataclass(frozen=True)
@@ -214,7 +237,7 @@ class ChallengeScore:
     tokens: int  # the miner's output length
     problem: str = ""  # why no honest run could return this output ("" when it could)
     margins: tuple[float, ...] = ()  # greedy: nats lost to the argmax, where not the argmax
-    log_ratios: tuple[float, ...] = ()  # sampled: sum of log q^(e)/q per EXPONENTS
+    log_ratios: tuple[float, ...] = ()  # sampled: sum of log q'/q per EXPONENTS, SUPPORT_TEST
     greedy_log_ratios: tuple[float, ...] = ()  # greedy: per GREEDY_EXPONENTS
     chunks: int = 0  # commitment chunks checked (0: the output carries no commitment)
     failed_chunks: int = 0  # of those, beyond the declared precision's tolerance
@@ -233,7 +256,7 @@ class ChallengeScore:
     def own_log_ratios(self) -> tuple[float, ...]:
         """This output's evidence per alternative, laid out as `Judgement.own`."""
         greedy = self.greedy_log_ratios or (0.0,) * len(GREEDY_EXPONENTS)
-        sampled = self.log_ratios or (0.0,) * len(EXPONENTS)
+        sampled = self.log_ratios or (0.0,) * SAMPLED_WIDTH
         commit = _commit_log_ratios(self.chunks, self.failed_chunks)
         return (*greedy, *sampled, *commit)
 
@@ -311,7 +334,7 @@ class ChallengeScore:
         except PrecisionError as exc:
             raise ScoringError(f"challenge score field precision: {exc}") from exc
         return cls(greedy=greedy, tokens=count("tokens"), problem=problem,
-                   margins=numbers("margins"), log_ratios=numbers("log_ratios", len(EXPONENTS)),
+                   margins=numbers("margins"), log_ratios=numbers("log_ratios", SAMPLED_WIDTH),
                    greedy_log_ratios=numbers("greedy_log_ratios", len(GREEDY_EXPONENTS)),
                    chunks=chunks, failed_chunks=failed, precision=precision,
                    log_perplexity=math.inf if log_ppl is None else float(log_ppl))
@@ -398,7 +421,7 @@ def judge(scores: Sequence[ChallengeScore], *, false_fault_rate: float = FALSE_F
     kind_evidence: list[float] = []
     start = 0
     for kind in KINDS:
-        width = len(GRIDS[kind])
+        width = GRIDS[kind]
         part = pooled[start: start + width]
         if prior and any(base[start: start + width]):
             present[kind] = True
@@ -582,7 +605,8 @@ def score_outputs(
         results = engine.evidence([k[0] for k in keys], [k[1] for k in keys],
                                   [(k[2], k[3]) for k in keys], EXPONENTS,
                                   commitments=[k[4] for k in keys],
-                                  greedy=model.greedy_test()) if keys else []
+                                  greedy=model.greedy_test(),
+                                  support=SUPPORT_TEST) if keys else []
     except QuarryError as exc:
         raise ScoringError(f"the reference engine could not score the outputs: {exc}") from exc
     if len(results) != len(keys):
@@ -599,7 +623,7 @@ def score_outputs(
             continue
         result = results[slot]
         if len(result.top_logprobs) != len(output) or (not request.greedy and len(
-                result.log_ratios) != len(EXPONENTS)) or (request.greedy and len(
+                result.log_ratios) != SAMPLED_WIDTH) or (request.greedy and len(
                 result.greedy_log_ratios) != len(GREEDY_EXPONENTS)) or (commit and len(
                 result.commitment_checks) != len(chunk_sizes(len(output), 1))):
             raise ScoringError("the reference engine returned incomplete evidence")

@@ -41,6 +41,37 @@ class GreedyTest:
 
 
 @dataclass(frozen=True)
+class SupportTest:
+    """The sampled test's alternatives aimed at how outputs end and where tokens come from
+    (`verifier.scoring` states the model), each a mixture q' = (1 - lam) q + lam r of the
+    honest next-token distribution q with a distribution r it puts inside q's support, so
+    that q'(y) / q(y) has expectation exactly 1 under honest sampling:
+
+    - `stops`, pairs (c, lam): at a position whose stop mass s (q of the stop tokens) is at
+      least c, r is q cut to the stop tokens (a miner that ends where an end was likely
+      rather than where one was drawn); elsewhere the factor is 1.
+    - `top_ks`, pairs (k, lam): r is q cut to its k most likely tokens (top-k sampling, or
+      any sampler that drops the tail)."""
+
+    stops: tuple[tuple[float, float], ...] = ()
+    top_ks: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for c, lam in self.stops:
+            if not (0 < c <= 1 and 0 < lam < 1):
+                raise SamplingError(f"a stop alternative needs 0 < c <= 1 and 0 < lam < 1, "
+                                    f"got {(c, lam)!r}")
+        for k, lam in self.top_ks:
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not 0 < lam < 1:
+                raise SamplingError(f"a top-k alternative needs an integer k >= 1 and "
+                                    f"0 < lam < 1, got {(k, lam)!r}")
+
+    @property
+    def width(self) -> int:
+        return len(self.stops) + len(self.top_ks)
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One prompt to complete. `temperature == 0` means greedy; `seed` makes sampling repeatable;
     `stop` holds the request's stop strings (`market.protocol.requests.find_stop`)."""
@@ -101,8 +132,8 @@ class ScoreResult:
     argmax_ids: tuple[int, ...] = field(default=())
     # From `Engine.evidence` only: each position's largest logprob (so logprob(argmax) -
     # logprob(token) is the margin by which a greedy token lost), and for a sampled row the
-    # log likelihood ratios summed over its positions, one per exponent
-    # (`sampling.likelihood_ratios`).
+    # log likelihood ratios summed over its positions, one per exponent and then one per
+    # `SupportTest` alternative (`sampling.likelihood_ratios`).
     top_logprobs: tuple[float, ...] = field(default=())
     log_ratios: tuple[float, ...] = field(default=())
     # From `Engine.evidence` given a greedy test, for a greedy row: its log likelihood
@@ -148,10 +179,12 @@ class Engine(ABC):
         exponents: Sequence[float],
         commitments: Sequence[bytes] | None = None,
         greedy: GreedyTest | None = None,
+        support: SupportTest | None = None,
     ) -> list[ScoreResult]:
         """`score` plus what a verifier's statistical tests need from the full next-token
         distribution: `top_logprobs` at every position; for each row whose
-        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents`; for
+        (temperature, top_p) in `sampling` samples, its `log_ratios` for `exponents` (and
+        then `support`'s alternatives, over this engine's stop tokens); for
         each greedy row, with `greedy`, its `greedy_log_ratios`; and for each row whose
         entry of `commitments` is not empty, its `commitment_checks`."""
         raise QuarryError(f"{type(self).__name__} cannot compute verification evidence (it "

@@ -17,11 +17,11 @@ Rules, shared by miners and verifiers:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
-from market.engine.base import GenerationRequest, GreedyTest, SamplingError
+from market.engine.base import GenerationRequest, GreedyTest, SamplingError, SupportTest
 from market.protocol.errors import RequestError
 from market.protocol.requests import stop_strings
 
@@ -122,6 +122,8 @@ def likelihood_ratios(
     temperature: float,
     top_p: float,
     exponents: Sequence[float],
+    support: SupportTest | None = None,
+    stop_ids: Collection[int] = (),
 ) -> torch.Tensor:
     """Per-position log likelihood ratios of `targets` [N] under logits [N, V]: column k is
     log q_k(y) - log q(y), where q is the distribution `select_next` samples from (softmax
@@ -134,7 +136,9 @@ def likelihood_ratios(
     nucleus (probability 0 under honest sampling, so its factor cannot change that
     expectation) is judged against the untruncated tempered distribution instead, so a
     float32 rounding difference at the nucleus edge on another accelerator cannot make an
-    infinite ratio. Computed in float64 on the CPU; returns [N, len(exponents)].
+    infinite ratio. With `support`, its alternatives (over the stop tokens `stop_ids`)
+    follow as further columns, log q'(y) - log q(y) on the same q (`_support_ratios`).
+    Computed in float64 on the CPU; returns [N, len(exponents) + support.width].
     """
     if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
         raise SamplingError(f"logits must be [N, V] and targets [N], got "
@@ -147,8 +151,19 @@ def likelihood_ratios(
         raise SamplingError(f"exponents must be positive numbers, got {list(exponents)!r}")
     targets = targets.to("cpu")
     logq_full = torch.log_softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
+    stops = torch.zeros(logq_full.shape[1], dtype=torch.bool)
+    if support is not None and support.stops and stop_ids:
+        stops[torch.tensor(sorted(stop_ids), dtype=torch.long)] = True
+    width = exps.numel() + (support.width if support is not None else 0)
+
+    def ratios(lq: torch.Tensor, ys: torch.Tensor, stop_mask: torch.Tensor) -> torch.Tensor:
+        cols = _tempered_ratios(lq, ys, exps)
+        if support is None or not support.width:
+            return cols
+        return torch.cat([cols, _support_ratios(lq, ys, stop_mask, support)], dim=1)
+
     if top_p >= 1.0:  # no nucleus: every token inside, and no order to sort into
-        return _tempered_ratios(logq_full, targets, exps)
+        return ratios(logq_full, targets, stops.expand_as(logq_full))
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # what _sample_row sorts
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     sorted_p = sorted_p.to("cpu", torch.float64)
@@ -162,11 +177,39 @@ def likelihood_ratios(
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
     logq_nucleus = torch.where(keep, logq_sorted, neg_inf)
     logq_nucleus = logq_nucleus - torch.logsumexp(logq_nucleus, dim=-1, keepdim=True)
-    out = torch.empty((targets.shape[0], exps.numel()), dtype=torch.float64)
+    stops_sorted = stops[order]
+    out = torch.empty((targets.shape[0], width), dtype=torch.float64)
     for table, rows in ((logq_nucleus, inside), (logq_sorted, ~inside)):
         if bool(rows.any()):
-            out[rows] = _tempered_ratios(table[rows], target_rank[rows], exps)
+            out[rows] = ratios(table[rows], target_rank[rows], stops_sorted[rows])
     return out
+
+
+def _support_ratios(lq: torch.Tensor, targets: torch.Tensor, stop_mask: torch.Tensor,
+                    test: SupportTest) -> torch.Tensor:
+    """log q'(y) - log q(y) for each of `test`'s alternatives (`SupportTest`), for each row
+    of log q `lq` [n, V] (-inf outside the support), target column `targets` [n] and stop
+    columns `stop_mask` [n, V]. Each is log((1 - lam) + lam / m) when y lies in the set r
+    is cut to (m: its mass under q), else log(1 - lam); a stop alternative is 0 where the
+    stop mass is under its c."""
+    q = lq.exp()
+    cols = []
+    if test.stops:
+        mass = (q * stop_mask).sum(-1)
+        is_stop = stop_mask.gather(1, targets[:, None]).squeeze(1)
+        for c, lam in test.stops:
+            hit = torch.log((1 - lam) + lam / mass.clamp(min=1e-300))
+            factor = torch.where(is_stop, hit, torch.full_like(hit, math.log(1 - lam)))
+            cols.append(torch.where(mass >= c, factor, torch.zeros_like(factor)))
+    for k, lam in test.top_ks:
+        # The k most likely tokens, ties at the k-th included: {v : q(v) >= k-th largest}.
+        kth = torch.topk(lq, min(k, lq.shape[1]), dim=-1).values[:, -1:]
+        top = lq >= kth
+        mass = (q * top).sum(-1)
+        inside = top.gather(1, targets[:, None]).squeeze(1)
+        hit = torch.log((1 - lam) + lam / mass)
+        cols.append(torch.where(inside, hit, torch.full_like(hit, math.log(1 - lam))))
+    return torch.stack(cols, dim=1)
 
 
 def _tempered_ratios(lq: torch.Tensor, targets: torch.Tensor, exps: torch.Tensor

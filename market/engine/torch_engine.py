@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from market.engine.base import GenerationOutput, GenerationRequest, GreedyTest, ScoreResult
+from market.engine.base import (
+    GenerationOutput,
+    GenerationRequest,
+    GreedyTest,
+    ScoreResult,
+    SupportTest,
+)
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
@@ -249,6 +255,7 @@ class TorchEngine(TextEngine):
         exponents: Sequence[float],
         commitments: Sequence[bytes] | None = None,
         greedy: GreedyTest | None = None,
+        support: SupportTest | None = None,
     ) -> list[ScoreResult]:
         if len(sampling) != len(prompt_ids):
             raise EngineError(f"{len(prompt_ids)} prompts but {len(sampling)} sampling "
@@ -257,7 +264,8 @@ class TorchEngine(TextEngine):
             raise EngineError(f"{len(prompt_ids)} prompts but {len(commitments)} "
                               "commitments; they pair up")
         return self._score_all(prompt_ids, output_ids, list(sampling), tuple(exponents),
-                               None if commitments is None else list(commitments), greedy)
+                               None if commitments is None else list(commitments), greedy,
+                               support)
 
     def _score_all(
         self,
@@ -267,6 +275,7 @@ class TorchEngine(TextEngine):
         exponents: tuple[float, ...],
         commitments: list[bytes] | None = None,
         greedy: GreedyTest | None = None,
+        support: SupportTest | None = None,
     ) -> list[ScoreResult]:
         pairs = self.validate_score_inputs(prompt_ids, output_ids)
         prompts = [p for p, _ in pairs]
@@ -279,7 +288,8 @@ class TorchEngine(TextEngine):
             scored = self._score_batch(
                 [prompts[i] for i in chunk], [outputs[i] for i in chunk],
                 None if sampling is None else [sampling[i] for i in chunk], exponents,
-                None if commitments is None else [commitments[i] for i in chunk], greedy)
+                None if commitments is None else [commitments[i] for i in chunk], greedy,
+                support)
             for i, res in zip(chunk, scored, strict=True):
                 results[i] = res
         return results
@@ -294,6 +304,7 @@ class TorchEngine(TextEngine):
         exponents: tuple[float, ...] = (),
         commitments: list[bytes] | None = None,
         greedy: GreedyTest | None = None,
+        support: SupportTest | None = None,
     ) -> list[ScoreResult]:
         seqs = [p + o for p, o in zip(prompts, outputs, strict=True)]
         width = max(len(s) for s in seqs)
@@ -335,7 +346,8 @@ class TorchEngine(TextEngine):
             greedy_ratios_: tuple[float, ...] = ()
             rows_hidden, rows_target = picked[pos : pos + len(o)], target[pos : pos + len(o)]
             if sampling is not None and sampling[r][0] > 0:
-                ratios = self._row_ratios(rows_hidden, rows_target, sampling[r], exponents)
+                ratios = self._row_ratios(rows_hidden, rows_target, sampling[r], exponents,
+                                          support)
             elif sampling is not None and greedy is not None:
                 greedy_ratios_ = self._row_greedy(rows_hidden, rows_target, greedy)
             results.append(
@@ -384,13 +396,15 @@ class TorchEngine(TextEngine):
         return tuple(total.tolist())
 
     def _row_ratios(self, hidden: torch.Tensor, targets: torch.Tensor,
-                    setting: tuple[float, float], exponents: tuple[float, ...]
-                    ) -> tuple[float, ...]:
+                    setting: tuple[float, float], exponents: tuple[float, ...],
+                    support: SupportTest | None = None) -> tuple[float, ...]:
         """One sampled row's log likelihood ratios, summed over its positions."""
         head = self.model.get_output_embeddings()
-        total = torch.zeros(len(exponents), dtype=torch.float64)
+        total = torch.zeros(len(exponents) + (support.width if support else 0),
+                            dtype=torch.float64)
         for start in range(0, hidden.shape[0], 512):
             logits = head(hidden[start : start + 512]).float()
             total += likelihood_ratios(logits, targets[start : start + 512], float(setting[0]),
-                                       float(setting[1]), exponents).sum(0)
+                                       float(setting[1]), exponents, support,
+                                       self.stop_token_ids).sum(0)
         return tuple(total.tolist())
