@@ -303,6 +303,18 @@ def deployment_file(devnet: Devnet, tmp_path: Path, monkeypatch: pytest.MonkeyPa
                       dict(d.params)).save(home / "deployment.json")
 
 
+def subtree_spans(n: int) -> list[tuple[int, int]]:
+    """Every subtree [lo, hi) of a result tree of n leaves (RFC 9162 shape)."""
+    out, todo = [], [(0, n)]
+    while todo:
+        lo, hi = todo.pop()
+        out.append((lo, hi))
+        if hi - lo > 1:
+            k = 1 << ((hi - lo - 1).bit_length() - 1)
+            todo += [(lo, lo + k), (lo + k, hi)]
+    return out
+
+
 def lying_result_tree(
         leaves: list[SumNodeT], lies: dict[str, int],
 ) -> tuple[bytes, int, list[list[SumNodeT]], list[list[SumStepT]]]:

@@ -179,6 +179,8 @@ def build_work(task_id: int, shard: int, start: int, end: int, hashes: Sequence[
         texts.append(text)
         ids_all.append(ids)
     tree = receipts_tree(receipts)
+    from conftest import lying_result_tree, subtree_spans
+
     n, lies, lied = end - start, {}, set()
     if mode == "overbill":
         lies["root"] = min(tree.total + 1 + seed % 3, n * MAX_TOKENS)
@@ -186,30 +188,16 @@ def build_work(task_id: int, shard: int, start: int, end: int, hashes: Sequence[
     elif mode == "lie" and n > 1:
         # the parent of subtree [lo, hi) records `extra` tokens more (within the shard's cap),
         # or fewer, than the subtree holds
-        spans = sorted(x for x in _spans(n) if x != (0, n))
+        spans = sorted(x for x in subtree_spans(n) if x != (0, n))
         lo, hi = spans[seed % len(spans)]
         truth = sum(r.output_tokens for r in receipts[lo:hi])
         room = n * MAX_TOKENS - tree.total
         extra = 1 + seed % room if room and (seed & 8 or not truth) else -(1 + seed % truth)
         lies[f"{lo}:{hi}"] = truth + extra
         lied = set(range(start + lo, start + hi))
-    from conftest import lying_result_tree
-
     root, tokens, proofs, paths = lying_result_tree([receipt_leaf(r) for r in receipts], lies)
     assert root == tree.root or mode == "lie"
     return Work(start, receipts, texts, ids_all, root, proofs, paths, tokens, bad, lied)
-
-
-def _spans(n: int) -> list[tuple[int, int]]:
-    """Every subtree [lo, hi) of a result tree of n leaves (RFC 9162 shape)."""
-    out, todo = [], [(0, n)]
-    while todo:
-        lo, hi = todo.pop()
-        out.append((lo, hi))
-        if hi - lo > 1:
-            k = 1 << ((hi - lo - 1).bit_length() - 1)
-            todo += [(lo, lo + k), (lo + k, hi)]
-    return out
 
 
 @dataclass

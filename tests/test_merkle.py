@@ -199,21 +199,12 @@ def test_sum_tree_bad_inputs() -> None:
 
 def _random_lies(n: int, rng: random.Random, total: int) -> dict[str, int]:
     """One parent records a false sum for one subtree (up or down), or the root's total lies."""
-    keys = [f"{lo}:{hi}" for lo, hi in _ranges(n) if (lo, hi) != (0, n)]
+    from conftest import subtree_spans
+
+    keys = [f"{lo}:{hi}" for lo, hi in subtree_spans(n) if (lo, hi) != (0, n)]
     if not keys or rng.random() < 0.2:
         return {"root": total + rng.randrange(1, 50)}
     return {rng.choice(keys): rng.randrange(0, 10_000)}
-
-
-def _ranges(n: int) -> list[tuple[int, int]]:
-    out, todo = [], [(0, n)]
-    while todo:
-        lo, hi = todo.pop()
-        out.append((lo, hi))
-        if hi - lo > 1:
-            k = 1 << ((hi - lo - 1).bit_length() - 1)
-            todo += [(lo, lo + k), (lo + k, hi)]
-    return out
 
 
 def _lied_under(lies: dict[str, int], leaves: list[SumNode], n: int, m: int) -> bool:
