@@ -265,7 +265,7 @@ def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) 
     it reports are the honest untempered ones of the tokens it chose."""
     import torch
 
-    from market.engine.sampling import select_next
+    from market.engine.sampling import nucleus_probs, select_next
     from market.engine.torch_engine import TorchEngine
 
     family, _, value = mode.rpartition("-")
@@ -284,16 +284,10 @@ def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) 
                                                device=raw.device)[:, None], cut, raw)
             ids, _ = select_next(raw, requests, generators)
             if family == "likely-end" and sampled and self.stop_token_ids:
-                stops = torch.tensor(sorted(self.stop_token_ids), device=raw.device)
+                stops = torch.tensor(sorted(self.stop_token_ids))
                 for i in sampled:
                     r = requests[i]
-                    probs = torch.softmax(raw[i] / r.temperature, -1).double()
-                    ordered, order = torch.sort(probs, descending=True, stable=True)
-                    keep = (torch.cumsum(ordered, 0) - ordered) < r.top_p
-                    keep[0] = True
-                    nucleus = torch.zeros_like(probs)
-                    nucleus[order[keep]] = ordered[keep]
-                    nucleus /= nucleus.sum()
+                    nucleus = nucleus_probs(raw[i], float(r.temperature), float(r.top_p))
                     if float(nucleus[stops].sum()) >= threshold:
                         ids[i] = stops[int(torch.argmax(nucleus[stops]))]
             honest_lp = torch.log_softmax(logits.float(), -1).gather(1, ids[:, None])

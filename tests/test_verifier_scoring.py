@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from market.engine.base import GenerationRequest
-from market.engine.sampling import GreedyTest, forgiven_gaps, greedy_ratios, likelihood_ratios
+from market.engine.sampling import (
+    GreedyTest,
+    forgiven_gaps,
+    greedy_ratios,
+    likelihood_ratios,
+    nucleus_probs,
+)
 from market.engine.torch_engine import TorchEngine
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
@@ -85,12 +91,7 @@ def test_the_ratios_are_an_exact_martingale() -> None:
     vocab = torch.arange(64)
     for temperature, top_p in ((1.0, 1.0), (0.7, 0.9), (1.3, 0.5)):
         ratios = likelihood_ratios(logits.repeat(64, 1), vocab, temperature, top_p, EXPONENTS)
-        probs = torch.softmax(logits.double() / temperature, -1)
-        ordered, order = torch.sort(probs, descending=True, stable=True)
-        keep = (torch.cumsum(ordered, 0) - ordered) < top_p
-        q = torch.zeros(64, dtype=torch.float64)
-        q[order[keep]] = ordered[keep]
-        q /= q.sum()
+        q = nucleus_probs(logits, temperature, top_p)
         assert torch.allclose((q[:, None] * ratios.exp()).sum(0),
                               torch.ones(len(EXPONENTS), dtype=torch.float64))
         assert torch.isfinite(ratios).all()  # outside the nucleus: finite, not -inf/inf
@@ -113,12 +114,7 @@ def test_the_support_alternatives_are_an_exact_martingale_and_catch_their_cheats
             ratios = likelihood_ratios(logits.repeat(64, 1), vocab, temperature, top_p,
                                        EXPONENTS, SUPPORT_TEST, stop_ids)
             assert ratios.shape == (64, width) and torch.isfinite(ratios).all()
-            probs = torch.softmax(logits.double() / temperature, -1)
-            ordered, order = torch.sort(probs, descending=True, stable=True)
-            keep = (torch.cumsum(ordered, 0) - ordered) < top_p
-            q = torch.zeros(64, dtype=torch.float64)
-            q[order[keep]] = ordered[keep]
-            q /= q.sum()
+            q = nucleus_probs(logits, temperature, top_p)
             assert torch.allclose((q[:, None] * ratios.exp()).sum(0),
                                   torch.ones(width, dtype=torch.float64))
     # One stop alternative at c = 0.1: an end where the stop mass is 0.2 weighs

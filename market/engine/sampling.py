@@ -68,6 +68,23 @@ def _nucleus(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
     return keep
 
 
+def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution a sampled step draws from for one row of `logits` [V], by token id:
+    softmax of logits / temperature cut to the top_p nucleus (chosen as `_sample_row` and
+    `likelihood_ratios` choose it) and renormalised, in float64 as `likelihood_ratios`
+    weighs it."""
+    exact = torch.softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
+    if top_p >= 1.0:  # no nucleus (as in likelihood_ratios)
+        return exact
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, descending=True, stable=True)
+    keep = _nucleus(sorted_p.to("cpu", torch.float64), top_p)
+    out = torch.zeros_like(exact)
+    kept = order.to("cpu")[keep]
+    out[kept] = exact[kept]
+    return out / out.sum()
+
+
 def _sample_row(
     logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator
 ) -> int:
