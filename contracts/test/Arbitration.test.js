@@ -110,6 +110,22 @@ async function expectMiner(q, stake, locked, miner = q.miner) {
   expect(info.locked, "miner locked").to.equal(locked);
 }
 
+/** A proven billing fault (`tx`, on request `index`, proven by the client) settled at once:
+ * the 4-request shard refunded, the client paid its budget and the slash, the miner slashed. */
+async function expectBillingFaultSettled(q, tx, index, gpuBalBefore) {
+  const { arb, task, gpu, client, taskId, payment } = q;
+  await expect(tx).to.emit(arb, "BillingFaultProven").withArgs(taskId, 0, index, client.address, SLASH4);
+  await expect(tx).to.emit(task, "ShardDisputed").withArgs(taskId, 0);
+  await expect(tx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, true);
+  await expect(tx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
+  await expectWithdrawable(q, [[client, BUDGET4 + SLASH4]]);
+  await expectMiner(q, P.minStake - SLASH4, 0n);
+  expect(await balance(gpu)).to.equal(gpuBalBefore - SLASH4);
+  expect(await q.escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
+  await expectSolvent(q);
+  expect((await task.getShard(taskId, 0)).state).to.equal(S.Refunded);
+}
+
 // ------------------------------------------------------------------ fixtures
 
 async function taskCreated() {
@@ -1227,19 +1243,9 @@ describe("Arbitration", function () {
     });
     it("proveBillingFault: a receipt over maxTokensPerRequest is a fault at once, to the wei", async function () {
       const q = await load(overCap);
-      const { arb, task, gpu, client, taskId, payment } = q;
+      const { arb, gpu } = q;
       const gpuBal = await balance(gpu);
-      const tx = await prove(q, 1, null, []);
-      await expect(tx).to.emit(arb, "BillingFaultProven").withArgs(taskId, 0, 1, client.address, SLASH4);
-      await expect(tx).to.emit(task, "ShardDisputed").withArgs(taskId, 0);
-      await expect(tx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, true);
-      await expect(tx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
-      await expectWithdrawable(q, [[client, BUDGET4 + SLASH4]]);
-      await expectMiner(q, P.minStake - SLASH4, 0n);
-      expect(await balance(gpu)).to.equal(gpuBal - SLASH4);
-      expect(await q.escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
-      await expectSolvent(q);
-      expect((await task.getShard(taskId, 0)).state).to.equal(S.Refunded);
+      await expectBillingFaultSettled(q, await prove(q, 1, null, []), 1, gpuBal);
       await expect(prove(q, 1, null, [])).to.be.revertedWithCustomError(arb, "ShardNotSubmitted").withArgs(S.Refunded);
     });
     it("proveBillingFault with token ids: the right count is NoBillingFault, ids off the outputHash OutputHashMismatch, a wrong count a fault", async function () {
@@ -1361,24 +1367,14 @@ describe("Arbitration", function () {
     });
     it("ATTACK closed: proveSumFault proves the inner-node lie from the lying leaf's path at once (O(log n) calldata), to the wei", async function () {
       const q = await load(lying);
-      const { arb, task, gpu, client, taskId, payment, res } = q;
+      const { arb, gpu, res } = q;
       const path = res.tree.path(0);
       expect(path.length).to.equal(2);
       expect(path[0].sum).to.equal(10n + X);
       expect(findSumLie(0, 4, { hash: receiptLeaf(res.receipts[0]), sum: 10n }, res.total, path))
         .to.deep.equal({ ok: true, root: res.root, lie: true });
       const gpuBal = await balance(gpu);
-      const tx = await proveSum(q, 0);
-      await expect(tx).to.emit(arb, "BillingFaultProven").withArgs(taskId, 0, 0, client.address, SLASH4);
-      await expect(tx).to.emit(task, "ShardDisputed").withArgs(taskId, 0);
-      await expect(tx).to.emit(task, "ShardDisputeResolved").withArgs(taskId, 0, true);
-      await expect(tx).to.emit(task, "ShardRefunded").withArgs(taskId, 0, BUDGET4);
-      await expectWithdrawable(q, [[client, BUDGET4 + SLASH4]]);
-      await expectMiner(q, P.minStake - SLASH4, 0n);
-      expect(await balance(gpu)).to.equal(gpuBal - SLASH4);
-      expect(await q.escrow.escrowed(taskId)).to.equal(payment - BUDGET4);
-      await expectSolvent(q);
-      expect((await task.getShard(taskId, 0)).state).to.equal(S.Refunded);
+      await expectBillingFaultSettled(q, await proveSum(q, 0), 0, gpuBal);
       await expect(proveSum(q, 0)).to.be.revertedWithCustomError(arb, "ShardNotSubmitted").withArgs(S.Refunded);
     });
     it("a lie one level up is proven from either leaf below it, by the arbiter or an auditor; leaves outside it show NoBillingFault", async function () {
