@@ -1116,7 +1116,7 @@ def test_answered_challenge_with_the_document_still_missing_is_disputed(
 def test_over_billing_receipt_proven_with_the_cli(
         devnet: Any, market: Market, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    q, flags = devnet.q, key_flags(devnet, market, tmp_path)
+    flags = key_flags(devnet, market, tmp_path)
     job = connect(devnet, market).submit(["x", "y", "z"], model=MODEL, max_tokens=4,
                                          shard_size=3)
     serve_shard(devnet, market, job.task_id, 0, devnet.miner, over_billed(1, 4))
@@ -1129,18 +1129,26 @@ def test_over_billing_receipt_proven_with_the_cli(
     assert capsys.readouterr().err == ("client: error: request 0's receipt bills 1 tokens, "
                                        "its output holds 1: no over-billing to prove\n")
 
-    shard = q.tasks.get_shard(job.task_id, 0)
-    budget = q.tasks.shard_budget(job.task_id, 0)
-    slash = shard.collateral * q.arbitration.params()["fault_slash_bps"] // 10_000
+    prove_billing_with_the_cli(devnet, job.task_id, "1", flags, capsys)
+
+
+def prove_billing_with_the_cli(devnet: Any, task_id: int, request: str, flags: list[str],
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`client prove-billing` from `request` proves the lie on request 1 of shard 0: the
+    shard budget and the slash go to the client, nothing to the miner."""
+    q = devnet.q
+    budget = q.tasks.shard_budget(task_id, 0)
+    slash = q.tasks.get_shard(task_id, 0).collateral \
+        * q.arbitration.params()["fault_slash_bps"] // 10_000
     client_before = q.escrow.withdrawable(devnet.client.address)
-    assert client_main(["prove-billing", str(job.task_id), "1", *flags]) == 0
+    capsys.readouterr()
+    assert client_main(["prove-billing", str(task_id), request, *flags]) == 0
     assert capsys.readouterr().out == (
         f"billing fault proven on request 1 (shard 0): shard budget of {budget} wei refunded, "
         f"miner slashed {slash} wei, both to your escrow balance (`client withdraw`)\n")
-    assert q.tasks.get_shard(job.task_id, 0).state == ShardState.REFUNDED
+    assert q.tasks.get_shard(task_id, 0).state == ShardState.REFUNDED
     assert q.escrow.withdrawable(devnet.client.address) == client_before + budget + slash
-    assert q.escrow.withdrawable(devnet.miner.address) == 0 and \
-        q.escrow.escrowed(job.task_id) == 0
+    assert q.escrow.withdrawable(devnet.miner.address) == 0 and q.escrow.escrowed(task_id) == 0
 
 
 def test_inner_node_billing_lie_proven_with_the_cli(
@@ -1161,19 +1169,7 @@ def test_inner_node_billing_lie_proven_with_the_cli(
     with pytest.raises(ResultCheckFailed, match="merkle proof check failed: request 1: .*; "
                        f"remedy: `client prove-billing {job.task_id} 1` "):
         job.results()
-
-    budget = q.tasks.shard_budget(job.task_id, 0)
-    slash = shard.collateral * q.arbitration.params()["fault_slash_bps"] // 10_000
-    client_before = q.escrow.withdrawable(devnet.client.address)
-    capsys.readouterr()
-    assert client_main(["prove-billing", str(job.task_id), "2", *flags]) == 0
-    assert capsys.readouterr().out == (
-        f"billing fault proven on request 1 (shard 0): shard budget of {budget} wei refunded, "
-        f"miner slashed {slash} wei, both to your escrow balance (`client withdraw`)\n")
-    assert q.tasks.get_shard(job.task_id, 0).state == ShardState.REFUNDED
-    assert q.escrow.withdrawable(devnet.client.address) == client_before + budget + slash
-    assert q.escrow.withdrawable(devnet.miner.address) == 0 and \
-        q.escrow.escrowed(job.task_id) == 0
+    prove_billing_with_the_cli(devnet, job.task_id, "2", flags, capsys)
 
 
 # ---------------------------------------------------------------------------- probation
