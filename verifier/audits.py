@@ -164,6 +164,7 @@ class AuditDesk:
         self.drawn = 0  # shards this desk has drawn (audited or not)
         self.rates: dict[tuple[int, int], int] = {}  # each drawn shard's rate (bps)
         self._budgets: deque[int] = deque(maxlen=TYPICAL_WINDOW)  # latest submissions'
+        self._epochs: tuple[int, int] | None = None  # the committee's genesis, epoch length
         self._scan_from = q.deployment.deploy_block
 
     def step(self) -> None:
@@ -217,7 +218,9 @@ class AuditDesk:
         typical = int(statistics.median_low(self._budgets)) if self._budgets else budget
         self._budgets.append(budget)
         registered = q.gpu.miner_info(str(ev["miner"]), block=int(block["number"])).registered_at
-        genesis, length = q.committee.genesis_time(), q.committee.epoch_duration()
+        if self._epochs is None:  # fixed at deployment
+            self._epochs = (q.committee.genesis_time(), q.committee.epoch_duration())
+        genesis, length = self._epochs
         epochs = (int(block["timestamp"]) - genesis) // length \
             - (max(registered, genesis) - genesis) // length
         paid = q.committee.audit_rate_of(task_id, block=int(block["number"]))
