@@ -15,12 +15,24 @@ size (`VerifierConfig`: 16 requests x 64 tokens). Every mode of `miner.cheats` r
 crude ones (another model, noisy weights, random tokens, another prompt) and the rational
 ones (greedy answers to sampled requests, a colder temperature, small logit noise,
 truncation) and the selective one (honest on challenges, a cheaper model on client
-traffic). Each epoch every miner also serves `--client-shards` client shards (default 32,
+traffic), plus the selective families `selective-F%` (`--selective-fractions`, default 1%, 5%
+and 20%): honest on every challenge and on all but a fraction F of their client shards,
+where they serve the substitute model (a saving of about half a shard's budget). Every
+selective miner is given a perfect challenge recogniser, the worst case for us: a
+recogniser that uses everything public on-chain (the challenge client's funding trail, its
+task's shape) is assumed to recognise every challenge and answer it honestly, so only audits
+catch it. Each epoch every miner also serves `--client-shards` client shards (default 32,
 of 4 chat requests each, greedy or sampled at 0.7 or 1.0: the stated share of client
-traffic); each is audited with probability `--audit-rate-bps` (the committee's default,
-1000), and an audited shard that fails `judge` is a fault, which (as in the committee's
-reports) puts the miner under the untrusted line in the next epoch's update. Only audited
-shards are generated: the others are never looked at, so they cannot change anything.
+traffic); each is audited at the rate of `verifier.audits.audit_rate` (base
+`--audit-rate-bps`, the committee's default 1000, doubled while the miner is young: it
+registered `--registered-epochs` before the run, its probation), and an audited shard that
+fails `judge` is a fault, which (as in the committee's reports) puts the miner under the
+untrusted line in the next epoch's update. Only audited shards are generated: the others are
+never looked at, so they cannot change anything. For each selective family the result also
+gives the detection arithmetic (per epoch 1 - (1 - a F)^N; a year of public epochs) and, per
+cheated shard, the expected loss a (B + C + lost probation income) against the gain
+`--cheat-saving` B, with the untrusted burn that is escapable by leaving before a second
+untrusted report shown apart.
 The epoch score (10000 passed, 0 failed; a failed challenge is a fault at once, and its
 dispute one more the next epoch, like an audit's) then drives
 `verifier.reputation.update` from the initial reputation, for each of the three penalty
@@ -60,6 +72,14 @@ TARGET_EPOCHS_TO_UNTRUSTED = 3
 SWEEP_ALPHAS = (0.5, 0.6, 0.7, 0.8)
 SWEEP_RATES = (0.3, 0.4, 0.5, 0.6, 0.7)
 TARGET_HONEST_FALSE_POSITIVES = 0
+TARGET_FRACTION = 0.05
+"""The selective families at or above this fraction are held to `TARGET_EPOCHS_TO_UNTRUSTED`;
+below it, to an expected loss per cheated shard above its gain."""
+PUBLIC_EPOCHS_PER_YEAR = 365 * 24  # public epochs last an hour (PUBLIC_CHAIN_PARAMS)
+
+
+def family_label(fraction: float) -> str:
+    return f"selective-{fraction * 100:g}%"
 
 
 def say(text: str) -> None:
@@ -133,11 +153,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     miner_options = {"precision": args.precision, "device": "cpu"}
     honest_engine = TorchEngine(model_dir, **miner_options)
     modes = [m for m in CHEAT_MODES if m in args.modes]
-    labels = [f"honest-{i + 1}" for i in range(args.honest)] + modes
     engines: dict[str, Any] = {f"honest-{i + 1}": honest_engine for i in range(args.honest)}
     for mode in modes:
         engines[mode] = cheating_engine(mode, TorchEngine(model_dir, **miner_options),
                                         model_dir, seed=0, cache_dir=work / "cheat-models")
+    # The selective families cheat with the selective engine (the substitute, on client
+    # prompts) on a fraction of their client shards, and are honest on the rest.
+    fractions = {family_label(f): f for f in args.selective_fractions} \
+        if "selective" in modes else {}
+    for label in fractions:
+        engines[label] = engines["selective"]
+    modes += list(fractions)
+    labels = [f"honest-{i + 1}" for i in range(args.honest)] + modes
     addresses = {miner_address(i): label for i, label in enumerate(labels)}
     say(f"loaded {len(labels)} miners and the verifier in {time.monotonic() - started:.1f}s")
 
@@ -166,7 +193,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # The selective cheater is given a perfect oracle: it answers every challenge
             # honestly, as if it read the tells that remain on-chain (a fresh, freshly
             # funded client, a directed task). Only audits can catch it.
-            engine = honest_engine if label in SELECTIVE_MODES else engines[label]
+            engine = honest_engine if label in SELECTIVE_MODES or label in fractions \
+                else engines[label]
             reqs = [engine.request_from_line(line) for line in challenge.lines]
             outputs = engine.generate(reqs)
             all_requests += [verifier.request_from_line(line) for line in challenge.lines]
@@ -176,7 +204,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             owners += [label] * len(reqs)
         scores = score_outputs(verifier, all_requests, all_outputs, all_finish,
                                precision=args.precision, commitments=all_commits)
-        faults_now = audit_client_traffic(args, engines, verifier, labels, audit_rng, audits)
+        rate = epoch_audit_rate(args, epoch)
+        faults_now = audit_client_traffic(args, engines, honest_engine, verifier, labels,
+                                          audit_rng, audits, fractions, rate)
         for label in labels:
             verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label],
                             prior=carry.pop(label, ()))  # as the committee carries it
@@ -205,14 +235,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for level, p in params.items():
         traj = trajectories[level]
         to_untrusted = {m: epochs_to(traj[m][1:], p.untrusted_below_bps) for m in modes}
+        held = {m: v for m, v in to_untrusted.items()  # the 1% family: judged by its loss
+                if fractions.get(m, 1.0) >= TARGET_FRACTION}
         false_pos = sum(
             1 for m in honest for t in range(args.epochs)
             if epoch_bps[m][t] < p.abnormal_below_bps or traj[m][t + 1] < p.untrusted_below_bps)
-        known = [v for v in to_untrusted.values() if v is not None]
+        known = [v for v in held.values() if v is not None]
         levels[level] = {
             "rate": p.rate,
-            "max_epochs_to_untrusted": (max(known) if len(known) == len(to_untrusted)
-                                        else None),
+            "max_epochs_to_untrusted": (max(known) if len(known) == len(held) else None),
             "epochs_to_untrusted": to_untrusted,
             "epochs_to_below_2000": {m: epochs_to(traj[m][1:], 2000) for m in modes},
             "honest_false_positive_epochs": false_pos,
@@ -265,6 +296,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "audits": audits,
         "selective_detection_probability_per_epoch": round(
             1 - (1 - args.audit_rate_bps / 10_000) ** args.client_shards, 4),
+        "audit_rate_bps_by_epoch": [epoch_audit_rate(args, e)
+                                    for e in range(1, args.epochs + 1)],
+        "selective_families": selective_families(
+            args, fractions, default["epochs_to_untrusted"]),
         "levels": levels,
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -282,25 +317,81 @@ CLIENT_PROMPTS = (
 )
 
 
-def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], verifier: Any,
-                         labels: list[str], rng: random.Random,
-                         audits: dict[str, dict[str, int]]) -> set[str]:
-    """One epoch of client traffic per miner, each shard audited with the audit rate;
-    returns the miners an audit found at fault."""
+def epoch_audit_rate(args: argparse.Namespace, epoch: int) -> int:
+    """The rate (bps) `verifier.audits.audit_rate` gives a typical client shard of a miner
+    that registered `args.registered_epochs` before epoch 1, no rate bought."""
+    from verifier.audits import audit_rate
+
+    return audit_rate(args.audit_rate_bps, 0,
+                      epochs_registered=args.registered_epochs + epoch - 1, budget=1,
+                      typical_budget=1)
+
+
+def selective_families(args: argparse.Namespace, fractions: dict[str, float],
+                       to_untrusted: dict[str, int | None]) -> dict[str, Any]:
+    """Each selective family's detection arithmetic, at the rule's rates: per epoch
+    1 - (1 - a F)^N while young and after; a year of public epochs; and, per cheated shard,
+    expected loss against gain (in shard budgets B)."""
+    from verifier.audits import YOUNG_EPOCHS
+
+    n = args.client_shards
+    young = epoch_audit_rate(args, 1) / 10_000
+    base = args.audit_rate_bps / 10_000
+    collateral = args.collateral_bps / 10_000
+    lost_income = args.probation_epochs * n * args.margin  # no ordinary work on probation
+    out: dict[str, Any] = {
+        "recogniser": "perfect: every challenge recognised (as everything public on-chain "
+                      "allows: the challenge client's funding, the task's shape) and answered "
+                      "honestly, so only audits catch these families",
+        "client_shards_per_epoch": n, "base_audit_rate": base, "young_audit_rate": young,
+        "young_epochs": YOUNG_EPOCHS, "gain_per_cheated_shard_B": args.cheat_saving,
+        "collateral_B": collateral, "probation_epochs": args.probation_epochs,
+        "margin": args.margin, "lost_probation_income_B": round(lost_income, 3),
+        "burn_share_of_stake_if_not_escaped": 0.1, "families": {}}
+    for label, f in fractions.items():
+        per_epoch = {name: 1 - (1 - a * f) ** n for name, a in (("young", young),
+                                                                ("base", base))}
+        year = 1 - (1 - base * f) ** (n * PUBLIC_EPOCHS_PER_YEAR)
+        losses = {name: a * (1 + collateral + lost_income) for name, a in (("young", young),
+                                                                           ("base", base))}
+        out["families"][label] = {
+            "fraction": f, "cheated_shards_per_epoch": f * n,
+            "epochs_to_untrusted_simulated": to_untrusted.get(label),
+            "detection_per_epoch": {k: round(v, 4) for k, v in per_epoch.items()},
+            "expected_epochs_to_capture_base": round(1 / per_epoch["base"], 1),
+            "caught_within_3_epochs_base": round(1 - (1 - per_epoch["base"]) ** 3, 4),
+            "caught_within_3_epochs_young": round(1 - (1 - per_epoch["young"]) ** 3, 4),
+            "survives_a_public_year_base": round(1 - year, 6),
+            "target": ("epochs_to_untrusted <= 3" if f >= TARGET_FRACTION
+                       else "expected loss per cheated shard > gain"),
+            "expected_loss_per_cheated_shard_B": {k: round(v, 3) for k, v in losses.items()},
+            "loss_exceeds_gain": {k: v > args.cheat_saving for k, v in losses.items()},
+        }
+    return out
+
+
+def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], honest: Any,
+                         verifier: Any, labels: list[str], rng: random.Random,
+                         audits: dict[str, dict[str, int]], fractions: dict[str, float],
+                         rate_bps: int) -> set[str]:
+    """One epoch of client traffic per miner, each shard audited at `rate_bps`; a selective
+    family cheats on each shard with its probability (unknowing of the draw, as on-chain).
+    Returns the miners an audit found at fault."""
     from market.engine.base import GenerationRequest
     from verifier.scoring import judge, score_outputs
 
     faults = set()
     for label in labels:
         for _ in range(args.client_shards):
-            if rng.randrange(10_000) >= args.audit_rate_bps:
+            cheated = rng.random() < fractions[label] if label in fractions else True
+            if rng.randrange(10_000) >= rate_bps:
                 continue  # not audited: nobody ever looks at it
             asks = [f"{rng.choice(CLIENT_PROMPTS)} (ref {rng.randrange(10**6)})"
                     for _ in range(4)]
             reqs = [GenerationRequest(verifier.encode_chat([{"role": "user", "content": a}]),
                                       32, temperature=rng.choice((0.0, 0.7, 1.0)),
                                       seed=rng.randrange(1 << 63)) for a in asks]
-            outs = engines[label].generate(reqs)
+            outs = (engines[label] if cheated else honest).generate(reqs)
             verdict = judge(score_outputs(verifier, reqs, [o.token_ids for o in outs],
                                           [o.finish_reason for o in outs],
                                           precision=args.precision,
@@ -353,6 +444,7 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The benchmark's options (also how `numerics.py` runs it on the trained model)."""
+    from market.chain.deploy import PUBLIC_CHAIN_PARAMS
     from miner.cheats import CHEAT_MODES
     from verifier.config import VerifierConfig
 
@@ -371,7 +463,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--client-shards", type=int, default=32,
                         help="client shards per miner per epoch (32 of 4 requests)")
     parser.add_argument("--audit-rate-bps", type=int, default=1000,
-                        help="share of client shards audited (the committee's default, 1000)")
+                        help="base share of client shards audited (the committee's default, "
+                        "1000; verifier.audits.audit_rate raises it for a young miner)")
+    parser.add_argument("--registered-epochs", type=int,
+                        default=PUBLIC_CHAIN_PARAMS.probation_epochs,
+                        help="epochs each miner registered before the run: its probation "
+                        "(public: 3)")
+    parser.add_argument("--selective-fractions", default="0.01,0.05,0.2",
+                        help="the selective families' shares of cheated client shards "
+                        "(with the selective mode)")
+    parser.add_argument("--cheat-saving", type=float, default=0.5,
+                        help="what a substitute-served shard saves, in shard budgets (0.5)")
+    parser.add_argument("--collateral-bps", type=int,
+                        default=PUBLIC_CHAIN_PARAMS.collateral_bps,
+                        help="collateral per shard (the deployment's, 2000)")
+    parser.add_argument("--probation-epochs", type=int,
+                        default=PUBLIC_CHAIN_PARAMS.probation_epochs,
+                        help="a fresh identity's probation (public: 3)")
+    parser.add_argument("--margin", type=float, default=0.1,
+                        help="the miner's margin on a shard, in budgets: the income a fresh "
+                        "identity forgoes per shard while on probation (0.1)")
     parser.add_argument("--honest-outputs", type=int, default=20_000,
                         help="honest outputs judged one by one for the false-fault rate "
                         "(20000)")
@@ -396,6 +507,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the script runs (make test), not its figures")
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        args.selective_fractions = [float(f) for f in args.selective_fractions.split(",")
+                                    if f.strip()]
+    except ValueError:
+        parser.error(f"--selective-fractions: not numbers: {args.selective_fractions!r}")
+    if any(not 0 < f <= 1 for f in args.selective_fractions):
+        parser.error("--selective-fractions must each be in (0, 1]")
     unknown = sorted(set(args.modes) - set(CHEAT_MODES))
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; modes: {', '.join(CHEAT_MODES)}")
@@ -429,6 +547,12 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
     for level, d in result["levels"].items():
         say(f"{level}: epochs to untrusted {d['epochs_to_untrusted']}, honest false positives "
             f"{d['honest_false_positive_epochs']}")
+    for label, fam in result["selective_families"]["families"].items():
+        say(f"{label} (challenges recognised and answered honestly; only audits catch it): "
+            f"epochs to untrusted {fam['epochs_to_untrusted_simulated']}, detection per "
+            f"epoch {fam['detection_per_epoch']}, expected loss per cheated shard "
+            f"{fam['expected_loss_per_cheated_shard_B']} B against a gain of "
+            f"{result['selective_families']['gain_per_cheated_shard_B']} B")
     say(f"honest max log evidence {result['honest_max_log_evidence']}, cheats' min "
         f"{result['cheat_min_log_evidence']} (threshold {result['log_evidence_threshold']}); "
         f"honest outputs at fault: {result['honest_outputs_at_fault']} of "

@@ -75,7 +75,8 @@ def _submit(args: argparse.Namespace) -> int:
                        price=args.price, deadline=args.deadline, shard_size=args.shard_size,
                        arbiter=args.arbiter, min_reputation_bps=args.min_reputation,
                        prefer_miner=args.miner, allow_probation=args.allow_probation,
-                       precisions=args.precision, require_commitments=args.require_commitments)
+                       precisions=args.precision, require_commitments=args.require_commitments,
+                       audit_rate_bps=args.audit_rate)
         t = job.task()
         cost = job.payment
         print(f"task {job.task_id}: {t.num_requests} requests in {t.num_shards} shard(s) of "
@@ -94,6 +95,9 @@ def _submit(args: argparse.Namespace) -> int:
         if t.require_commitments:
             print("every output must carry an activation commitment")
         print(f"cost: {cost} wei ({_eth(cost)}) escrowed (at most; unused tokens are refunded)")
+        if job.audit_fee:
+            print(f"audit rate {args.audit_rate} bps: {job.audit_fee} wei ({_eth(job.audit_fee)}) "
+                  "paid to the committee for the extra audits")
         if args.wait:
             status = job.wait(progress=not args.no_progress, timeout=args.timeout)
             print(status.summary())
@@ -342,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-commitments", action="store_true",
                    help="every output must carry an activation commitment (miners whose "
                    "engine makes none cannot claim it)")
+    p.add_argument("--audit-rate", type=_non_negative, default=None, metavar="BPS",
+                   help="share of shards the committee re-scores, above the base 1000 (one in "
+                        "ten); paid per sitting member, a quarter of the open budget per 100%%")
     p.add_argument("--wait", action="store_true", help="wait until every shard has results")
     p.add_argument("--timeout", type=_seconds, default=None, help="with --wait: give up after")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -560,6 +560,7 @@ class Client:
         allow_probation: bool | None = None,
         precisions: str | Sequence[str | int | Precision] | None = None,
         require_commitments: bool = False,
+        audit_rate_bps: int | None = None,
     ) -> Job:
         """Post a batch and pay for it; returns its `Job`.
 
@@ -578,9 +579,18 @@ class Client:
         carry an activation commitment (miners whose engines make none, vLLM's say, then
         cannot take it). `shard_size` (default): two shards per live miner, capped so that the
         slowest of them (its measured speed) ends a shard within half the claim window.
+        `audit_rate_bps`: the share of the task's shards the committee re-scores (above the
+        base 1000: one in ten), bought right after the task is posted for each sitting
+        member's forward pass (VerifierCommittee.auditFee; `Job.audit_fee` is what it cost).
         Everything that can be wrong is checked before any transaction is sent.
         """
         mask, commit = parse_mask(precisions), bool(require_commitments)
+        if audit_rate_bps is not None:
+            base = self.q.committee.base_audit_rate_bps()
+            if isinstance(audit_rate_bps, bool) or not isinstance(audit_rate_bps, int) \
+                    or not base < audit_rate_bps <= 10_000:
+                raise ClientError(f"audit rate must be above the base {base} bps and at most "
+                                  f"10000 bps, got {audit_rate_bps!r}")
         if isinstance(requests, str | Path):  # one string is a path: prompts come as a list
             batch = read_batch(requests, max_bytes=self.market.limits()["maxFileBytes"])
             offer = self._offer_for(batch, model, min_reputation_bps, allow_probation,
@@ -616,7 +626,8 @@ class Client:
                                   shard_size=shard_size, arbiter=arbiter,
                                   min_reputation_bps=min_reputation_bps,
                                   prefer_miner=prefer_miner, allow_probation=allow_probation,
-                                  precisions=mask, require_commitments=commit)
+                                  precisions=mask, require_commitments=commit,
+                                  audit_rate_bps=audit_rate_bps)
 
     def _offer_for(self, batch: Batch, model: str | bytes | None,
                    min_reputation_bps: int, allow_probation: bool | None, *,
@@ -657,9 +668,11 @@ class Client:
         allow_probation: bool | None,
         precisions: int = ANY,
         require_commitments: bool = False,
+        audit_rate_bps: int | None = None,
     ) -> Job:
         """Fill in the defaults (price, shard size, deadline, probation) and post with
-        `post_batch`."""
+        `post_batch`; then buy `audit_rate_bps` at once, before a miner claims a shard (after
+        that the rate can no longer change: `ShardsCommitted`, nothing paid)."""
         n = len(batch)
         if allow_probation is None:  # the offer holds miners on probation only if need be
             allow_probation = any(m.on_probation for m in offer.miners)
@@ -694,6 +707,15 @@ class Client:
         job = Job(self, task_id)
         job._batch = batch
         job.submission = tx
+        if audit_rate_bps is not None:
+            fee = self.q.committee.audit_fee(task_id, audit_rate_bps)
+            try:
+                self.q.committee.raise_audit_rate(self.account, task_id, audit_rate_bps, fee)
+            except ContractRevert as exc:
+                raise ClientError(f"task {task_id} is posted, but its audit rate was not "
+                                  f"bought ({exc.error}): a miner claimed a shard first; "
+                                  "nothing was paid for it") from None
+            job.audit_fee = fee
         return job
 
     def manifest(self, model_id: bytes) -> Manifest | None:
@@ -789,6 +811,7 @@ class Job:
         self.client = client
         self.task_id = task_id
         self.submission: TxResult | None = None  # set when this Job posted the task
+        self.audit_fee = 0  # wei this Job paid for a raised audit rate
         self._batch: Batch | None = None
         self._task: Task | None = None
         # Shard -> (the on-chain commitment it was checked under, its checked items).

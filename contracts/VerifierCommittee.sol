@@ -12,6 +12,7 @@ import {IVerifierCommittee} from "./interfaces/IVerifierCommittee.sol";
 import {IArbitration} from "./interfaces/IArbitration.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+import {ITaskRegistry, Task} from "./interfaces/ITaskRegistry.sol";
 import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @notice Everything Quarry keeps about a verifier.
@@ -68,6 +69,10 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     /// @notice A report's score for a miner whose challenge went unanswered within
     /// `challengeAnswerWindow`: unavailability, not a reputation (GPURegistry.recordMissed).
     uint16 public constant MISSED = type(uint16).max;
+    /// @notice The share of client shards (bps) every sitting member audits on every task
+    /// unpaid (verifier/audits.py `DEFAULT_AUDIT_RATE_BPS`): a client pays only for the rate it
+    /// buys above it ({raiseAuditRate}).
+    uint16 public constant BASE_AUDIT_RATE_BPS = 1000;
 
     /// @notice Least stake (wei) to register.
     uint256 public minVerifierStake;
@@ -110,6 +115,19 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     mapping(uint256 epoch => uint32) public activations;
     /// @notice Expired disputes each verifier left without a vote (kept across registrations).
     mapping(address verifier => uint32) public strikesOf;
+    /// @notice What one member's audit of one shard costs, as a share (bps) of the shard's
+    /// budget: every sitting member re-scores every drawn shard, one forward pass over its
+    /// prompts and outputs plus the sampled-output check, which benchmarks/verification_cost.py
+    /// measures at 0.23 of generating them (so 2500, rounded up).
+    uint16 public auditFeeBps = 2500;
+    /// @notice The audit rate (bps) a client bought for its task; 0 when none was bought
+    /// (members then audit it at `BASE_AUDIT_RATE_BPS`).
+    mapping(uint256 taskId => uint16) public auditRateOf;
+    /// @notice Audit fees owed to each member of an epoch's committee (every member audits
+    /// every drawn shard, so each is owed the same).
+    mapping(uint256 epoch => uint256) public auditFeePerMember;
+    /// @notice Whether a member has pulled its audit fees of an epoch.
+    mapping(uint256 epoch => mapping(address member => bool)) public auditFeeClaimed;
 
     address[] private _seats;
     mapping(address => VerifierInfo) private _verifiers;
@@ -126,6 +144,12 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     event MembershipParamsSet(uint64 activationDelay, uint32 churnLimit);
     event IdlePenaltySet(uint32 strikesAllowed, uint16 slashBps);
     event ChallengeAnswerWindowSet(uint64 window);
+    event AuditFeeSet(uint16 feeBps);
+    /// @notice `taskId`'s client bought the audit rate `rateBps`, paying `fee` wei to the
+    /// committee of `epoch`.
+    event AuditRateRaised(uint256 indexed taskId, uint16 rateBps, uint256 indexed epoch, uint256 fee);
+    /// @notice `member` was credited its `amount` wei share of `epoch`'s audit fees.
+    event AuditFeeClaimed(uint256 indexed epoch, address indexed member, uint256 amount);
     /// @notice `verifier` bonded `stake` wei and votes from epoch `activeFrom` on.
     event VerifierRegistered(address indexed verifier, uint256 stake, uint64 activeFrom);
     /// @notice A newcomer with more stake took `verifier`'s seat from epoch `activeUntil` on.
@@ -185,6 +209,20 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     error SameReport();
     error SignerMismatch(address expected, address got);
     error NothingToSlash(address verifier);
+    /// @notice Only the task's client may buy its audit rate.
+    error NotClient(address caller);
+    /// @notice The rate bought must exceed both the task's current rate and the base rate.
+    error RateNotRaised(uint16 current, uint16 requested);
+    /// @notice A shard of the task is claimed, submitted or disputed: its miner took it at the
+    /// old rate, so the rate may only change while none is.
+    error ShardsCommitted(uint256 taskId);
+    /// @notice The task is cancelled, past its deadline, or has nothing left to audit.
+    error TaskClosed(uint256 taskId);
+    error WrongFee(uint256 expected, uint256 got);
+    /// @notice An epoch's audit fees are paid once it is over (they accrue until then).
+    error EpochNotOver(uint256 epoch);
+    error AuditFeeAlreadyClaimed(uint256 epoch, address member);
+    error NoAuditFees(uint256 epoch);
 
     /// @param minVerifierStake_ Least stake (wei) to register.
     /// @param unbondingPeriod_ Seconds a leaving verifier's stake stays bonded after the last
@@ -272,6 +310,57 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
         idleStrikesAllowed = strikesAllowed;
         idleSlashBps = slashBps;
         emit IdlePenaltySet(strikesAllowed, slashBps);
+    }
+
+    /// @notice Sets what one member's audit of one shard costs, in bps of its budget (<= 10000);
+    /// applies to rates bought afterwards.
+    function setAuditFee(uint16 feeBps) external onlyOwner {
+        if (feeBps > BPS) revert InvalidBps(feeBps);
+        auditFeeBps = feeBps;
+        emit AuditFeeSet(feeBps);
+    }
+
+    // ------------------------------------------------------------------ paid audit rates
+
+    /// @notice Raises the audit rate of the caller's task to `rateBps`, paying {auditFee} for the
+    /// extra audits to the current epoch's committee. Client only, while none of its shards is
+    /// claimed, submitted or disputed (send it right after createTask; once a miner claims, it
+    /// reverts {ShardsCommitted} and costs nothing). Members read the rate at each shard's
+    /// submission (verifier/audits.py `audit_rate`).
+    /// @dev Not a way to grief a miner: an audit of an honest shard passes and costs its miner
+    /// nothing (no dispute, no delay of its payment); only a failing one is disputed.
+    /// @param taskId The task.
+    /// @param rateBps The share of its shards to audit (bps, above the current and base rates).
+    function raiseAuditRate(uint256 taskId, uint16 rateBps) external payable nonReentrant {
+        (uint256 perMember, uint256 fee) = _auditFee(taskId, rateBps, msg.sender);
+        if (msg.value != fee) revert WrongFee(fee, msg.value);
+        uint256 epoch = currentEpoch();
+        auditRateOf[taskId] = rateBps;
+        auditFeePerMember[epoch] += perMember;
+        emit AuditRateRaised(taskId, rateBps, epoch, fee);
+    }
+
+    /// @notice The wei {raiseAuditRate} takes to raise `taskId` to `rateBps` now: for each
+    /// member of the current committee, `auditFeeBps` of the budget still open times the rate
+    /// added (above the task's rate and the base rate). Reverts where {raiseAuditRate} would.
+    function auditFee(uint256 taskId, uint16 rateBps) external view returns (uint256 fee) {
+        (, fee) = _auditFee(taskId, rateBps, address(0));
+    }
+
+    /// @notice Credits the caller (in PaymentEscrow, pull) its share of the audit fees paid to
+    /// `epoch`'s committee, once that epoch is over. Each member of the epoch gets the same.
+    /// A member claims before its stake is withdrawn (a new registration forgets the old seat).
+    function claimAuditFees(uint256 epoch) external nonReentrant {
+        if (address(escrow) == address(0)) revert NotWired();
+        if (epoch >= currentEpoch()) revert EpochNotOver(epoch);
+        VerifierInfo storage v = _verifiers[msg.sender];
+        if (v.activeFrom == 0 || epoch < v.activeFrom || epoch >= v.activeUntil) revert NotCommitteeMember(msg.sender);
+        if (auditFeeClaimed[epoch][msg.sender]) revert AuditFeeAlreadyClaimed(epoch, msg.sender);
+        uint256 amount = auditFeePerMember[epoch];
+        if (amount == 0) revert NoAuditFees(epoch);
+        auditFeeClaimed[epoch][msg.sender] = true;
+        emit AuditFeeClaimed(epoch, msg.sender, amount);
+        escrow.credit{value: amount}(msg.sender);
     }
 
     // ------------------------------------------------------------------ membership
@@ -561,6 +650,30 @@ contract VerifierCommittee is IVerifierCommittee, Ownable, ReentrancyGuard, EIP7
     }
 
     // ------------------------------------------------------------------ internal
+
+    /// @dev The fee for raising `taskId` to `rateBps`, per member and in all; `client` is
+    /// checked against the task's unless zero. With no shard committed, the escrow holds
+    /// exactly the budgets of the Open shards, the ones still to be audited.
+    function _auditFee(uint256 taskId, uint16 rateBps, address client)
+        private
+        view
+        returns (uint256 perMember, uint256 fee)
+    {
+        if (address(gpuRegistry) == address(0) || address(escrow) == address(0)) revert NotWired();
+        Task memory t = ITaskRegistry(gpuRegistry.taskRegistry()).getTask(taskId);
+        if (client != address(0) && client != t.client) revert NotClient(client);
+        if (rateBps > BPS) revert InvalidBps(rateBps);
+        uint16 floor = auditRateOf[taskId] > BASE_AUDIT_RATE_BPS ? auditRateOf[taskId] : BASE_AUDIT_RATE_BPS;
+        if (rateBps <= floor) revert RateNotRaised(floor, rateBps);
+        if (t.cancelled || block.timestamp >= t.deadline) revert TaskClosed(taskId);
+        if (t.committed != 0) revert ShardsCommitted(taskId);
+        uint256 open = escrow.escrowed(taskId);
+        if (open == 0) revert TaskClosed(taskId);
+        uint256 seated = memberCountAt(currentEpoch());
+        if (seated == 0) revert NoMembers();
+        perMember = open * (rateBps - floor) * auditFeeBps / (uint256(BPS) * BPS);
+        fee = perMember * seated;
+    }
 
     function _hashReport(uint256 epoch, address[] calldata miners, uint16[] calldata scores, bytes32 evidenceRoot)
         private

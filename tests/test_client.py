@@ -868,12 +868,22 @@ def test_cli_submit_status_results(devnet: Any, market: Market, tmp_path: Path,
     batch.write_bytes(encode_jsonl(lines))
 
     capsys.readouterr()
+    count = devnet.q.tasks.task_count()
+    assert client_main(["submit", str(batch), "--config", str(config), "--audit-rate",
+                        "1000"]) == 1  # the base rate is not a raise: refused before posting
+    assert "above the base 1000 bps" in capsys.readouterr().err
+    assert devnet.q.tasks.task_count() == count
     assert client_main(["submit", str(batch), "--config", str(config), "--shard-size", "2",
-                        "--deadline", "600"]) == 0
+                        "--deadline", "600", "--audit-rate", "5000"]) == 0
     out = capsys.readouterr().out
     task_id = int(out.split()[1].rstrip(":"))
     cost = 3 * 3 * NAMED_PRICE_FACTOR * devnet.PRICE
     assert f"cost: {cost} wei (0.000000027 ETH)" in out
+    # The client bought 4000 bps above the base: a quarter of the budget per 100% per member.
+    members = len(devnet.q.committee.members())
+    fee = cost * 4000 * 2500 // 10**8 * members
+    assert members > 0 and devnet.q.committee.audit_rate_of(task_id) == 5000
+    assert f"audit rate 5000 bps: {fee} wei" in out
 
     for k in range(2):
         serve_shard(devnet, market, task_id, k, devnet.outsider)

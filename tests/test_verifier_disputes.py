@@ -685,10 +685,12 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     shard (rate 10000 bps): the honest shard passes, the selective one fails, one auditor
     disputes it at its own bond, the committee resolves it at fault (collateral slashed,
     budget back to the client) and the chain's record of faults, which the committee's next
-    report counts as an abnormal epoch, names the miner. A desk at rate 0 audits nothing."""
+    report counts as an abnormal epoch, names the miner. The client bought the whole rate
+    for the honest task: a desk at base rate 0 audits that shard (and it passes, costing the
+    miner nothing) and nothing else."""
     from miner.cheats import cheating_engine
     from miner.worker import Worker
-    from verifier.audits import AuditDesk, audit_draw, audit_seed
+    from verifier.audits import DEFAULT_AUDIT_RATE_BPS, AuditDesk, audit_draw, audit_seed
     from verifier.committee import chain_faults
 
     q, api, mid = devnet.q, stack.api, engine.model_id
@@ -697,6 +699,13 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     selective = cheating_engine("selective", engine, model_dir, cache_dir=tmp_path / "cheats")
     t_honest = post_task(devnet, api, mid, batch(3, "Please summarise: "))
     t_cheat = post_task(devnet, api, mid, batch(3, "Please summarise: "))
+    assert q.committee.base_audit_rate_bps() == DEFAULT_AUDIT_RATE_BPS
+    fee = q.committee.audit_fee(t_honest, 10_000)
+    members = len(q.committee.members())
+    open_budget = q.escrow.escrowed(t_honest)
+    assert fee == open_budget * 9000 * q.committee.audit_fee_bps() // 10**8 * members
+    q.committee.raise_audit_rate(devnet.client, t_honest, 10_000)
+    assert q.committee.audit_rate_of(t_honest) == 10_000
     for miner, eng, task_id in ((honest, engine, t_honest), (cheat, selective, t_cheat)):
         worker = Worker(account=miner, quarry=q, engines={mid: eng}, store=api, progress=False)
         assert worker.process_shard(task_id, 0).submitted
@@ -704,15 +713,19 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     events: list[str] = []
     idle = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=0)
     idle.step()
-    assert idle.cases == {} and idle.drawn >= 2
-    # The draw is a pure function of the submission's block: at half rate a desk audits
-    # exactly the shards whose draw is under 5000, as every other member does.
+    assert set(idle.cases) == {(t_honest, 0)} and idle.drawn >= 2
+    assert idle.cases[t_honest, 0].status == "passed" and idle.cases[t_honest, 0].dispute_id is None
+    assert idle.rates[t_cheat, 0] == 0  # a young miner's doubling leaves no rate at no rate
+    # The draw is a pure function of the submission's block and the rate the chain gives it:
+    # at base rate 5000 a desk audits exactly the shards whose draw is under their rate, as
+    # every other member does; the two new miners' shards count twice (0.75).
     half = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=5000)
     half._discover()
+    assert half.rates[t_honest, 0] == 10_000 and half.rates[t_cheat, 0] >= 7500
     submitted = {(int(ev["taskId"]), int(ev["shard"])): int(ev["blockNumber"])
                  for ev in q.tasks.events("ResultSubmitted", q.deployment.deploy_block)}
     assert set(half.cases) == {key for key, n in submitted.items() if audit_draw(audit_seed(
-        bytes(q.chain.w3.eth.get_block(n)["hash"]), *key)) < 5000}
+        bytes(q.chain.w3.eth.get_block(n)["hash"]), *key)) < half.rates[key]}
     auditors = [AuditDesk(q, v, api, stack.scorer, rate_bps=10_000, stagger_s=0,
                           on_event=events.append) for v in devnet.verifiers[1:]]
     for desk in auditors:
@@ -735,6 +748,31 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
     assert q.gpu.miner_info(cheat.address).stake < STAKE
     assert chain_faults(q, start, q.chain.timestamp() + 1) == {cheat.address}
+
+
+def test_audit_rate_rule() -> None:
+    """The rate every member computes for a shard: the paid rate or the base, whichever is
+    higher; twice the shards for a young miner; k shards for a budget k >= 2 times the
+    typical one; never above 100%, and nothing where there is no rate at all."""
+    from verifier.audits import YOUNG_EPOCHS, audit_rate
+
+    old, b = YOUNG_EPOCHS, 1_000
+
+    def rate(base: int, paid: int = 0, epochs: int = old, budget: int = b,
+             typical: int = b) -> int:
+        return audit_rate(base, paid, epochs_registered=epochs, budget=budget,
+                          typical_budget=typical)
+
+    assert rate(1000) == 1000
+    assert rate(1000, paid=5000) == 5000 and rate(1000, paid=500) == 1000
+    assert rate(1000, epochs=old - 1) == 1900  # 1 - 0.9^2
+    assert rate(1000, budget=2 * b - 1) == 1000  # not well above the typical one
+    assert rate(1000, budget=3 * b) == 2710  # 1 - 0.9^3
+    assert rate(1000, epochs=0, budget=2 * b) == 3439  # 1 - 0.81^2
+    assert rate(1000, budget=10**9 * b) == 9989  # counted as 64 shards: 1 - 0.9^64, rounded up
+    assert rate(1000, paid=10_000, epochs=0, budget=50 * b) == 10_000
+    assert rate(1000, budget=b, typical=0) == 1000  # no history: no scaling
+    assert rate(0, epochs=0, budget=9 * b) == 0
 
 
 # ---------------------------------------------------------------------------- rational cheats

@@ -7,7 +7,9 @@ in the current committee it:
 
 1. reads the `ResultSubmitted` events since it last looked;
 2. draws each submitted shard: audited when `audit_draw(audit_seed(hash of the
-   submission's block, taskId, shard)) < audit_rate_bps`. The block hash is fixed only
+   submission's block, taskId, shard)) < audit_rate(...)`, the shard's rate by the rule every
+   member computes alike from the chain (the client's paid rate, the miner's history, the
+   shard's budget: see `audit_rate`). The block hash is fixed only
    once the submission is mined, so the miner cannot know, when it decides how to serve a
    shard, whether it will be audited (a miner that also produces the block could grind
    it; on a public chain use a later block's RANDAO value);
@@ -29,9 +31,11 @@ failing one costs the shard's budget, its collateral and (being a fault) an abno
 from __future__ import annotations
 
 import logging
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
@@ -59,7 +63,49 @@ log = logging.getLogger("verifier.audits")
 AUDIT_DOMAIN = b"quarry-audit-v1\x00"
 BPS = 10_000
 DEFAULT_AUDIT_RATE_BPS = 1000
-"""One client shard in ten: see the README's audit arithmetic for what that costs a cheat."""
+"""One client shard in ten: see the README's audit arithmetic for what that costs a cheat.
+VerifierCommittee.BASE_AUDIT_RATE_BPS is the same rate: clients pay only for more."""
+YOUNG_EPOCHS = 24
+"""A miner registered fewer committee epochs ago than this (public: one day) is audited as if
+each of its shards were two."""
+TYPICAL_WINDOW = 256
+"""How many of the latest submissions set the typical shard budget (their median)."""
+MAX_WEIGHT = 64
+"""The most shards one shard counts for (0.9^64: already audited at 99.9%)."""
+
+
+def compound_rate(rate_bps: int, k: int) -> int:
+    """The chance (bps, rounded up) that at least one of `k` shards drawn at `rate_bps` each
+    is audited: 1 - (1 - a)^k, in integers so every member gets the same number."""
+    k = max(1, min(int(k), MAX_WEIGHT))
+    return BPS - (BPS - rate_bps) ** k // BPS ** (k - 1)
+
+
+def audit_rate(base_bps: int, paid_bps: int, *, epochs_registered: int, budget: int,
+               typical_budget: int) -> int:
+    """The audit rate (bps) of one submitted shard, which every honest member computes alike
+    from public on-chain data:
+
+    1. a = max(the task's paid rate (VerifierCommittee.auditRateOf at the submission's block),
+       the base rate): a client buys more scrutiny for its own task, never less;
+    2. a miner registered fewer than `YOUNG_EPOCHS` committee epochs before the submission
+       counts each shard twice: a = 1 - (1 - a)^2. A fresh identity has the least reputation
+       and future income to lose, and re-registering after capture is the cheap way back;
+    3. a shard whose budget is k >= 2 times the typical one (the median budget of the
+       `TYPICAL_WINDOW` submissions before it) counts as k shards: a = 1 - (1 - a)^k. Detection
+       grows with the number of cheated shards, not their value, so without this a cheater
+       would put its cheating into a few large shards; with it, each wei cheated is about as
+       likely to be audited in one large shard as spread over k typical ones;
+    4. capped at 100% (by construction).
+
+    An audit of an honest shard passes and costs its miner nothing, so raising the rate never
+    hurts an honest miner, however young or large its shards."""
+    rate = max(int(paid_bps), int(base_bps))
+    if epochs_registered < YOUNG_EPOCHS:
+        rate = compound_rate(rate, 2)
+    if typical_budget > 0 and budget >= 2 * typical_budget:
+        rate = compound_rate(rate, budget // typical_budget)
+    return min(rate, BPS)
 
 
 def audit_seed(block_hash: bytes, task_id: int, shard: int) -> bytes:
@@ -116,6 +162,9 @@ class AuditDesk:
         self.on_event = on_event or (lambda line: log.info("%s", line))
         self.cases: dict[tuple[int, int], AuditCase] = {}
         self.drawn = 0  # shards this desk has drawn (audited or not)
+        self.rates: dict[tuple[int, int], int] = {}  # each drawn shard's rate (bps)
+        self._budgets: deque[int] = deque(maxlen=TYPICAL_WINDOW)  # latest submissions'
+        self._epochs: tuple[int, int] | None = None  # the committee's genesis, epoch length
         self._scan_from = q.deployment.deploy_block
 
     def step(self) -> None:
@@ -153,10 +202,30 @@ class AuditDesk:
             block = w3.eth.get_block(int(ev["blockNumber"]))
             seed = audit_seed(bytes(block["hash"]), *key)
             self.drawn += 1
-            if audit_draw(seed) >= self.rate_bps:
+            rate = self._rate(key, ev, block)
+            self.rates[key] = rate
+            if audit_draw(seed) >= rate:
                 continue
             self.cases[key] = AuditCase(*key, seed=seed, submitted_at=int(block["timestamp"]))
         self._scan_from = head + 1
+
+    def _rate(self, key: tuple[int, int], ev: dict[str, Any], block: Any) -> int:
+        """`audit_rate` of one submission, from the chain as of its block; the events come
+        in chain order from the deployment on, so every member sees the same window of
+        budgets before it."""
+        q, (task_id, shard) = self.q, key
+        budget = q.tasks.shard_budget(task_id, shard)
+        typical = int(statistics.median_low(self._budgets)) if self._budgets else budget
+        self._budgets.append(budget)
+        registered = q.gpu.miner_info(str(ev["miner"]), block=int(block["number"])).registered_at
+        if self._epochs is None:  # fixed at deployment
+            self._epochs = (q.committee.genesis_time(), q.committee.epoch_duration())
+        genesis, length = self._epochs
+        epochs = (int(block["timestamp"]) - genesis) // length \
+            - (max(registered, genesis) - genesis) // length
+        paid = q.committee.audit_rate_of(task_id, block=int(block["number"]))
+        return audit_rate(self.rate_bps, paid, epochs_registered=epochs, budget=budget,
+                          typical_budget=typical)
 
     def _advance(self, case: AuditCase, now: int, epoch: int) -> None:
         if case.challenge_id is not None:

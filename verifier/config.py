@@ -14,7 +14,7 @@ variables, then command-line flags (each later source overrides the earlier).
     challenge_max_tokens = 64
     tolerance_bps = 500                   # co-sign when |own score - leader's| <= this
     scoring_precision = "fp32"            # the scoring workers' precision: fp32 or bf16
-    audit_rate_bps = 1000                 # share of client shards re-scored (audits)
+    audit_rate_bps = 1000                 # base share of client shards re-scored (audits)
     state_dir = "~/.quarry/verifier"      # what this verifier signed (never equivocate)
     # metrics_port = 9102                 # `verifier run` serves Prometheus metrics at
                                           # http://metrics_host:port/metrics (0: any port)
@@ -62,7 +62,7 @@ class VerifierConfig(KeyedSettings):
     tolerance_bps: Bps = 500
     # the reference's own precision; verifier.error_models has each pair's calibration
     scoring_precision: str = "fp32"
-    audit_rate_bps: Bps = 1000  # verifier.audits.DEFAULT_AUDIT_RATE_BPS
+    audit_rate_bps: Bps = 1000  # the base of verifier.audits.audit_rate (DEFAULT_AUDIT_RATE_BPS)
     state_dir: SettingPath | None = None
     test_mode: str = ""
     reputation: dict[str, Any] = Field(default_factory=dict)

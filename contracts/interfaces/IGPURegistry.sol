@@ -17,6 +17,7 @@ interface IGPURegistry {
         view
         returns (uint8);
     function isRegistered(address miner) external view returns (bool);
+    function taskRegistry() external view returns (address);
     function checkSwarmClaim(
         uint256 swarmId,
         address head,

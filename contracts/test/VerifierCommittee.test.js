@@ -1613,6 +1613,116 @@ describe("VerifierCommittee", function () {
     });
   });
 
+  describe("paid audit rates", function () {
+    // The default task: 10 requests x 100 tokens at 1 gwei, all of it open; four members sit.
+    const PAYMENT = 10n * 100n * PRICE;
+    /** What raiseAuditRate must take: for each member, auditFeeBps of the open budget per
+     * unit of rate added above `floor` (written out here, not read from the contract). */
+    const feeOf = (open, floor, rate, members = 4n) => (open * (rate - floor) * 2500n) / (10000n * 10000n) * members;
+
+    it("a client buys a higher rate; each member of that epoch pulls its equal share, to the wei", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { committee, escrow, client, verifiers, outsider } = q;
+      const e = await toEpochStart(committee);
+      const { taskId } = await createTask(q.task, client);
+      expect(await committee.BASE_AUDIT_RATE_BPS()).to.equal(1000);
+      expect(await committee.auditFeeBps()).to.equal(2500);
+      expect(await committee.auditRateOf(taskId)).to.equal(0);
+      const fee1 = feeOf(PAYMENT, 1000n, 5000n);
+      expect(fee1).to.equal(ethers.parseUnits("400", "gwei")); // 4 x 0.25 x 0.4 x 1000 gwei
+      expect(await committee.auditFee(taskId, 5000)).to.equal(fee1);
+      const held0 = await ethers.provider.getBalance(committee);
+      const wallet0 = await ethers.provider.getBalance(client);
+      const tx = await committee.connect(client).raiseAuditRate(taskId, 5000, { value: fee1 });
+      await expect(tx).to.emit(committee, "AuditRateRaised").withArgs(taskId, 5000, e, fee1);
+      expect(await ethers.provider.getBalance(client)).to.equal(wallet0 - fee1 - (await gasCost(tx)));
+      // Raising again pays only for the rate added above the one already bought.
+      const fee2 = feeOf(PAYMENT, 5000n, 8000n);
+      await committee.connect(client).raiseAuditRate(taskId, 8000, { value: fee2 });
+      expect(await committee.auditRateOf(taskId)).to.equal(8000);
+      expect(await ethers.provider.getBalance(committee)).to.equal(held0 + fee1 + fee2);
+      const share = (fee1 + fee2) / 4n;
+      expect(await committee.auditFeePerMember(e)).to.equal(share);
+      await expect(committee.connect(verifiers[0]).claimAuditFees(e))
+        .to.be.revertedWithCustomError(committee, "EpochNotOver").withArgs(e);
+
+      await toEpoch(committee, e + 1n);
+      for (const v of verifiers) {
+        const before = await escrow.withdrawable(v);
+        await expect(committee.connect(v).claimAuditFees(e))
+          .to.emit(committee, "AuditFeeClaimed").withArgs(e, v.address, share);
+        expect(await escrow.withdrawable(v)).to.equal(before + share);
+      }
+      // Every wei paid left the committee; none twice, none to a non-member.
+      expect(await ethers.provider.getBalance(committee)).to.equal(held0);
+      await expect(committee.connect(verifiers[0]).claimAuditFees(e))
+        .to.be.revertedWithCustomError(committee, "AuditFeeAlreadyClaimed").withArgs(e, verifiers[0].address);
+      await expect(committee.connect(outsider).claimAuditFees(e))
+        .to.be.revertedWithCustomError(committee, "NotCommitteeMember").withArgs(outsider.address);
+      await expect(committee.connect(verifiers[1]).claimAuditFees(e - 1n))
+        .to.be.revertedWithCustomError(committee, "NoAuditFees").withArgs(e - 1n);
+      const v = verifiers[2];
+      const pulled = await escrow.withdrawable(v);
+      const w0 = await ethers.provider.getBalance(v);
+      const wtx = await escrow.connect(v).withdraw();
+      expect(await ethers.provider.getBalance(v)).to.equal(w0 + pulled - (await gasCost(wtx)));
+    });
+
+    it("the honest miner of a task with a bought rate is paid exactly as without it", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { committee, escrow, client, miner, gpu } = q;
+      const { taskId } = await createTask(q.task, client);
+      await committee.connect(client).raiseAuditRate(taskId, 10000, { value: feeOf(PAYMENT, 1000n, 10000n) });
+      const stake0 = (await gpu.minerInfo(miner)).stake;
+      await q.task.connect(miner).claimShard(taskId, 0);
+      const res = await buildResult(q.task, taskId, 0, 0, 4, miner);
+      await q.task.connect(miner).submitResult(taskId, 0, res.root, "store://out", res.total);
+      await time.increase(P.challengeWindow);
+      const paid0 = await escrow.withdrawable(miner);
+      await q.task.finalizeShard(taskId, 0);
+      // 40 tokens billed at 1 gwei: the whole pay, the stake whole and unlocked.
+      expect(await escrow.withdrawable(miner)).to.equal(paid0 + TOKENS4 * PRICE);
+      const info = await gpu.minerInfo(miner);
+      expect(info.stake).to.equal(stake0);
+      expect(info.locked).to.equal(0);
+    });
+
+    it("refuses the wrong payer, rate, fee or moment with named errors", async function () {
+      const q = await loadFixture(deployQuarry);
+      const { committee, client, outsider, miner } = q;
+      const { taskId } = await createTask(q.task, client);
+      const fee = feeOf(PAYMENT, 1000n, 3000n);
+      await expect(committee.connect(outsider).raiseAuditRate(taskId, 3000, { value: fee }))
+        .to.be.revertedWithCustomError(committee, "NotClient").withArgs(outsider.address);
+      await expect(committee.connect(client).raiseAuditRate(taskId, 1000))
+        .to.be.revertedWithCustomError(committee, "RateNotRaised").withArgs(1000, 1000);
+      await expect(committee.connect(client).raiseAuditRate(taskId, 10001))
+        .to.be.revertedWithCustomError(committee, "InvalidBps").withArgs(10001);
+      await expect(committee.connect(client).raiseAuditRate(taskId, 3000, { value: fee - 1n }))
+        .to.be.revertedWithCustomError(committee, "WrongFee").withArgs(fee, fee - 1n);
+      await expect(committee.connect(client).raiseAuditRate(taskId, 3000, { value: fee + 1n }))
+        .to.be.revertedWithCustomError(committee, "WrongFee").withArgs(fee, fee + 1n);
+      await expect(committee.auditFee(99, 3000)).to.be.revertedWithCustomError(q.task, "UnknownTask").withArgs(99);
+      // Once a miner has claimed at the old rate, the rate stays.
+      await q.task.connect(miner).claimShard(taskId, 0);
+      await expect(committee.connect(client).raiseAuditRate(taskId, 3000, { value: fee }))
+        .to.be.revertedWithCustomError(committee, "ShardsCommitted").withArgs(taskId);
+      // A cancelled task or one past its deadline has nothing left to audit.
+      const t2 = (await createTask(q.task, client)).taskId;
+      await q.task.connect(client).cancelTask(t2);
+      await expect(committee.connect(client).raiseAuditRate(t2, 3000, { value: fee }))
+        .to.be.revertedWithCustomError(committee, "TaskClosed").withArgs(t2);
+      const t3 = (await createTask(q.task, client)).taskId;
+      await time.increase(3600);
+      await expect(committee.connect(client).raiseAuditRate(t3, 3000, { value: fee }))
+        .to.be.revertedWithCustomError(committee, "TaskClosed").withArgs(t3);
+      await expect(committee.connect(outsider).setAuditFee(100))
+        .to.be.revertedWithCustomError(committee, "OwnableUnauthorizedAccount").withArgs(outsider.address);
+      await expect(committee.setAuditFee(10001)).to.be.revertedWithCustomError(committee, "InvalidBps").withArgs(10001);
+      await expect(committee.setAuditFee(100)).to.emit(committee, "AuditFeeSet").withArgs(100);
+    });
+  });
+
   describe("views", function () {
     it("type hashes, digests and domain match ethers", async function () {
       const { committee, miner } = await loadFixture(deployQuarry);

@@ -388,8 +388,10 @@ class GPURegistry(QuarryContract):
         """An untrusted miner pays `fee` (burned) to be challenged again."""
         return self._tx(sender, "requestRechallenge", value=fee)
 
-    def miner_info(self, miner: str) -> MinerInfo:
-        return as_struct(MinerInfo, self._call("minerInfo", to_checksum_address(miner)))
+    def miner_info(self, miner: str, block: BlockIdentifier = "latest") -> MinerInfo:
+        """The miner's record as of `block`."""
+        return as_struct(MinerInfo, self.chain.call(
+            self.fn("minerInfo", to_checksum_address(miner)), block=block))
 
     def offer_terms(self, miners: Sequence[tuple[str, Sequence[bytes]]], min_rep_bps: int = 0,
                     allow_probation: bool = False
@@ -702,6 +704,35 @@ class VerifierCommittee(QuarryContract):
         """`leaderOf(epoch)` as of `block`: it moves with lastCommitHash, so an epoch's
         leader is read at the block that committed its challenge set."""
         return to_checksum_address(self.chain.call(self.fn("leaderOf", epoch), block=block))
+
+    def raise_audit_rate(self, sender: LocalAccount, task_id: int, rate_bps: int,
+                         fee: int | None = None) -> TxResult:
+        """Buy the audit rate `rate_bps` for `sender`'s task, paying `fee` (default: the
+        `audit_fee` quoted now) to the current committee; only while no shard is claimed."""
+        if fee is None:
+            fee = self.audit_fee(task_id, rate_bps)
+        return self._tx(sender, "raiseAuditRate", task_id, rate_bps, value=fee)
+
+    def audit_fee(self, task_id: int, rate_bps: int) -> int:
+        """Wei `raise_audit_rate(task_id, rate_bps)` takes now."""
+        return int(self._call("auditFee", task_id, rate_bps))
+
+    def audit_rate_of(self, task_id: int, block: BlockIdentifier = "latest") -> int:
+        """The audit rate (bps) bought for the task as of `block` (0: none bought)."""
+        return int(self.chain.call(self.fn("auditRateOf", task_id), block=block))
+
+    def base_audit_rate_bps(self) -> int:
+        return int(self._call("BASE_AUDIT_RATE_BPS"))
+
+    def audit_fee_bps(self) -> int:
+        return int(self._call("auditFeeBps"))
+
+    def audit_fee_per_member(self, epoch: int) -> int:
+        return int(self._call("auditFeePerMember", epoch))
+
+    def claim_audit_fees(self, sender: LocalAccount, epoch: int) -> TxResult:
+        """Credit `sender`'s share of `epoch`'s audit fees in the escrow (once it is over)."""
+        return self._tx(sender, "claimAuditFees", epoch)
 
     def challenge_set_of(self, epoch: int) -> bytes:
         return bytes(self._call("challengeSetOf", epoch))
