@@ -132,9 +132,12 @@ def cmd_withdraw(args: argparse.Namespace) -> int:
     account = cfg.account()
     q = _connect(cfg)
     if args.stake:
-        amount = withdraw_stake(q, account)
+        amount, burned = withdraw_stake(q, account)
         print(f"withdrew the whole stake: {amount} wei to {account.address}; the miner is no "
-              "longer registered")
+              "longer registered" if not burned else
+              f"withdrew the stake: {amount} wei to {account.address}, {burned} wei burned "
+              "(it left untrusted without being challenged again); the miner is no longer "
+              "registered")
     else:
         amount = withdraw_earnings(q, account)
         print(f"withdrew {amount} wei of earnings to {account.address}")
@@ -146,10 +149,16 @@ def cmd_exit(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     account = cfg.account()
-    at = request_exit(_connect(cfg), account)
+    q = _connect(cfg)
+    at = request_exit(q, account)
+    grace = q.gpu.verdict_grace_epochs()
     print(f"exit requested: {account.address} claims no new shards; shards already claimed "
-          f"must still be submitted. The stake can be withdrawn at {format_time(at)} with "
-          "`miner withdraw --stake`")
+          f"must still be submitted. The stake can be withdrawn with `miner withdraw --stake` "
+          f"from {format_time(at)} (unbonding), once every shard is finalized (past its "
+          "challenge window, disputes resolved) and the committee has reported the epoch "
+          "after the last one settled, which carries any fault found on them (at most "
+          f"{grace} epochs after that settlement if the committee is silent); `miner status` "
+          "shows what it waits for")
     return 0
 
 

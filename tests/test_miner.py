@@ -690,20 +690,38 @@ def test_first_ctrl_c_finishes_the_shards_claimed_second_aborts(
 def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
                                  deployment_file: Path, dead_market: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    miner = anvil_account(12)
+    q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     cfg = str(config_file(tmp_path, miner, model_dir, dead_market))
     code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
     assert code == 1 and "run `miner exit` first" in err
+    # One shard, settled after the exit request: the stake then also waits for the
+    # committee's report of the next epoch (the verdict on it), at most 3 epochs if silent.
+    model_id = q.gpu.models_of(miner.address)[0]
+    task_id, _ = q.tasks.create_task(
+        devnet.client, model_id=model_id, input_root=b"\1" * 32, input_uri="store://in",
+        num_requests=1, shard_size=1, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        deadline=devnet.chain.timestamp() + 3600)
+    q.tasks.claim_shard(miner, task_id, 0)
+    q.tasks.submit_result(miner, task_id, 0, b"\2" * 32, "store://out", 1)
     code, out, _ = run_cli(capsys, "exit", "--config", cfg)
-    assert code == 0 and "can be withdrawn at" in out
+    assert code == 0 and "can be withdrawn" in out and "committee has reported" in out
     code, _, err = run_cli(capsys, "exit", "--config", cfg)
     assert code == 1 and "exit already requested" in err
     code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
     assert code == 1 and "unbonding is not over" in err and "s from now" in err
     code, out, _ = run_cli(capsys, "status", "--config", cfg)
     assert "(exiting)" in out and "stake withdrawable at" in out
-    devnet.chain.advance_time(devnet.deployment.params["miner_unbonding_period"] + 1)
+    params = devnet.deployment.params
+    devnet.chain.advance_time(max(params["challenge_window"], params["miner_unbonding_period"]) + 1)
+    q.tasks.finalize_shard(devnet.client, task_id, 0)
+    code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
+    epoch, until = q.gpu.verdict_wait(miner.address)
+    assert code == 1 and until and len(err.strip().splitlines()) == 1
+    assert f"waiting for the committee's report of epoch {epoch}" in err and "at the latest" in err
+    code, out, _ = run_cli(capsys, "status", "--config", cfg)
+    assert f"verdict    waiting for the committee's report of epoch {epoch}" in out
+    devnet.chain.advance_time(until - devnet.chain.timestamp())  # the committee stayed silent
     before = devnet.chain.balance(miner.address)
     code, out, _ = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
     assert code == 0 and f"{STAKE} wei" in out
