@@ -246,6 +246,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         uint256 pricePerToken
     );
     event StakeAdded(address indexed miner, uint256 amount, uint256 stake);
+    /// @notice `miner` asked to leave; `withdrawableAt` is when its unbonding ends. The stake
+    /// also waits for its shards to settle and for the verdict report on them ({verdictWait}).
     event ExitRequested(address indexed miner, uint64 withdrawableAt);
     event StakeWithdrawn(address indexed miner, uint256 amount);
     event CollateralLocked(address indexed miner, uint256 amount, uint256 locked);
