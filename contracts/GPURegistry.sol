@@ -104,9 +104,11 @@ struct SwarmTerms {
 /// the committee has reported the epoch after the last settlement, the report that carries any
 /// fault found on those shards ({verdictWait}); if the committee stays silent, after
 /// `verdictGraceEpochs` more epochs, so a dead committee cannot trap an honest miner's stake.
-/// The first untrusted report in a row burns nothing only so that a miner judged wrongly can
-/// ask to be challenged again ({requestRechallenge}); a miner that leaves untrusted instead
-/// takes that burn with it ({withdrawStake}), so leaving never costs less than staying.
+/// The first untrusted report in a row burns nothing at once, but its burn is due as soon as
+/// the miner acts on it: asking to be challenged again ({requestRechallenge}) or leaving
+/// ({withdrawStake}) pays it. Otherwise a captured cheater could answer the (recognisable)
+/// re-challenge honestly, or leave, and keep its whole stake; an honest miner pays it only
+/// after a false fault, which the verifiers' test bounds at 1e-6 per judged set.
 ///
 /// Missing is not failing: a challenge the miner did not answer in time is evidence that it
 /// was unavailable, not that it cheated. The committee reports it as missed ({recordMissed}):
@@ -207,7 +209,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @dev The precision (market/protocol/precision.py: FP32 1 .. INT8 5) `miner` declared for
     /// `modelId`; non-zero exactly when it serves the model.
     mapping(address miner => mapping(bytes32 modelId => uint8)) private _precisions;
-    /// @notice Consecutive committee reports that left the miner untrusted.
+    /// @notice Consecutive committee reports that left the miner untrusted; a re-challenge
+    /// that pays the first report's burn ({requestRechallenge}) counts as the second.
     mapping(address miner => uint16) public untrustedReportsOf;
     /// @notice True from {requestRechallenge} until the next report naming the miner.
     mapping(address miner => bool) public rechallengePending;
@@ -597,7 +600,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @notice Pays `rechallengeFee` (burned) to be challenged again: an untrusted miner,
     /// registered and not exiting, goes back on probation and is eligible for tasks that
     /// allow probation (the committee's challenges) until the next report that names it,
-    /// which then decides as usual. Emits {RechallengeRequested}.
+    /// which then decides as usual. After a single untrusted report it also pays that
+    /// report's burn (`untrustedSlashBps` of its free stake, see the contract's notice), which
+    /// then counts as the second report in a row. Emits {RechallengeRequested}.
     function requestRechallenge() external payable nonReentrant onlyRegistered {
         MinerInfo storage m = _miners[msg.sender];
         if (m.reputationBps >= untrustedBelowBps) revert NotUntrusted(msg.sender, m.reputationBps);
@@ -605,11 +610,14 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (rechallengePending[msg.sender]) revert RechallengeAlreadyPending(msg.sender);
         if (msg.value != rechallengeFee) revert WrongFee(rechallengeFee, msg.value);
         if (address(escrow) == address(0)) revert NotWired();
+        bool due = untrustedReportsOf[msg.sender] == 1;
         rechallengePending[msg.sender] = true;
         m.onProbation = true;
         m.passedEpochs = 0;
+        if (due) untrustedReportsOf[msg.sender] = 2;
         emit RechallengeRequested(msg.sender, msg.value);
         if (msg.value > 0) escrow.credit{value: msg.value}(BURN);
+        if (due) _slash(m, msg.sender, m.stake * untrustedSlashBps / BPS, BURN);
     }
 
     /// @notice Writes `miner`'s reputation from the committee's report of the epoch that

@@ -167,10 +167,12 @@ def cmd_rechallenge(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     account = cfg.account()
-    fee = request_rechallenge(_connect(cfg), account)
-    print(f"re-challenge requested: {account.address} paid {fee} wei (burned) and is back on "
-          "probation; the committee's next challenge set includes it, and the report after "
-          "it decides whether it is trusted again")
+    fee, burned = request_rechallenge(_connect(cfg), account)
+    stake = (f" and {burned} wei of its stake (the burn its first untrusted report spared)"
+             if burned else "")
+    print(f"re-challenge requested: {account.address} paid {fee} wei (burned){stake} and is "
+          "back on probation; the committee's next challenge set includes it, and the report "
+          "after it decides whether it is trusted again")
     return 0
 
 

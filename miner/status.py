@@ -163,7 +163,8 @@ class MinerStatus:
             return (f"UNTRUSTED: reputation {self.reputation_bps} bps is under "
                     f"{self.untrusted_below_bps}; it may claim nothing, not even the "
                     "committee's challenges, until it pays to be challenged again "
-                    "(`miner rechallenge`)" + missed)
+                    "(`miner rechallenge`: the fee, and after a first untrusted report 10% of "
+                    "its stake; leaving untrusted burns that 10% too)" + missed)
         if self.standing == "re-challenged":
             return ("RE-CHALLENGED: untrusted, with a paid re-challenge pending: until the "
                     "committee's next report it may claim only tasks that allow probation and "
@@ -288,9 +289,11 @@ def withdraw_stake(q: Quarry, account: LocalAccount) -> tuple[int, int]:
     return int(tx.event("StakeWithdrawn")["amount"]), burned
 
 
-def request_rechallenge(q: Quarry, account: LocalAccount) -> int:
+def request_rechallenge(q: Quarry, account: LocalAccount) -> tuple[int, int]:
     """Pay the re-challenge fee (burned) so the committee challenges this untrusted miner
-    again; returns the fee. MinerStateError names why it cannot, before any transaction."""
+    again; returns (the fee, the stake burned: after a single untrusted report, the burn it
+    spared is due now, GPURegistry.requestRechallenge). MinerStateError names why it cannot,
+    before any transaction."""
     from market.jobs import check_funds
 
     address = account.address
@@ -309,8 +312,8 @@ def request_rechallenge(q: Quarry, account: LocalAccount) -> int:
     fee = q.gpu.rechallenge_fee()
     check_funds(q, account, fee, q.gpu.contract.functions.requestRechallenge(),
                 "GPURegistry.requestRechallenge", "re-challenge fee")
-    q.gpu.request_rechallenge(account, fee)
-    return fee
+    tx = q.gpu.request_rechallenge(account, fee)
+    return fee, sum(int(ev["amount"]) for ev in tx.all("Slashed"))
 
 
 def request_exit(q: Quarry, account: LocalAccount) -> int:

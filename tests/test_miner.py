@@ -809,11 +809,12 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
         one_torch_thread: None, capsys: pytest.CaptureFixture[str]) -> None:
     """`miner rechallenge`: refused (one line, exit 1) while trusted. Once a committee report
     leaves the miner untrusted, `miner status` and `GET /miners` say "untrusted" (it can claim
-    nothing) and the market recommends it nothing. It pays the fee, which is burned: it is
-    "re-challenged", the market recommends it a challenge-like task (directed, probation
-    allowed, no floor) and `miner run` serves it, while an ordinary task stays closed to it;
-    asking twice is refused by name. A second report in a row that leaves it untrusted burns
-    10% of its stake. A missed report burns nothing and uses the re-challenge up."""
+    nothing) and the market recommends it nothing. It pays the fee, which is burned, and the
+    10% of its stake the first untrusted report spared (issue 32): it is "re-challenged", the
+    market recommends it a challenge-like task (directed, probation allowed, no floor) and
+    `miner run` serves it, while an ordinary task stays closed to it; asking twice is refused
+    by name. A further report in a row that leaves it untrusted burns 10% of its stake. A
+    missed report burns nothing and uses the re-challenge up."""
     from eth_utils import to_checksum_address
 
     from market.chain.contracts import MISSED_BPS
@@ -857,9 +858,12 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
     burn = to_checksum_address(q.chain.call(q.gpu.contract.functions.BURN()))
     burned = q.escrow.withdrawable(burn)
     fee = q.gpu.rechallenge_fee()
+    stake = q.gpu.miner_info(miner.address).stake
     code, out, _ = run_cli(capsys, "rechallenge", "--config", cfg)
-    assert code == 0 and f"paid {fee} wei (burned)" in out
-    assert q.escrow.withdrawable(burn) == burned + fee
+    # the fee, and the burn the first untrusted report spared (issue 32): 10% of the stake
+    assert code == 0 and f"paid {fee} wei (burned) and {stake // 10} wei of its stake" in out
+    assert q.escrow.withdrawable(burn) == burned + fee + stake // 10
+    assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
     assert q.gpu.rechallenge_pending(miner.address) and q.gpu.on_probation(miner.address)
     assert q.gpu.is_eligible(miner.address, model, 0, allow_probation=True)
     assert not q.gpu.is_eligible(miner.address, model, 0, allow_probation=False)
@@ -875,9 +879,9 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
     assert code == 1 and "already pending" in err
 
     stake = q.gpu.miner_info(miner.address).stake
-    report(2000)  # failed again: second untrusted report in a row
+    report(2000)  # failed again: a further untrusted report in a row burns its own 10%
     assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
-    assert q.gpu.untrusted_reports_of(miner.address) == 2
+    assert q.gpu.untrusted_reports_of(miner.address) == 3
     assert not q.gpu.rechallenge_pending(miner.address)
     assert row()["standing"] == "untrusted"
     # Paid again, then missed: nothing burned, the re-challenge is used up.

@@ -99,20 +99,25 @@ describe("Exit: no escape before the verdict (issue 32)", function () {
     expect(await escrow.withdrawable(miner)).to.equal(0n); // it earned nothing for the shard
   });
 
-  it("an untrusted miner that stays, then exits later, pays the same burn when it leaves; one that passed a re-challenge leaves whole", async function () {
+  it("ATTACK fails: a captured miner stays and leaves later, or pays for a re-challenge, answers it honestly and leaves trusted: either way the first report's 10% is burned once, to the wei", async function () {
     const q = await load();
-    const { gpu, miner, miner2 } = q;
+    const { gpu, escrow, miner, miner2 } = q;
     const e = await q.committee.currentEpoch();
     await report(q, e, [miner, miner2], [3000, 3000]);
-    // miner2 pays to be challenged again and passes: trusted again, nothing burned on leaving.
-    await gpu.connect(miner2).requestRechallenge({ value: await gpu.rechallengeFee() });
+    const burn = (P.minStake * 1000n) / BPS;
+    const fee = await gpu.rechallengeFee();
+    const burnedBefore = await escrow.withdrawable(BURN);
+    // miner2 pays to be challenged again: the fee and the first report's burn, then passes.
+    await expect(gpu.connect(miner2).requestRechallenge({ value: fee }))
+      .to.emit(gpu, "Slashed").withArgs(miner2.address, burn, BURN, miner2.address);
     await report(q, e + 1n, [miner2], [5000]);
+    expect(await gpu.untrustedReportsOf(miner2)).to.equal(0n);
     for (const m of [miner, miner2]) await gpu.connect(m).requestExit();
     await time.increase(P.minerUnbonding);
-    const burn = (P.minStake * 1000n) / BPS;
     await expect(gpu.connect(miner).withdrawStake()).to.emit(gpu, "StakeWithdrawn").withArgs(miner.address, P.minStake - burn);
-    await expect(gpu.connect(miner2).withdrawStake()).to.emit(gpu, "StakeWithdrawn").withArgs(miner2.address, P.minStake)
-      .and.not.to.emit(gpu, "Slashed");
+    await expect(gpu.connect(miner2).withdrawStake()).to.emit(gpu, "StakeWithdrawn").withArgs(miner2.address, P.minStake - burn)
+      .and.not.to.emit(gpu, "Slashed"); // paid once, at the re-challenge
+    expect((await escrow.withdrawable(BURN)) - burnedBefore).to.equal(2n * burn + fee);
   });
 
   it("an honest slow miner (submits near its claim's expiry) exits with its whole stake and pay once the verdict epoch is reported, to the wei", async function () {

@@ -374,9 +374,14 @@ describe("GPURegistry", function () {
       expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false);
       await expect(gpu.connect(miner).requestRechallenge({ value: fee - 1n }))
         .to.be.revertedWithCustomError(gpu, "WrongFee").withArgs(fee, fee - 1n);
+      // It also pays the burn the first untrusted report spared (issue 32): 10% of its stake.
+      const stake0 = (await gpu.minerInfo(miner)).stake;
       await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
-        .to.emit(gpu, "RechallengeRequested").withArgs(miner.address, fee);
-      expect(await escrow.withdrawable(BURN)).to.equal(fee);
+        .to.emit(gpu, "RechallengeRequested").withArgs(miner.address, fee)
+        .and.to.emit(gpu, "Slashed").withArgs(miner.address, stake0 / 10n, BURN, miner.address);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake0 - stake0 / 10n);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(2);
+      expect(await escrow.withdrawable(BURN)).to.equal(fee + stake0 / 10n);
       await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
         .to.be.revertedWithCustomError(gpu, "RechallengeAlreadyPending").withArgs(miner.address);
       expect(await gpu.onProbation(miner)).to.equal(true);
@@ -456,9 +461,12 @@ describe("GPURegistry", function () {
       expect(await gpu.rechallengePending(miner)).to.equal(false);
       expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false); // it pays again to be challenged
       await gpu.connect(com).recordMissed(miner);
-      expect((await gpu.minerInfo(miner)).stake).to.equal(stake);
-      expect(await gpu.untrustedReportsOf(miner)).to.equal(1);
-      expect(await escrow.withdrawable(BURN)).to.equal(fee); // the fee only
+      // the re-challenge paid the first report's burn (issue 32); the misses burned nothing
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - stake / 10n);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(2);
+      expect(await escrow.withdrawable(BURN)).to.equal(fee + stake / 10n);
+      await gpu.connect(miner).requestRechallenge({ value: fee }); // asking again: the fee only
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - stake / 10n);
     });
     it("re-registering clears the count", async function () {
       const { gpu, com, miner } = await loadFixture(fixture);
