@@ -6,6 +6,7 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {Nonces} from "@openzeppelin/contracts/utils/Nonces.sol";
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {SigLib} from "./lib/QuarryTypes.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
@@ -22,7 +23,13 @@ struct GpuSpec {
 /// @notice Everything Quarry keeps about a miner.
 struct MinerInfo {
     uint256 stake;
-    uint256 locked;
+    /// @dev Collateral locked by open shards; never above `stake`, so 192 bits hold it, and it
+    /// shares its slot with `settledAt`, which every unlock writes with it.
+    uint192 locked;
+    /// @dev When collateral of the miner was last unlocked: its latest shard settled (finalized,
+    /// reclaimed, or resolved at fault). The committee's report of the next epoch carries any
+    /// fault found up to then, so the stake stays bonded until that report ({verdictWait}).
+    uint64 settledAt;
     uint16 reputationBps;
     uint256 pricePerToken;
     string endpoint;
@@ -35,10 +42,6 @@ struct MinerInfo {
     bool onProbation;
     /// @dev Consecutive committee reports at or above `probationPassBps` while on probation.
     uint16 passedEpochs;
-    /// @dev When collateral of the miner was last unlocked: its latest shard settled (finalized,
-    /// reclaimed, or resolved at fault). The committee's report of the next epoch carries any
-    /// fault found up to then, so the stake stays bonded until that report ({verdictWait}).
-    uint64 settledAt;
 }
 
 /// @notice A swarm: miners serving one model together, each paid by its share; its head alone
@@ -892,14 +895,14 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (!m.active) revert NotRegistered(miner);
         uint256 free = m.stake - m.locked;
         if (free < amount) revert InsufficientFreeStake(free, amount);
-        m.locked += amount;
+        m.locked += SafeCast.toUint192(amount);
         emit CollateralLocked(miner, amount, m.locked);
     }
 
     function _unlock(address miner, uint256 amount) private {
         MinerInfo storage m = _miners[miner];
         if (amount > m.locked) revert UnlockExceedsLocked(m.locked, amount);
-        m.locked -= amount;
+        m.locked -= uint192(amount); // amount <= locked, checked above
         m.settledAt = uint64(block.timestamp);
         emit CollateralUnlocked(miner, amount, m.locked);
     }

@@ -81,6 +81,7 @@ class GpuSpec:
 class MinerInfo:
     stake: int
     locked: int
+    settled_at: int  # when its latest shard settled: the verdict report it waits for follows
     reputation_bps: int
     price_per_token: int
     endpoint: str
@@ -90,7 +91,6 @@ class MinerInfo:
     registered_at: int
     on_probation: bool
     passed_epochs: int
-    settled_at: int  # when its latest shard settled: the verdict report it waits for follows
 
     @staticmethod
     def _convert(kw: dict[str, Any]) -> dict[str, Any]:
