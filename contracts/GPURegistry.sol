@@ -6,9 +6,11 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {Address} from "@openzeppelin/contracts/utils/Address.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {Nonces} from "@openzeppelin/contracts/utils/Nonces.sol";
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {SigLib} from "./lib/QuarryTypes.sol";
 import {IGPURegistry} from "./interfaces/IGPURegistry.sol";
 import {IPaymentEscrow} from "./interfaces/IPaymentEscrow.sol";
+import {IVerifierCommittee} from "./interfaces/IVerifierCommittee.sol";
 import {OneTimeWiring} from "./lib/OneTimeWiring.sol";
 
 /// @notice A miner's GPUs.
@@ -21,7 +23,13 @@ struct GpuSpec {
 /// @notice Everything Quarry keeps about a miner.
 struct MinerInfo {
     uint256 stake;
-    uint256 locked;
+    /// @dev Collateral locked by open shards; never above `stake`, so 192 bits hold it, and it
+    /// shares its slot with `settledAt`, which every unlock writes with it.
+    uint192 locked;
+    /// @dev When collateral of the miner was last unlocked: its latest shard settled (finalized,
+    /// reclaimed, or resolved at fault). The committee's report of the next epoch carries any
+    /// fault found up to then, so the stake stays bonded until that report ({verdictWait}).
+    uint64 settledAt;
     uint16 reputationBps;
     uint256 pricePerToken;
     string endpoint;
@@ -93,6 +101,17 @@ struct SwarmTerms {
 /// judged pays `rechallengeFee` (burned too, so asking is never free) to be challenged
 /// again: it goes back on probation, eligible for the committee's challenges (tasks that
 /// allow probation) despite its reputation, until the next report that names it.
+///
+/// No escape before the verdict: an exiting miner's stake leaves only once every shard it took
+/// is settled (nothing locked: past its dispute and audit window, every dispute resolved) and
+/// the committee has reported the epoch after the last settlement, the report that carries any
+/// fault found on those shards ({verdictWait}); if the committee stays silent, after
+/// `verdictGraceEpochs` more epochs, so a dead committee cannot trap an honest miner's stake.
+/// The first untrusted report in a row burns nothing at once, but its burn is due as soon as
+/// the miner acts on it: asking to be challenged again ({requestRechallenge}) or leaving
+/// ({withdrawStake}) pays it. Otherwise a captured cheater could answer the (recognisable)
+/// re-challenge honestly, or leave, and keep its whole stake; an honest miner pays it only
+/// after a false fault, which the verifiers' test bounds at 1e-6 per judged set.
 ///
 /// Missing is not failing: a challenge the miner did not answer in time is evidence that it
 /// was unavailable, not that it cheated. The committee reports it as missed ({recordMissed}):
@@ -170,6 +189,10 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @notice Missed reports in a row ({recordMissed}) a miner may have before the next one
     /// puts it back on probation.
     uint16 public missedReportsAllowed = 2;
+    /// @notice Epochs after the one in which a miner's last shard settled that its withdrawal
+    /// waits for the committee's report of the next epoch (the verdict) before it goes ahead
+    /// without it: the bound on how long a silent committee can hold an exiting miner's stake.
+    uint16 public verdictGraceEpochs = 3;
     /// @notice Where burned stake and fees are credited: no key exists for it.
     address public constant BURN = address(0xdEaD);
     /// @notice Most members one swarm may have (bounds every per-member loop).
@@ -189,7 +212,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @dev The precision (market/protocol/precision.py: FP32 1 .. INT8 5) `miner` declared for
     /// `modelId`; non-zero exactly when it serves the model.
     mapping(address miner => mapping(bytes32 modelId => uint8)) private _precisions;
-    /// @notice Consecutive committee reports that left the miner untrusted.
+    /// @notice Consecutive committee reports that left the miner untrusted; a re-challenge
+    /// that pays the first report's burn ({requestRechallenge}) counts as the second.
     mapping(address miner => uint16) public untrustedReportsOf;
     /// @notice True from {requestRechallenge} until the next report naming the miner.
     mapping(address miner => bool) public rechallengePending;
@@ -228,6 +252,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         uint256 pricePerToken
     );
     event StakeAdded(address indexed miner, uint256 amount, uint256 stake);
+    /// @notice `miner` asked to leave; `withdrawableAt` is when its unbonding ends. The stake
+    /// also waits for its shards to settle and for the verdict report on them ({verdictWait}).
     event ExitRequested(address indexed miner, uint64 withdrawableAt);
     event StakeWithdrawn(address indexed miner, uint256 amount);
     event CollateralLocked(address indexed miner, uint256 amount, uint256 locked);
@@ -241,6 +267,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @notice An untrusted miner paid `fee` to be challenged again.
     event RechallengeRequested(address indexed miner, uint256 fee);
     event MissedReportsAllowedSet(uint16 missedReportsAllowed);
+    event VerdictGraceSet(uint16 epochs);
     /// @notice A committee report found `miner`'s challenge unanswered, the `missed`-th time in
     /// a row; `probation` is true when this put it back on probation.
     event ReportMissed(address indexed miner, uint16 missed, bool probation);
@@ -277,6 +304,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     error AlreadyExiting(address miner);
     error NotExiting(address miner);
     error UnbondingNotOver(uint64 withdrawableAt);
+    /// @notice The committee has not yet reported `epoch`, whose report carries any fault found on
+    /// the miner's last settled shards; the stake may leave once it has, or at `until` without it.
+    error VerdictPending(uint256 epoch, uint64 until);
     /// @notice Stake is locked as collateral and cannot leave.
     error StakeLocked(uint256 locked);
     /// @notice `stake - locked` is smaller than the collateral asked.
@@ -411,6 +441,13 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit MissedReportsAllowedSet(v);
     }
 
+    /// @notice Sets how many epochs a withdrawal waits for the verdict report before going ahead
+    /// without it (see {verdictWait}; applies to exits already requested too).
+    function setVerdictGrace(uint16 epochs) external onlyOwner {
+        verdictGraceEpochs = epochs;
+        emit VerdictGraceSet(epochs);
+    }
+
     // ------------------------------------------------------------------ miners
 
     /// @notice Registers the caller as a miner with `msg.value` as stake, on probation (see
@@ -478,7 +515,8 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     }
 
     /// @notice Starts the caller's exit: it stops being eligible at once, and may withdraw its
-    /// stake after `unbondingPeriod` once no collateral is locked.
+    /// stake after `unbondingPeriod` once no collateral is locked and the verdict on its last
+    /// shards is in ({verdictWait}).
     function requestExit() external onlyRegistered {
         MinerInfo storage m = _miners[msg.sender];
         if (m.exitRequestedAt != 0) revert AlreadyExiting(msg.sender);
@@ -486,19 +524,50 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit ExitRequested(msg.sender, uint64(block.timestamp) + unbondingPeriod);
     }
 
-    /// @notice Sends the caller its whole stake and removes its registration. Needs a prior
-    /// {requestExit}, an elapsed `unbondingPeriod`, and no locked collateral.
+    /// @notice Sends the caller its stake and removes its registration. Needs a prior
+    /// {requestExit}, an elapsed `unbondingPeriod`, no locked collateral, and the verdict on its
+    /// last shards ({verdictWait}). A miner leaving untrusted after a single untrusted report
+    /// (which burned nothing, so that it could ask to be challenged again) pays that report's
+    /// burn now: `untrustedSlashBps` of its stake goes to `BURN` and the rest to it.
     function withdrawStake() external nonReentrant onlyRegistered {
         MinerInfo storage m = _miners[msg.sender];
         if (m.exitRequestedAt == 0) revert NotExiting(msg.sender);
         uint64 at = m.exitRequestedAt + unbondingPeriod;
         if (block.timestamp < at) revert UnbondingNotOver(at);
         if (m.locked != 0) revert StakeLocked(m.locked);
-        uint256 amount = m.stake;
+        (uint256 epoch, uint64 until) = verdictWait(msg.sender);
+        if (until != 0) revert VerdictPending(epoch, until);
+        uint256 burn = 0;
+        if (m.reputationBps < untrustedBelowBps && untrustedReportsOf[msg.sender] == 1) {
+            if (address(escrow) == address(0)) revert NotWired();
+            burn = m.stake * untrustedSlashBps / BPS;
+        }
+        uint256 amount = m.stake - burn;
         _clearModels(msg.sender);
         delete _miners[msg.sender];
+        delete untrustedReportsOf[msg.sender];
+        if (burn > 0) emit Slashed(msg.sender, burn, BURN, msg.sender);
         emit StakeWithdrawn(msg.sender, amount);
+        if (burn > 0) escrow.credit{value: burn}(BURN);
         if (amount > 0) Address.sendValue(payable(msg.sender), amount);
+    }
+
+    /// @notice What `miner`'s withdrawal waits for beyond unbonding and locks: the committee's
+    /// report of `epoch`, the one after the epoch in which its last shard settled (faults
+    /// found during an epoch are reported in the next one). `until` is 0 when nothing is
+    /// pending (no shard ever settled, that report is in, or the committee stayed silent past
+    /// the start of epoch `epoch + verdictGraceEpochs`), else that time: the latest the wait
+    /// can last, so an honest miner's stake is never held by a silent committee.
+    function verdictWait(address miner) public view returns (uint256 epoch, uint64 until) {
+        uint64 settled = _miners[miner].settledAt;
+        if (settled == 0 || committee == address(0)) return (0, 0);
+        IVerifierCommittee c = IVerifierCommittee(committee);
+        uint64 genesis = c.genesisTime();
+        uint64 duration = c.epochDuration();
+        epoch = settled < genesis ? 0 : (settled - genesis) / duration + 1;
+        if (c.nextReportEpoch() > epoch) return (epoch, 0);
+        uint256 bound = genesis + (epoch + verdictGraceEpochs) * duration;
+        if (block.timestamp < bound) until = uint64(bound);
     }
 
     // ------------------------------------------------------------------ Quarry hooks
@@ -534,7 +603,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @notice Pays `rechallengeFee` (burned) to be challenged again: an untrusted miner,
     /// registered and not exiting, goes back on probation and is eligible for tasks that
     /// allow probation (the committee's challenges) until the next report that names it,
-    /// which then decides as usual. Emits {RechallengeRequested}.
+    /// which then decides as usual. After a single untrusted report it also pays that
+    /// report's burn (`untrustedSlashBps` of its free stake, see the contract's notice), which
+    /// then counts as the second report in a row. Emits {RechallengeRequested}.
     function requestRechallenge() external payable nonReentrant onlyRegistered {
         MinerInfo storage m = _miners[msg.sender];
         if (m.reputationBps >= untrustedBelowBps) revert NotUntrusted(msg.sender, m.reputationBps);
@@ -542,11 +613,14 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (rechallengePending[msg.sender]) revert RechallengeAlreadyPending(msg.sender);
         if (msg.value != rechallengeFee) revert WrongFee(rechallengeFee, msg.value);
         if (address(escrow) == address(0)) revert NotWired();
+        bool due = untrustedReportsOf[msg.sender] == 1;
         rechallengePending[msg.sender] = true;
         m.onProbation = true;
         m.passedEpochs = 0;
+        if (due) untrustedReportsOf[msg.sender] = 2;
         emit RechallengeRequested(msg.sender, msg.value);
         if (msg.value > 0) escrow.credit{value: msg.value}(BURN);
+        if (due) _slash(m, msg.sender, m.stake * untrustedSlashBps / BPS, BURN);
     }
 
     /// @notice Writes `miner`'s reputation from the committee's report of the epoch that
@@ -821,14 +895,15 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (!m.active) revert NotRegistered(miner);
         uint256 free = m.stake - m.locked;
         if (free < amount) revert InsufficientFreeStake(free, amount);
-        m.locked += amount;
+        m.locked += SafeCast.toUint192(amount);
         emit CollateralLocked(miner, amount, m.locked);
     }
 
     function _unlock(address miner, uint256 amount) private {
         MinerInfo storage m = _miners[miner];
         if (amount > m.locked) revert UnlockExceedsLocked(m.locked, amount);
-        m.locked -= amount;
+        m.locked -= uint192(amount); // amount <= locked, checked above
+        m.settledAt = uint64(block.timestamp);
         emit CollateralUnlocked(miner, amount, m.locked);
     }
 

@@ -132,9 +132,12 @@ def cmd_withdraw(args: argparse.Namespace) -> int:
     account = cfg.account()
     q = _connect(cfg)
     if args.stake:
-        amount = withdraw_stake(q, account)
+        amount, burned = withdraw_stake(q, account)
         print(f"withdrew the whole stake: {amount} wei to {account.address}; the miner is no "
-              "longer registered")
+              "longer registered" if not burned else
+              f"withdrew the stake: {amount} wei to {account.address}, {burned} wei burned "
+              "(it left untrusted without being challenged again); the miner is no longer "
+              "registered")
     else:
         amount = withdraw_earnings(q, account)
         print(f"withdrew {amount} wei of earnings to {account.address}")
@@ -146,10 +149,16 @@ def cmd_exit(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     account = cfg.account()
-    at = request_exit(_connect(cfg), account)
+    q = _connect(cfg)
+    at = request_exit(q, account)
+    grace = q.gpu.verdict_grace_epochs()
     print(f"exit requested: {account.address} claims no new shards; shards already claimed "
-          f"must still be submitted. The stake can be withdrawn at {format_time(at)} with "
-          "`miner withdraw --stake`")
+          f"must still be submitted. The stake can be withdrawn with `miner withdraw --stake` "
+          f"from {format_time(at)} (unbonding), once every shard is finalized (past its "
+          "challenge window, disputes resolved) and the committee has reported the epoch "
+          "after the last one settled, which carries any fault found on them (at most "
+          f"{grace} epochs after that settlement if the committee is silent); `miner status` "
+          "shows what it waits for")
     return 0
 
 
@@ -158,10 +167,12 @@ def cmd_rechallenge(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     account = cfg.account()
-    fee = request_rechallenge(_connect(cfg), account)
-    print(f"re-challenge requested: {account.address} paid {fee} wei (burned) and is back on "
-          "probation; the committee's next challenge set includes it, and the report after "
-          "it decides whether it is trusted again")
+    fee, burned = request_rechallenge(_connect(cfg), account)
+    stake = (f" and {burned} wei of its stake (the burn its first untrusted report spared)"
+             if burned else "")
+    print(f"re-challenge requested: {account.address} paid {fee} wei (burned){stake} and is "
+          "back on probation; the committee's next challenge set includes it, and the report "
+          "after it decides whether it is trusted again")
     return 0
 
 

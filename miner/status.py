@@ -33,6 +33,14 @@ def unbonding_period(q: Quarry) -> int:
     return int(q.chain.call(q.gpu.contract.functions.unbondingPeriod()))
 
 
+def verdict_note(epoch: int, until: int, now: int) -> str:
+    """Why an exiting miner's settled stake still waits, and until when at the latest."""
+    return (f"waiting for the committee's report of epoch {epoch}, which carries any fault "
+            "found on this miner's last settled shards; the stake can be withdrawn once it is "
+            f"in, and at the latest at {format_time(until)} ({until - now} s from now) if the "
+            "committee stays silent")
+
+
 def probation_note(passed_epochs: int, epochs: int, pass_bps: int) -> str:
     """What probation means for a miner on it, and what ends it (`probation_params()`)."""
     return (f"this miner is on probation ({passed_epochs} of {epochs} passing epochs): it may "
@@ -70,7 +78,7 @@ class MinerStatus:
     gpu: dict[str, Any]
     models: list[str]
     exit_requested_at: int
-    withdrawable_at: int | None  # when the stake may leave (after an exit request)
+    withdrawable_at: int | None  # when the unbonding ends (after an exit request)
     shards_claimed: int
     shards_submitted: int
     shards_finalized: int
@@ -94,6 +102,10 @@ class MinerStatus:
     rechallenge_pending: bool = False
     missed_reports: int = 0  # committee reports in a row that found its challenge unanswered
     missed_reports_allowed: int = 0
+    # the committee report an exiting miner's withdrawal still waits for, and the latest time
+    # it waits (GPURegistry.verdictWait); None when it waits for none
+    verdict_epoch: int | None = None
+    verdict_until: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +130,9 @@ class MinerStatus:
             lines.append(f"exit       requested at {format_time(self.exit_requested_at)}; "
                          f"stake withdrawable at {format_time(self.withdrawable_at)}"
                          + (f" (in {left} s)" if left > 0 else " (now)"))
+            if self.verdict_epoch is not None:
+                lines.append("verdict    " + verdict_note(self.verdict_epoch, self.verdict_until,
+                                                         self.chain_time))
         lines += [
             f"shards     {self.shards_claimed} claimed, {self.shards_submitted} submitted, "
             f"{self.shards_finalized} finalized, {self.claims_reclaimed} reclaimed (expired)",
@@ -148,7 +163,8 @@ class MinerStatus:
             return (f"UNTRUSTED: reputation {self.reputation_bps} bps is under "
                     f"{self.untrusted_below_bps}; it may claim nothing, not even the "
                     "committee's challenges, until it pays to be challenged again "
-                    "(`miner rechallenge`)" + missed)
+                    "(`miner rechallenge`: the fee, and after a first untrusted report 10% of "
+                    "its stake; leaving untrusted burns that 10% too)" + missed)
         if self.standing == "re-challenged":
             return ("RE-CHALLENGED: untrusted, with a paid re-challenge pending: until the "
                     "committee's next report it may claim only tasks that allow probation and "
@@ -186,9 +202,11 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
     reclaimed = tasks.events("ClaimReclaimed", since, miner=address)
     probation = gpu.probation_params()
     untrusted, pending = gpu.untrusted_below_bps(), gpu.rechallenge_pending(address)
-    withdrawable_at = None
+    withdrawable_at, verdict_epoch, verdict_until = None, None, 0
     if registered and info.exit_requested_at:
         withdrawable_at = info.exit_requested_at + unbonding_period(q)
+        epoch, verdict_until = gpu.verdict_wait(address)
+        verdict_epoch = epoch if verdict_until else None
     challenges = challenges_of(q, address)
     models = gpu.models_of(address)
     precisions = {"0x" + m.hex(): p.label for m in models
@@ -230,6 +248,7 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
         untrusted_below_bps=untrusted, rechallenge_pending=pending,
         missed_reports=gpu.missed_reports_of(address),
         missed_reports_allowed=gpu.missed_reports_allowed(),
+        verdict_epoch=verdict_epoch, verdict_until=verdict_until,
     )
 
 
@@ -243,8 +262,10 @@ def withdraw_earnings(q: Quarry, account: LocalAccount) -> int:
     return amount
 
 
-def withdraw_stake(q: Quarry, account: LocalAccount) -> int:
-    """Take the whole stake back after `miner exit` and the unbonding period; returns it."""
+def withdraw_stake(q: Quarry, account: LocalAccount) -> tuple[int, int]:
+    """Take the stake back after `miner exit`, the unbonding period, the settlement of every
+    shard and the committee's verdict on the last ones; returns (wei sent, wei burned: the
+    untrusted burn of a miner that leaves untrusted, see GPURegistry.withdrawStake)."""
     address = account.address
     if not q.gpu.is_registered(address):
         raise MinerStateError(f"{address} is not a registered miner: no stake to withdraw")
@@ -260,13 +281,19 @@ def withdraw_stake(q: Quarry, account: LocalAccount) -> int:
     if info.locked:
         raise MinerStateError(f"{info.locked} wei of the stake is still locked as collateral by "
                               "claimed or submitted shards; wait until they are finalized")
+    epoch, until = q.gpu.verdict_wait(address)
+    if until:
+        raise MinerStateError(verdict_note(epoch, until, now))
     tx = q.gpu.withdraw_stake(account)
-    return int(tx.event("StakeWithdrawn")["amount"])
+    burned = sum(int(ev["amount"]) for ev in tx.all("Slashed"))
+    return int(tx.event("StakeWithdrawn")["amount"]), burned
 
 
-def request_rechallenge(q: Quarry, account: LocalAccount) -> int:
+def request_rechallenge(q: Quarry, account: LocalAccount) -> tuple[int, int]:
     """Pay the re-challenge fee (burned) so the committee challenges this untrusted miner
-    again; returns the fee. MinerStateError names why it cannot, before any transaction."""
+    again; returns (the fee, the stake burned: after a single untrusted report, the burn it
+    spared is due now, GPURegistry.requestRechallenge). MinerStateError names why it cannot,
+    before any transaction."""
     from market.jobs import check_funds
 
     address = account.address
@@ -285,8 +312,8 @@ def request_rechallenge(q: Quarry, account: LocalAccount) -> int:
     fee = q.gpu.rechallenge_fee()
     check_funds(q, account, fee, q.gpu.contract.functions.requestRechallenge(),
                 "GPURegistry.requestRechallenge", "re-challenge fee")
-    q.gpu.request_rechallenge(account, fee)
-    return fee
+    tx = q.gpu.request_rechallenge(account, fee)
+    return fee, sum(int(ev["amount"]) for ev in tx.all("Slashed"))
 
 
 def request_exit(q: Quarry, account: LocalAccount) -> int:

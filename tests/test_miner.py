@@ -690,20 +690,38 @@ def test_first_ctrl_c_finishes_the_shards_claimed_second_aborts(
 def test_exit_and_withdraw_stake(devnet: Any, model_dir: Path, tmp_path: Path,
                                  deployment_file: Path, dead_market: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    miner = anvil_account(12)
+    q, miner = devnet.q, anvil_account(12)
     register(devnet, miner, model_dir, dead_market)
     cfg = str(config_file(tmp_path, miner, model_dir, dead_market))
     code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
     assert code == 1 and "run `miner exit` first" in err
+    # One shard, settled after the exit request: the stake then also waits for the
+    # committee's report of the next epoch (the verdict on it), at most 3 epochs if silent.
+    model_id = q.gpu.models_of(miner.address)[0]
+    task_id, _ = q.tasks.create_task(
+        devnet.client, model_id=model_id, input_root=b"\1" * 32, input_uri="store://in",
+        num_requests=1, shard_size=1, max_tokens_per_request=MAX_TOKENS, price_per_token=PRICE,
+        deadline=devnet.chain.timestamp() + 3600)
+    q.tasks.claim_shard(miner, task_id, 0)
+    q.tasks.submit_result(miner, task_id, 0, b"\2" * 32, "store://out", 1)
     code, out, _ = run_cli(capsys, "exit", "--config", cfg)
-    assert code == 0 and "can be withdrawn at" in out
+    assert code == 0 and "can be withdrawn" in out and "committee has reported" in out
     code, _, err = run_cli(capsys, "exit", "--config", cfg)
     assert code == 1 and "exit already requested" in err
     code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
     assert code == 1 and "unbonding is not over" in err and "s from now" in err
     code, out, _ = run_cli(capsys, "status", "--config", cfg)
     assert "(exiting)" in out and "stake withdrawable at" in out
-    devnet.chain.advance_time(devnet.deployment.params["miner_unbonding_period"] + 1)
+    params = devnet.deployment.params
+    devnet.chain.advance_time(max(params["challenge_window"], params["miner_unbonding_period"]) + 1)
+    q.tasks.finalize_shard(devnet.client, task_id, 0)
+    code, _, err = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
+    epoch, until = q.gpu.verdict_wait(miner.address)
+    assert code == 1 and until and len(err.strip().splitlines()) == 1
+    assert f"waiting for the committee's report of epoch {epoch}" in err and "at the latest" in err
+    code, out, _ = run_cli(capsys, "status", "--config", cfg)
+    assert f"verdict    waiting for the committee's report of epoch {epoch}" in out
+    devnet.chain.advance_time(until - devnet.chain.timestamp())  # the committee stayed silent
     before = devnet.chain.balance(miner.address)
     code, out, _ = run_cli(capsys, "withdraw", "--config", cfg, "--stake")
     assert code == 0 and f"{STAKE} wei" in out
@@ -791,11 +809,12 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
         one_torch_thread: None, capsys: pytest.CaptureFixture[str]) -> None:
     """`miner rechallenge`: refused (one line, exit 1) while trusted. Once a committee report
     leaves the miner untrusted, `miner status` and `GET /miners` say "untrusted" (it can claim
-    nothing) and the market recommends it nothing. It pays the fee, which is burned: it is
-    "re-challenged", the market recommends it a challenge-like task (directed, probation
-    allowed, no floor) and `miner run` serves it, while an ordinary task stays closed to it;
-    asking twice is refused by name. A second report in a row that leaves it untrusted burns
-    10% of its stake. A missed report burns nothing and uses the re-challenge up."""
+    nothing) and the market recommends it nothing. It pays the fee, which is burned, and the
+    10% of its stake the first untrusted report spared (issue 32): it is "re-challenged", the
+    market recommends it a challenge-like task (directed, probation allowed, no floor) and
+    `miner run` serves it, while an ordinary task stays closed to it; asking twice is refused
+    by name. A further report in a row that leaves it untrusted burns 10% of its stake. A
+    missed report burns nothing and uses the re-challenge up."""
     from eth_utils import to_checksum_address
 
     from market.chain.contracts import MISSED_BPS
@@ -839,9 +858,12 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
     burn = to_checksum_address(q.chain.call(q.gpu.contract.functions.BURN()))
     burned = q.escrow.withdrawable(burn)
     fee = q.gpu.rechallenge_fee()
+    stake = q.gpu.miner_info(miner.address).stake
     code, out, _ = run_cli(capsys, "rechallenge", "--config", cfg)
-    assert code == 0 and f"paid {fee} wei (burned)" in out
-    assert q.escrow.withdrawable(burn) == burned + fee
+    # the fee, and the burn the first untrusted report spared (issue 32): 10% of the stake
+    assert code == 0 and f"paid {fee} wei (burned) and {stake // 10} wei of its stake" in out
+    assert q.escrow.withdrawable(burn) == burned + fee + stake // 10
+    assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
     assert q.gpu.rechallenge_pending(miner.address) and q.gpu.on_probation(miner.address)
     assert q.gpu.is_eligible(miner.address, model, 0, allow_probation=True)
     assert not q.gpu.is_eligible(miner.address, model, 0, allow_probation=False)
@@ -857,9 +879,9 @@ def test_rechallenge_an_untrusted_miner_through_the_market(
     assert code == 1 and "already pending" in err
 
     stake = q.gpu.miner_info(miner.address).stake
-    report(2000)  # failed again: second untrusted report in a row
+    report(2000)  # failed again: a further untrusted report in a row burns its own 10%
     assert q.gpu.miner_info(miner.address).stake == stake - stake // 10
-    assert q.gpu.untrusted_reports_of(miner.address) == 2
+    assert q.gpu.untrusted_reports_of(miner.address) == 3
     assert not q.gpu.rechallenge_pending(miner.address)
     assert row()["standing"] == "untrusted"
     # Paid again, then missed: nothing burned, the re-challenge is used up.

@@ -687,11 +687,14 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     budget back to the client) and the chain's record of faults, which the committee's next
     report counts as an abnormal epoch, names the miner. The client bought the whole rate
     for the honest task: a desk at base rate 0 audits that shard (and it passes, costing the
-    miner nothing) and nothing else."""
+    miner nothing) and nothing else. The cheat asks to leave right after submitting (issue
+    32): the verdict still reaches it, its stake waits for the report of the epoch after it,
+    and that report's record of faults names it (exiting miners are reported like any other)."""
     from miner.cheats import cheating_engine
     from miner.worker import Worker
     from verifier.audits import DEFAULT_AUDIT_RATE_BPS, AuditDesk, audit_draw, audit_seed
-    from verifier.committee import chain_faults
+    from verifier.committee import CommitteeMember, chain_faults
+    from verifier.reputation import ReputationParams
 
     q, api, mid = devnet.q, stack.api, engine.model_id
     honest, cheat = register_miner(devnet, 14, mid), register_miner(devnet, 15, mid)
@@ -709,6 +712,7 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     for miner, eng, task_id in ((honest, engine, t_honest), (cheat, selective, t_cheat)):
         worker = Worker(account=miner, quarry=q, engines={mid: eng}, store=api, progress=False)
         assert worker.process_shard(task_id, 0).submitted
+    q.gpu.request_exit(cheat)  # before anyone has looked at its shard
 
     events: list[str] = []
     idle = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=0)
@@ -748,6 +752,14 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
     assert q.gpu.miner_info(cheat.address).stake < STAKE
     assert chain_faults(q, start, q.chain.timestamp() + 1) == {cheat.address}
+    settled = q.gpu.miner_info(cheat.address).settled_at  # the verdict's block
+    epoch, until = q.gpu.verdict_wait(cheat.address)
+    c = q.committee
+    assert c.epoch_start(epoch - 1) <= settled < c.epoch_start(epoch) and until > settled
+    member = CommitteeMember(q, devnet.verifiers[0], api, None,  # type: ignore[arg-type]
+                             model_id=mid, model_name="quarry-dispute-test",
+                             params=ReputationParams(), state_path=tmp_path / "state.json")
+    assert member._faults(epoch) == {cheat.address: 0}  # scored 0: under the untrusted line
 
 
 def test_audit_rate_rule() -> None:

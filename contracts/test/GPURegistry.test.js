@@ -252,8 +252,10 @@ describe("GPURegistry", function () {
       await gpu.connect(miner).requestExit();
       await time.increase(P.minerUnbonding);
       await expect(gpu.connect(miner).withdrawStake()).to.be.revertedWithCustomError(gpu, "StakeLocked").withArgs(10);
+      // Settling records when: the withdrawal then waits for the committee's verdict report
+      // on it (Exit.test.js, with a deployed committee).
       await gpu.connect(tr).unlockCollateral(miner, 10);
-      await gpu.connect(miner).withdrawStake();
+      expect((await gpu.minerInfo(miner)).settledAt).to.equal(await time.latest());
     });
   });
 
@@ -372,9 +374,14 @@ describe("GPURegistry", function () {
       expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false);
       await expect(gpu.connect(miner).requestRechallenge({ value: fee - 1n }))
         .to.be.revertedWithCustomError(gpu, "WrongFee").withArgs(fee, fee - 1n);
+      // It also pays the burn the first untrusted report spared (issue 32): 10% of its stake.
+      const stake0 = (await gpu.minerInfo(miner)).stake;
       await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
-        .to.emit(gpu, "RechallengeRequested").withArgs(miner.address, fee);
-      expect(await escrow.withdrawable(BURN)).to.equal(fee);
+        .to.emit(gpu, "RechallengeRequested").withArgs(miner.address, fee)
+        .and.to.emit(gpu, "Slashed").withArgs(miner.address, stake0 / 10n, BURN, miner.address);
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake0 - stake0 / 10n);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(2);
+      expect(await escrow.withdrawable(BURN)).to.equal(fee + stake0 / 10n);
       await expect(gpu.connect(miner).requestRechallenge({ value: fee }))
         .to.be.revertedWithCustomError(gpu, "RechallengeAlreadyPending").withArgs(miner.address);
       expect(await gpu.onProbation(miner)).to.equal(true);
@@ -454,9 +461,12 @@ describe("GPURegistry", function () {
       expect(await gpu.rechallengePending(miner)).to.equal(false);
       expect(await gpu.isEligible(miner, MODEL, 0, true)).to.equal(false); // it pays again to be challenged
       await gpu.connect(com).recordMissed(miner);
-      expect((await gpu.minerInfo(miner)).stake).to.equal(stake);
-      expect(await gpu.untrustedReportsOf(miner)).to.equal(1);
-      expect(await escrow.withdrawable(BURN)).to.equal(fee); // the fee only
+      // the re-challenge paid the first report's burn (issue 32); the misses burned nothing
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - stake / 10n);
+      expect(await gpu.untrustedReportsOf(miner)).to.equal(2);
+      expect(await escrow.withdrawable(BURN)).to.equal(fee + stake / 10n);
+      await gpu.connect(miner).requestRechallenge({ value: fee }); // asking again: the fee only
+      expect((await gpu.minerInfo(miner)).stake).to.equal(stake - stake / 10n);
     });
     it("re-registering clears the count", async function () {
       const { gpu, com, miner } = await loadFixture(fixture);
@@ -704,13 +714,15 @@ describe("GPURegistry", function () {
       await expect(task.connect(miner).claimShard(open.taskId, 0))
         .to.be.revertedWithCustomError(task, "NotEligible").withArgs(miner.address);
 
-      // The attack: exit, wait out the unbonding period, withdraw every wei, register again.
+      // The attack: exit, wait out the unbonding period, withdraw, register again. Leaving
+      // untrusted takes the untrusted burn with it (issue 32): 10% of the stake is burned.
       await gpu.connect(miner).requestExit();
       await time.increase(P.minerUnbonding);
       const before = await ethers.provider.getBalance(miner);
       const wtx = await gpu.connect(miner).withdrawStake();
-      await expect(wtx).to.emit(gpu, "StakeWithdrawn").withArgs(miner.address, P.minStake);
-      expect((await ethers.provider.getBalance(miner)) - before + (await gasCost(wtx))).to.equal(P.minStake);
+      const kept = P.minStake - (P.minStake * 1000n) / 10000n;
+      await expect(wtx).to.emit(gpu, "StakeWithdrawn").withArgs(miner.address, kept);
+      expect((await ethers.provider.getBalance(miner)) - before + (await gasCost(wtx))).to.equal(kept);
       await gpu.connect(miner).register([MODEL], [1], GPU, "http://again", PRICE, { value: P.minStake });
       expect(await info(gpu, miner)).to.deep.equal([true, 0, P.initialRepBps]); // 5000: above the floor ...
       expect(await gpu.onProbation(miner)).to.equal(true);

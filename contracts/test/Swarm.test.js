@@ -630,9 +630,12 @@ describe("Swarms", function () {
       expect(await q.escrow.withdrawable(q.client)).to.equal(
         budgets[0] + budgets[2] + (budgets[1] - pay) + 2n * (slash - 3n * perVoter) + 2n * P.minBond);
       expect(await q.escrow.escrowed(q.taskId)).to.equal(0n);
-      // the head, its stake no longer locked, withdraws what is left of it
+      // the head, its stake no longer locked, withdraws what is left of it once the verdict
+      // report is in (this committee stays silent: the bounded fallback, Exit.test.js)
       await q.gpu.connect(q.hd).requestExit();
-      await time.increase(P.minerUnbonding);
+      const [, until] = await q.gpu.verdictWait(q.hd);
+      expect(until).to.be.greaterThan(BigInt(await time.latest()) + P.minerUnbonding);
+      await time.increaseTo(until);
       await expect(q.gpu.connect(q.hd).withdrawStake()).to.changeEtherBalance(q.hd, q.coll);
     });
   });

@@ -81,6 +81,7 @@ class GpuSpec:
 class MinerInfo:
     stake: int
     locked: int
+    settled_at: int  # when its latest shard settled: the verdict report it waits for follows
     reputation_bps: int
     price_per_token: int
     endpoint: str
@@ -330,6 +331,13 @@ class GPURegistry(QuarryContract):
     def withdraw_stake(self, sender: LocalAccount) -> TxResult:
         return self._tx(sender, "withdrawStake")
 
+    def verdict_wait(self, miner: str) -> tuple[int, int]:
+        """(epoch, until): the committee report an exiting miner's withdrawal waits for (the
+        one carrying any fault found on its last settled shards) and the latest time it waits,
+        0 when it waits for nothing (`GPURegistry.verdictWait`)."""
+        epoch, until = self._call("verdictWait", to_checksum_address(miner))
+        return int(epoch), int(until)
+
     def is_eligible(self, miner: str, model_id: bytes, min_rep_bps: int = 0,
                     allow_probation: bool = False) -> bool:
         return bool(self._call("isEligible", to_checksum_address(miner), model_id, min_rep_bps,
@@ -416,6 +424,9 @@ class GPURegistry(QuarryContract):
 
     def min_stake(self) -> int:
         return int(self._call("minStake"))
+
+    def verdict_grace_epochs(self) -> int:
+        return int(self._call("verdictGraceEpochs"))
 
     def untrusted_below_bps(self) -> int:
         """Miners under this reputation are untrusted: never eligible."""

@@ -256,7 +256,10 @@ class MinerOut(Out):
     slashed: int
     reputationBps: int
     exiting: bool
-    withdrawableAt: int
+    withdrawableAt: int = Field(description="when an exiting miner's unbonding ends; its stake "
+                                "also waits for its shards to settle and for the committee's "
+                                "report of the epoch after the last settlement "
+                                "(GPURegistry.verdictWait)")
     onProbation: bool
     untrusted: bool
     rechallengePending: bool
