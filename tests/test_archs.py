@@ -80,6 +80,11 @@ def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
                       cache_position=torch.arange(past, past + width), cache=cache)
         got = stages[-1].logits(h[:, -1])
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+        if step == 0:  # the torch engine's own head (soft-capped where the model caps)
+            with torch.inference_mode():
+                last = model.get_decoder()(input_ids=ids, attention_mask=mask,
+                                           position_ids=positions).last_hidden_state[:, -1]
+            torch.testing.assert_close(engine.logits(last), want, atol=1e-5, rtol=1e-5)
         past += width
         ids = want.argmax(-1, keepdim=True)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
