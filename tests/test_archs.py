@@ -58,15 +58,20 @@ def test_a_default_tiny_model_keeps_its_id_under_the_generic_writer(tmp_path: Pa
 def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
                                               engine: TorchEngine) -> None:
     """Prefill of a left-padded batch longer than the sliding window, then decode steps fed
-    the argmax: a 2-stage chain's logits equal the HF model class's (fp32) at every step."""
+    the argmax: a 2-stage chain's logits equal the HF model class's (fp32) at every step, and
+    so do one whole-model stage's run as two hops of one layer each (as a swarm route may
+    ask), each hop with its own cache."""
     from transformers import DynamicCache
 
     model = engine.model
-    stages = [StageModel(str(arch_dir[1]), 0, 1), StageModel(str(arch_dir[1]), 1, 2)]
+    whole = StageModel(str(arch_dir[1]), 0, 2)
+    chains = [[(StageModel(str(arch_dir[1]), 0, 1), None), (StageModel(str(arch_dir[1]), 1, 2),
+                                                           None)],
+              [(whole, (0, 1)), (whole, (1, 2))]]
     prompts = [engine.encode_prompt(p) for p in PROMPTS]
     assert max(len(p) for p in prompts) > TINY_SLIDING_WINDOW
     ids, mask, positions = left_pad(prompts, engine.pad_id)
-    caches = [s.new_cache() for s in stages]
+    caches = [[s.new_cache(hop) for s, hop in chain] for chain in chains]
     ref_cache = DynamicCache(config=model.config)
     past = 0
     for step in range(DECODE_STEPS + 1):
@@ -74,12 +79,14 @@ def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
         with torch.inference_mode():
             want = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=ref_cache, use_cache=True).logits[:, -1].float()
-        h = ids
-        for stage, cache in zip(stages, caches, strict=True):
-            h = stage(h, attention_mask=mask, position_ids=positions_from_mask(mask, width),
-                      cache_position=torch.arange(past, past + width), cache=cache)
-        got = stages[-1].logits(h[:, -1])
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+        for chain, chain_caches in zip(chains, caches, strict=True):
+            h = ids
+            for (stage, hop), cache in zip(chain, chain_caches, strict=True):
+                h = stage(h, attention_mask=mask, position_ids=positions_from_mask(mask, width),
+                          cache_position=torch.arange(past, past + width), cache=cache,
+                          layers=hop)
+            got = chain[-1][0].logits(h[:, -1])
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
         if step == 0:  # the torch engine's own head (soft-capped where the model caps)
             with torch.inference_mode():
                 last = model.get_decoder()(input_ids=ids, attention_mask=mask,
@@ -89,8 +96,9 @@ def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
         ids = want.argmax(-1, keepdim=True)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
         positions = positions_from_mask(mask, 1)
-    if arch_of(arch_dir[0]).embed_scaled or model.config.tie_word_embeddings:
-        assert stages[-1].lm_head is not None and stages[-1].embed_tokens is None
+    last = chains[0][-1][0]
+    assert last.lm_head is not None and last.embed_tokens is None
+    assert (whole.lm_head.weight is whole.embed_tokens.weight) == model.config.tie_word_embeddings
 
 
 def test_the_torch_engine_output_passes_the_verifier(engine: TorchEngine) -> None:
