@@ -198,7 +198,7 @@ class TorchEngine(TextEngine):
             ids, mask, positions = left_pad(
                 [requests[i].prompt_ids for i in live], self.pad_id, self.device
             )
-            cache = DynamicCache()
+            cache = DynamicCache(config=self.model.config)  # sliding layers keep their window
             hidden, logits = self._next_logits(ids, mask, positions, cache)
             next_pos = positions[:, -1] + 1
             generators = make_generators([requests[i] for i in live])
