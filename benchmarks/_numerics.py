@@ -159,7 +159,6 @@ def reference_logits(engine: Any, prompts: Sequence[Sequence[int]],
     import torch
 
     result: list[Any] = []
-    head = engine.model.get_output_embeddings()
     decoder = engine.model.get_decoder()
     for start in range(0, len(prompts), batch):
         ps, os_ = prompts[start: start + batch], outputs[start: start + batch]
@@ -178,7 +177,7 @@ def reference_logits(engine: Any, prompts: Sequence[Sequence[int]],
                     result.append(torch.empty(0, engine.vocab_size))
                     continue
                 rows = hidden[r, len(p) - 1: len(p) - 1 + len(o)]
-                result.append(head(rows).float().cpu())
+                result.append(engine.logits(rows).cpu())
     return result
 
 

@@ -454,6 +454,7 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
 class _Shape(TypedDict):
     """The substitute's `create_model` options copied from the real model's config.json."""
 
+    arch: str
     hidden: int
     heads: int
     kv_heads: int
@@ -466,7 +467,7 @@ def substitute_model(model_dir: Path, *, seed: int = 0, cache_dir: Path | None =
     """The directory of the cheaper sibling of `model_dir`, created on first use.
 
     The sibling has half the layers (at least one) and seed SUBSTITUTE_SEED_BASE + `seed`,
-    with the same hidden size, heads, vocabulary and positions. Its tokenizer must be
+    with the same architecture, hidden size, heads, vocabulary and positions. Its tokenizer must be
     byte-identical to the real one (so only models made by `market model create` qualify).
     """
     from market.model.create import create_model
@@ -478,6 +479,7 @@ def substitute_model(model_dir: Path, *, seed: int = 0, cache_dir: Path | None =
     try:
         layers = int(cfg["num_hidden_layers"])
         options: _Shape = {
+            "arch": str(cfg.get("model_type", "llama")),
             "hidden": int(cfg["hidden_size"]),
             "heads": int(cfg["num_attention_heads"]),
             "kv_heads": int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])),
@@ -486,7 +488,7 @@ def substitute_model(model_dir: Path, *, seed: int = 0, cache_dir: Path | None =
             "max_positions": int(cfg["max_position_embeddings"]),
         }
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheatError(f"{model_dir}/config.json lacks a Llama setting the substitute "
+        raise CheatError(f"{model_dir}/config.json lacks a setting the substitute "
                          f"needs: {exc}") from exc
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / f"substitute-{manifest.model_id.hex()[:16]}-seed{seed}"

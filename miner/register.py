@@ -52,7 +52,9 @@ class ServedModel:
 
 def load_models(model_dirs: tuple[Path, ...] | list[Path]) -> list[ServedModel]:
     """Each directory's manifest, checked against the files (ModelFileMismatch names the
-    first file that differs); two directories of the same model are refused."""
+    first file that differs); two directories of the same model, or a model whose
+    architecture no engine here serves (`market.model.archs`), are refused."""
+    from market.model.archs import arch_of
     from market.model.manifest import load_manifest
 
     if not model_dirs:
@@ -63,6 +65,7 @@ def load_models(model_dirs: tuple[Path, ...] | list[Path]) -> list[ServedModel]:
         d = Path(d)
         manifest = load_manifest(d)
         manifest.verify(d)
+        arch_of(manifest.architecture.get("model_type"), f"model directory {d}")
         if manifest.model_id in seen:
             raise ConfigError(f"model directories {seen[manifest.model_id]} and {d} hold the "
                               f"same model ({manifest.model_id_hex}); list it once")

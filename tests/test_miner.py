@@ -247,6 +247,20 @@ def test_register_update_and_tampered_model(devnet: Any, model_dir: Path, tmp_pa
         register_miner(MinerConfig.load(config_file(tmp_path, other, bad, dead_market)),
                        q=devnet.q, market=MarketAPI(dead_market))
 
+    # An architecture no engine serves is refused by name, with the list that is served.
+    from market.model.manifest import build_manifest, write_manifest
+
+    alien = tmp_path / "alien"
+    shutil.copytree(model_dir, alien)
+    config = json.loads((alien / "config.json").read_text())
+    (alien / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    write_manifest(build_manifest(alien, "alien"), alien)
+    code, _, err = run_cli(capsys, "register", "--config",
+                           str(config_file(tmp_path, other, alien, dead_market)))
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "model_type 'gpt2'" in err and "supported: llama, qwen2, qwen3, mistral" in err
+    assert not devnet.q.gpu.is_registered(other.address)
+
 
 # ----------------------------------------------------------------------------- work
 

@@ -267,6 +267,9 @@ def test_cli_create_and_id(tmp_path: Path, model_dir: Path) -> None:
     assert len(res.stderr.strip().splitlines()) == 1
     res = _cli("create", "--layers", "0", "--out", str(tmp_path / "bad"))
     assert res.returncode == 1 and "layers" in res.stderr
+    res = _cli("create", "--arch", "gpt2", "--out", str(tmp_path / "gpt2"))
+    assert res.returncode == 2 and "invalid choice: 'gpt2'" in res.stderr
+    assert "'mistral'" in res.stderr  # the choices are the served architectures
 
 
 def test_cli_manifest_for_existing_weights(tmp_path: Path, model_dir: Path) -> None:

@@ -41,6 +41,7 @@ from market.engine.sampling import (
     select_next,
 )
 from market.engine.text import EngineError, TextEngine
+from market.model.archs import final_logits
 from market.model.loading import load_model, resolve_device, resolve_precision
 from market.model.manifest import Manifest, load_manifest
 from market.protocol.commitments import ChunkCheck, CommitmentError
@@ -166,7 +167,14 @@ class TorchEngine(TextEngine):
             past_key_values=cache,
             use_cache=True,
         ).last_hidden_state[:, -1, :]
-        return hidden, self.model.get_output_embeddings()(hidden)
+        return hidden, self.logits(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 next-token logits from final hidden states, as the model class computes
+        them (lm_head, then the architecture's soft-cap: `market.model.archs.final_logits`);
+        the engine runs the decoder and the head apart so the head sees only the positions
+        it needs."""
+        return final_logits(self.model.config, self.model.get_output_embeddings()(hidden).float())
 
     def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
                 generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,7 +198,7 @@ class TorchEngine(TextEngine):
             ids, mask, positions = left_pad(
                 [requests[i].prompt_ids for i in live], self.pad_id, self.device
             )
-            cache = DynamicCache()
+            cache = DynamicCache(config=self.model.config)  # sliding layers keep their window
             hidden, logits = self._next_logits(ids, mask, positions, cache)
             next_pos = positions[:, -1] + 1
             generators = make_generators([requests[i] for i in live])
@@ -326,12 +334,11 @@ class TorchEngine(TextEngine):
         ).last_hidden_state
         dev = self.device
         picked = hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]
-        head = self.model.get_output_embeddings()
         target = torch.tensor(targets, device=self.device)
         lps, arg, top = [], [], []
         step = 8192 if sampling is None else 1024  # evidence holds float64 [step, V] tables
         for start in range(0, picked.shape[0], step):
-            logits = head(picked[start : start + step]).float()
+            logits = self.logits(picked[start : start + step])
             logp = torch.log_softmax(logits, dim=-1)
             lps.append(logp.gather(1, target[start : start + step, None]).squeeze(1))
             arg.append(torch.argmax(logits, dim=-1))
@@ -388,10 +395,9 @@ class TorchEngine(TextEngine):
     def _row_greedy(self, hidden: torch.Tensor, targets: torch.Tensor, test: GreedyTest
                     ) -> tuple[float, ...]:
         """One greedy row's greedy-test log ratios, summed over its positions."""
-        head = self.model.get_output_embeddings()
         total = torch.zeros(len(test.exponents), dtype=torch.float64)
         for start in range(0, hidden.shape[0], 512):
-            logits = head(hidden[start : start + 512]).float()
+            logits = self.logits(hidden[start : start + 512])
             total += greedy_ratios(logits, targets[start : start + 512], test).sum(0)
         return tuple(total.tolist())
 
@@ -399,11 +405,10 @@ class TorchEngine(TextEngine):
                     setting: tuple[float, float], exponents: tuple[float, ...],
                     support: SupportTest | None = None) -> tuple[float, ...]:
         """One sampled row's log likelihood ratios, summed over its positions."""
-        head = self.model.get_output_embeddings()
         total = torch.zeros(len(exponents) + (support.width if support else 0),
                             dtype=torch.float64)
         for start in range(0, hidden.shape[0], 512):
-            logits = head(hidden[start : start + 512]).float()
+            logits = self.logits(hidden[start : start + 512])
             total += likelihood_ratios(logits, targets[start : start + 512], float(setting[0]),
                                        float(setting[1]), exponents, support,
                                        self.stop_token_ids).sum(0)

@@ -1,11 +1,14 @@
 """Model manifests, the embedded tiny model, and loading from local directories.
 
-- `create.create_model`: the deterministic tiny Llama (same arguments, same bytes, same modelId).
+- `create.create_model`: the deterministic tiny model, Llama or another served architecture
+  (same arguments, same bytes, same modelId).
+- `archs`: the architectures the engines serve, and what a split model must repeat of each.
 - `manifest`: `Manifest` (name, architecture, sha256 per file) and `modelId`.
 - `loading.load_model`: verify files against the manifest, then load with transformers.
 - `prompts`: text and chat prompts (OpenAI request bodies) to token ids.
 
-Importing this package is cheap; torch and transformers load only inside `load_model`.
+Importing this package is cheap; torch and transformers load only inside `load_model` and
+`create_model`.
 """
 
 from market.model.create import create_model

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from market.model.archs import SUPPORTED_MODEL_TYPES
 from market.model.create import (
     DEFAULT_HIDDEN,
     DEFAULT_LAYERS,
@@ -31,10 +32,14 @@ def add_commands(subparsers: Any) -> None:
 
     create = sub.add_parser(
         "create",
-        help="write a deterministic random Llama model (same arguments, same bytes)",
-        description="Write a tiny Llama-architecture model with random weights from a seed, "
-        "the project's byte-level BPE tokenizer and quarry-manifest.json.",
+        help="write a deterministic random model (same arguments, same bytes)",
+        description="Write a tiny model of a served architecture (Llama by default) with "
+        "random weights from a seed, the project's byte-level BPE tokenizer and "
+        "quarry-manifest.json.",
     )
+    create.add_argument("--arch", default="llama", choices=SUPPORTED_MODEL_TYPES,
+                        help="architecture (llama); each keeps its real models' traits: "
+                        "tied embeddings, biases, q/k norms, sliding windows, soft caps")
     create.add_argument("--out", required=True, type=Path,
                         help="output directory (new, empty, or holding this same model)")
     create.add_argument("--name", default=DEFAULT_NAME, help=f"model name ({DEFAULT_NAME})")
@@ -109,6 +114,7 @@ def _create(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         max_positions=args.max_positions,
         replace=args.force,
+        arch=args.arch,
     )
     _report(manifest, args.out, args.json)
     return 0

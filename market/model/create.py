@@ -1,9 +1,12 @@
-"""Create the embedded tiny model: a Llama-architecture random init from a seed.
+"""Create the embedded tiny model: a random init from a seed, Llama by default or any
+architecture in `market.model.archs` (`--arch`).
 
 Same arguments -> byte-identical files -> same modelId, on every run and machine: weights
 come from numpy's PCG64 seeded per tensor by (seed, tensor name), in float32, written with
 safetensors under fixed metadata, and every JSON file is written by this code (no library
-version strings). No torch is needed to create a model.
+version strings). The tensors' names and shapes are read off transformers' own model class,
+built on the meta device (no memory, no init), so each architecture gets exactly the
+parameters it loads.
 
 The init is scaled so the random model is useful for tests: large embeddings and a large
 lm_head make next-token distributions peaked (a clear top-1 margin), so greedy output is
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from market.errors import QuarryError
+from market.model.archs import arch_of, tiny_config
 from market.model.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -56,6 +60,7 @@ EMBED_STD = 1.0
 ATTN_OUT_SCALE = 0.5
 MLP_OUT_SCALE = 0.5
 LOGIT_SCALE = 10.0
+BIAS_STD = 0.1
 
 NEVER_GENERATED = (PAD_ID, BOS_ID, *(SPECIAL_TOKENS.index(t) for t in (SYSTEM, USER, ASSISTANT)))
 
@@ -108,36 +113,41 @@ def llama_config(
 
 
 def _tensor_specs(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...], float | None]]:
-    """(name, shape, std) for every LlamaForCausalLM parameter; std None means ones (norms)."""
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    d = cfg["head_dim"]
-    q_out, kv_out = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    specs: list[tuple[str, tuple[int, ...], float | None]] = [
-        ("model.embed_tokens.weight", (v, h), EMBED_STD),
-        ("model.norm.weight", (h,), None),
-        ("lm_head.weight", (v, h), LOGIT_SCALE / math.sqrt(h)),
-    ]
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{n}."
-        specs += [
-            (p + "input_layernorm.weight", (h,), None),
-            (p + "post_attention_layernorm.weight", (h,), None),
-            (p + "self_attn.q_proj.weight", (q_out, h), 1 / math.sqrt(h)),
-            (p + "self_attn.k_proj.weight", (kv_out, h), 1 / math.sqrt(h)),
-            (p + "self_attn.v_proj.weight", (kv_out, h), 1 / math.sqrt(h)),
-            (p + "self_attn.o_proj.weight", (h, q_out), ATTN_OUT_SCALE / math.sqrt(q_out)),
-            (p + "mlp.gate_proj.weight", (i, h), 1 / math.sqrt(h)),
-            (p + "mlp.up_proj.weight", (i, h), 1 / math.sqrt(h)),
-            (p + "mlp.down_proj.weight", (h, i), MLP_OUT_SCALE / math.sqrt(i)),
-        ]
+    """(name, shape, std) for every tensor the architecture loads, from transformers' own
+    model class on the meta device; std None means a norm weight at its identity value.
+    Inputs of a projection scale its std by 1/sqrt(fan-in); a tied lm_head is not stored."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    specs: list[tuple[str, tuple[int, ...], float | None]] = []
+    for name, p in model.state_dict().items():
+        shape = tuple(int(n) for n in p.shape)
+        std: float | None
+        if name == "lm_head.weight":
+            if cfg.get("tie_word_embeddings"):
+                continue
+            std = LOGIT_SCALE / math.sqrt(shape[1])
+        elif name.endswith("embed_tokens.weight"):
+            std = EMBED_STD
+        elif len(shape) == 1:
+            std = BIAS_STD if name.endswith(".bias") else None
+        else:
+            scale = {"o_proj": ATTN_OUT_SCALE, "down_proj": MLP_OUT_SCALE}.get(
+                name.split(".")[-2], 1.0)
+            std = scale / math.sqrt(shape[1])
+        specs.append((name, shape, std))
     return specs
 
 
-def _random_tensor(seed: int, name: str, shape: tuple[int, ...], std: float | None) -> np.ndarray:
+def _random_tensor(seed: int, name: str, shape: tuple[int, ...], std: float | None,
+                   identity: float = 1.0) -> np.ndarray:
     import numpy as np
 
     if std is None:
-        return np.ones(shape, dtype=np.float32)
+        return np.full(shape, identity, dtype=np.float32)
     name_words = np.frombuffer(hashlib.sha256(name.encode()).digest()[:16], dtype="<u4")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *name_words])))
     return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
@@ -160,13 +170,16 @@ def create_model(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     max_positions: int = DEFAULT_MAX_POSITIONS,
     replace: bool = False,
+    arch: str = "llama",
 ) -> Manifest:
-    """Write a deterministic random Llama model (HF format + quarry-manifest.json) to `out_dir`.
+    """Write a deterministic random model of architecture `arch` (`market.model.archs`; HF
+    format + quarry-manifest.json) to `out_dir`.
 
     `heads` defaults to hidden // 32, `kv_heads` to half of that (grouped-query attention),
     `intermediate` to 3 * hidden. `vocab_size` caps the tokenizer (the corpus may yield fewer).
     """
     out_dir = Path(out_dir)
+    arch_of(arch, f"--arch {arch}")
     for label, value, low in (("layers", layers, 1), ("hidden", hidden, 8), ("seed", seed, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ModelError(f"{label} must be an integer >= {low}, got {value!r}")
@@ -194,12 +207,12 @@ def create_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     if previous is None:
         return _write_model(out_dir, name, layers, hidden, seed, heads, kv_heads,
-                            intermediate, vocab_size, max_positions)
+                            intermediate, vocab_size, max_positions, arch)
     # The directory already holds a model: build beside it, and only swap the files in when
     # it is the same model (re-running the same command) or the caller asked to replace it.
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
         manifest = _write_model(Path(tmp), name, layers, hidden, seed, heads, kv_heads,
-                                intermediate, vocab_size, max_positions)
+                                intermediate, vocab_size, max_positions, arch)
         if manifest.model_id_hex != previous and not replace:
             raise ModelError(
                 f"{out_dir} already holds another model ({previous}); this one would be "
@@ -231,9 +244,10 @@ def _write_model(
     intermediate: int,
     vocab_size: int,
     max_positions: int,
+    arch: str = "llama",
 ) -> Manifest:
     actual_vocab = write_tokenizer(out_dir, vocab_size)
-    cfg = llama_config(
+    cfg = tiny_config(arch, llama_config(
         layers=layers,
         hidden=hidden,
         vocab_size=actual_vocab,
@@ -241,14 +255,17 @@ def _write_model(
         kv_heads=kv_heads,
         intermediate=intermediate,
         max_positions=max_positions,
-    )
+    ))
+    identity = arch_of(arch).norm_identity
     tensors = {
-        tname: _random_tensor(seed, tname, shape, std)
+        tname: _random_tensor(seed, tname, shape, std, identity)
         for tname, shape, std in _tensor_specs(cfg)
     }
     # Zero logits for pad/bos/role tokens: far below the peaked top-1, so the random model
     # never emits them, while EOS keeps a random row and ends some generations naturally.
-    tensors["lm_head.weight"][list(NEVER_GENERATED)] = 0.0
+    # A tied head is the embedding: those tokens then embed to zero, which no test minds.
+    head = "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
+    tensors[head][list(NEVER_GENERATED)] = 0.0
     return write_model_files(out_dir, name, cfg, tensors)
 
 

@@ -104,8 +104,8 @@ def load_model(
 
     Returns `(model, tokenizer)`: an eval-mode `AutoModelForCausalLM` on `device` in `dtype`
     and its fast tokenizer. `attention` picks transformers' attention kernel ("sdpa",
-    "eager"; None: its default). Raises ModelFileMismatch naming any file whose sha256
-    differs.
+    "eager"; None: its default; eager where `archs.attention_for` says only it is exact).
+    Raises ModelFileMismatch naming any file whose sha256 differs.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -114,14 +114,19 @@ def load_model(
         manifest = load_manifest(model_dir)
     manifest.verify(model_dir)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from market.model.archs import attention_for
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True,
+                                            trust_remote_code=False)
+        attention = attention_for(config, attention)
         # With output_loading_info the call returns (model, info), which its stubs do not say.
         loaded = AutoModelForCausalLM.from_pretrained(
             model_dir,

@@ -1,13 +1,18 @@
-"""One stage's slice of a Llama model, loaded from the HF directory without the other layers.
+"""One stage's slice of a decoder model, loaded from the HF directory without the other layers.
 
-The forward pass mirrors `transformers`' `LlamaModel.forward` step for step (same causal-mask
-builder, same rotary embedding, same decoder-layer call), so a stage chain computes exactly what
-the single-process model computes. Layers are re-indexed locally (0..n-1) so each stage's
+The stage holds transformers' own modules for its architecture (`market.model.archs`): the
+model class is built on the meta device, the stage keeps its decoder layers, embedding,
+norm, rotary embedding and lm_head, and only those tensors are read from the weights. Its
+forward repeats what the model class does around the layers (embedding scale, one mask per
+attention type, full or sliding window, the final norm, the logit soft-cap), so a stage
+chain computes exactly what the single-process model computes. Layers keep their global
+index for their attention type, and use a local cache index (0..n-1) so each stage's
 `DynamicCache` holds only its own layers.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -18,8 +23,8 @@ from torch import nn
 
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.pipeline.errors import PipelineError
-
-SUPPORTED_MODEL_TYPES = ("llama",)
+from market.model.archs import arch_of, attention_for, final_logits, layer_types
+from market.model.manifest import ModelError
 
 
 def parse_layers(spec: str) -> tuple[int, int]:
@@ -48,17 +53,17 @@ def split_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def load_config(model_dir: str | os.PathLike[str]):  # -> LlamaConfig
+def load_config(model_dir: str | os.PathLike[str]) -> Any:
+    """The model's transformers config; PipelineError when its architecture is not served."""
     from transformers import AutoConfig
 
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise PipelineError(f"no config.json in model directory {model_dir}")
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise PipelineError(
-            f"pipeline engine supports model types {SUPPORTED_MODEL_TYPES}, "
-            f"not {config.model_type!r}"
-        )
+    try:
+        arch_of(config.model_type, str(model_dir))
+    except ModelError as exc:
+        raise PipelineError(str(exc)) from exc
     return config
 
 
@@ -127,84 +132,74 @@ class StageModel(nn.Module):
         attn_implementation: str = "sdpa",
     ) -> None:
         super().__init__()
-        from transformers.models.llama.modeling_llama import (
-            LlamaDecoderLayer,
-            LlamaRMSNorm,
-            LlamaRotaryEmbedding,
-        )
+        from transformers import AutoModelForCausalLM
 
         full = load_config(model_dir)
         num_layers = int(full.num_hidden_layers)
         if not 0 <= start < end <= num_layers:
             raise PipelineError(f"layer range {start}:{end} outside the model's 0:{num_layers}")
         self.spec = StageSpec(start, end, num_layers)
-        # A local config whose layers are this stage's only: caches and masks size to it.
-        config = load_config(model_dir)
-        config.num_hidden_layers = end - start
-        config._attn_implementation = attn_implementation
-        self.config = config
+        self.arch = arch_of(full.model_type)
+        full._attn_implementation = attention_for(full, attn_implementation)
+        self.layer_types = layer_types(full)
+        self.config = self._local_config(full, start, end)  # caches and masks size to it
         self.device = torch.device(device)
         self.dtype = dtype
 
+        with torch.device("meta"):  # the whole model class, no memory: we keep our part
+            causal = AutoModelForCausalLM.from_config(
+                full, attn_implementation=full._attn_implementation)
+        base = causal.get_decoder()
+        prefix = causal.base_model_prefix + "."
+        self.layers = nn.ModuleList(list(base.layers)[start:end])
+        self.embed_tokens = base.embed_tokens if self.spec.first else None
+        self.norm = base.norm if self.spec.last else None
+        self.lm_head = causal.get_output_embeddings() if self.spec.last else None
+        self.rotary_emb = type(base.rotary_emb)(config=full, device=self.device)
+
         names: dict[str, str] = {}
-        layer_keys = _layer_keys(config)
         for local, glob in enumerate(range(start, end)):
-            prefix = f"model.layers.{glob}."
-            for key in layer_keys:
-                names[prefix + key] = f"layers.{local}.{key}"
+            for key in self.layers[local].state_dict():
+                names[f"{prefix}layers.{glob}.{key}"] = f"layers.{local}.{key}"
         index = _weight_index(model_dir)
         if self.spec.first:
-            names["model.embed_tokens.weight"] = "embed_tokens.weight"
+            names[prefix + "embed_tokens.weight"] = "embed_tokens.weight"
         if self.spec.last:
-            names["model.norm.weight"] = "norm.weight"
+            names[prefix + "norm.weight"] = "norm.weight"
             if "lm_head.weight" in index:
                 names["lm_head.weight"] = "lm_head.weight"
             elif getattr(full, "tie_word_embeddings", False):
-                names["model.embed_tokens.weight"] = "lm_head.weight"
+                names[prefix + "embed_tokens.weight"] = "lm_head.weight"
             else:
                 raise PipelineError("model weights lack lm_head.weight and embeddings are not tied")
         state = _read_tensors(index, names)
         if self.spec.first and self.spec.last and "embed_tokens.weight" not in state:
             state["embed_tokens.weight"] = state["lm_head.weight"]
-
-        with torch.device("meta"):
-            self.layers = nn.ModuleList(
-                [LlamaDecoderLayer(config, layer_idx=i) for i in range(end - start)]
-            )
-            self.embed_tokens = (
-                nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-                if self.spec.first
-                else None
-            )
-            self.norm = (
-                LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-                if self.spec.last
-                else None
-            )
-            self.lm_head = (
-                nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-                if self.spec.last
-                else None
-            )
         self.load_state_dict(
             {k: v.to(device=self.device, dtype=dtype) for k, v in state.items()},
             strict=True,
             assign=True,
         )
-        self.rotary_emb = LlamaRotaryEmbedding(config=config, device=self.device)
+        if self.embed_tokens is not None and self.lm_head is not None and "lm_head.weight" \
+                not in index:
+            self.lm_head.weight = self.embed_tokens.weight  # tied: one tensor, as HF keeps it
         self.eval()
 
-    def new_cache(self, num_layers: int | None = None):
-        """A KV cache for `num_layers` of this stage's layers (a hop may run a sub-range)."""
-        import copy
+    def _local_config(self, full: Any, a: int, b: int) -> Any:
+        """A copy of the config for global layers [a, b) alone, so the cache built from it
+        holds those layers' kinds (full or sliding window) from index 0."""
+        config = copy.copy(full)
+        config.num_hidden_layers = b - a
+        config.layer_types = self.layer_types[a:b]
+        return config
 
+    def new_cache(self, layers: tuple[int, int] | None = None) -> Any:
+        """A KV cache for global `layers` of this stage's (default all; a hop may run a
+        sub-range): sliding-window layers keep only their window, as transformers' do."""
         from transformers import DynamicCache
 
-        if num_layers is None or num_layers == self.config.num_hidden_layers:
-            return DynamicCache(config=self.config)
-        config = copy.copy(self.config)
-        config.num_hidden_layers = num_layers
-        return DynamicCache(config=config)
+        a, b = layers if layers is not None else (self.spec.start, self.spec.end)
+        return DynamicCache(config=self._local_config(self.config, a, b))
 
     @fresh_frame_chunk
     @torch.inference_mode()
@@ -221,12 +216,15 @@ class StageModel(nn.Module):
 
         `layers` (global, default all of the stage's) runs a sub-range, as a swarm route may
         ask: the embedding runs only when it starts at layer 0, the final norm only when it
-        ends at the last layer, and the cache holds the sub-range's layers from index 0 (so
-        the mask builder, which reads the cache's first layer, sees this microbatch's past).
-        Returns hidden states, final-normed at the model's end (lm_head is applied by the
-        caller on the positions it needs).
+        ends at the last layer, and the cache (`new_cache(layers)`) holds the sub-range's
+        layers from index 0 (so the mask builders, which read the cache's first layer of
+        each kind, see this microbatch's past). Returns hidden states, final-normed at the
+        model's end (lm_head is applied by the caller on the positions it needs).
         """
-        from transformers.masking_utils import create_causal_mask
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
 
         spec = self.spec
         a, b = layers if layers is not None else (spec.start, spec.end)
@@ -234,49 +232,46 @@ class StageModel(nn.Module):
             raise PipelineError(f"layers {a}:{b} outside this stage's {spec.start}:{spec.end}")
         if a == 0 and self.embed_tokens is not None:  # the first hop embeds token ids
             h = self.embed_tokens(x.to(self.device))
+            if self.arch.embed_scaled:  # in the model's dtype, as Gemma's model class does
+                h = h * torch.tensor(self.config.hidden_size**0.5, dtype=h.dtype)
         else:
             h = x.to(device=self.device, dtype=self.dtype)
-        attention_mask = attention_mask.to(self.device)
-        position_ids = position_ids.to(self.device)
-        cache_position = cache_position.to(self.device)
-        causal = create_causal_mask(
-            config=self.config,
-            input_embeds=h,
-            attention_mask=attention_mask,
-            cache_position=cache_position,
-            past_key_values=cache,
-            position_ids=position_ids,
-        )
+        mask_args = {
+            "config": self._local_config(self.config, a, b),
+            "input_embeds": h,
+            "attention_mask": attention_mask.to(self.device),
+            "cache_position": cache_position.to(self.device),
+            "past_key_values": cache,
+            "position_ids": position_ids.to(self.device),
+        }
+        kinds = self.layer_types[a:b]
+        builders = {"full_attention": create_causal_mask,
+                    "sliding_attention": create_sliding_window_causal_mask}
+        masks = {kind: builders[kind](**mask_args) for kind in set(kinds)}
+        position_ids = mask_args["position_ids"]
         pe = self.rotary_emb(h, position_ids)
         for j, layer in enumerate(self.layers[a - spec.start : b - spec.start]):
             attn: Any = layer.self_attn
             attn.layer_idx = j  # the cache slot for this microbatch's hop
-            h = layer(
+            out = layer(
                 h,
-                attention_mask=causal,
+                attention_mask=masks[kinds[j]],
                 position_ids=position_ids,
                 past_key_values=cache,
-                cache_position=cache_position,
+                cache_position=mask_args["cache_position"],
                 position_embeddings=pe,
             )
+            h = out[0] if isinstance(out, tuple) else out  # Gemma 2's layers return a tuple
         if self.norm is not None and b == spec.num_layers:  # the model's last layer
             h = self.norm(h)
         return h
 
     @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """lm_head on already-normed hidden states (last stage only), as fp32."""
+        """lm_head (and the architecture's soft-cap) on already-normed hidden states (last
+        stage only), as fp32."""
         assert self.lm_head is not None
-        return self.lm_head(h).float()
-
-
-def _layer_keys(config) -> list[str]:
-    """Parameter names inside one decoder layer (taken from the module itself, not guessed)."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    with torch.device("meta"):
-        layer = LlamaDecoderLayer(config, layer_idx=0)
-    return [k for k, _ in layer.state_dict().items()]
+        return final_logits(self.config, self.lm_head(h).float())
 
 
 def positions_from_mask(mask: torch.Tensor, q: int) -> torch.Tensor:

@@ -378,7 +378,7 @@ class StageServer:
         width = int(x.shape[1])
         mask = mask_from_lengths(h["lens"], width)
         st = MicrobatchState(
-            cache=self.model.new_cache(layers[1] - layers[0]), mask=mask, layers=layers
+            cache=self.model.new_cache(layers), mask=mask, layers=layers
         )
         if self._last_hop(h):
             st.requests, st.generators = _sampling_state(h["sp"])

@@ -1,0 +1,126 @@
+"""The decoder architectures Quarry serves, and what each does outside its decoder layers.
+
+Every engine runs transformers' own modules (decoder layers, norms, rotary embeddings);
+this table holds only the steps a model class performs around them that a stage of a
+split model must repeat itself: Gemma scales embeddings by sqrt(hidden) and its RMSNorm
+computes (1 + w), Gemma 2 soft-caps the final logits, and some layers attend through a
+sliding window. Cheap to import: torch loads only where a tensor is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from market.model.manifest import ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What a stage or the model writer must know about one `model_type`."""
+
+    causal_lm: str  # the transformers class in config.json's "architectures"
+    embed_scaled: bool = False  # embeddings are multiplied by sqrt(hidden_size)
+    norm_identity: float = 1.0  # the RMSNorm weight that leaves a vector unscaled
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("LlamaForCausalLM"),
+    "qwen2": Arch("Qwen2ForCausalLM"),
+    "qwen3": Arch("Qwen3ForCausalLM"),
+    "mistral": Arch("MistralForCausalLM"),
+    "gemma2": Arch("Gemma2ForCausalLM", embed_scaled=True, norm_identity=0.0),
+    "phi3": Arch("Phi3ForCausalLM"),
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHS)
+
+# The tiny models' sliding window, in tokens: short enough that the tests' prompts plus a
+# few decode steps pass it, so a stage that ignored the window would disagree.
+TINY_SLIDING_WINDOW = 8
+
+
+def arch_of(model_type: Any, where: str = "the model") -> Arch:
+    """The table entry for `model_type`; one line naming it and the supported list if none."""
+    arch = ARCHS.get(model_type) if isinstance(model_type, str) else None
+    if arch is None:
+        raise ModelError(f"{where} has model_type {model_type!r}, which Quarry does not serve "
+                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return arch
+
+
+def layer_types(config: Any) -> list[str]:
+    """Each decoder layer's attention ("full_attention" or "sliding_attention"): the config's
+    `layer_types` where it has them, else every layer slides when `sliding_window` is set
+    (Mistral, Phi-3): the rule transformers' DynamicCache and model classes apply."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return list(types)
+    sliding = getattr(config, "sliding_window", None) is not None
+    return ["sliding_attention" if sliding else "full_attention"] * int(config.num_hidden_layers)
+
+
+def attention_for(config: Any, requested: str | None) -> str | None:
+    """The attention kernel to load: eager where the attention logits are soft-capped
+    (Gemma 2), since SDPA would silently skip the cap; else what the caller asked."""
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "eager"
+    return requested
+
+
+def final_logits(config: Any, logits: torch.Tensor) -> torch.Tensor:
+    """The lm_head's output as the model class returns it: Gemma 2 soft-caps it
+    (cap * tanh(logits / cap)); other architectures leave it as is."""
+    import torch
+
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is None:
+        return logits
+    return torch.tanh(logits / cap) * cap
+
+
+def tiny_config(arch: str, base: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a tiny `arch` model from the Llama fields in `base` (sizes, ids),
+    written out explicitly so the bytes, and so the modelId, do not vary with transformers.
+
+    Each architecture keeps its real models' traits: Qwen 2 (as its small models) and Gemma
+    tie the embeddings (a tied random model mostly repeats its last token: the residual
+    stream is that token's embedding), Qwen 2 has q/k/v biases, Qwen 3 q/k norms, Mistral
+    and Gemma 2 slide (Gemma 2 on every other layer, with both soft caps), Phi-3 fuses its
+    projections and rotates half of each head."""
+    a = arch_of(arch, f"--arch {arch}")
+    cfg = dict(base)
+    if arch == "llama":
+        return cfg
+    for key in ("attention_bias", "mlp_bias"):
+        cfg.pop(key)
+    cfg.update(architectures=[a.causal_lm], model_type=arch, attention_dropout=0.0)
+    layers = int(cfg["num_hidden_layers"])
+    if arch in ("qwen2", "qwen3"):
+        cfg.update(tie_word_embeddings=arch == "qwen2", use_sliding_window=False,
+                   sliding_window=None, max_window_layers=layers,
+                   layer_types=["full_attention"] * layers)
+        if arch == "qwen3":
+            cfg["attention_bias"] = False
+    elif arch == "mistral":
+        cfg["sliding_window"] = TINY_SLIDING_WINDOW
+    elif arch == "gemma2":
+        cfg.pop("hidden_act")
+        cfg.update(
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=cfg["head_dim"],
+            sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                         for i in range(layers)],
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            attention_bias=False,
+        )
+    elif arch == "phi3":
+        cfg.update(partial_rotary_factor=0.5, sliding_window=None, resid_pdrop=0.0,
+                   embd_pdrop=0.0, original_max_position_embeddings=cfg["max_position_embeddings"],
+                   rope_scaling=None)
+    return cfg
