@@ -448,7 +448,13 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     not answer: after the response window the leader settles it, the miner is slashed. The
     other answers on-chain but still publishes nothing: the leader disputes the answered
     receipt, and a desk finds the data withheld."""
-    from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
+    from verifier.challenges import (
+        ClientJob,
+        client_jobs,
+        collect_answer,
+        draw_challenge_set,
+        post_challenge,
+    )
     from verifier.committee import CommitteeMember, chain_faults, unanswered_availability
     from verifier.reputation import ReputationParams
 
@@ -459,11 +465,13 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
                             requests=2, max_tokens=MAX_TOKENS)
     leader = devnet.verifiers[0]
     deadline = devnet.chain.timestamp() + 3600
+    before = devnet.chain.block_number()
     posted = [post_challenge(q, leader, api, c, devnet.MODEL_ID, deadline)
               for c in cs.challenges]
-    for p in posted:  # every miner is challenged, whatever its precision and engine
-        t = q.tasks.get_task(p.task_id)
-        assert (t.precisions, t.require_commitments, t.allow_probation) == (0, False, True)
+    for p in posted:  # every miner is challenged, whatever its precision and engine; the
+        t = q.tasks.get_task(p.task_id)  # probation flag is the drawn one
+        assert (t.precisions, t.require_commitments, t.allow_probation) == \
+            (0, False, cs.challenge_for(p.miner).allow_probation)  # type: ignore[union-attr]
     docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
                                    cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
             for p in posted}
@@ -472,6 +480,16 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
                               now=devnet.chain.timestamp())
                for p in posted]
     assert all(a.withheld for a in answers)
+    # What the next set's shapes read of these tasks (`client_jobs`): their terms as posted,
+    # the premium over the claimant's ask at its claim; none created after the block read;
+    # none that is one of the committee's own challenges (by input root).
+    head = devnet.chain.block_number()
+    jobs = client_jobs(q, devnet.MODEL_ID, head)
+    assert jobs[-2:] == [ClientJob(len(c.lines), c.max_tokens, c.premium_bps, c.allow_probation)
+                         for c in cs.challenges]
+    assert client_jobs(q, devnet.MODEL_ID, before) == jobs[:-2]
+    assert client_jobs(q, devnet.MODEL_ID, head,
+                       frozenset(c.input_root for c in cs.challenges)) == jobs[:-2]
 
     def member(events: list[str]) -> CommitteeMember:
         return CommitteeMember(q, leader, api, None, model_id=devnet.MODEL_ID,  # type: ignore[arg-type]

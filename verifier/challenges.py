@@ -12,24 +12,33 @@ as an ordinary paid task, from a fresh address, at a price a little above the mi
 and with a deadline of its own, directed at that miner with a market offer: exactly what a
 client that picks its miner does.
 
+A challenge's terms a miner can see (requests, max_tokens, price over its ask, whether the
+task admits miners on probation) are drawn from the client tasks the chain holds
+(`client_jobs`, `draw_shapes`): the terms of one of the last SAMPLE_JOBS client tasks of the
+model up to a block the set names, chosen with a seed the set carries, so every member
+re-derives each shape and signs only a set whose shapes follow that distribution. Only
+single-shard tasks within CAP_FACTOR of the committee's token budget are drawn: the scoring
+work stays bounded, and larger, smaller or multi-shard tasks are never challenges.
+
 What stays distinguishable on a public chain: the client is a fresh address funded by a
 committee member shortly before; the task is always directed (an undirected challenge could
-be served by another miner); and the job's size stays within the committee's bounds. Audits
-of client traffic (`verifier.audits`) are the structural answer to a miner that acts on it.
+be served by another miner), has one shard, within the token bounds, accepts any precision
+and asks no commitments or minimum reputation. Audits of client traffic (`verifier.audits`)
+are the structural answer to a miner that acts on it.
 """
 
 from __future__ import annotations
 
 import random
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eth_account import Account
 from eth_utils import encode_hex, to_checksum_address
 
-from market.chain.contracts import ShardState
+from market.chain.contracts import MinerInfo, ShardState, Task, as_struct
 from market.errors import QuarryError
 from market.model.corpus import CORPUS
 from market.protocol.canonical import canonical_json_bytes, keccak, request_hash
@@ -66,6 +75,21 @@ OPENERS = ("", "", "", "Please ", "Can you ", "Quick question: ", "Summarise: ",
 GAS_ALLOWANCE_WEI = 10**16
 
 
+SAMPLE_JOBS = 256
+"""How many of the model's latest client tasks (up to the set's block) shapes are drawn from."""
+MIN_JOBS = 16
+"""Fewer eligible client tasks than this and shapes come from the fallback (`_fallback`)."""
+CAP_FACTOR = 2
+"""A challenge's token budget (requests x max_tokens) is at most CAP_FACTOR x the committee's
+`requests` x `max_tokens` (2,048 tokens at the defaults, 4/3 of the largest fallback job, so
+a slow honest miner answers in its window what it answered before) and at least half of it
+(each challenge still carries evidence): client tasks outside these bounds are never
+copied."""
+MAX_PREMIUM_BPS = 10_000
+"""A drawn job pays at most twice the challenged miner's ask (the committee pays it)."""
+BPS = 10_000
+
+
 WITHHELD = "a result root was committed but its document is not published"
 
 
@@ -79,6 +103,8 @@ class Challenge:
 
     miner: str
     lines: tuple[dict[str, Any], ...]
+    premium_bps: int = 0          # the task's price over the miner's ask when it is posted
+    allow_probation: bool = True  # whether the task admits miners on probation
 
     @property
     def data(self) -> bytes:
@@ -104,10 +130,15 @@ class ChallengeSet:
     epoch: int
     model_id: bytes
     challenges: tuple[Challenge, ...]
+    block: int = 0          # client tasks up to this block gave the shapes
+    seed: bytes = bytes(32)  # the shapes' randomness (`draw_shapes`)
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "modelId": encode_hex(self.model_id),
-                "challenges": [{"miner": c.miner, "requests": list(c.lines)}
+                "block": self.block, "seed": encode_hex(self.seed),
+                "challenges": [{"miner": c.miner, "requests": list(c.lines),
+                                "premiumBps": c.premium_bps,
+                                "allowProbation": c.allow_probation}
                                for c in self.challenges]}
 
     @classmethod
@@ -116,10 +147,12 @@ class ChallengeSet:
             challenges = tuple(
                 Challenge(to_checksum_address(c["miner"]),
                           tuple(validate_request(r, line=i + 1)
-                                for i, r in enumerate(c["requests"])))
+                                for i, r in enumerate(c["requests"])),
+                          int(c["premiumBps"]), bool(c["allowProbation"]))
                 for c in d["challenges"])
             return cls(int(d["epoch"]), bytes.fromhex(str(d["modelId"]).removeprefix("0x")),
-                       challenges)
+                       challenges, int(d["block"]),
+                       bytes.fromhex(str(d["seed"]).removeprefix("0x")))
         except QuarryError as exc:
             raise ChallengeSetInvalid(f"challenge set: {exc}") from exc
         except (KeyError, TypeError, ValueError) as exc:
@@ -160,36 +193,129 @@ def _prompt(rng: random.Random) -> str:
     return text[0].upper() + text[1:] + rng.choice((".", "?", "", "!"))
 
 
+@dataclass(frozen=True)
+class ClientJob:
+    """The terms of one client task a miner sees on-chain: its requests, max_tokens, price
+    over the ask of the miner that claimed it (bps) and whether it admits miners on
+    probation."""
+
+    requests: int
+    max_tokens: int
+    premium_bps: int
+    allow_probation: bool
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One challenge's drawn terms (a ClientJob's, or the fallback's)."""
+
+    requests: int
+    max_tokens: int
+    premium_bps: int
+    allow_probation: bool
+
+
+def client_jobs(q: Quarry, model_id: bytes, block: int,
+                exclude_roots: frozenset[bytes] = frozenset()) -> list[ClientJob]:
+    """The terms of the model's last SAMPLE_JOBS claimed single-shard client tasks created at
+    or before `block`, oldest first; tasks whose input root is in `exclude_roots` (the
+    committee's own challenges) are left out. Everything is read from the chain as it stood
+    at `block` (the claimant's ask at its claim's block), so every member reads the same."""
+    since = q.deployment.deploy_block
+    created = [ev for ev in q.tasks.events("TaskCreated", since, modelId=model_id)
+               if int(ev["blockNumber"]) <= block and int(ev["numShards"]) == 1
+               and bytes(ev["inputRoot"]) not in exclude_roots]
+    claims: dict[int, dict[str, Any]] = {}
+    for ev in q.tasks.events("ShardClaimed", since):
+        if int(ev["blockNumber"]) <= block:
+            claims.setdefault(int(ev["taskId"]), ev)  # the first claim's terms
+    created = [ev for ev in created if int(ev["taskId"]) in claims][-SAMPLE_JOBS:]
+    tasks = q.chain.read([q.tasks.fn("getTask", int(ev["taskId"])) for ev in created])
+    jobs = []
+    for ev, raw in zip(created, tasks, strict=True):
+        claim = claims[int(ev["taskId"])]
+        ask = as_struct(MinerInfo, q.chain.call(q.gpu.fn("minerInfo", claim["miner"]),
+                                                block=int(claim["blockNumber"]))).price_per_token
+        task = as_struct(Task, raw)
+        jobs.append(ClientJob(int(ev["numRequests"]), task.max_tokens_per_request,
+                              (task.price_per_token - ask) * BPS // ask if ask else 0,
+                              bool(ev["allowProbation"])))
+    return jobs
+
+
+def _fallback(rng: random.Random, requests: int, max_tokens: int) -> tuple[int, int, int]:
+    """The fixed shape distribution while the board has too few client tasks: `requests`
+    to 1.5x `requests` lines, max_tokens from half `max_tokens` to `max_tokens`, 0 to 25%
+    over the ask."""
+    return (rng.randint(requests, max(requests, requests * 3 // 2)),
+            rng.randint(max(1, max_tokens // 2), max_tokens), 100 * rng.randint(0, 25))
+
+
+def drawable(jobs: Sequence[ClientJob], *, requests: int, max_tokens: int) -> list[ClientJob]:
+    """The client jobs a challenge may copy: within the token bounds (CAP_FACTOR) and
+    MAX_PREMIUM_BPS."""
+    budget = requests * max_tokens
+    return [j for j in jobs if budget // 2 <= j.requests * j.max_tokens <= CAP_FACTOR * budget
+            and 0 <= j.premium_bps <= MAX_PREMIUM_BPS]
+
+
+def draw_shapes(seed: bytes, miners: Sequence[str], jobs: Sequence[ClientJob],
+                on_probation: Collection[str], *, requests: int,
+                max_tokens: int) -> dict[str, Shape]:
+    """Each miner's challenge terms: those of a client job drawn uniformly from the drawable
+    `jobs` (so sizes, max_tokens, premiums and the probation flag keep their joint
+    distribution), or the fallback's when fewer than MIN_JOBS are drawable. A miner on
+    probation gets a task that admits it (it could claim no other); a job's probation flag
+    applies to the others. Deterministic in `seed` and the miner, so members re-derive it."""
+    pool = drawable(jobs, requests=requests, max_tokens=max_tokens)
+    shapes: dict[str, Shape] = {}
+    for miner in miners:
+        miner = to_checksum_address(miner)
+        rng = random.Random(keccak(seed + bytes.fromhex(miner[2:])))
+        probation = miner in on_probation
+        if len(pool) >= MIN_JOBS:
+            j = pool[rng.randrange(len(pool))]
+            shapes[miner] = Shape(j.requests, j.max_tokens, j.premium_bps,
+                                  j.allow_probation or probation)
+        else:
+            n, tokens, premium = _fallback(rng, requests, max_tokens)
+            shapes[miner] = Shape(n, tokens, premium, probation)
+    return shapes
+
+
 def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Sequence[str], *,
-                       requests: int, max_tokens: int,
+                       requests: int, max_tokens: int, jobs: Sequence[ClientJob] = (),
+                       on_probation: Collection[str] = (), block: int = 0,
                        rng: random.Random | None = None) -> ChallengeSet:
-    """Fresh jobs for every miner (all prompts distinct), each drawn like a client's job:
-    `requests` to 1.5x `requests` lines, chat or completions, one max_tokens between half
-    `max_tokens` and `max_tokens`, a temperature profile (PROFILES) at one temperature
-    (TEMPERATURES) and top_p (TOP_PS), random seeds (sometimes none), custom ids in one of
-    several styles.
+    """Fresh jobs for every miner (all prompts distinct), each drawn like a client's job: the
+    terms from `draw_shapes` (client tasks up to `block`, or the fallback), chat or
+    completions, a temperature profile (PROFILES) at one temperature (TEMPERATURES) and top_p
+    (TOP_PS), random seeds (sometimes none), custom ids in one of several styles.
 
     The randomness is private (the system's CSPRNG unless a test passes `rng`): anyone who
     could predict the prompts could answer challenges honestly and the rest not.
     """
     rng = rng or random.Random(secrets.randbits(128))
+    seed = rng.randbytes(32)
+    miners = sorted((to_checksum_address(m) for m in miners), key=lambda a: int(a, 16))
+    shapes = draw_shapes(seed, miners, jobs, on_probation, requests=requests,
+                         max_tokens=max_tokens)
     used: set[str] = set()
     challenges = []
-    for miner in sorted((to_checksum_address(m) for m in miners), key=lambda a: int(a, 16)):
-        n = rng.randint(requests, max(requests, requests * 3 // 2))
+    for miner in miners:
+        shape = shapes[miner]
         chat = rng.random() < 0.5
-        tokens = rng.randint(max(1, max_tokens // 2), max_tokens)
         profile = rng.choice(PROFILES)
         temperature, top_p = rng.choice(TEMPERATURES), rng.choice(TOP_PS)
         seeded = rng.random() < 0.7
         style, tag = rng.choice(ID_STYLES), f"{rng.getrandbits(24):06x}"
         lines = []
-        for i in range(n):
+        for i in range(shape.requests):
             prompt = _prompt(rng)
             while prompt in used:
                 prompt = _prompt(rng)
             used.add(prompt)
-            body: dict[str, Any] = {"model": model_name, "max_tokens": tokens}
+            body: dict[str, Any] = {"model": model_name, "max_tokens": shape.max_tokens}
             body |= ({"messages": [{"role": "user", "content": prompt}]} if chat
                      else {"prompt": prompt})
             sampled = profile == "sampled" or (profile == "mixed" and rng.random() < 0.5)
@@ -205,13 +331,18 @@ def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Seq
                 {"custom_id": style.format(i=i, tag=tag), "method": "POST",
                  "url": CHAT_COMPLETIONS_URL if chat else COMPLETIONS_URL, "body": body},
                 line=i + 1))
-        challenges.append(Challenge(miner, tuple(lines)))
-    return ChallengeSet(epoch, model_id, tuple(challenges))
+        challenges.append(Challenge(miner, tuple(lines), shape.premium_bps,
+                                    shape.allow_probation))
+    return ChallengeSet(epoch, model_id, tuple(challenges), block, seed)
 
 
 def check_challenge_set(cs: ChallengeSet, *, epoch: int, model_id: bytes,
-                        eligible: Sequence[str], requests: int, max_tokens: int) -> None:
-    """Raise ChallengeSetInvalid unless `cs` is one an honest member would have drawn."""
+                        eligible: Sequence[str], requests: int, max_tokens: int,
+                        jobs: Sequence[ClientJob] = (),
+                        on_probation: Collection[str] = ()) -> None:
+    """Raise ChallengeSetInvalid unless `cs` is one an honest member would have drawn: its
+    shapes must be `draw_shapes` of its seed over `jobs` (the client tasks up to its block,
+    which the caller reads) and `on_probation`."""
     if cs.epoch != epoch:
         raise ChallengeSetInvalid(f"challenge set is for epoch {cs.epoch}, expected {epoch}")
     if cs.model_id != model_id:
@@ -225,16 +356,19 @@ def check_challenge_set(cs: ChallengeSet, *, epoch: int, model_id: bytes,
         left_out = sorted(set(eligible) - set(cs.miners))
         raise ChallengeSetInvalid(f"challenge set miners differ from the eligible miners "
                                   f"(not eligible: {extra}; left out: {left_out})")
+    shapes = draw_shapes(cs.seed, cs.miners, jobs, on_probation, requests=requests,
+                         max_tokens=max_tokens)
     prompts: set[str] = set()
     for c in cs.challenges:
-        if not requests <= len(c.lines) <= max(requests, requests * 3 // 2):
-            raise ChallengeSetInvalid(f"miner {c.miner} has {len(c.lines)} requests, "
-                                      f"expected {requests} to {requests * 3 // 2}")
+        want = shapes[c.miner]
+        got = Shape(len(c.lines), c.max_tokens, c.premium_bps, c.allow_probation)
+        if got != want or any(int(line["body"]["max_tokens"]) != want.max_tokens
+                              for line in c.lines):
+            raise ChallengeSetInvalid(f"miner {c.miner}'s challenge is shaped {got}, its seed "
+                                      f"and the client tasks up to block {cs.block} give "
+                                      f"{want}")
         for line in c.lines:
             body = line["body"]
-            if int(body["max_tokens"]) > max_tokens:
-                raise ChallengeSetInvalid(f"miner {c.miner}: max_tokens {body['max_tokens']} "
-                                          f"is over {max_tokens}")
             prompt = str(body.get("prompt", body.get("messages")))
             if prompt in prompts:
                 raise ChallengeSetInvalid(f"prompt {prompt[:40]!r} is given twice; every "
@@ -261,25 +395,26 @@ class PostedChallenge:
 def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge: Challenge,
                    model_id: bytes, deadline: int) -> PostedChallenge:
     """Fund a fresh address and post `challenge` from it as an ordinary task directed at the
-    challenged miner, at a price 0 to 25% above that miner's ask (clients offer a maximum
-    price, rarely the exact ask). The task allows miners on probation, so a new miner is
-    challenged like the others; it accepts any precision and does not require activation
-    commitments, so every miner is challenged whatever it declared and whatever its engine
-    (a miner that commits is still checked on its commitments, at its declared precision);
-    the funds cover the bonds of an availability challenge and a dispute, the leader's
-    remedies as this task's client."""
+    challenged miner, at the drawn premium over that miner's ask (clients offer a maximum
+    price, rarely the exact ask), admitting miners on probation as drawn (always when the
+    miner is on probation, so a new miner is challenged like the others). It accepts any
+    precision and does not require activation commitments, so every miner is challenged
+    whatever it declared and whatever its engine (a miner that commits is still checked on
+    its commitments, at its declared precision); the funds cover the bonds of an
+    availability challenge and a dispute, the leader's remedies as this task's client."""
     from market.jobs import post_batch
 
     fresh = Account.create()
     ask = q.gpu.miner_info(challenge.miner).price_per_token
-    price = ask + ask * secrets.randbelow(26) // 100
+    price = ask + ask * challenge.premium_bps // BPS
     payment = len(challenge.lines) * challenge.max_tokens * price
     bonds = q.arbitration.min_bond() + q.arbitration.min_availability_bond()
     q.chain.transfer(leader, fresh.address, payment + GAS_ALLOWANCE_WEI + bonds)
     task_id, _ = post_batch(q, fresh, market, challenge.data, challenge.request_hashes,
                             model_id=model_id, shard_size=len(challenge.lines),
                             max_tokens=challenge.max_tokens, price=price, deadline=deadline,
-                            prefer_miner=challenge.miner, allow_probation=True,
+                            prefer_miner=challenge.miner,
+                            allow_probation=challenge.allow_probation,
                             precisions=ANY_PRECISION, require_commitments=False)
     return PostedChallenge(challenge.miner, task_id, fresh.key.hex())
 
