@@ -15,7 +15,7 @@ from verifier.challenges import (
     MIN_JOBS,
     ChallengeSet,
     ChallengeSetInvalid,
-    ClientJob,
+    Terms,
     check_challenge_set,
     draw_challenge_set,
     draw_shapes,
@@ -79,7 +79,7 @@ def test_members_check_the_proposed_set() -> None:
                             max_tokens=32)
     short = dataclasses.replace(cs.challenges[0], lines=cs.challenges[0].lines[:3])
     bad = dataclasses.replace(cs, challenges=(short, *cs.challenges[1:]))
-    with pytest.raises(ChallengeSetInvalid, match="shaped Shape.requests=3"):
+    with pytest.raises(ChallengeSetInvalid, match="shaped Terms.requests=3"):
         check_challenge_set(bad, epoch=1, model_id=MODEL, eligible=MINERS, requests=16,
                             max_tokens=64)
     twice = dataclasses.replace(cs.challenges[1], lines=cs.challenges[0].lines)
@@ -90,76 +90,98 @@ def test_members_check_the_proposed_set() -> None:
     assert ChallengeSet.from_json(cs.to_json()) == cs
 
 
-def client_mix(n: int = 60) -> list[ClientJob]:
-    """Client jobs of many shapes, a few outside what a challenge may copy (too many tokens,
-    too few, or paying more than twice the ask)."""
+def client_mix(n: int = 60) -> list[Terms]:
+    """Client jobs of many shapes, some with a precision mask or a reputation floor, and a few
+    outside what a challenge may copy (too many tokens, too few, paying over twice the ask)."""
     rng = random.Random(3)
-    jobs = [ClientJob(rng.choice((4, 8, 16, 32, 50)), rng.choice((16, 32, 64, 128, 256)),
-                      rng.randrange(0, 5000), rng.random() < 0.2) for _ in range(n)]
-    return jobs + [ClientJob(400, 512, 0, False), ClientJob(1, 16, 0, True),
-                   ClientJob(16, 64, 30_000, False)]
+    jobs = [Terms(rng.choice((8, 16, 32, 50)), rng.choice((16, 32, 64, 128)),
+                  rng.randrange(0, 5000), rng.random() < 0.3,
+                  rng.choice((0, 0, 1 << 2, 1 << 3)), rng.choice((0, 0, 6000)))
+            for _ in range(n)]
+    return jobs + [Terms(400, 512, 0, False), Terms(1, 16, 0, True), Terms(16, 64, 30_000, False)]
 
 
 def test_shapes_follow_the_client_jobs() -> None:
     """Each challenge copies the terms of a client job drawn uniformly from those within the
-    bounds: the drawn shapes' frequencies match the empirical distribution (a chi-square
-    test), jobs out of bounds never appear, and a miner on probation always gets a task that
-    admits it."""
-    jobs = client_mix()
+    bounds that its miner could claim: the drawn terms' frequencies match that empirical
+    distribution (a chi-square test per standing), jobs out of bounds or out of a miner's
+    reach never appear, so a miner on probation always gets a task that admits it."""
+    jobs = client_mix(400)
     pool = drawable(jobs, requests=16, max_tokens=64)
-    assert ClientJob(400, 512, 0, False) not in pool and ClientJob(1, 16, 0, True) not in pool
-    assert ClientJob(16, 64, 30_000, False) not in pool and len(pool) >= MIN_JOBS
+    assert Terms(400, 512, 0, False) not in pool and Terms(1, 16, 0, True) not in pool
+    assert Terms(16, 64, 30_000, False) not in pool
     miners = [to_checksum_address(f"0x{i:040x}") for i in range(1, 6001)]
-    probation = set(miners[::10])
-    shapes = draw_shapes(b"\x01" * 32, miners, jobs, probation, requests=16, max_tokens=64)
-    # Jobs with equal terms are one outcome.
-    want = Counter((j.requests, j.max_tokens, j.premium_bps) for j in pool)
-    got = Counter((s.requests, s.max_tokens, s.premium_bps) for s in shapes.values())
-    assert set(got) <= set(want)
-    chi2 = sum((got[k] - len(miners) * w / len(pool)) ** 2 / (len(miners) * w / len(pool))
-               for k, w in want.items())
-    assert chi2 < 2 * len(want) + 30  # df = outcomes - 1; far below for a uniform draw
-    flag = {(j.requests, j.max_tokens, j.premium_bps): j.allow_probation for j in pool}
-    for m, s in shapes.items():
-        assert s.allow_probation == (m in probation or flag[s.requests, s.max_tokens,
-                                                             s.premium_bps])
-    admitted = sum(s.allow_probation for m, s in shapes.items() if m not in probation)
-    share = sum(j.allow_probation for j in pool) / len(pool)
-    assert abs(admitted / (len(miners) - len(probation)) - share) < 0.03
+    probation = set(miners[::3])
+    bf16 = set(miners[1::3])  # declared precision 2, trusted at reputation 7000
+    # The others: declared precision 3, reputation 5000.
+
+    def claimable(m: str, t: Terms) -> bool:
+        if m in probation:
+            return t.allow_probation and t.min_reputation_bps == 0 and t.precisions == 0
+        return t.min_reputation_bps <= (7000 if m in bf16 else 5000) and \
+            t.precisions in (0, 1 << (2 if m in bf16 else 3))
+
+    shapes = draw_shapes(b"\x01" * 32, miners, jobs, probation, requests=16, max_tokens=64,
+                         claimable=claimable)
+    for group in (probation, bf16, set(miners) - probation - bf16):
+        member = next(iter(group))
+        own = [j for j in pool if claimable(member, j)]
+        assert len(own) >= MIN_JOBS
+        want = Counter(own)  # jobs with equal terms are one outcome
+        got = Counter(shapes[m] for m in group)
+        assert set(got) <= set(want)
+        expect = {k: len(group) * w / len(own) for k, w in want.items()}
+        chi2 = sum((got[k] - e) ** 2 / e for k, e in expect.items())
+        assert chi2 < 2 * len(want) + 30  # df = outcomes - 1; far below for a uniform draw
+    assert all(shapes[m].allow_probation for m in probation)
+    assert any(shapes[m].precisions for m in bf16) and \
+        any(shapes[m].min_reputation_bps for m in bf16)
     # Too few client jobs: the fixed fallback (16 to 24 requests, 32 to 64 tokens, at most
-    # 25% over the ask, open to probation only for a miner on probation).
+    # 25% over the ask, any precision, no floor, open to probation only for a miner on it).
     few = draw_shapes(b"\x01" * 32, miners[:200], pool[:MIN_JOBS - 1], probation,
                       requests=16, max_tokens=64)
     assert all(16 <= s.requests <= 24 and 32 <= s.max_tokens <= 64 and
                0 <= s.premium_bps <= 2500 and s.allow_probation == (m in probation)
-               for m, s in few.items())
+               and s.precisions == s.min_reputation_bps == 0 for m, s in few.items())
 
 
 def test_shapes_are_deterministic_for_the_members_check() -> None:
-    """A set drawn over client jobs is re-derived by every member from its seed and the same
-    jobs; a set whose shapes do not follow (another job list, a changed premium or probation
-    flag) is refused."""
-    jobs = client_mix()
+    """A set drawn over client jobs is re-derived by every member from its seed, the same
+    jobs and the same standings; a set whose terms do not follow (another job list, other
+    standings, a changed premium, probation flag, precision mask or floor) is refused."""
+    jobs = client_mix(400)
+
+    def claimable(m: str, t: Terms) -> bool:  # even miners declared precision 2, odd 3
+        return t.precisions in (0, 1 << (2 + int(m, 16) % 2)) and \
+            (m != MINERS[0] or t.allow_probation) and t.min_reputation_bps <= 6000
+
+    standing = dict(on_probation={MINERS[0]}, claimable=claimable)
     cs = draw_challenge_set(1, MODEL, "tiny", MINERS, requests=16, max_tokens=64, jobs=jobs,
-                            on_probation={MINERS[0]}, block=123, rng=random.Random(5))
+                            block=123, rng=random.Random(5), **standing)  # type: ignore[arg-type]
     assert cs.block == 123 and ChallengeSet.from_json(cs.to_json()) == cs
-    pool = {(j.requests, j.max_tokens, j.premium_bps)
-            for j in drawable(jobs, requests=16, max_tokens=64)}
-    assert all((len(c.lines), c.max_tokens, c.premium_bps) in pool for c in cs.challenges)
-    assert cs.challenges[0].allow_probation
-    again = draw_shapes(cs.seed, MINERS, jobs, {MINERS[0]}, requests=16, max_tokens=64)
+    pool = drawable(jobs, requests=16, max_tokens=64)
+    assert all(c.terms in pool and claimable(c.miner, c.terms) for c in cs.challenges)
+    assert cs.challenges[0].allow_probation and any(c.precisions for c in cs.challenges)
+    again = draw_shapes(cs.seed, MINERS, jobs, {MINERS[0]}, requests=16, max_tokens=64,
+                        claimable=claimable)
     assert again == draw_shapes(cs.seed, list(reversed(MINERS)), jobs, {MINERS[0]},
-                                requests=16, max_tokens=64)
+                                requests=16, max_tokens=64, claimable=claimable)
     check = dict(epoch=1, model_id=MODEL, eligible=MINERS, requests=16, max_tokens=64)
-    check_challenge_set(cs, **check, jobs=jobs, on_probation={MINERS[0]})
+    check_challenge_set(cs, **check, jobs=jobs, **standing)  # type: ignore[arg-type]
     with pytest.raises(ChallengeSetInvalid, match="shaped"):  # the fallback is not these
-        check_challenge_set(cs, **check, on_probation={MINERS[0]})
+        check_challenge_set(cs, **check, **standing)  # type: ignore[arg-type]
     with pytest.raises(ChallengeSetInvalid, match="shaped"):
-        check_challenge_set(cs, **check, jobs=jobs[5:], on_probation={MINERS[0]})
-    for change in ({"premium_bps": cs.challenges[3].premium_bps + 100},
-                   {"allow_probation": not cs.challenges[3].allow_probation}):
-        bent = dataclasses.replace(cs.challenges[3], **change)
+        check_challenge_set(cs, **check, jobs=jobs[5:], **standing)  # type: ignore[arg-type]
+    with pytest.raises(ChallengeSetInvalid, match="shaped"):  # other standings
+        check_challenge_set(cs, **check, jobs=jobs,  # type: ignore[arg-type]
+                            on_probation={MINERS[0]})
+    c = cs.challenges[3]
+    for change in ({"premium_bps": c.premium_bps + 100},
+                   {"allow_probation": not c.allow_probation},
+                   {"precisions": 0 if c.precisions else 1 << 2},
+                   {"min_reputation_bps": c.min_reputation_bps + 1}):
+        bent = dataclasses.replace(c, **change)  # type: ignore[arg-type]
         bad = dataclasses.replace(cs, challenges=(*cs.challenges[:3], bent,
                                                   *cs.challenges[4:]))
         with pytest.raises(ChallengeSetInvalid, match="shaped"):
-            check_challenge_set(bad, **check, jobs=jobs, on_probation={MINERS[0]})
+            check_challenge_set(bad, **check, jobs=jobs, **standing)  # type: ignore[arg-type]

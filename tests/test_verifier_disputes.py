@@ -449,7 +449,7 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     other answers on-chain but still publishes nothing: the leader disputes the answered
     receipt, and a desk finds the data withheld."""
     from verifier.challenges import (
-        ClientJob,
+        claimable_at,
         client_jobs,
         collect_answer,
         draw_challenge_set,
@@ -463,15 +463,27 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     miners = {m.address: m for m in (devnet.miner, devnet.miner2)}
     cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", list(miners),
                             requests=2, max_tokens=MAX_TOKENS)
+    # Terms the first miner cannot meet now (a floor above its reputation, closed to
+    # probation, a precision it did not declare: its standing changed since the set's
+    # block) give way to terms it can: it is challenged, not locked out.
+    first = cs.challenges[0]
+    declared = int(q.gpu.precision_of(first.miner, devnet.MODEL_ID))  # type: ignore[arg-type]
+    unmeetable = dataclasses.replace(first, min_reputation_bps=10_000, allow_probation=False,
+                                     precisions=1 << (declared % 5 + 1))
+    cs = dataclasses.replace(cs, challenges=(unmeetable, *cs.challenges[1:]))
     leader = devnet.verifiers[0]
     deadline = devnet.chain.timestamp() + 3600
     before = devnet.chain.block_number()
     posted = [post_challenge(q, leader, api, c, devnet.MODEL_ID, deadline)
               for c in cs.challenges]
-    for p in posted:  # every miner is challenged, whatever its precision and engine; the
-        t = q.tasks.get_task(p.task_id)  # probation flag is the drawn one
-        assert (t.precisions, t.require_commitments, t.allow_probation) == \
-            (0, False, cs.challenge_for(p.miner).allow_probation)  # type: ignore[union-attr]
+    posted_terms = [dataclasses.replace(unmeetable.terms, min_reputation_bps=0,
+                                        allow_probation=True, precisions=0),
+                    *(c.terms for c in cs.challenges[1:])]
+    for p, terms in zip(posted, posted_terms, strict=True):  # on the drawn terms otherwise
+        t = q.tasks.get_task(p.task_id)
+        assert (t.precisions, t.require_commitments, t.allow_probation,
+                t.min_reputation_bps) == (terms.precisions, False, terms.allow_probation,
+                                          terms.min_reputation_bps)
     docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
                                    cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
             for p in posted}
@@ -485,11 +497,16 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     # none that is one of the committee's own challenges (by input root).
     head = devnet.chain.block_number()
     jobs = client_jobs(q, devnet.MODEL_ID, head)
-    assert jobs[-2:] == [ClientJob(len(c.lines), c.max_tokens, c.premium_bps, c.allow_probation)
-                         for c in cs.challenges]
+    assert jobs[-2:] == posted_terms
     assert client_jobs(q, devnet.MODEL_ID, before) == jobs[:-2]
     assert client_jobs(q, devnet.MODEL_ID, head,
                        frozenset(c.input_root for c in cs.challenges)) == jobs[:-2]
+    # Which of them each miner could claim, as GPURegistry answered at that block.
+    open_terms = posted_terms[0]
+    floor = dataclasses.replace(open_terms, min_reputation_bps=10_000)
+    other = dataclasses.replace(open_terms, precisions=unmeetable.precisions)
+    can = claimable_at(q, devnet.MODEL_ID, head, list(miners), [open_terms, floor, other])
+    assert [can(first.miner, t) for t in (open_terms, floor, other)] == [True, False, False]
 
     def member(events: list[str]) -> CommitteeMember:
         return CommitteeMember(q, leader, api, None, model_id=devnet.MODEL_ID,  # type: ignore[arg-type]

@@ -81,12 +81,15 @@ from verifier.challenges import (
     Challenge,
     ChallengeSet,
     ChallengeSetInvalid,
-    ClientJob,
+    Claimable,
     PostedChallenge,
+    Terms,
     check_challenge_set,
+    claimable_at,
     client_jobs,
     collect_answer,
     draw_challenge_set,
+    drawable,
     eligible_miners,
     post_challenge,
 )
@@ -208,7 +211,9 @@ class CommitteeMember:
         self._block_times: dict[int, int] = {}
         self._said = ""  # the last membership note (logged once until it changes)
         self._clock: tuple[int, int] | None = None  # (genesis, epoch duration)
-        self._jobs: dict[int, list[ClientJob]] = {}  # block -> client jobs (the last read)
+        # (block, miners) -> what a set drawn there copies (`_standing`; the last read)
+        self._standings: dict[tuple[int, tuple[str, ...]],
+                              tuple[list[Terms], frozenset[str], Claimable]] = {}
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> _State:
@@ -333,10 +338,11 @@ class CommitteeMember:
         if members[(base + slot) % len(members)] == self.me and self.test_mode != "withhold" \
                 and key not in self.state.proposed_sets:
             block = self.q.chain.block_number()
+            jobs, probation, claimable = self._standing(block, eligible)
             cs = draw_challenge_set(nxt, self.model_id, self.model_name, eligible,
                                     requests=self.requests, max_tokens=self.max_tokens,
-                                    jobs=self._client_jobs(block),
-                                    on_probation=self._on_probation(eligible), block=block)
+                                    jobs=jobs, on_probation=probation, claimable=claimable,
+                                    block=block)
             self.state.proposed_sets.append(key)
             self._save_state()
             self._post(SET_PROPOSAL, nxt, encode_hex(cs.digest()), cs.to_json())
@@ -351,11 +357,11 @@ class CommitteeMember:
                     if encode_hex(cs.digest()) != digest:
                         raise ChallengeSetInvalid("its topic is not its hash")
                     self._check_block(cs.block, epoch)
+                    jobs, probation, claimable = self._standing(cs.block, eligible)
                     check_challenge_set(cs, epoch=nxt, model_id=self.model_id,
                                         eligible=eligible, requests=self.requests,
-                                        max_tokens=self.max_tokens,
-                                        jobs=self._client_jobs(cs.block),
-                                        on_probation=self._on_probation(eligible))
+                                        max_tokens=self.max_tokens, jobs=jobs,
+                                        on_probation=probation, claimable=claimable)
                 except ChallengeSetInvalid as exc:
                     log.warning("not signing %s's set for epoch %d: %s", msg["author"], nxt, exc)
                     self._signed_sets.add((nxt, digest))
@@ -377,17 +383,23 @@ class CommitteeMember:
                     log.info("commit of epoch %d's set: %s", nxt, exc)
                 return
 
-    def _client_jobs(self, block: int) -> list[ClientJob]:
-        """The client tasks a set drawn at `block` copies its shapes from, without the
-        committee's own challenges (those of every set this member holds)."""
-        if block not in self._jobs:
+    def _standing(self, block: int, miners: list[str]
+                  ) -> tuple[list[Terms], frozenset[str], Claimable]:
+        """What a set drawn at `block` takes its terms from, all read at that block so every
+        member reads the same: the client tasks (without the committee's own challenges,
+        those of every set this member holds), the miners then on probation, and which
+        tasks each miner could then claim."""
+        key = (block, tuple(miners))
+        if key not in self._standings:
             roots = frozenset(Challenge(c["miner"], tuple(c["requests"])).input_root
                               for raw in self.state.sets.values() for c in raw["challenges"])
-            self._jobs = {block: client_jobs(self.q, self.model_id, block, roots)}
-        return self._jobs[block]
-
-    def _on_probation(self, miners: Iterable[str]) -> frozenset[str]:
-        return frozenset(m for m in miners if self.q.gpu.on_probation(m))
+            jobs = client_jobs(self.q, self.model_id, block, roots)
+            probation = frozenset(m for m in miners if self.q.chain.call(
+                self.q.gpu.fn("onProbation", m), block=block))
+            pool = drawable(jobs, requests=self.requests, max_tokens=self.max_tokens)
+            self._standings = {key: (jobs, probation, claimable_at(
+                self.q, self.model_id, block, miners, pool))}
+        return self._standings[key]
 
     def _check_block(self, block: int, epoch: int) -> None:
         """A set's shapes come from the chain as it stood in the epoch it was proposed in
