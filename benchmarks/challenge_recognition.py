@@ -6,7 +6,8 @@ from the committee's own code, `verifier.challenges.draw_shapes`). Each epoch ev
 below): requests log-uniform from 1 to 2,000 split into shards of 16 to 256, max_tokens from
 16 to 1,024, a price 0 to 60% over the claimant's ask, 30% directed at a miner, 15% open to
 miners on probation, 10% from a client address new that epoch, funded from a shared exchange
-wallet. A tenth of the miners are on probation.
+wallet. A tenth of the miners are on probation (they claim only tasks that admit them); the
+rates are over the tasks of the miners off probation, those a selective cheater cheats on.
 
 Challenges, "before" (the committee's shapes until issue 32): 16 to 24 requests, max_tokens 32
 to 64, 0 to 25% over the ask, always open to probation; "after": `draw_shapes` over the last
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from verifier.challenges import (  # noqa: E402
     SAMPLE_JOBS,
-    ClientJob,
+    Terms,
     draw_shapes,
 )
 
@@ -79,12 +80,14 @@ class Seen:
                 self.premium_bps // 500, self.allow_probation, self.directed)
 
 
-def client_task(rng: random.Random) -> Seen:
+def client_task(rng: random.Random, on_probation: bool) -> Seen:
+    """A client task a miner claims (one on probation claims only tasks that admit it)."""
     n = max(1, int(math.exp(rng.uniform(0, math.log(2000)))))
     shard = rng.choice(CLIENT_MIX["shard_sizes"])
     premium = int(BPS * CLIENT_MIX["max_premium"] * rng.random() ** 2)  # most pay near the ask
     return Seen(n, math.ceil(n / shard), rng.choice(CLIENT_MIX["max_tokens"]), premium,
-                rng.random() < CLIENT_MIX["allow_probation"], rng.random() < CLIENT_MIX["directed"],
+                on_probation or rng.random() < CLIENT_MIX["allow_probation"],
+                rng.random() < CLIENT_MIX["directed"],
                 rng.random() < CLIENT_MIX["new_client"], False, False)
 
 
@@ -92,13 +95,15 @@ BPS = 10_000
 
 
 def challenges(rng: random.Random, miners: list[str], probation: set[str],
-               board: list[ClientJob], after: bool) -> list[Seen]:
+               board: list[Terms], after: bool) -> list[Seen]:
+    """The epoch's challenges of the miners off probation (the ones a selective cheater
+    cares about: it stays honest while on probation)."""
     seed = rng.randbytes(32)
     shapes = draw_shapes(seed, miners, board if after else [], probation, requests=REQUESTS,
                          max_tokens=MAX_TOKENS)
     return [Seen(s.requests, 1, s.max_tokens, s.premium_bps,
                  s.allow_probation if after else True, True, True, True, True)
-            for s in shapes.values()]
+            for m, s in shapes.items() if m not in probation]
 
 
 def rule(t: Seen) -> bool:
@@ -118,15 +123,17 @@ def run(args: argparse.Namespace, after: bool) -> dict[str, Any]:
     rng = random.Random(args.seed)
     miners = [f"0x{i:040x}" for i in range(1, args.miners + 1)]
     probation = {m for i, m in enumerate(miners) if i % 10 == 0}
-    board: list[ClientJob] = []  # claimed single-shard client tasks on-chain, oldest first
+    board: list[Terms] = []  # claimed single-shard client tasks on-chain, oldest first
     seen: list[Seen] = []
     for epoch in range(args.epochs + 1):
         chal = challenges(rng, miners, probation, board[-SAMPLE_JOBS:], after)
-        clients = [client_task(rng) for _ in range(args.clients * args.miners)]
-        board += [ClientJob(t.requests, t.max_tokens, t.premium_bps, t.allow_probation)
-                  for t in clients if t.shards == 1]
+        clients = {m: [client_task(rng, m in probation) for _ in range(args.clients)]
+                   for m in miners}
+        board += [Terms(t.requests, t.max_tokens, t.premium_bps, t.allow_probation)
+                  for tasks in clients.values() for t in tasks if t.shards == 1]
         if epoch:  # epoch 0 fills the board (the miner has seen a window of client tasks)
-            seen += clients + chal
+            seen += chal + [t for m, tasks in clients.items() if m not in probation
+                            for t in tasks]
     # The miner's model: each term's frequency among the client tasks it saw, and among the
     # challenges of many runs of the committee's draw over the same board (it can run it).
     clients_seen = [t for t in seen if not t.challenge]
