@@ -180,7 +180,7 @@ def test_shapes_are_deterministic_for_the_members_check() -> None:
                    {"allow_probation": not c.allow_probation},
                    {"precisions": 0 if c.precisions else 1 << 2},
                    {"min_reputation_bps": c.min_reputation_bps + 1}):
-        bent = dataclasses.replace(c, **change)  # type: ignore[arg-type]
+        bent = dataclasses.replace(c, **change)
         bad = dataclasses.replace(cs, challenges=(*cs.challenges[:3], bent,
                                                   *cs.challenges[4:]))
         with pytest.raises(ChallengeSetInvalid, match="shaped"):

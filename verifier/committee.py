@@ -338,7 +338,7 @@ class CommitteeMember:
         if members[(base + slot) % len(members)] == self.me and self.test_mode != "withhold" \
                 and key not in self.state.proposed_sets:
             block = self.q.chain.block_number()
-            jobs, probation, claimable = self._standing(block, eligible)
+            jobs, probation, claimable = self.standing(block, eligible)
             cs = draw_challenge_set(nxt, self.model_id, self.model_name, eligible,
                                     requests=self.requests, max_tokens=self.max_tokens,
                                     jobs=jobs, on_probation=probation, claimable=claimable,
@@ -357,7 +357,7 @@ class CommitteeMember:
                     if encode_hex(cs.digest()) != digest:
                         raise ChallengeSetInvalid("its topic is not its hash")
                     self._check_block(cs.block, epoch)
-                    jobs, probation, claimable = self._standing(cs.block, eligible)
+                    jobs, probation, claimable = self.standing(cs.block, eligible)
                     check_challenge_set(cs, epoch=nxt, model_id=self.model_id,
                                         eligible=eligible, requests=self.requests,
                                         max_tokens=self.max_tokens, jobs=jobs,
@@ -383,7 +383,7 @@ class CommitteeMember:
                     log.info("commit of epoch %d's set: %s", nxt, exc)
                 return
 
-    def _standing(self, block: int, miners: list[str]
+    def standing(self, block: int, miners: list[str]
                   ) -> tuple[list[Terms], frozenset[str], Claimable]:
         """What a set drawn at `block` takes its terms from, all read at that block so every
         member reads the same: the client tasks (without the committee's own challenges,
