@@ -228,15 +228,19 @@ Claimable = Callable[[str, Terms], bool]
 def client_jobs(q: Quarry, model_id: bytes, block: int,
                 exclude_roots: frozenset[bytes] = frozenset()) -> list[Terms]:
     """The terms of the model's last SAMPLE_JOBS claimed single-shard client tasks created at
-    or before `block`, oldest first; tasks whose input root is in `exclude_roots` (the
-    committee's own challenges) are left out. Everything is read from the chain as it stood
-    at `block` (the claimant's ask at its claim's block), so every member reads the same."""
+    or before `block` (among its last 2 x SAMPLE_JOBS single-shard ones), oldest first; tasks
+    whose input root is in `exclude_roots` (the committee's own challenges) are left out.
+    Everything is read from the chain as it stood at `block` (the claimant's ask at its
+    claim's block), so every member reads the same."""
     since = q.deployment.deploy_block
     created = [ev for ev in q.tasks.events("TaskCreated", since, modelId=model_id)
                if int(ev["blockNumber"]) <= block and int(ev["numShards"]) == 1
                and bytes(ev["inputRoot"]) not in exclude_roots]
+    created = created[-2 * SAMPLE_JOBS:]  # enough, unless most are unclaimed
+    if not created:
+        return []
     claims: dict[int, dict[str, Any]] = {}
-    for ev in q.tasks.events("ShardClaimed", since):
+    for ev in q.tasks.events("ShardClaimed", int(created[0]["blockNumber"])):
         if int(ev["blockNumber"]) <= block:
             claims.setdefault(int(ev["taskId"]), ev)  # the first claim's terms
     created = [ev for ev in created if int(ev["taskId"]) in claims][-SAMPLE_JOBS:]
