@@ -495,7 +495,7 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
                for p in posted]
     assert all(a.withheld for a in answers)
     # What the next set's shapes read of these tasks (`client_jobs`): their terms as posted,
-    # the premium over the claimant's ask at its claim; none created after the block read;
+    # the premium over the claimant's ask at the block read; none created after that block;
     # none that is one of the committee's own challenges (by input root).
     head = devnet.chain.block_number()
     jobs = client_jobs(q, devnet.MODEL_ID, head)

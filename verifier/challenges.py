@@ -230,8 +230,9 @@ def client_jobs(q: Quarry, model_id: bytes, block: int,
     """The terms of the model's last SAMPLE_JOBS claimed single-shard client tasks created at
     or before `block` (among its last 2 x SAMPLE_JOBS single-shard ones), oldest first; tasks
     whose input root is in `exclude_roots` (the committee's own challenges) are left out.
-    Everything is read from the chain as it stood at `block` (the claimant's ask at its
-    claim's block), so every member reads the same."""
+    Everything is read from the chain as it stood at `block` (the premium is over the
+    claimant's ask then: asks rarely move), so every member reads the same; a member's node
+    must keep the state of the epoch's blocks (Anvil does; a pruning node keeps 128)."""
     since = q.deployment.deploy_block
     created = [ev for ev in q.tasks.events("TaskCreated", since, modelId=model_id)
                if int(ev["blockNumber"]) <= block and int(ev["numShards"]) == 1
@@ -246,10 +247,13 @@ def client_jobs(q: Quarry, model_id: bytes, block: int,
     created = [ev for ev in created if int(ev["taskId"]) in claims][-SAMPLE_JOBS:]
     tasks = q.chain.read([q.tasks.fn("getTask", int(ev["taskId"])) for ev in created])
     jobs = []
+    asks: dict[str, int] = {}
     for ev, raw in zip(created, tasks, strict=True):
-        claim = claims[int(ev["taskId"])]
-        ask = as_struct(MinerInfo, q.chain.call(q.gpu.fn("minerInfo", claim["miner"]),
-                                                block=int(claim["blockNumber"]))).price_per_token
+        claimant = str(claims[int(ev["taskId"])]["miner"])
+        if claimant not in asks:
+            asks[claimant] = as_struct(MinerInfo, q.chain.call(
+                q.gpu.fn("minerInfo", claimant), block=block)).price_per_token
+        ask = asks[claimant]
         task = as_struct(Task, raw)
         jobs.append(Terms(int(ev["numRequests"]), task.max_tokens_per_request,
                           (task.price_per_token - ask) * BPS // ask if ask else 0,

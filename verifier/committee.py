@@ -211,7 +211,7 @@ class CommitteeMember:
         self._block_times: dict[int, int] = {}
         self._said = ""  # the last membership note (logged once until it changes)
         self._clock: tuple[int, int] | None = None  # (genesis, epoch duration)
-        # (block, miners) -> what a set drawn there copies (`_standing`; the last read)
+        # (block, miners) -> what a set drawn there copies (`standing`; the last read)
         self._standings: dict[tuple[int, tuple[str, ...]],
                               tuple[list[Terms], frozenset[str], Claimable]] = {}
 
