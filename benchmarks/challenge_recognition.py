@@ -51,6 +51,7 @@ from verifier.challenges import (  # noqa: E402
 )
 
 REQUESTS, MAX_TOKENS = 16, 64  # the committee's defaults (verifier config)
+BPS = 10_000
 CLIENT_MIX = {
     "directed": 0.30, "allow_probation": 0.15, "new_client": 0.10,
     "max_tokens": (16, 32, 64, 128, 256, 512, 1024),
@@ -89,9 +90,6 @@ def client_task(rng: random.Random, on_probation: bool) -> Seen:
                 on_probation or rng.random() < CLIENT_MIX["allow_probation"],
                 rng.random() < CLIENT_MIX["directed"],
                 rng.random() < CLIENT_MIX["new_client"], False, False)
-
-
-BPS = 10_000
 
 
 def challenges(rng: random.Random, miners: list[str], probation: set[str],
