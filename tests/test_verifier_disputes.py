@@ -442,13 +442,21 @@ def test_idle_members_cannot_block_a_dispute(devnet: Any, stack: Stack) -> None:
 
 
 def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
-        devnet: Any, stack: Stack, tmp_path: Path) -> None:
+        devnet: Any, stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two challenge answers committed on-chain but never published. The leader, as each
     task's client, challenges their availability (once, across a restart). One miner does
     not answer: after the response window the leader settles it, the miner is slashed. The
     other answers on-chain but still publishes nothing: the leader disputes the answered
     receipt, and a desk finds the data withheld."""
-    from verifier.challenges import collect_answer, draw_challenge_set, post_challenge
+    from verifier import challenges
+    from verifier.challenges import (
+        check_challenge_set,
+        claimable_at,
+        client_jobs,
+        collect_answer,
+        draw_challenge_set,
+        post_challenge,
+    )
     from verifier.committee import CommitteeMember, chain_faults, unanswered_availability
     from verifier.reputation import ReputationParams
 
@@ -457,13 +465,27 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
     miners = {m.address: m for m in (devnet.miner, devnet.miner2)}
     cs = draw_challenge_set(1, devnet.MODEL_ID, "quarry-dispute-test", list(miners),
                             requests=2, max_tokens=MAX_TOKENS)
+    # Terms the first miner cannot meet now (a floor above its reputation, closed to
+    # probation, a precision it did not declare: its standing changed since the set's
+    # block) give way to terms it can: it is challenged, not locked out.
+    target = cs.challenges[0]
+    declared = int(q.gpu.precision_of(target.miner, devnet.MODEL_ID))
+    unmeetable = dataclasses.replace(target, min_reputation_bps=10_000, allow_probation=False,
+                                     precisions=1 << (declared % 5 + 1))
+    cs = dataclasses.replace(cs, challenges=(unmeetable, *cs.challenges[1:]))
     leader = devnet.verifiers[0]
     deadline = devnet.chain.timestamp() + 3600
+    before = devnet.chain.block_number()
     posted = [post_challenge(q, leader, api, c, devnet.MODEL_ID, deadline)
               for c in cs.challenges]
-    for p in posted:  # every miner is challenged, whatever its precision and engine
+    posted_terms = [dataclasses.replace(unmeetable.terms, min_reputation_bps=0,
+                                        allow_probation=True, precisions=0),
+                    *(c.terms for c in cs.challenges[1:])]
+    for p, terms in zip(posted, posted_terms, strict=True):  # on the drawn terms otherwise
         t = q.tasks.get_task(p.task_id)
-        assert (t.precisions, t.require_commitments, t.allow_probation) == (0, False, True)
+        assert (t.precisions, t.require_commitments, t.allow_probation,
+                t.min_reputation_bps) == (terms.precisions, False, terms.allow_probation,
+                                          terms.min_reputation_bps)
     docs = {p.miner: serve_by_hand(devnet, api, p.task_id, miners[p.miner],
                                    cs.challenge_for(p.miner).data, upload=False)  # type: ignore[union-attr]
             for p in posted}
@@ -472,6 +494,41 @@ def test_leader_challenges_a_withheld_answer_then_settles_or_disputes(
                               now=devnet.chain.timestamp())
                for p in posted]
     assert all(a.withheld for a in answers)
+    # What the next set's shapes read of these tasks (`client_jobs`): their terms as posted,
+    # the premium over the claimant's ask at the block read; none created after that block;
+    # none that is one of the committee's own challenges (by input root).
+    head = devnet.chain.block_number()
+    jobs = client_jobs(q, devnet.MODEL_ID, head)
+    assert jobs[-2:] == posted_terms
+    assert client_jobs(q, devnet.MODEL_ID, before) == jobs[:-2]
+    assert client_jobs(q, devnet.MODEL_ID, head,
+                       frozenset(c.input_root for c in cs.challenges)) == jobs[:-2]
+    # Which of them each miner could claim, as GPURegistry answered at that block.
+    open_terms = posted_terms[0]
+    floor = dataclasses.replace(open_terms, min_reputation_bps=10_000)
+    other = dataclasses.replace(open_terms, precisions=unmeetable.precisions)
+    can = claimable_at(q, devnet.MODEL_ID, head, list(miners), [open_terms, floor, other])
+    assert [can(target.miner, t) for t in (open_terms, floor, other)] == [True, False, False]
+
+    # Two members read the same client tasks and standings at a block, so what one draws
+    # the other re-derives (MIN_JOBS lowered so that these two tasks are enough to copy).
+    monkeypatch.setattr(challenges, "MIN_JOBS", 1)
+    proposer, checker = (
+        CommitteeMember(q, v, api, None, model_id=devnet.MODEL_ID,  # type: ignore[arg-type]
+                        model_name="quarry-dispute-test", params=ReputationParams(),
+                        state_path=tmp_path / f"member{i}.json", requests=2,
+                        max_tokens=MAX_TOKENS)
+        for i, v in enumerate(devnet.verifiers[:2]))
+    eligible = sorted(miners, key=lambda a: int(a, 16))
+    jobs, probation, claimable = proposer.standing(head, eligible)
+    drawn = draw_challenge_set(2, devnet.MODEL_ID, "quarry-dispute-test", eligible,
+                               requests=2, max_tokens=MAX_TOKENS, block=head, jobs=jobs,
+                               on_probation=probation, claimable=claimable)
+    assert {c.terms for c in drawn.challenges} <= set(posted_terms)
+    jobs, probation, claimable = checker.standing(head, eligible)
+    check_challenge_set(drawn, epoch=2, model_id=devnet.MODEL_ID, eligible=eligible,
+                        requests=2, max_tokens=MAX_TOKENS, jobs=jobs,
+                        on_probation=probation, claimable=claimable)
 
     def member(events: list[str]) -> CommitteeMember:
         return CommitteeMember(q, leader, api, None, model_id=devnet.MODEL_ID,  # type: ignore[arg-type]

@@ -3,38 +3,50 @@ sends them.
 
 A challenge set names every miner eligible for the committee's model and gives each its own
 job, drawn to look like a client's (`draw_challenge_set`): prompts made from private
-randomness (never passages of the public corpus), chat or plain completions, a batch size,
-max_tokens, temperature profile (all greedy, all sampled, or mixed), top_p, seeds and
-custom ids each drawn per job as clients choose them. The committee signs its hash and
-commits it on-chain one epoch ahead; the prompts themselves travel only inside the
-committee (the relay reads are members-only). The leader then posts each miner's challenge
-as an ordinary paid task, from a fresh address, at a price a little above the miner's ask
-and with a deadline of its own, directed at that miner with a market offer: exactly what a
-client that picks its miner does.
+randomness (never passages of the public corpus), chat or plain completions, temperature
+profile (all greedy, all sampled, or mixed), top_p, seeds and custom ids each drawn per job
+as clients choose them, and terms copied from a client task (below). The committee signs
+its hash and commits it on-chain one epoch ahead; the prompts themselves travel only inside
+the committee (the relay reads are members-only). The leader then posts each miner's
+challenge as an ordinary paid task, from a fresh address, on those terms and with a
+deadline of its own, directed at that miner with a market offer: exactly what a client that
+picks its miner does.
+
+A challenge's terms a miner can see (requests, max_tokens, price over its ask, whether the
+task admits miners on probation, its accepted precisions and reputation floor) are copied
+from the client tasks the chain holds (`client_jobs`, `draw_shapes`): the terms of one of the
+last SAMPLE_JOBS client tasks of the model up to a block the set names that the challenged
+miner could have claimed at that block, chosen with a seed the set carries, so every member
+re-derives each miner's terms and signs only a set that follows that distribution. Only
+single-shard tasks within CAP_FACTOR of the committee's token budget are copied: the scoring
+work stays bounded, and larger, smaller or multi-shard tasks are never challenges.
 
 What stays distinguishable on a public chain: the client is a fresh address funded by a
 committee member shortly before; the task is always directed (an undirected challenge could
-be served by another miner); and the job's size stays within the committee's bounds. Audits
-of client traffic (`verifier.audits`) are the structural answer to a miner that acts on it.
+be served by another miner), has one shard, stays within the token bounds and asks no
+activation commitments. Audits of client traffic (`verifier.audits`) are the structural
+answer to a miner that acts on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eth_account import Account
 from eth_utils import encode_hex, to_checksum_address
 
-from market.chain.contracts import ShardState
+from market.chain.contracts import MinerInfo, ShardState, Task, as_struct
 from market.errors import QuarryError
 from market.model.corpus import CORPUS
 from market.protocol.canonical import canonical_json_bytes, keccak, request_hash
 from market.protocol.merkle import input_tree
 from market.protocol.precision import ANY as ANY_PRECISION
+from market.protocol.precision import accepts
 from market.protocol.requests import (
     CHAT_COMPLETIONS_URL,
     COMPLETIONS_URL,
@@ -66,6 +78,21 @@ OPENERS = ("", "", "", "Please ", "Can you ", "Quick question: ", "Summarise: ",
 GAS_ALLOWANCE_WEI = 10**16
 
 
+SAMPLE_JOBS = 256
+"""How many of the model's latest client tasks (up to the set's block) shapes are drawn from."""
+MIN_JOBS = 16
+"""Fewer eligible client tasks than this and shapes come from the fallback (`_fallback`)."""
+CAP_FACTOR = 2
+"""A challenge's token budget (requests x max_tokens) is at most CAP_FACTOR x the committee's
+`requests` x `max_tokens` (2,048 tokens at the defaults, 4/3 of the largest fallback job, so
+a slow honest miner answers in its window what it answered before) and at least half of it
+(each challenge still carries evidence): client tasks outside these bounds are never
+copied."""
+MAX_PREMIUM_BPS = 10_000
+"""A drawn job pays at most twice the challenged miner's ask (the committee pays it)."""
+BPS = 10_000
+
+
 WITHHELD = "a result root was committed but its document is not published"
 
 
@@ -79,6 +106,15 @@ class Challenge:
 
     miner: str
     lines: tuple[dict[str, Any], ...]
+    premium_bps: int = 0          # the task's price over the miner's ask when it is posted
+    allow_probation: bool = True  # whether the task admits miners on probation
+    precisions: int = ANY_PRECISION  # the task's accepted-precision mask
+    min_reputation_bps: int = 0      # the task's reputation floor
+
+    @property
+    def terms(self) -> Terms:
+        return Terms(len(self.lines), self.max_tokens, self.premium_bps, self.allow_probation,
+                     self.precisions, self.min_reputation_bps)
 
     @property
     def data(self) -> bytes:
@@ -104,10 +140,17 @@ class ChallengeSet:
     epoch: int
     model_id: bytes
     challenges: tuple[Challenge, ...]
+    block: int = 0          # client tasks up to this block gave the shapes
+    seed: bytes = bytes(32)  # the shapes' randomness (`draw_shapes`)
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "modelId": encode_hex(self.model_id),
-                "challenges": [{"miner": c.miner, "requests": list(c.lines)}
+                "block": self.block, "seed": encode_hex(self.seed),
+                "challenges": [{"miner": c.miner, "requests": list(c.lines),
+                                "premiumBps": c.premium_bps,
+                                "allowProbation": c.allow_probation,
+                                "precisions": c.precisions,
+                                "minReputationBps": c.min_reputation_bps}
                                for c in self.challenges]}
 
     @classmethod
@@ -116,10 +159,13 @@ class ChallengeSet:
             challenges = tuple(
                 Challenge(to_checksum_address(c["miner"]),
                           tuple(validate_request(r, line=i + 1)
-                                for i, r in enumerate(c["requests"])))
+                                for i, r in enumerate(c["requests"])),
+                          int(c["premiumBps"]), bool(c["allowProbation"]),
+                          int(c["precisions"]), int(c["minReputationBps"]))
                 for c in d["challenges"])
             return cls(int(d["epoch"]), bytes.fromhex(str(d["modelId"]).removeprefix("0x")),
-                       challenges)
+                       challenges, int(d["block"]),
+                       bytes.fromhex(str(d["seed"]).removeprefix("0x")))
         except QuarryError as exc:
             raise ChallengeSetInvalid(f"challenge set: {exc}") from exc
         except (KeyError, TypeError, ValueError) as exc:
@@ -160,36 +206,152 @@ def _prompt(rng: random.Random) -> str:
     return text[0].upper() + text[1:] + rng.choice((".", "?", "", "!"))
 
 
+@dataclass(frozen=True)
+class Terms:
+    """A task's terms a miner sees on-chain: its requests, max_tokens, price over the ask of
+    the miner that claimed it (bps), whether it admits miners on probation, its
+    accepted-precision mask (0: any) and reputation floor. Read from client tasks
+    (`client_jobs`) and given to challenges (`draw_shapes`)."""
+
+    requests: int
+    max_tokens: int
+    premium_bps: int
+    allow_probation: bool
+    precisions: int = ANY_PRECISION
+    min_reputation_bps: int = 0
+
+
+Claimable = Callable[[str, Terms], bool]
+"""Whether a miner could claim a task of these terms (its standing at the set's block)."""
+
+
+def client_jobs(q: Quarry, model_id: bytes, block: int,
+                exclude_roots: frozenset[bytes] = frozenset()) -> list[Terms]:
+    """The terms of the model's last SAMPLE_JOBS claimed single-shard client tasks created at
+    or before `block` (among its last 2 x SAMPLE_JOBS single-shard ones), oldest first; tasks
+    whose input root is in `exclude_roots` (the committee's own challenges) are left out.
+    Everything is read from the chain as it stood at `block` (the premium is over the
+    claimant's ask then: asks rarely move), so every member reads the same; a member's node
+    must keep the state of the epoch's blocks (Anvil does; a pruning node keeps 128)."""
+    since = q.deployment.deploy_block
+    created = [ev for ev in q.tasks.events("TaskCreated", since, modelId=model_id)
+               if int(ev["blockNumber"]) <= block and int(ev["numShards"]) == 1
+               and bytes(ev["inputRoot"]) not in exclude_roots]
+    created = created[-2 * SAMPLE_JOBS:]  # enough, unless most are unclaimed
+    if not created:
+        return []
+    claims: dict[int, dict[str, Any]] = {}
+    for ev in q.tasks.events("ShardClaimed", int(created[0]["blockNumber"])):
+        if int(ev["blockNumber"]) <= block:
+            claims.setdefault(int(ev["taskId"]), ev)  # the first claim's terms
+    created = [ev for ev in created if int(ev["taskId"]) in claims][-SAMPLE_JOBS:]
+    tasks = q.chain.read([q.tasks.fn("getTask", int(ev["taskId"])) for ev in created])
+    jobs = []
+    asks: dict[str, int] = {}
+    for ev, raw in zip(created, tasks, strict=True):
+        claimant = str(claims[int(ev["taskId"])]["miner"])
+        if claimant not in asks:
+            asks[claimant] = as_struct(MinerInfo, q.chain.call(
+                q.gpu.fn("minerInfo", claimant), block=block)).price_per_token
+        ask = asks[claimant]
+        task = as_struct(Task, raw)
+        jobs.append(Terms(int(ev["numRequests"]), task.max_tokens_per_request,
+                          (task.price_per_token - ask) * BPS // ask if ask else 0,
+                          bool(ev["allowProbation"]), int(ev["precisions"]),
+                          task.min_reputation_bps))
+    return jobs
+
+
+def claimable_at(q: Quarry, model_id: bytes, block: int, miners: Sequence[str],
+                 jobs: Sequence[Terms]) -> Claimable:
+    """`Claimable` as GPURegistry answered at `block` (`isEligible` for each floor and
+    probation flag the jobs use, the miner's declared precision), so every member agrees."""
+    pairs = {(t.min_reputation_bps, t.allow_probation) for t in jobs}
+    eligible = {(m, rep, allow): bool(q.chain.call(
+        q.gpu.fn("isEligible", m, model_id, rep, allow), block=block))
+        for m in miners for rep, allow in pairs}
+    precision = {m: int(q.chain.call(q.gpu.fn("precisionOf", m, model_id), block=block))
+                 for m in miners}
+    return lambda m, t: eligible.get((m, t.min_reputation_bps, t.allow_probation), False) \
+        and precision[m] > 0 and accepts(t.precisions, precision[m])
+
+
+def _fallback(rng: random.Random, requests: int, max_tokens: int) -> tuple[int, int, int]:
+    """The fixed shape distribution while the board has too few client tasks: `requests`
+    to 1.5x `requests` lines, max_tokens from half `max_tokens` to `max_tokens`, 0 to 25%
+    over the ask."""
+    return (rng.randint(requests, max(requests, requests * 3 // 2)),
+            rng.randint(max(1, max_tokens // 2), max_tokens), 100 * rng.randint(0, 25))
+
+
+def drawable(jobs: Sequence[Terms], *, requests: int, max_tokens: int) -> list[Terms]:
+    """The client jobs a challenge may copy: within the token bounds (CAP_FACTOR) and
+    MAX_PREMIUM_BPS."""
+    budget = requests * max_tokens
+    return [j for j in jobs if budget // 2 <= j.requests * j.max_tokens <= CAP_FACTOR * budget
+            and 0 <= j.premium_bps <= MAX_PREMIUM_BPS]
+
+
+def draw_shapes(seed: bytes, miners: Sequence[str], jobs: Sequence[Terms],
+                on_probation: Collection[str], *, requests: int, max_tokens: int,
+                claimable: Claimable | None = None) -> dict[str, Terms]:
+    """Each miner's challenge terms: those of a client job drawn uniformly from the drawable
+    `jobs` that miner could claim (`claimable`; by default, jobs open to its probation
+    standing with no precision mask or reputation floor), so the terms keep the joint
+    distribution of the client tasks it sees; the fallback's when fewer than MIN_JOBS are
+    left (open to probation only for a miner `on_probation`). Deterministic in `seed` and the
+    miner, so members re-derive it."""
+    if claimable is None:
+        def claimable(m: str, t: Terms) -> bool:
+            return (t.allow_probation or m not in on_probation) and \
+                t.precisions == ANY_PRECISION and t.min_reputation_bps == 0
+    pool = drawable(jobs, requests=requests, max_tokens=max_tokens)
+    shapes: dict[str, Terms] = {}
+    for miner in miners:
+        miner = to_checksum_address(miner)
+        rng = random.Random(keccak(seed + bytes.fromhex(miner[2:])))
+        own = [j for j in pool if claimable(miner, j)]
+        if len(own) >= MIN_JOBS:
+            shapes[miner] = own[rng.randrange(len(own))]
+        else:
+            n, tokens, premium = _fallback(rng, requests, max_tokens)
+            shapes[miner] = Terms(n, tokens, premium, miner in on_probation)
+    return shapes
+
+
 def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Sequence[str], *,
-                       requests: int, max_tokens: int,
-                       rng: random.Random | None = None) -> ChallengeSet:
-    """Fresh jobs for every miner (all prompts distinct), each drawn like a client's job:
-    `requests` to 1.5x `requests` lines, chat or completions, one max_tokens between half
-    `max_tokens` and `max_tokens`, a temperature profile (PROFILES) at one temperature
-    (TEMPERATURES) and top_p (TOP_PS), random seeds (sometimes none), custom ids in one of
-    several styles.
+                       requests: int, max_tokens: int, jobs: Sequence[Terms] = (),
+                       on_probation: Collection[str] = (), claimable: Claimable | None = None,
+                       block: int = 0, rng: random.Random | None = None) -> ChallengeSet:
+    """Fresh jobs for every miner (all prompts distinct), each drawn like a client's job: the
+    terms from `draw_shapes` (client tasks up to `block`, or the fallback), chat or
+    completions, a temperature profile (PROFILES) at one temperature (TEMPERATURES) and top_p
+    (TOP_PS), random seeds (sometimes none), custom ids in one of several styles.
 
     The randomness is private (the system's CSPRNG unless a test passes `rng`): anyone who
     could predict the prompts could answer challenges honestly and the rest not.
     """
     rng = rng or random.Random(secrets.randbits(128))
+    seed = rng.randbytes(32)
+    miners = sorted((to_checksum_address(m) for m in miners), key=lambda a: int(a, 16))
+    shapes = draw_shapes(seed, miners, jobs, on_probation, requests=requests,
+                         max_tokens=max_tokens, claimable=claimable)
     used: set[str] = set()
     challenges = []
-    for miner in sorted((to_checksum_address(m) for m in miners), key=lambda a: int(a, 16)):
-        n = rng.randint(requests, max(requests, requests * 3 // 2))
+    for miner in miners:
+        shape = shapes[miner]
         chat = rng.random() < 0.5
-        tokens = rng.randint(max(1, max_tokens // 2), max_tokens)
         profile = rng.choice(PROFILES)
         temperature, top_p = rng.choice(TEMPERATURES), rng.choice(TOP_PS)
         seeded = rng.random() < 0.7
         style, tag = rng.choice(ID_STYLES), f"{rng.getrandbits(24):06x}"
         lines = []
-        for i in range(n):
+        for i in range(shape.requests):
             prompt = _prompt(rng)
             while prompt in used:
                 prompt = _prompt(rng)
             used.add(prompt)
-            body: dict[str, Any] = {"model": model_name, "max_tokens": tokens}
+            body: dict[str, Any] = {"model": model_name, "max_tokens": shape.max_tokens}
             body |= ({"messages": [{"role": "user", "content": prompt}]} if chat
                      else {"prompt": prompt})
             sampled = profile == "sampled" or (profile == "mixed" and rng.random() < 0.5)
@@ -205,13 +367,19 @@ def draw_challenge_set(epoch: int, model_id: bytes, model_name: str, miners: Seq
                 {"custom_id": style.format(i=i, tag=tag), "method": "POST",
                  "url": CHAT_COMPLETIONS_URL if chat else COMPLETIONS_URL, "body": body},
                 line=i + 1))
-        challenges.append(Challenge(miner, tuple(lines)))
-    return ChallengeSet(epoch, model_id, tuple(challenges))
+        challenges.append(Challenge(miner, tuple(lines), shape.premium_bps,
+                                    shape.allow_probation, shape.precisions,
+                                    shape.min_reputation_bps))
+    return ChallengeSet(epoch, model_id, tuple(challenges), block, seed)
 
 
 def check_challenge_set(cs: ChallengeSet, *, epoch: int, model_id: bytes,
-                        eligible: Sequence[str], requests: int, max_tokens: int) -> None:
-    """Raise ChallengeSetInvalid unless `cs` is one an honest member would have drawn."""
+                        eligible: Sequence[str], requests: int, max_tokens: int,
+                        jobs: Sequence[Terms] = (), on_probation: Collection[str] = (),
+                        claimable: Claimable | None = None) -> None:
+    """Raise ChallengeSetInvalid unless `cs` is one an honest member would have drawn: its
+    terms must be `draw_shapes` of its seed over `jobs` (the client tasks up to its block,
+    which the caller reads), `on_probation` and `claimable`."""
     if cs.epoch != epoch:
         raise ChallengeSetInvalid(f"challenge set is for epoch {cs.epoch}, expected {epoch}")
     if cs.model_id != model_id:
@@ -225,16 +393,18 @@ def check_challenge_set(cs: ChallengeSet, *, epoch: int, model_id: bytes,
         left_out = sorted(set(eligible) - set(cs.miners))
         raise ChallengeSetInvalid(f"challenge set miners differ from the eligible miners "
                                   f"(not eligible: {extra}; left out: {left_out})")
+    shapes = draw_shapes(cs.seed, cs.miners, jobs, on_probation, requests=requests,
+                         max_tokens=max_tokens, claimable=claimable)
     prompts: set[str] = set()
     for c in cs.challenges:
-        if not requests <= len(c.lines) <= max(requests, requests * 3 // 2):
-            raise ChallengeSetInvalid(f"miner {c.miner} has {len(c.lines)} requests, "
-                                      f"expected {requests} to {requests * 3 // 2}")
+        want, got = shapes[c.miner], c.terms
+        if got != want or any(int(line["body"]["max_tokens"]) != want.max_tokens
+                              for line in c.lines):
+            raise ChallengeSetInvalid(f"miner {c.miner}'s challenge is shaped {got}, its seed "
+                                      f"and the client tasks up to block {cs.block} give "
+                                      f"{want}")
         for line in c.lines:
             body = line["body"]
-            if int(body["max_tokens"]) > max_tokens:
-                raise ChallengeSetInvalid(f"miner {c.miner}: max_tokens {body['max_tokens']} "
-                                          f"is over {max_tokens}")
             prompt = str(body.get("prompt", body.get("messages")))
             if prompt in prompts:
                 raise ChallengeSetInvalid(f"prompt {prompt[:40]!r} is given twice; every "
@@ -261,27 +431,36 @@ class PostedChallenge:
 def post_challenge(q: Quarry, leader: LocalAccount, market: MarketAPI, challenge: Challenge,
                    model_id: bytes, deadline: int) -> PostedChallenge:
     """Fund a fresh address and post `challenge` from it as an ordinary task directed at the
-    challenged miner, at a price 0 to 25% above that miner's ask (clients offer a maximum
-    price, rarely the exact ask). The task allows miners on probation, so a new miner is
-    challenged like the others; it accepts any precision and does not require activation
-    commitments, so every miner is challenged whatever it declared and whatever its engine
-    (a miner that commits is still checked on its commitments, at its declared precision);
-    the funds cover the bonds of an availability challenge and a dispute, the leader's
-    remedies as this task's client."""
+    challenged miner, on its drawn terms: the premium over that miner's ask now (clients
+    offer a maximum price, rarely the exact ask), its probation flag, reputation floor and
+    accepted precisions. Terms the miner could not claim now (its standing changed since the
+    set's block: a report lowered its reputation, it registered after that block) give way
+    to a floor of 0, admitting probation and any precision, so an honest miner is never
+    challenged with a task it cannot take. No activation commitments are required, so every
+    miner is challenged whatever its engine (a miner that commits is still checked on its
+    commitments, at its declared precision); the funds cover the bonds of an availability
+    challenge and a dispute, the leader's remedies as this task's client."""
     from market.jobs import post_batch
 
+    miner, terms = challenge.miner, challenge.terms
+    if not q.gpu.is_eligible(miner, model_id, terms.min_reputation_bps, terms.allow_probation):
+        terms = dataclasses.replace(terms, min_reputation_bps=0, allow_probation=True)
+    declared = q.gpu.precision_of(miner, model_id)
+    if declared is None or not accepts(terms.precisions, declared):
+        terms = dataclasses.replace(terms, precisions=ANY_PRECISION)
     fresh = Account.create()
-    ask = q.gpu.miner_info(challenge.miner).price_per_token
-    price = ask + ask * secrets.randbelow(26) // 100
-    payment = len(challenge.lines) * challenge.max_tokens * price
+    ask = q.gpu.miner_info(miner).price_per_token
+    price = ask + ask * terms.premium_bps // BPS
+    payment = terms.requests * terms.max_tokens * price
     bonds = q.arbitration.min_bond() + q.arbitration.min_availability_bond()
     q.chain.transfer(leader, fresh.address, payment + GAS_ALLOWANCE_WEI + bonds)
     task_id, _ = post_batch(q, fresh, market, challenge.data, challenge.request_hashes,
-                            model_id=model_id, shard_size=len(challenge.lines),
-                            max_tokens=challenge.max_tokens, price=price, deadline=deadline,
-                            prefer_miner=challenge.miner, allow_probation=True,
-                            precisions=ANY_PRECISION, require_commitments=False)
-    return PostedChallenge(challenge.miner, task_id, fresh.key.hex())
+                            model_id=model_id, shard_size=terms.requests,
+                            max_tokens=terms.max_tokens, price=price, deadline=deadline,
+                            min_reputation_bps=terms.min_reputation_bps, prefer_miner=miner,
+                            allow_probation=terms.allow_probation,
+                            precisions=terms.precisions, require_commitments=False)
+    return PostedChallenge(miner, task_id, fresh.key.hex())
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
 
 1. Challenge set for e+1. The proposer (leader of e, then the next member every quarter
    epoch if no set is committed yet) draws fresh prompts for every eligible miner (miners on
-   probation included) and posts them; each member checks the set (every eligible miner,
-   distinct prompts, limits) and signs `ChallengeSet(e+1, hash)`; any member holding
-   signatures of e's committee that weigh a quorum commits it.
+   probation included), each job shaped like a client task on-chain up to a block of epoch e
+   (`challenges.draw_shapes`), and posts them; each member checks the set (every eligible
+   miner, distinct prompts, the shapes its seed gives over the same client tasks) and signs
+   `ChallengeSet(e+1, hash)`; any member holding signatures of e's committee that weigh a
+   quorum commits it.
 2. Challenges of e. The leader (`leaderOf(e)` read at the block that committed set e) posts
-   each miner's challenge as a directed paid task (open to miners on probation) from a fresh
+   each miner's challenge as a directed paid task (open to a miner on probation) from a fresh
    address, collects the signed answers, scores them and posts a proposal once every answer
    is in or its answer window (`challengeAnswerWindow`, from the task's creation) has passed:
    a challenge posted late in epoch e keeps its whole window, and the report then finishes
@@ -76,12 +78,18 @@ from market.store import ContentNotFound, StoreError
 from verifier import metrics
 from verifier.challenges import (
     Answer,
+    Challenge,
     ChallengeSet,
     ChallengeSetInvalid,
+    Claimable,
     PostedChallenge,
+    Terms,
     check_challenge_set,
+    claimable_at,
+    client_jobs,
     collect_answer,
     draw_challenge_set,
+    drawable,
     eligible_miners,
     post_challenge,
 )
@@ -203,6 +211,9 @@ class CommitteeMember:
         self._block_times: dict[int, int] = {}
         self._said = ""  # the last membership note (logged once until it changes)
         self._clock: tuple[int, int] | None = None  # (genesis, epoch duration)
+        # (block, miners) -> what a set drawn there copies (`standing`; the last read)
+        self._standings: dict[tuple[int, tuple[str, ...]],
+                              tuple[list[Terms], frozenset[str], Claimable]] = {}
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> _State:
@@ -326,8 +337,12 @@ class CommitteeMember:
         key = f"{nxt}:{slot}"
         if members[(base + slot) % len(members)] == self.me and self.test_mode != "withhold" \
                 and key not in self.state.proposed_sets:
+            block = self.q.chain.block_number()
+            jobs, probation, claimable = self.standing(block, eligible)
             cs = draw_challenge_set(nxt, self.model_id, self.model_name, eligible,
-                                    requests=self.requests, max_tokens=self.max_tokens)
+                                    requests=self.requests, max_tokens=self.max_tokens,
+                                    jobs=jobs, on_probation=probation, claimable=claimable,
+                                    block=block)
             self.state.proposed_sets.append(key)
             self._save_state()
             self._post(SET_PROPOSAL, nxt, encode_hex(cs.digest()), cs.to_json())
@@ -341,9 +356,12 @@ class CommitteeMember:
                     cs = ChallengeSet.from_json(msg["body"])
                     if encode_hex(cs.digest()) != digest:
                         raise ChallengeSetInvalid("its topic is not its hash")
+                    self._check_block(cs.block, epoch)
+                    jobs, probation, claimable = self.standing(cs.block, eligible)
                     check_challenge_set(cs, epoch=nxt, model_id=self.model_id,
                                         eligible=eligible, requests=self.requests,
-                                        max_tokens=self.max_tokens)
+                                        max_tokens=self.max_tokens, jobs=jobs,
+                                        on_probation=probation, claimable=claimable)
                 except ChallengeSetInvalid as exc:
                     log.warning("not signing %s's set for epoch %d: %s", msg["author"], nxt, exc)
                     self._signed_sets.add((nxt, digest))
@@ -364,6 +382,36 @@ class CommitteeMember:
                     self._forget_snapshot(exc, epoch)
                     log.info("commit of epoch %d's set: %s", nxt, exc)
                 return
+
+    def standing(self, block: int, miners: list[str]
+                  ) -> tuple[list[Terms], frozenset[str], Claimable]:
+        """What a set drawn at `block` takes its terms from, all read at that block so every
+        member reads the same: the client tasks (without the committee's own challenges,
+        those of every set this member holds), the miners then on probation, and which
+        tasks each miner could then claim."""
+        key = (block, tuple(miners))
+        if key not in self._standings:
+            roots = frozenset(Challenge(c["miner"], tuple(c["requests"])).input_root
+                              for raw in self.state.sets.values() for c in raw["challenges"])
+            jobs = client_jobs(self.q, self.model_id, block, roots)
+            probation = frozenset(m for m in miners if self.q.chain.call(
+                self.q.gpu.fn("onProbation", m), block=block))
+            pool = drawable(jobs, requests=self.requests, max_tokens=self.max_tokens)
+            self._standings = {key: (jobs, probation, claimable_at(
+                self.q, self.model_id, block, miners, pool))}
+        return self._standings[key]
+
+    def _check_block(self, block: int, epoch: int) -> None:
+        """A set's shapes come from the chain as it stood in the epoch it was proposed in
+        (`epoch`): a proposer cannot pick an old window, nor a block members cannot read."""
+        head = self.q.chain.block_number()
+        if not 0 < block <= head:
+            raise ChallengeSetInvalid(f"the set's block {block} is not on the chain (head "
+                                      f"{head})")
+        stamp = int(self.q.chain.w3.eth.get_block(block)["timestamp"])
+        if stamp < self.q.committee.epoch_start(epoch):
+            raise ChallengeSetInvalid(f"the set's block {block} (time {stamp}) is older than "
+                                      f"epoch {epoch}")
 
     def _remember_set(self, epoch: int, committed: bytes, proposals: list[dict[str, Any]]) -> None:
         if str(epoch) in self.state.sets:
