@@ -43,7 +43,7 @@ from market.engine.sampling import (
     select_next,
 )
 from market.engine.text import EngineError, TextEngine
-from market.model.archs import arch_of, final_logits
+from market.model.archs import SDPA_KINDS, arch_of, final_logits
 from market.model.loading import load_model, resolve_device, resolve_precision
 from market.model.manifest import Manifest, load_manifest
 from market.protocol.commitments import ChunkCheck, CommitmentError
@@ -118,7 +118,7 @@ class TorchEngine(TextEngine):
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.arch = arch_of(config.model_type)
         self.windows = layer_windows(config)  # each layer's sliding window, None: full
-        self.sdpa = config._attn_implementation == "sdpa"
+        self.sdpa = config._attn_implementation in SDPA_KINDS
         self.stop_token_ids = (
             frozenset(int(t) for t in stop_token_ids)
             if stop_token_ids is not None
