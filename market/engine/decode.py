@@ -13,7 +13,7 @@ The math is the model's: the same layers, weights, positions and visible keys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -156,7 +156,7 @@ def embed(embed_tokens: nn.Module, arch: Arch, hidden_size: int, ids: torch.Tens
     return h
 
 
-def run_layers(layers: Sequence[nn.Module], rotary_emb: nn.Module, h: torch.Tensor,
+def run_layers(layers: Iterable[nn.Module], rotary_emb: nn.Module, h: torch.Tensor,
                position_ids: torch.Tensor, cache: DecodeCache) -> torch.Tensor:
     """Run `layers` (cache slots 0..n-1) on hidden states `h` [B, q, d] of the next `q`
     columns, extending `cache`."""
