@@ -60,7 +60,7 @@ def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
     """Prefill of a left-padded batch longer than the sliding window, then decode steps fed
     the argmax: a 2-stage chain's logits equal the HF model class's (fp32) at every step, and
     so do one whole-model stage's run as two hops of one layer each (as a swarm route may
-    ask), each hop with its own cache."""
+    ask), each hop with its own cache, and the stage's cacheless scoring pass."""
     from transformers import DynamicCache
 
     model = engine.model
@@ -71,20 +71,16 @@ def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
     prompts = [engine.encode_prompt(p) for p in PROMPTS]
     assert max(len(p) for p in prompts) > TINY_SLIDING_WINDOW
     ids, mask, positions = left_pad(prompts, engine.pad_id)
-    caches = [[s.new_cache(hop) for s, hop in chain] for chain in chains]
+    caches = [[s.new_cache(mask, hop, capacity=4) for s, hop in chain] for chain in chains]
     ref_cache = DynamicCache(config=model.config)
-    past = 0
     for step in range(DECODE_STEPS + 1):
-        width = ids.shape[1]
         with torch.inference_mode():
             want = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=ref_cache, use_cache=True).logits[:, -1].float()
         for chain, chain_caches in zip(chains, caches, strict=True):
             h = ids
             for (stage, hop), cache in zip(chain, chain_caches, strict=True):
-                h = stage(h, attention_mask=mask, position_ids=positions_from_mask(mask, width),
-                          cache_position=torch.arange(past, past + width), cache=cache,
-                          layers=hop)
+                h = stage(h, positions, cache, hop)  # the cache outgrows its 4 columns
             got = chain[-1][0].logits(h[:, -1])
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
         if step == 0:  # the torch engine's own head (soft-capped where the model caps)
@@ -92,7 +88,8 @@ def test_two_stages_compute_the_models_logits(arch_dir: tuple[str, Path],
                 last = model.get_decoder()(input_ids=ids, attention_mask=mask,
                                            position_ids=positions).last_hidden_state[:, -1]
             torch.testing.assert_close(engine.logits(last), want, atol=1e-5, rtol=1e-5)
-        past += width
+            scored = whole.score(ids, mask)  # the teacher-forced pass, no cache
+            torch.testing.assert_close(whole.logits(scored[:, -1]), want, atol=1e-5, rtol=1e-5)
         ids = want.argmax(-1, keepdim=True)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
         positions = positions_from_mask(mask, 1)

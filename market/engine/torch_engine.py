@@ -4,8 +4,9 @@ weights over bf16, `market.engine.quantize`).
 
 generate: requests are batched (up to `max_batch_size`), left-padded with an attention mask
 and explicit position ids (so a padded row sees exactly the positions it would see alone),
-prefilled once, then decoded one token per step with the KV cache. Finished rows are
-dropped from the batch and the cache. A row stops at a stop token (EOS by default; the
+prefilled once, then decoded one token per step through the model's own decoder layers with
+a preallocated KV cache and masks built once per batch (`market.engine.decode`). Finished
+rows are dropped from the batch and the cache. A row stops at a stop token (EOS by default; the
 token is kept in `token_ids` and `logprobs`, not in `text`), at the first token after which
 its decoded text contains one of the request's stop strings (`base.text_for`: the ids are
 kept, the text is cut before the stop string), or after `max_tokens`. Only rows with stop
@@ -32,6 +33,7 @@ from market.engine.base import (
     ScoreResult,
     SupportTest,
 )
+from market.engine.decode import DecodeCache, embed, layer_windows, run_layers
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
@@ -41,7 +43,7 @@ from market.engine.sampling import (
     select_next,
 )
 from market.engine.text import EngineError, TextEngine
-from market.model.archs import final_logits
+from market.model.archs import SDPA_KINDS, arch_of, final_logits
 from market.model.loading import load_model, resolve_device, resolve_precision
 from market.model.manifest import Manifest, load_manifest
 from market.protocol.commitments import ChunkCheck, CommitmentError
@@ -114,6 +116,9 @@ class TorchEngine(TextEngine):
         self.vocab_size = int(config.vocab_size)
         self.hidden_size = int(config.hidden_size)  # what commitments are built over
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+        self.arch = arch_of(config.model_type)
+        self.windows = layer_windows(config)  # each layer's sliding window, None: full
+        self.sdpa = config._attn_implementation in SDPA_KINDS
         self.stop_token_ids = (
             frozenset(int(t) for t in stop_token_ids)
             if stop_token_ids is not None
@@ -155,18 +160,14 @@ class TorchEngine(TextEngine):
                 results[i] = out
         return [r for r in results if r is not None]
 
-    def _next_logits(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the decoder (extending `cache`) and the lm_head on the last position only:
-        (last hidden states [B, d], logits [B, V])."""
-        hidden = self.model.get_decoder()(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state[:, -1, :]
+    def _next_logits(self, ids: torch.Tensor, positions: torch.Tensor, cache: DecodeCache
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the decoder on the next columns (extending `cache`) and the lm_head on the
+        last position only: (last hidden states [B, d], logits [B, V])."""
+        decoder = self.model.get_decoder()
+        h = embed(decoder.embed_tokens, self.arch, self.hidden_size, ids)
+        h = run_layers(decoder.layers, decoder.rotary_emb, h, positions, cache)
+        hidden = decoder.norm(h[:, -1, :])
         return hidden, self.logits(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -185,8 +186,6 @@ class TorchEngine(TextEngine):
     @fresh_frame_chunk
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
-        from transformers import DynamicCache
-
         n = len(requests)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
@@ -198,8 +197,10 @@ class TorchEngine(TextEngine):
             ids, mask, positions = left_pad(
                 [requests[i].prompt_ids for i in live], self.pad_id, self.device
             )
-            cache = DynamicCache(config=self.model.config)  # sliding layers keep their window
-            hidden, logits = self._next_logits(ids, mask, positions, cache)
+            width = int(ids.shape[1])
+            cache = DecodeCache(mask, self.windows, width + max(r.max_tokens for r in requests),
+                                self.dtype, self.device, self.sdpa)
+            hidden, logits = self._next_logits(ids, positions, cache)
             next_pos = positions[:, -1] + 1
             generators = make_generators([requests[i] for i in live])
         while live:
@@ -227,13 +228,11 @@ class TorchEngine(TextEngine):
                 break
             if len(keep) < len(live):
                 index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                chosen, mask, next_pos = chosen[index], mask[index], next_pos[index]
+                cache.select(index)
+                chosen, next_pos = chosen[index], next_pos[index]
                 generators = [generators[row] for row in keep]
                 live = [live[row] for row in keep]
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            hidden, logits = self._next_logits(chosen.unsqueeze(1), mask,
-                                               next_pos.unsqueeze(1), cache)
+            hidden, logits = self._next_logits(chosen.unsqueeze(1), next_pos.unsqueeze(1), cache)
             next_pos = next_pos + 1
         commitments = (build_commitments([torch.stack(h) if h else torch.empty(0, 0)
                                           for h in states])

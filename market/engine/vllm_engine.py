@@ -6,12 +6,13 @@ manifest before vLLM sees it, exactly as for the torch engine.
 
 What vLLM gives, and how it maps onto Quarry's rules:
 
-- generate: one `SamplingParams(temperature, top_p, seed, max_tokens, logprobs=1)` per
-  request (temperature 0 is greedy in vLLM too), with every other filter and penalty at its
-  neutral value (`min_p` 0, repetition, presence and frequency penalties off; `top_k` left
-  at vLLM's default, which disables it in every supported version): the protocol's one
-  sampling rule is temperature then the top_p nucleus (`market.engine.sampling`), and a
-  model's `generation_config.json` defaults never reach explicit `SamplingParams`.
+- generate: one `SamplingParams(temperature, top_p, seed, max_tokens, stop, logprobs=1)` per
+  request (temperature 0 is greedy in vLLM too; `sampling_params` builds the fields), with
+  every other filter and penalty at its neutral value (`NEUTRAL_FILTERS`: top_k and min_p
+  off, no repetition, presence or frequency penalty, no minimum length, no logit bias or
+  banned words): the protocol's one sampling rule is temperature then the top_p nucleus
+  (`market.engine.sampling`), and a model's `generation_config.json` defaults never reach
+  explicit `SamplingParams`.
 - precision: `precision` fp32, fp16 or bf16 sets vLLM's `dtype`; fp8 asks for its fp8
   weight quantisation over bf16 (int8 has no single vLLM scheme this engine picks; run the
   torch engine). Without one, vLLM's "auto" dtype decides and names it. vLLM does not
@@ -110,6 +111,40 @@ def score_from_prompt_logprobs(
         else:  # no rank information: the most likely entry returned
             arg.append(int(max(step.items(), key=lambda kv: _logprob_value(kv[1]))[0]))
     return ScoreResult(logprobs=tuple(lps), argmax_ids=tuple(arg))
+
+
+# vLLM's sampling filters and penalties, each at the value that leaves the distribution
+# alone (vLLM >= 0.11: top_k 0 means no top-k): a request names none of them, and a model's
+# generation_config.json defaults must not reach the sampler either.
+NEUTRAL_FILTERS: dict[str, Any] = {
+    "n": 1,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+}
+
+
+def sampling_params(request: GenerationRequest) -> dict[str, Any]:
+    """The `vllm.SamplingParams` fields of one request, as a plain mapping (testable
+    without vLLM): the protocol's rule (temperature, then the top_p nucleus; temperature 0
+    is greedy), its seed (vLLM takes it below 2**63), max_tokens, stop strings, raw
+    logprobs of the sampled token, every other filter neutral."""
+    return {
+        "temperature": max(0.0, float(request.temperature)),
+        "top_p": float(request.top_p),
+        "seed": int(request.seed) % (1 << 63),
+        "max_tokens": int(request.max_tokens),
+        "stop": list(request.stop),
+        "logprobs": 1,
+        **NEUTRAL_FILTERS,
+    }
 
 
 def _precision_options(precision: Any, dtype: str | None
@@ -217,21 +252,7 @@ class VllmEngine(TextEngine):
         results = [GenerationOutput((), "", (), "length") for _ in requests]
         if not todo:
             return results
-        params = [
-            self._vllm.SamplingParams(
-                temperature=max(0.0, float(requests[i].temperature)),
-                top_p=float(requests[i].top_p),
-                seed=int(requests[i].seed) % (1 << 63),
-                max_tokens=requests[i].max_tokens,
-                logprobs=1,
-                min_p=0.0,
-                repetition_penalty=1.0,
-                presence_penalty=0.0,
-                frequency_penalty=0.0,
-                **({"stop": list(requests[i].stop)} if requests[i].stop else {}),
-            )
-            for i in todo
-        ]
+        params = [self._vllm.SamplingParams(**sampling_params(requests[i])) for i in todo]
         outs = self.llm.generate(
             [self._tokens_prompt(requests[i].prompt_ids) for i in todo], params, use_tqdm=False
         )

@@ -9,6 +9,7 @@ sliding window. Cheap to import: torch loads only where a tensor is touched.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,12 +63,53 @@ def layer_types(config: Any) -> list[str]:
     return ["sliding_attention" if sliding else "full_attention"] * int(config.num_hidden_layers)
 
 
+# transformers' SDPA attention copies every layer's K/V to each query head (`repeat_kv`)
+# whenever a mask is given (any padded batch); this one lets SDPA group the heads itself
+# (`enable_gqa`), which gives the same numbers at half the attention time on a CPU.
+GQA_SDPA = "quarry_sdpa"
+SDPA_KINDS = ("sdpa", GQA_SDPA)  # both apply causality themselves when given no mask
+
+
 def attention_for(config: Any, requested: str | None) -> str | None:
     """The attention kernel to load: eager where the attention logits are soft-capped
-    (Gemma 2), since SDPA would silently skip the cap; else what the caller asked."""
+    (Gemma 2), since SDPA would silently skip the cap; SDPA with native grouped-query
+    attention (`GQA_SDPA`) where SDPA (transformers' default) is asked for; else what the
+    caller asked."""
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return "eager"
+    if requested in (None, "sdpa"):
+        _register_gqa_sdpa()
+        return GQA_SDPA
     return requested
+
+
+@functools.cache
+def _register_gqa_sdpa() -> None:
+    """Make `GQA_SDPA` a name transformers loads (attention and mask functions)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(GQA_SDPA, _gqa_sdpa_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(GQA_SDPA, sdpa_mask)
+
+
+def _gqa_sdpa_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, attention_mask: torch.Tensor | None,
+                        dropout: float = 0.0, scaling: float | None = None,
+                        is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """transformers' `sdpa_attention_forward` (same mask slicing and causal rule) with the
+    key/value heads grouped by SDPA instead of copied."""
+    import torch
+
+    if attention_mask is not None and attention_mask.ndim == 4:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    if is_causal is None:
+        is_causal = (query.shape[2] > 1 and attention_mask is None
+                     and getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        is_causal=bool(is_causal), enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
 
 
 def final_logits(config: Any, logits: torch.Tensor) -> torch.Tensor:

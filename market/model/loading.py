@@ -103,8 +103,9 @@ def load_model(
     """Verify `model_dir` against `manifest` (default: its quarry-manifest.json), then load.
 
     Returns `(model, tokenizer)`: an eval-mode `AutoModelForCausalLM` on `device` in `dtype`
-    and its fast tokenizer. `attention` picks transformers' attention kernel ("sdpa",
-    "eager"; None: its default; eager where `archs.attention_for` says only it is exact).
+    and its fast tokenizer. `attention` picks the attention kernel ("eager"; "sdpa" or None:
+    SDPA with native grouped-query attention; eager where only it is exact: see
+    `archs.attention_for`).
     Raises ModelFileMismatch naming any file whose sha256 differs.
     """
     model_dir = Path(model_dir)

@@ -3,11 +3,11 @@
 The stage holds transformers' own modules for its architecture (`market.model.archs`): the
 model class is built on the meta device, the stage keeps its decoder layers, embedding,
 norm, rotary embedding and lm_head, and only those tensors are read from the weights. Its
-forward repeats what the model class does around the layers (embedding scale, one mask per
+passes repeat what the model class does around the layers (embedding scale, masks per
 attention type, full or sliding window, the final norm, the logit soft-cap), so a stage
-chain computes exactly what the single-process model computes. Layers keep their global
-index for their attention type, and use a local cache index (0..n-1) so each stage's
-`DynamicCache` holds only its own layers.
+chain computes exactly what the single-process model computes. Generation runs the layers
+as the torch engine does (`market.engine.decode`: a preallocated cache of the hop's layers
+from slot 0, masks built once per microbatch); scoring is one cacheless pass.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from market.engine.decode import DecodeCache, embed, layer_windows, run_layers
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.pipeline.errors import PipelineError
-from market.model.archs import arch_of, attention_for, final_logits, layer_types
+from market.model.archs import SDPA_KINDS, arch_of, attention_for, final_logits, layer_types
 from market.model.manifest import ModelError
 
 
@@ -142,6 +143,7 @@ class StageModel(nn.Module):
         self.arch = arch_of(full.model_type)
         full._attn_implementation = attention_for(full, attn_implementation)
         self.layer_types = layer_types(full)
+        self.windows = layer_windows(full)  # each global layer's sliding window, or None
         self.config = self._local_config(full, start, end)  # caches and masks size to it
         self.device = torch.device(device)
         self.dtype = dtype
@@ -193,78 +195,94 @@ class StageModel(nn.Module):
         config.layer_types = self.layer_types[a:b]
         return config
 
-    def new_cache(self, layers: tuple[int, int] | None = None) -> Any:
-        """A KV cache for global `layers` of this stage's (default all; a hop may run a
-        sub-range): sliding-window layers keep only their window, as transformers' do."""
-        from transformers import DynamicCache
+    def new_cache(self, pad_mask: torch.Tensor, layers: tuple[int, int] | None = None,
+                  capacity: int = 0) -> DecodeCache:
+        """A KV cache for a microbatch with left-padding mask `pad_mask` [B, T] through
+        global `layers` of this stage's (default all; a hop may run a sub-range), held from
+        slot 0, with room for `capacity` columns (it grows past them)."""
+        a, b = self._range(layers)
+        return DecodeCache(pad_mask, self.windows[a:b], capacity, self.dtype, self.device,
+                           self.config._attn_implementation in SDPA_KINDS)
 
-        a, b = layers if layers is not None else (self.spec.start, self.spec.end)
-        return DynamicCache(config=self._local_config(self.config, a, b))
+    def _range(self, layers: tuple[int, int] | None) -> tuple[int, int]:
+        spec = self.spec
+        a, b = layers if layers is not None else (spec.start, spec.end)
+        if not spec.start <= a < b <= spec.end:
+            raise PipelineError(f"layers {a}:{b} outside this stage's {spec.start}:{spec.end}")
+        return a, b
+
+    def _enter(self, x: torch.Tensor, a: int) -> torch.Tensor:
+        """The hop's input: token ids embedded where it starts at layer 0, else hidden
+        states in the stage's dtype."""
+        if a == 0 and self.embed_tokens is not None:
+            return embed(self.embed_tokens, self.arch, self.config.hidden_size,
+                         x.to(self.device))
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def _leave(self, h: torch.Tensor, b: int) -> torch.Tensor:
+        """Final-normed where the hop ends at the model's last layer."""
+        if self.norm is not None and b == self.spec.num_layers:
+            return self.norm(h)
+        return h
 
     @fresh_frame_chunk
     @torch.inference_mode()
     def forward(
         self,
         x: torch.Tensor,
-        attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        cache_position: torch.Tensor,
-        cache=None,
+        cache: DecodeCache,
         layers: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """Run this stage's layers. `x` is token ids on the first stage, hidden states after.
+        """One generation pass (the prefill or a decode step) of this stage's layers on the
+        next columns of `cache` (`new_cache(mask, layers)`). `x` is token ids where the hop
+        starts at layer 0, hidden states after; `layers` (global, default all of the
+        stage's) runs a sub-range, as a swarm route may ask. Returns hidden states,
+        final-normed at the model's end (lm_head is applied by the caller on the positions
+        it needs)."""
+        a, b = self._range(layers)
+        h = run_layers(self.layers[a - self.spec.start : b - self.spec.start],
+                       self.rotary_emb, self._enter(x, a), position_ids.to(self.device), cache)
+        return self._leave(h, b)
 
-        `layers` (global, default all of the stage's) runs a sub-range, as a swarm route may
-        ask: the embedding runs only when it starts at layer 0, the final norm only when it
-        ends at the last layer, and the cache (`new_cache(layers)`) holds the sub-range's
-        layers from index 0 (so the mask builders, which read the cache's first layer of
-        each kind, see this microbatch's past). Returns hidden states, final-normed at the
-        model's end (lm_head is applied by the caller on the positions it needs).
-        """
+    @fresh_frame_chunk
+    @torch.inference_mode()
+    def score(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor,
+        layers: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """A teacher-forced pass without a cache over a left-padded batch (`attention_mask`
+        [B, T]), masks built by transformers' own builders once for the pass, one per
+        attention kind (full or sliding window). Inputs and outputs as `forward`'s."""
         from transformers.masking_utils import (
             create_causal_mask,
             create_sliding_window_causal_mask,
         )
 
-        spec = self.spec
-        a, b = layers if layers is not None else (spec.start, spec.end)
-        if not spec.start <= a < b <= spec.end:
-            raise PipelineError(f"layers {a}:{b} outside this stage's {spec.start}:{spec.end}")
-        if a == 0 and self.embed_tokens is not None:  # the first hop embeds token ids
-            h = self.embed_tokens(x.to(self.device))
-            if self.arch.embed_scaled:  # in the model's dtype, as Gemma's model class does
-                h = h * torch.tensor(self.config.hidden_size**0.5, dtype=h.dtype)
-        else:
-            h = x.to(device=self.device, dtype=self.dtype)
+        a, b = self._range(layers)
+        h = self._enter(x, a)
+        width = int(h.shape[1])
+        position_ids = positions_from_mask(attention_mask, width).to(self.device)
         mask_args = {
             "config": self._local_config(self.config, a, b),
             "input_embeds": h,
             "attention_mask": attention_mask.to(self.device),
-            "cache_position": cache_position.to(self.device),
-            "past_key_values": cache,
-            "position_ids": position_ids.to(self.device),
+            "cache_position": torch.arange(width, device=self.device),
+            "past_key_values": None,
+            "position_ids": position_ids,
         }
         kinds = self.layer_types[a:b]
         builders = {"full_attention": create_causal_mask,
                     "sliding_attention": create_sliding_window_causal_mask}
         masks = {kind: builders[kind](**mask_args) for kind in set(kinds)}
-        position_ids = mask_args["position_ids"]
         pe = self.rotary_emb(h, position_ids)
-        for j, layer in enumerate(self.layers[a - spec.start : b - spec.start]):
-            attn: Any = layer.self_attn
-            attn.layer_idx = j  # the cache slot for this microbatch's hop
-            out = layer(
-                h,
-                attention_mask=masks[kinds[j]],
-                position_ids=position_ids,
-                past_key_values=cache,
-                cache_position=mask_args["cache_position"],
-                position_embeddings=pe,
-            )
+        for j, layer in enumerate(self.layers[a - self.spec.start : b - self.spec.start]):
+            out = layer(h, attention_mask=masks[kinds[j]], position_ids=position_ids,
+                        cache_position=mask_args["cache_position"], position_embeddings=pe)
             h = out[0] if isinstance(out, tuple) else out  # Gemma 2's layers return a tuple
-        if self.norm is not None and b == spec.num_layers:  # the model's last layer
-            h = self.norm(h)
-        return h
+        return self._leave(h, b)
 
     @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:

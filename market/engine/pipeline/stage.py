@@ -20,9 +20,10 @@ test knobs: `--slowdown X` sleeps (X - 1) times each forward's compute time (a s
 `--link-latency-ms` fixes this stage's outgoing latency (a slower link), `--tamper SCALE`
 adds Gaussian noise of that scale to the hidden states it sends on (a cheating member).
 
-Per microbatch id the stage keeps a `DynamicCache` of its own layers and the 2D left-padding
-mask; both are created at prefill, shrunk when the driver drops finished rows, and freed by
-a `free` message. The last stage turns hidden states into the next token with
+Per microbatch id the stage keeps a `DecodeCache` of its hop's layers (preallocated K/V and
+the masks, built once from the left-padding) and each row's next position; both are created
+at prefill, shrunk when the driver drops finished rows, and freed by a `free` message.
+The last stage turns hidden states into the next token with
 `market.engine.sampling.select_next` and sends only token ids + logprobs back to the driver.
 
 Messages (see wire.py): prefill, decode, score, free, latency flow along the route; hello,
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 import zmq
 
+from market.engine.decode import DecodeCache
 from market.engine.pipeline import wire
 from market.engine.pipeline.auth import CurveServer, curve_client, read_secret_file
 from market.engine.pipeline.delay import DelayedSender
@@ -64,8 +66,8 @@ HEARTBEAT_S = 0.25
 class MicrobatchState:
     """What a stage remembers about one in-flight microbatch."""
 
-    cache: Any
-    mask: torch.Tensor  # [B, T] left-padding mask over everything cached so far
+    cache: DecodeCache  # the hop's layers' K/V and the microbatch's masks
+    next_pos: torch.Tensor  # [B] each row's position id for its next token
     requests: list[Any] = field(default_factory=list)  # last hop: for select_next
     generators: list[Any] = field(default_factory=list)
     layers: tuple[int, int] = (0, 0)  # the hop's layers, fixed for the microbatch's life
@@ -377,20 +379,14 @@ class StageServer:
         layers = self._hop_layers(h)
         width = int(x.shape[1])
         mask = mask_from_lengths(h["lens"], width)
-        st = MicrobatchState(
-            cache=self.model.new_cache(layers), mask=mask, layers=layers
-        )
+        positions = positions_from_mask(mask, width)
+        room = width + max((int(p[3]) for p in h.get("sp") or ()), default=0)
+        st = MicrobatchState(cache=self.model.new_cache(mask, layers, room),
+                             next_pos=positions[:, -1] + 1, layers=layers)
         if self._last_hop(h):
             st.requests, st.generators = _sampling_state(h["sp"])
         self.states[int(h["mb"])] = st
-        out = self.model(
-            x,
-            attention_mask=mask,
-            position_ids=positions_from_mask(mask, width),
-            cache_position=torch.arange(width),
-            cache=st.cache,
-            layers=layers,
-        )
+        out = self.model(x, positions, st.cache, layers)
         self._run(h, out, st, t0)
 
     def _decode(self, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
@@ -405,24 +401,16 @@ class StageServer:
         keep = h.get("keep")
         if keep is not None:  # rows that finished since the last step leave the cache
             idx = torch.tensor(keep, dtype=torch.long)
-            st.cache.batch_select_indices(idx)
-            st.mask = st.mask[idx]
+            st.cache.select(idx)
+            st.next_pos = st.next_pos[idx]
             st.requests = [st.requests[i] for i in keep] if st.requests else []
             st.generators = [st.generators[i] for i in keep] if st.generators else []
-        if int(x.shape[0]) != int(st.mask.shape[0]):
+        if int(x.shape[0]) != int(st.next_pos.shape[0]):
             raise PipelineError(
-                f"decode for mb {h['mb']}: {x.shape[0]} rows, cache has {st.mask.shape[0]}"
+                f"decode for mb {h['mb']}: {x.shape[0]} rows, cache has {st.next_pos.shape[0]}"
             )
-        past = int(st.mask.shape[1])
-        st.mask = torch.cat([st.mask, torch.ones((st.mask.shape[0], 1), dtype=st.mask.dtype)], 1)
-        out = self.model(
-            x,
-            attention_mask=st.mask,
-            position_ids=positions_from_mask(st.mask, 1),
-            cache_position=torch.tensor([past]),
-            cache=st.cache,
-            layers=st.layers,
-        )
+        out = self.model(x, st.next_pos.unsqueeze(1), st.cache, st.layers)
+        st.next_pos = st.next_pos + 1
         self._run(h, out, st, t0)
 
     def _score(self, h: dict[str, Any], tensors: list[torch.Tensor]) -> None:
@@ -432,14 +420,7 @@ class StageServer:
         layers = self._hop_layers(h)
         width = int(x.shape[1])
         mask = mask_from_lengths(h["lens"], width)
-        out = self.model(
-            x,
-            attention_mask=mask,
-            position_ids=positions_from_mask(mask, width),
-            cache_position=torch.arange(width),
-            cache=None,
-            layers=layers,
-        )
+        out = self.model.score(x, mask, layers)
         out = self._finish(t0, out)
         if not self._last_hop(h):
             h["times"].append(time.perf_counter() - t0)
