@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             threads_per_stage=args.threads_per_stage,
             stop_token_ids=[],
             link_latency_ms=latencies[0],
+            startup_timeout_s=600.0,  # a loaded machine starts stages slowly, not never
         )
         with engine:
             print(f"started {args.stages} stages in {time.perf_counter() - t0:.1f}s", flush=True)
