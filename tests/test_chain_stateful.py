@@ -52,7 +52,7 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -1683,7 +1683,9 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
             self.touched_disputes = set()
             self.touched_challenges = set()
 
-    return MarketMachine
+    # A pinned seed, not derandomize's digest of the machine's source: otherwise every edit of
+    # a rule reshuffles the fixed examples and with them the paths asserted as reached below.
+    return seed(1)(MarketMachine)
 
 
 @contextmanager
