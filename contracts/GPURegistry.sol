@@ -74,6 +74,20 @@ struct SwarmTerms {
     uint64 deadline;
 }
 
+/// @notice Stake held back for the untrusted burn while a dispute against a miner is open and
+/// until the committee's verdict report on it (see GPURegistry's notice, "The reserve").
+struct Reserve {
+    /// @dev Wei held: `untrustedSlashBps` of the stake when the first open dispute began.
+    uint128 amount;
+    /// @dev Disputes (and availability challenges, billing proofs) against the miner still open.
+    uint32 open;
+    /// @dev True once a report that named the miner untrusted came while the reserve was held:
+    /// it stays held until that report's burn is paid (leaving, a re-challenge, a second report).
+    bool due;
+    /// @dev When the last of them closed; the reserve frees at the report of the next epoch.
+    uint64 since;
+}
+
 /// @title GPURegistry
 /// @notice Miners: staked registration, served models, collateral locked by open shards,
 /// slashing, committee-written reputation and probation.
@@ -112,6 +126,20 @@ struct SwarmTerms {
 /// ({withdrawStake}) pays it. Otherwise a captured cheater could answer the (recognisable)
 /// re-challenge honestly, or leave, and keep its whole stake; an honest miner pays it only
 /// after a false fault, which the verifiers' test bounds at 1e-6 per judged set.
+///
+/// The reserve: a miner that sees a dispute against it open could otherwise move its stake out
+/// before the verdict by faulting on purpose towards a client key of its own (an expired claim's
+/// penalty and a proven billing fault pay the client), so that the burn took 10% of what is
+/// left. So when a dispute, availability challenge or billing proof against a miner opens
+/// (TaskRegistry.markDisputed), `untrustedSlashBps` of its stake is held ({reserveOf}) until
+/// the committee's report of the epoch after the last one closed, with the withdrawal's
+/// fallback (`verdictGraceEpochs`) so a silent committee never holds it for good, and longer
+/// only while a report that named the miner untrusted waits for its burn to be paid. While
+/// held, no slash paying anyone but `BURN` takes it, and the untrusted burn takes at least it.
+/// Collateral never uses the last `untrustedSlashBps` of the stake (nor a larger reserve), so
+/// the reserve always fits in the free stake when a dispute opens: every shard's own collateral,
+/// unlocked just before its slash, still covers that slash in full, and no client or voter is
+/// ever paid less because of the reserve.
 ///
 /// Missing is not failing: a challenge the miner did not answer in time is evidence that it
 /// was unavailable, not that it cheated. The committee reports it as missed ({recordMissed}):
@@ -222,6 +250,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// @notice Number of swarms registered; ids run from 1 to `swarmCount`.
     uint256 public swarmCount;
     mapping(uint256 swarmId => Swarm) private _swarms;
+    mapping(address miner => Reserve) private _reserves;
 
     event TaskRegistrySet(address taskRegistry);
     event ArbitrationSet(address arbitration);
@@ -268,6 +297,9 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     event RechallengeRequested(address indexed miner, uint256 fee);
     event MissedReportsAllowedSet(uint16 missedReportsAllowed);
     event VerdictGraceSet(uint16 epochs);
+    /// @notice A dispute against `miner` opened: `amount` wei of its stake is held for the
+    /// untrusted burn while `open` disputes are open and until the verdict report.
+    event ReserveHeld(address indexed miner, uint256 amount, uint32 open);
     /// @notice A committee report found `miner`'s challenge unanswered, the `missed`-th time in
     /// a row; `probation` is true when this put it back on probation.
     event ReportMissed(address indexed miner, uint16 missed, bool probation);
@@ -540,12 +572,14 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         uint256 burn = 0;
         if (m.reputationBps < untrustedBelowBps && untrustedReportsOf[msg.sender] == 1) {
             if (address(escrow) == address(0)) revert NotWired();
-            burn = m.stake * untrustedSlashBps / BPS;
+            burn = _burnDue(m, msg.sender);
+            if (burn > m.stake) burn = m.stake;
         }
         uint256 amount = m.stake - burn;
         _clearModels(msg.sender);
         delete _miners[msg.sender];
         delete untrustedReportsOf[msg.sender];
+        delete _reserves[msg.sender];
         if (burn > 0) emit Slashed(msg.sender, burn, BURN, msg.sender);
         emit StakeWithdrawn(msg.sender, amount);
         if (burn > 0) escrow.credit{value: burn}(BURN);
@@ -559,7 +593,21 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     /// the start of epoch `epoch + verdictGraceEpochs`), else that time: the latest the wait
     /// can last, so an honest miner's stake is never held by a silent committee.
     function verdictWait(address miner) public view returns (uint256 epoch, uint64 until) {
-        uint64 settled = _miners[miner].settledAt;
+        return _verdictWait(_miners[miner].settledAt);
+    }
+
+    /// @notice Wei of `miner`'s stake held for the untrusted burn (see the contract's notice,
+    /// "The reserve"): no collateral is locked from it and no slash paying anyone but `BURN`
+    /// takes it. 0 when none is held.
+    function reserveOf(address miner) public view returns (uint256) {
+        Reserve storage r = _reserves[miner];
+        if (r.amount == 0 || r.open != 0 || r.due) return r.amount;
+        (, uint64 until) = _verdictWait(r.since);
+        return until != 0 ? r.amount : 0;
+    }
+
+    /// @dev {verdictWait} for a settlement (or a dispute's close) at `settled`.
+    function _verdictWait(uint64 settled) private view returns (uint256 epoch, uint64 until) {
         if (settled == 0 || committee == address(0)) return (0, 0);
         IVerifierCommittee c = IVerifierCommittee(committee);
         uint64 genesis = c.genesisTime();
@@ -582,6 +630,32 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     function unlockCollateral(address miner, uint256 amount) external {
         _onlyTaskRegistry();
         _unlock(miner, amount);
+    }
+
+    /// @notice A dispute, availability challenge or billing proof against `miner` opened: holds
+    /// `untrustedSlashBps` of its stake (or the larger reserve already held) until the verdict
+    /// report (see the contract's notice, "The reserve"). TaskRegistry only. Emits {ReserveHeld}.
+    function holdReserve(address miner) external {
+        _onlyTaskRegistry();
+        MinerInfo storage m = _miners[miner];
+        Reserve storage r = _reserves[miner];
+        uint256 amount = _burnDue(m, miner);
+        uint256 free = m.stake - m.locked;
+        // Collateral leaves the reserve free for an eligible miner; only after an untrusted
+        // burn can less be free, and the reserve never takes what covers an open shard's slash.
+        if (amount > free) amount = free;
+        r.amount = SafeCast.toUint128(amount);
+        uint32 open = ++r.open;
+        emit ReserveHeld(miner, amount, open);
+    }
+
+    /// @notice A dispute against `miner` closed (resolved, expired, answered): once none is
+    /// open, its reserve frees at the committee's report of the next epoch. TaskRegistry only.
+    function releaseReserve(address miner) external {
+        _onlyTaskRegistry();
+        Reserve storage r = _reserves[miner];
+        --r.open;
+        r.since = uint64(block.timestamp);
     }
 
     /// @notice Takes up to `amount` wei of `miner`'s free stake and credits it to `beneficiary`
@@ -620,7 +694,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         if (due) untrustedReportsOf[msg.sender] = 2;
         emit RechallengeRequested(msg.sender, msg.value);
         if (msg.value > 0) escrow.credit{value: msg.value}(BURN);
-        if (due) _slash(m, msg.sender, m.stake * untrustedSlashBps / BPS, BURN);
+        if (due) _burnUntrusted(m, msg.sender);
     }
 
     /// @notice Writes `miner`'s reputation from the committee's report of the epoch that
@@ -636,10 +710,11 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         emit ReputationSet(miner, bps);
         delete rechallengePending[miner];
         delete missedReportsOf[miner];
+        if (_reserves[miner].amount != 0) _reportReserve(miner, bps < untrustedBelowBps, epochStart);
         if (bps >= untrustedBelowBps) {
             delete untrustedReportsOf[miner];
         } else if (++untrustedReportsOf[miner] > 1 && address(escrow) != address(0)) {
-            _slash(m, miner, m.stake * untrustedSlashBps / BPS, BURN);
+            _burnUntrusted(m, miner);
         }
         if (m.onProbation && epochStart >= m.registeredAt) {
             if (bps < probationPassBps) {
@@ -681,11 +756,57 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
         returns (uint256 slashed)
     {
         uint256 free = m.stake - m.locked;
+        if (beneficiary != BURN) free = _less(free, reserveOf(miner));
         slashed = amount < free ? amount : free;
         if (slashed == 0) return 0;
         m.stake -= slashed;
         emit Slashed(miner, slashed, beneficiary, msg.sender);
         escrow.credit{value: slashed}(beneficiary);
+    }
+
+    /// @dev The untrusted burn: `untrustedSlashBps` of the stake, or the reserve held since a
+    /// dispute opened if larger (what the stake was before any fault on purpose drained it);
+    /// paying it frees the reserve.
+    function _burnUntrusted(MinerInfo storage m, address miner) private {
+        _slash(m, miner, _burnDue(m, miner), BURN);
+        Reserve storage r = _reserves[miner];
+        r.amount = 0;
+        r.due = false;
+    }
+
+    /// @dev `max(stake * untrustedSlashBps, reserveOf(miner))`.
+    function _burnDue(MinerInfo storage m, address miner) private view returns (uint256) {
+        uint256 burn = m.stake * untrustedSlashBps / BPS;
+        uint256 held = reserveOf(miner);
+        return held > burn ? held : burn;
+    }
+
+    /// @dev A report named `miner`, which has a reserve: a report of the verdict epoch or earlier
+    /// (or one while a dispute is open) that leaves it untrusted keeps the reserve until that
+    /// burn is paid; one that trusts it at or after the verdict epoch frees it; a later one finds
+    /// it freed already and clears it.
+    function _reportReserve(address miner, bool untrusted, uint256 epochStart) private {
+        Reserve storage r = _reserves[miner];
+        IVerifierCommittee c = IVerifierCommittee(committee);
+        uint64 genesis = c.genesisTime();
+        uint64 duration = c.epochDuration();
+        uint256 epoch = (epochStart - genesis) / duration;
+        // {reserveOf} just before this report: its verdict epoch not reported, the grace not over
+        uint256 verdict = r.since < genesis ? 0 : (r.since - genesis) / duration + 1;
+        bool pending = r.open != 0 || r.due
+            || (epoch <= verdict && block.timestamp < genesis + (verdict + verdictGraceEpochs) * duration);
+        if (pending && untrusted) {
+            r.due = true;
+        } else if (!pending || (r.open == 0 && epoch >= verdict)) {
+            delete _reserves[miner];
+        } else {
+            r.due = false;
+        }
+    }
+
+    /// @dev `a - b`, or 0 when `b >= a`.
+    function _less(uint256 a, uint256 b) private pure returns (uint256) {
+        return a > b ? a - b : 0;
     }
 
     // ------------------------------------------------------------------ swarms
@@ -893,7 +1014,7 @@ contract GPURegistry is IGPURegistry, Ownable, ReentrancyGuard, EIP712, Nonces, 
     function _lock(address miner, uint256 amount) private {
         MinerInfo storage m = _miners[miner];
         if (!m.active) revert NotRegistered(miner);
-        uint256 free = m.stake - m.locked;
+        uint256 free = _less(m.stake - m.locked, _burnDue(m, miner));
         if (free < amount) revert InsufficientFreeStake(free, amount);
         m.locked += SafeCast.toUint192(amount);
         emit CollateralLocked(miner, amount, m.locked);

@@ -438,8 +438,9 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
 
     // ------------------------------------------------------------------ Arbitration hooks
 
-    /// @notice Freezes a Submitted shard inside its window (a dispute or an availability
-    /// challenge). Arbitration only.
+    /// @notice Freezes a Submitted shard inside its window (a dispute, an availability
+    /// challenge or a billing proof) and holds the miner's reserve for the untrusted burn until
+    /// the verdict (GPURegistry.holdReserve). Arbitration only.
     function markDisputed(uint256 taskId, uint32 shard) external onlyArbitration {
         Task storage t = _task(taskId);
         Shard storage s = _shard(taskId, t, shard);
@@ -447,6 +448,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         if (block.timestamp >= s.windowEnd) revert OutsideWindow(s.windowEnd);
         s.state = ShardState.Disputed;
         emit ShardDisputed(taskId, shard);
+        gpuRegistry.holdReserve(s.miner);
     }
 
     /// @notice Unfreezes a shard. Fault: the shard is Refunded, its whole budget goes back to
@@ -469,6 +471,7 @@ contract TaskRegistry is ITaskRegistry, Ownable, ReentrancyGuard, EIP712, OneTim
         collateral = s.collateral;
         client = t.client;
         emit ShardDisputeResolved(taskId, shard, minerAtFault);
+        gpuRegistry.releaseReserve(miner);
         if (minerAtFault) {
             uint256 budget = _budget(t, shard);
             s.state = ShardState.Refunded;

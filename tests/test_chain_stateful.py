@@ -52,7 +52,7 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -515,8 +515,15 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
                 return "NotEligible"
             if not accepts(task.precisions, m.precision):
                 return "PrecisionNotAccepted"
+            return OK if self._lockable(miner) >= collateral else "InsufficientFreeStake"
+
+        def _lockable(self, miner: str) -> int:
+            """GPURegistry._lock: the free stake less untrustedSlashBps of the stake, or less the
+            reserve held for the untrusted burn while a dispute is open, when that is larger."""
+            m = self.miners[miner]
             locked = sum(sh.collateral for sh in self._in(*LIVE) if sh.miner == miner)
-            return OK if m.stake - locked >= collateral else "InsufficientFreeStake"
+            floor = max(m.stake * untrusted_slash_bps // BPS, q.gpu.reserve_of(miner))
+            return max(m.stake - locked - floor, 0)
 
         def _challenger_check(self, sh: ShardM, who: str, t: int) -> str:
             """Arbitration._checkChallenger: the client, its arbiter, or an auditor (weight in
@@ -665,9 +672,7 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
                         return "MemberNotEligible"
                 if not accepts(task.precisions, precision):
                     return "PrecisionNotAccepted"
-                locked = sum(s.collateral for s in self._in(*LIVE) if s.miner == sw.head)
-                free = self.miners[sw.head].stake - locked
-                return OK if free >= collateral else "InsufficientFreeStake"
+                return OK if self._lockable(sw.head) >= collateral else "InsufficientFreeStake"
 
             tx = self._run(outcome, lambda: q.tasks.claim_shard_for_swarm(
                 account_of[sw.head], *sh.key, sw.id))
@@ -1458,6 +1463,7 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
                 got = sum(self._weight_at(m, epoch) for m in signers)
                 return OK if got >= self._total_at(epoch) * 2 // 3 + 1 else "QuorumNotReached"
 
+            held = {a: q.gpu.reserve_of(a) for a in addresses}  # the reserves before the report
             tx = self._run(outcome, lambda: vc.submit_reputation(net.anyone, rep, sigs))
             if not tx:
                 return
@@ -1468,10 +1474,10 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
                     continue
                 m.rep = score
                 m.untrusted = m.untrusted + 1 if score < untrusted_bps else 0
-                if m.untrusted > 1:  # a repeated untrusted report burns free stake
+                if m.untrusted > 1:  # a repeated untrusted report burns free stake, the reserve too
                     locked = sum(sh.collateral for sh in self._in(*LIVE) if sh.miner == address)
-                    self._slash(address, min(m.stake * untrusted_slash_bps // BPS,
-                                             m.stake - locked), burn)
+                    due = max(m.stake * untrusted_slash_bps // BPS, held[address])
+                    self._slash(address, min(due, m.stake - locked), burn)
                 if not m.on_probation or epoch_start(epoch) < m.registered_at:
                     continue
                 if score < pass_bps:
@@ -1637,6 +1643,8 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
             for who, info in infos.items():
                 locked = sum(sh.collateral for sh in self._in(*LIVE) if sh.miner == who)
                 assert info.locked == locked, who
+                # the reserve fits in the free stake: no slash to a client or voter is cut short
+                assert q.gpu.reserve_of(who) <= info.stake - info.locked, who
                 m = self.miners.get(who)
                 if m is None:
                     assert not info.active
@@ -1675,7 +1683,9 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
             self.touched_disputes = set()
             self.touched_challenges = set()
 
-    return MarketMachine
+    # A pinned seed, not derandomize's digest of the machine's source: otherwise every edit of
+    # a rule reshuffles the fixed examples and with them the paths asserted as reached below.
+    return seed(1)(MarketMachine)
 
 
 @contextmanager

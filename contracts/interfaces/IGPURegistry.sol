@@ -5,6 +5,8 @@ pragma solidity ^0.8.24;
 interface IGPURegistry {
     function lockCollateral(address miner, uint256 amount) external;
     function unlockCollateral(address miner, uint256 amount) external;
+    function holdReserve(address miner) external;
+    function releaseReserve(address miner) external;
     function slash(address miner, uint256 amount, address beneficiary) external returns (uint256 slashed);
     function setReputation(address miner, uint16 bps, uint256 epochStart) external;
     function recordMissed(address miner) external;

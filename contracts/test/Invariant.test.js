@@ -266,7 +266,20 @@ async function run(seed, steps, wideEvery, weightsOver) {
   const lockedIn = (sh, addr) => (sh.miner === addr ? sh.collateral : 0n);
   const lockedOf = (addr) => allShards((t, sh) => LIVE.includes(sh.state))
     .reduce((a, [t, s]) => a + lockedIn(shardOf(t, s), addr), 0n);
-  /** GPURegistry.slash: up to `amount` of the free stake (the slashed shard is no longer live). */
+  /** What a claim may lock (GPURegistry._lock): the free stake less `untrustedSlashBps` of the
+   * stake, or less the reserve held for the untrusted burn while a dispute is open, if larger. */
+  const lockable = async (addr) => {
+    const st = mstate.get(addr);
+    const held = await gpu.reserveOf(addr);
+    if (held > 0n) bump("claimWithReserve");
+    const floor = max((st.stake * untrustedSlash) / BPS, held);
+    const free = st.stake - lockedOf(addr);
+    return free > floor ? free - floor : 0n;
+  };
+  /** GPURegistry.slash: up to `amount` of the free stake (the slashed shard is no longer live).
+   * A slash paying anyone but BURN may not take the reserve; it never needs to, since the
+   * reserve fits in the free stake when a dispute opens and claims cannot use it, so the
+   * slashed shard's own collateral covers it (the wider check asserts the reserve fits). */
   const slashMiner = (addr, amount, to) => {
     const st = mstate.get(addr);
     const x = min(amount, st.stake - lockedOf(addr));
@@ -424,6 +437,8 @@ async function run(seed, steps, wideEvery, weightsOver) {
       expect(await gpu.untrustedReportsOf(m)).to.equal(st.untrusted, `untrusted reports of ${m.address}`);
       expect(await gpu.missedReportsOf(m)).to.equal(st.missed, `missed reports of ${m.address}`);
       expect(info.locked).to.equal(lockedOf(m.address), `locked collateral of ${m.address}`);
+      // the reserve always fits in the free stake, so no slash to a client or voter is cut short
+      expect(await gpu.reserveOf(m)).to.be.at.most(info.stake - info.locked, `reserve of ${m.address}`);
       expect(info.reputationBps).to.equal(st.rep);
       expect(info.onProbation).to.equal(st.onProbation);
       expect(info.passedEpochs).to.equal(st.passed);
@@ -557,7 +572,7 @@ async function run(seed, steps, wideEvery, weightsOver) {
       }
       const budget = budgetOf(t, s);
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
-      const free = mstate.get(m.address).stake - lockedOf(m.address);
+      const free = await lockable(m.address);
       if (coll > free) {
         await expect(task.connect(m).claimShard(t.id, s)).to.be.revertedWithCustomError(gpu, "InsufficientFreeStake")
           .withArgs(free, coll);
@@ -591,7 +606,7 @@ async function run(seed, steps, wideEvery, weightsOver) {
         return "claimsPrecisionNotAccepted";
       }
       const colls = picked.map((s) => (budgetOf(t, s) * BigInt(P.collateralBps)) / BPS);
-      let free = mstate.get(m.address).stake - lockedOf(m.address);
+      let free = await lockable(m.address);
       for (const c of colls) {
         if (c > free) {
           // all or none: the first shard that does not fit reverts the whole batch
@@ -711,7 +726,7 @@ async function run(seed, steps, wideEvery, weightsOver) {
       const budget = budgetOf(t, s);
       const coll = (budget * BigInt(P.collateralBps)) / BPS;
       // the head alone locks the collateral: its free stake must cover all of it
-      const free = mstate.get(head.address).stake - lockedOf(head.address);
+      const free = await lockable(head.address);
       if (coll > free) {
         await expect(task.connect(head).claimShardForSwarm(t.id, s, sw.id))
           .to.be.revertedWithCustomError(gpu, "InsufficientFreeStake").withArgs(free, coll);
@@ -1234,6 +1249,8 @@ async function run(seed, steps, wideEvery, weightsOver) {
           return "reportNoQuorum";
         }
       }
+      // the reserve each miner holds for the untrusted burn just before the report
+      const heldBefore = await Promise.all(reportMiners.map((m) => gpu.reserveOf(m)));
       const tx = committee.submitReputation(r.epoch, r.miners, r.scoresBps, r.evidenceRoot, await signReport(committee, signersE, r));
       await expect(tx).to.emit(committee, "ReputationSubmitted");
       nextReportEpoch = e + 1n;
@@ -1254,7 +1271,8 @@ async function run(seed, steps, wideEvery, weightsOver) {
         if (st.rep >= untrustedBelow) st.untrusted = 0n;
         else if (++st.untrusted > 1n) {
           const free = st.stake - lockedOf(reportMiners[i].address);
-          const burn = min((st.stake * untrustedSlash) / BPS, free);
+          const burn = min(max((st.stake * untrustedSlash) / BPS, heldBefore[i]), free);
+          if (heldBefore[i] > 0n) bump("untrustedSlashReserve");
           if (burn > 0n) {
             await expect(tx).to.emit(gpu, "Slashed").withArgs(reportMiners[i].address, burn, BURN, await committee.getAddress());
             st.stake -= burn;
@@ -1508,7 +1526,7 @@ describe("Invariant: escrow balance == totalEscrowed + totalWithdrawable", funct
       "swarmFault", "swarmFaultWithOpen", "swarmReclaim", "swarmReclaimWithOpen",
       "claimShards", "claimsNotEligible", "untrustedSlash", "missed", "missedToProbation",
       "createTaskBadMask", "declarePrecision", "claimPrecisionNotAccepted", "claimsPrecisionNotAccepted",
-      "claimSwarmPrecisionNotAccepted",
+      "claimSwarmPrecisionNotAccepted", "claimWithReserve",
     ]) {
       expect(agg[k] || 0, `${k}: ${JSON.stringify(agg)}`).to.be.greaterThan(0);
     }

@@ -316,12 +316,13 @@ describe("Swarms", function () {
 
     it("the head must have free stake for the whole collateral; the members' stake is never locked", async function () {
       const q = await loadFixture(withSwarm);
-      // 4 requests x 100 tokens at 0.01 ETH: collateral 2 ETH, all of the head's stake
-      const t = await createTask(q.task, q.client, { price: ethers.parseUnits("0.01", "ether") });
+      // 4 requests x 100 tokens at 0.009 ETH: collateral 1.8 ETH, all the head's stake may lock
+      // (the last 10% backs the untrusted burn)
+      const t = await createTask(q.task, q.client, { price: ethers.parseUnits("0.009", "ether") });
       const coll = ((await q.task.shardBudget(t.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
-      expect(coll).to.equal(STAKE);
+      expect(coll).to.equal(STAKE - STAKE / 10n);
       await q.task.connect(q.head).claimShardForSwarm(t.taskId, 0, q.swarmId);
-      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, STAKE, 0n]);
+      expect(await lockedOf(q.gpu, q.four)).to.deep.equal([0n, 0n, coll, 0n]);
       // the head has nothing free for a second shard, though the members have all of theirs
       await expect(q.task.connect(q.head).claimShardForSwarm(t.taskId, 1, q.swarmId))
         .to.be.revertedWithCustomError(q.gpu, "InsufficientFreeStake").withArgs(0, coll);
@@ -579,6 +580,8 @@ describe("Swarms", function () {
       const t = await createTask(q.task, q.client, { numRequests: 12, shardSize: 4, maxTokens: 2001, price: TASK_PRICE });
       const coll = ((await q.task.shardBudget(t.taskId, 0)) * BigInt(P.collateralBps)) / BPS;
       await q.gpu.setProbation(0, 6000);
+      // no untrusted burn, so no part of the stake is kept free of collateral for it
+      await q.gpu.setUntrustedPenalty(0, await q.gpu.rechallengeFee());
       await q.gpu.connect(q.signers[15]).register([MODEL], [PRECISION.FP16], GPU, "e", 1, { value: 3n * coll });
       const terms = await termsOf([member, head], [1, 2], q.signers[15]);
       await q.gpu.registerSwarm(terms, [await consent(q.gpu, member, terms), await consent(q.gpu, head, terms)]);

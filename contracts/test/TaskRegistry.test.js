@@ -230,7 +230,7 @@ describe("TaskRegistry", function () {
       await expect(task.connect(miner).claimShard(99, 0)).to.be.revertedWithCustomError(task, "UnknownTask").withArgs(99);
       const big = await createTask(task, client, { price: ethers.parseEther("0.01") }); // collateral 2 ETH > stake
       await expect(task.connect(miner2).claimShard(big.taskId, 0))
-        .to.be.revertedWithCustomError(gpu, "InsufficientFreeStake").withArgs(P.minStake, ethers.parseEther("2"));
+        .to.be.revertedWithCustomError(gpu, "InsufficientFreeStake").withArgs(P.minStake - P.minStake / 10n, ethers.parseEther("2"));
       await time.increaseTo(targs.deadline);
       await expect(task.connect(miner2).claimShard(taskId, 1))
         .to.be.revertedWithCustomError(task, "DeadlinePassed").withArgs(targs.deadline);

@@ -338,6 +338,12 @@ class GPURegistry(QuarryContract):
         epoch, until = self._call("verdictWait", to_checksum_address(miner))
         return int(epoch), int(until)
 
+    def reserve_of(self, miner: str) -> int:
+        """Wei of `miner`'s stake held for the untrusted burn from a dispute's opening until the
+        verdict report (`GPURegistry.reserveOf`): no claim locks it and no slash paying a client
+        or voter takes it, so faulting on purpose towards its own client cannot dodge the burn."""
+        return int(self._call("reserveOf", to_checksum_address(miner)))
+
     def is_eligible(self, miner: str, model_id: bytes, min_rep_bps: int = 0,
                     allow_probation: bool = False) -> bool:
         return bool(self._call("isEligible", to_checksum_address(miner), model_id, min_rep_bps,
