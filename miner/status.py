@@ -106,6 +106,20 @@ class MinerStatus:
     # it waits (GPURegistry.verdictWait); None when it waits for none
     verdict_epoch: int | None = None
     verdict_until: int = 0
+    # what claims can never lock: the untrusted burn's share of the stake, or the reserve held
+    # while a dispute against the miner awaits its verdict report if larger (GPURegistry)
+    untrusted_slash_bps: int = 0
+    reserve: int = 0
+
+    @property
+    def kept_back(self) -> int:
+        """Wei of the stake no claim may lock (GPURegistry's `_burnDue`)."""
+        return max(self.stake * self.untrusted_slash_bps // 10_000, self.reserve)
+
+    @property
+    def claimable(self) -> int:
+        """Wei of collateral new claims can still lock."""
+        return max(0, self.stake - self.locked - self.kept_back)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,7 +129,9 @@ class MinerStatus:
         if self.registered:
             lines += [
                 f"stake      {self.stake} wei ({self.locked} wei locked as collateral, "
-                f"{self.stake - self.locked} wei free)",
+                f"{self.claimable} wei free for claims, {self.kept_back} wei kept back for "
+                f"an untrusted verdict's burn"
+                + (", held as the reserve of an open dispute)" if self.reserve else ")"),
                 f"reputation {self.reputation_bps} bps",
                 "standing   " + self._standing(),
                 f"price      {self.price_per_token} wei/token",
@@ -249,6 +265,7 @@ def miner_status(q: Quarry, address: str) -> MinerStatus:
         missed_reports=gpu.missed_reports_of(address),
         missed_reports_allowed=gpu.missed_reports_allowed(),
         verdict_epoch=verdict_epoch, verdict_until=verdict_until,
+        untrusted_slash_bps=gpu.untrusted_slash_bps(), reserve=gpu.reserve_of(address),
     )
 
 

@@ -335,8 +335,12 @@ def test_shard_end_to_end_then_finalize_and_withdraw(
     assert status["earnings_wei"] == status["withdrawable_wei"] == tokens * PRICE
     assert (status["stake"], status["locked"], status["eligible_state"]) == (STAKE, 0, "active")
     assert status["precisions"] == {"0x" + engine.model_id.hex(): "fp32"}
+    assert (status["untrusted_slash_bps"], status["reserve"]) == (1000, 0)
     code, out, _ = run_cli(capsys, "status", "--config", str(cfg))
     assert f"model      0x{engine.model_id.hex()} in fp32" in out
+    assert (f"stake      {STAKE} wei (0 wei locked as collateral, {STAKE - STAKE // 10} wei "
+            f"free for claims, {STAKE // 10} wei kept back for an untrusted verdict's burn)"
+            in out)
     assert (status["on_probation"], status["open_challenges"]) == (False, [])
 
     before = devnet.chain.balance(miner.address)

@@ -748,6 +748,7 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     32): the verdict still reaches it, its stake waits for the report of the epoch after it,
     and that report's record of faults names it (exiting miners are reported like any other)."""
     from miner.cheats import cheating_engine
+    from miner.status import miner_status
     from miner.worker import Worker
     from verifier.audits import DEFAULT_AUDIT_RATE_BPS, AuditDesk, audit_draw, audit_seed
     from verifier.committee import CommitteeMember, chain_faults
@@ -801,6 +802,11 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     d = q.arbitration.get_dispute(dispute_id)
     assert to_checksum_address(d.opener) in {v.address for v in devnet.verifiers[1:]}
     assert any("FAILED" in e for e in events)
+    # The open dispute holds a reserve for the verdict's burn, and `miner status` says so.
+    held = miner_status(q, cheat.address)
+    assert held.reserve == q.gpu.reserve_of(cheat.address) > 0
+    assert held.claimable == held.stake - held.locked - max(held.stake // 10, held.reserve)
+    assert "held as the reserve of an open dispute" in held.format()
 
     desks = [DisputeDesk(q, v, api, stack.scorer) for v in devnet.verifiers]
     for desk in desks:

@@ -438,6 +438,10 @@ class GPURegistry(QuarryContract):
         """Miners under this reputation are untrusted: never eligible."""
         return int(self._call("untrustedBelowBps"))
 
+    def untrusted_slash_bps(self) -> int:
+        """The share of its stake an untrusted miner's burn takes, which claims never lock."""
+        return int(self._call("untrustedSlashBps"))
+
     # -- swarms (GPURegistry's swarm notice)
 
     def nonces(self, member: str) -> int:
