@@ -61,16 +61,20 @@ VERIFIER_PRECISIONS = ("fp32", "bf16")
 
 
 class Engines:
-    """Engines loaded once per (model, precision, attention, kind): torch ones on `device`
-    (the verifiers' and, by default, the miners'), vLLM ones for `--miner-engine vllm`."""
+    """Engines loaded once per (model, precision, attention, kind, role): the verifiers' torch
+    engines on `device`, the honest miners' on `miner_device` (default `device`: a GPU
+    miner against a CPU verifier is the cross-hardware case), vLLM ones for
+    `--miner-engine vllm`."""
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", miner_device: str | None = None) -> None:
         self.device = device
-        self._cache: dict[tuple[str, str, str, str], Any] = {}
+        self.miner_device = miner_device or device
+        self._cache: dict[tuple[str, str, str, str, str], Any] = {}
 
     def get(self, model_dir: Path, precision: str, attention: str = "sdpa",
-            kind: str = "torch") -> Any:
-        key = (str(model_dir), precision, attention, kind)
+            kind: str = "torch", miner: bool = False) -> Any:
+        device = self.miner_device if miner else self.device
+        key = (str(model_dir), precision, attention, kind, device)
         if key not in self._cache:
             if kind == "vllm":  # imported lazily; says how to install it where it is absent
                 from market.engine.factory import load_engine
@@ -80,7 +84,7 @@ class Engines:
                 from market.engine.torch_engine import TorchEngine
 
                 self._cache[key] = TorchEngine(model_dir, precision=precision,
-                                               attention=attention, device=self.device)
+                                               attention=attention, device=device)
         return self._cache[key]
 
 

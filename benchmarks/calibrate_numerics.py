@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    engines = Engines()
+    engines = Engines(args.device, args.miner_device)
     models = {"tiny": work / "tiny", "trained": TRAINED_MODEL}
     create_model(models["tiny"])
     tables: dict[str, FlipTable] = {}
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                            temperatures=(0.0,), max_tokens=args.max_tokens)
         for setup in setups:
             t0 = time.monotonic()
-            engine = engines.get(model_dir, setup.precision, setup.attention)
+            engine = engines.get(model_dir, setup.precision, setup.attention, miner=True)
             requests = [engine.request_from_line(line) for line in lines]
             outputs = generate(engine, requests, setup.batching, rng)
             prompts = [r.prompt_ids for r in requests]
@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens (64)")
     parser.add_argument("--seed", default="calibration", help="request seed")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
+    parser.add_argument("--device", default="cpu", help="the verifiers' device (cpu)")
+    parser.add_argument("--miner-device", default=None,
+                        help="the honest miners' device (default --device; cuda on a GPU)")
     parser.add_argument("--smoke", action="store_true", help="seconds: tiny sizes, tiny model")
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="derive the error models from earlier runs' JSON files instead")

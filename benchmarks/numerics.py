@@ -25,6 +25,11 @@ Three measurements, one JSON object (last line; also benchmarks/out/numerics.jso
    commitments): `check_to_generate_ratio` (target <= 0.25); commitment bytes per 32
    tokens.
 
+`--miner-device cuda` runs the honest miners (and part 3's) on a GPU while the verifiers
+stay on `--device`; `--dump-outputs` keeps part 1's requests and outputs so that
+`--load-outputs` scores them again elsewhere (another verifier device, another error model)
+without regenerating.
+
 `--smoke` runs tiny sizes (seconds) on the tiny model only. On a GPU machine with vLLM,
 `--device cuda --miner-engine vllm --skip cheats,cost` measures part 1 with vLLM in bf16
 and fp16 as the honest miners and torch as the verifiers (no commitments: vLLM makes
@@ -34,6 +39,7 @@ none).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import random
@@ -69,6 +75,19 @@ def outputs_for(setup: Any, per_setup: int) -> int:
         setup.batching, per_setup)
 
 
+def dump_outputs(outputs: list[Any]) -> list[list[Any]]:
+    """Outputs as JSON: another machine's verifiers can score them (`--load-outputs`)."""
+    return [[list(o.token_ids), o.text, o.finish_reason, o.commitment.hex()] for o in outputs]
+
+
+def load_outputs(rows: list[list[Any]]) -> list[Any]:
+    from market.engine.base import GenerationOutput
+
+    return [GenerationOutput(token_ids=tuple(ids), text=text, logprobs=(),
+                             finish_reason=finish, commitment=bytes.fromhex(commitment))
+            for ids, text, finish, commitment in rows]
+
+
 def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict[str, Any]:
     from market.model.create import create_model
     from verifier.scoring import judge, score_outputs
@@ -82,19 +101,33 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
     worst: dict[str, float] = {"greedy": -math.inf, "sampled": -math.inf,
                                "commitments": -math.inf, "shard": -math.inf}
     rows: dict[str, Any] = {}
+    loaded = (json.loads(gzip.decompress(args.load_outputs.read_bytes()))
+              if args.load_outputs else None)
+    dumped: dict[str, Any] = {}
     for name in args.models:
         model_dir = models[name]
         rng = random.Random(f"{args.seed}-{name}")
         probe = engines.get(model_dir, "fp32")
         for setup in setups:
-            n = outputs_for(setup, args.outputs_per_setup)
-            lines = draw_lines(n, rng, model_name=probe.manifest.name,
-                               temperatures=TEMPERATURES, max_tokens=args.max_tokens)
-            engine = engines.get(model_dir, setup.precision, setup.attention,
-                                 args.miner_engine)
-            requests = [engine.request_from_line(line) for line in lines]
+            key = f"{name}/{setup.label}"
             t0 = time.monotonic()
-            outputs = generate(engine, requests, setup.batching, rng)
+            if loaded is not None:  # another machine's miners (--load-outputs)
+                if key not in loaded:
+                    continue
+                lines, outputs = loaded[key]["lines"], load_outputs(loaded[key]["outputs"])
+                requests = [probe.request_from_line(line) for line in lines]
+            else:
+                n = outputs_for(setup, args.outputs_per_setup)
+                lines = draw_lines(n, rng, model_name=probe.manifest.name,
+                                   temperatures=TEMPERATURES, max_tokens=args.max_tokens)
+                engine = engines.get(model_dir, setup.precision, setup.attention,
+                                     args.miner_engine, miner=True)
+                requests = [engine.request_from_line(line) for line in lines]
+                outputs = generate(engine, requests, setup.batching, rng)
+                dumped[key] = {"lines": lines, "outputs": dump_outputs(outputs)}
+                if args.dump_outputs:  # after each setup: a run cut short keeps what it made
+                    args.dump_outputs.write_bytes(gzip.compress(json.dumps(dumped).encode()))
+            n = len(outputs)
             gen_s = time.monotonic() - t0
             for v in VERIFIER_PRECISIONS:
                 reference = engines.get(model_dir, v)
@@ -160,7 +193,7 @@ def cost(args: argparse.Namespace, engines: Engines, work: Path) -> dict[str, An
     from verifier.scoring import score_outputs
 
     model_dir = TRAINED_MODEL if not args.smoke else work / "tiny"
-    miner = engines.get(model_dir, "bf16")
+    miner = engines.get(model_dir, "bf16", miner=True)
     reference = engines.get(model_dir, "fp32")
     rng = random.Random(f"{args.seed}-cost")
     lines = draw_lines(args.cost_batch, rng, model_name=miner.manifest.name,
@@ -220,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
     parser.add_argument("--device", default="cpu",
                         help="the torch engines' device (cpu; cuda on a GPU machine)")
+    parser.add_argument("--miner-device", default=None,
+                        help="the honest miners' device in part 1 (default --device)")
+    parser.add_argument("--dump-outputs", type=Path, default=None,
+                        help="write part 1's requests and outputs here (gzipped JSON)")
+    parser.add_argument("--load-outputs", type=Path, default=None,
+                        help="score these dumped outputs in part 1 instead of generating")
     parser.add_argument("--miner-engine", choices=("torch", "vllm"), default="torch",
                         help="the honest miners' engine in part 1 (vllm: bf16 and fp16 "
                         "miners, needs a GPU and vLLM; the verifiers stay torch)")
@@ -237,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    engines = Engines(args.device)
+    engines = Engines(args.device, args.miner_device)
     result: dict[str, Any] = {"benchmark": "numerics", "models": args.models,
                               "max_tokens": args.max_tokens, "temperatures": TEMPERATURES,
                               "miner_engine": args.miner_engine, "device": args.device,
+                              "miner_device": args.miner_device or args.device,
                               "setups": [s.label for s in (VLLM_SETUPS if args.miner_engine
                                                            == "vllm" else HONEST_SETUPS)],
                               "verifiers": VERIFIER_PRECISIONS}
