@@ -1,10 +1,11 @@
 """The job board against a real Anvil: every life cycle the contracts allow (finalize,
 reclaim, cancel, refund after the deadline, disputes both ways with stake-weighted votes,
 availability challenges answered and unanswered, billing faults, expired disputes with
-absences reported, miners on probation) indexed into SQLite and checked field by field against
-the contracts' views; rebuilds from scratch and in one-block chunks give the same rows;
-racing indexers never double-apply; a chain reset is detected; an older board file is
-migrated. Plus the board's market-only tables and the matching order."""
+absences reported, miners on probation) indexed into SQLite and into PostgreSQL (`board_at`)
+and checked field by field against the contracts' views; rebuilds from scratch and in
+one-block chunks give the same rows; racing indexers never double-apply; a chain reset is
+detected; an older board file is migrated. Plus the board's market-only tables and the
+matching order."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from market.service.board import (
 from market.service.matching import rank_open_shards, rendezvous_score
 
 if TYPE_CHECKING:
+    from boardplaces import BoardPlaces
     from conftest import Devnet
     from eth_account.signers.local import LocalAccount
 
@@ -165,9 +167,9 @@ def assert_disputes_match_chain(board: Board, q: Quarry, task_id: int) -> None:
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_claim_submit_finalize_indexed(devnet: Devnet, tmp_path: Path) -> None:
+def test_claim_submit_finalize_indexed(devnet: Devnet, board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     assert board.cursor() == -1 and board.job(1) is None
     task_id, hashes = post(net, 5, 2)
     assert board.index(q) == net.chain.block_number() == board.cursor()
@@ -218,9 +220,9 @@ def test_claim_submit_finalize_indexed(devnet: Devnet, tmp_path: Path) -> None:
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_reclaim_cancel_and_refund_indexed(devnet: Devnet, tmp_path: Path) -> None:
+def test_reclaim_cancel_and_refund_indexed(devnet: Devnet, board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     reclaimed, hashes = post(net, 4, 2)
     cancelled, _ = post(net, 6, 2, tag="c")
     short, _ = post(net, 2, 1, deadline_s=300, tag="s")
@@ -268,9 +270,10 @@ def test_reclaim_cancel_and_refund_indexed(devnet: Devnet, tmp_path: Path) -> No
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_disputes_and_registry_changes_indexed(devnet: Devnet, tmp_path: Path) -> None:
+def test_disputes_and_registry_changes_indexed(devnet: Devnet,
+                                               board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     task_id, hashes = post(net, 8, 4, arbiter=net.client2.address)
     bond = q.arbitration.min_bond()
     opened = []
@@ -346,12 +349,12 @@ def test_disputes_and_registry_changes_indexed(devnet: Devnet, tmp_path: Path) -
 @pytest.mark.chain
 @pytest.mark.timeout(180)
 def test_challenges_billing_faults_and_absences_indexed(devnet: Devnet,
-                                                       tmp_path: Path) -> None:
+                                                       board_at: BoardPlaces) -> None:
     from market.jobs import report_absent
 
     net, q = devnet, devnet.q
     arb = q.arbitration
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     task_id, hashes = post(net, 12, 4)
     c_bond = arb.min_availability_bond()
 
@@ -432,14 +435,14 @@ def test_challenges_billing_faults_and_absences_indexed(devnet: Devnet,
     assert board.due_report(now) == []
     assert_miners_match_chain(board, q)
 
-    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt = Board(board_at("rebuilt"))
     rebuilt.index(q, max_blocks=3)
     assert rebuilt.dump() == board.dump()
 
 
 @pytest.mark.chain
 @pytest.mark.timeout(180)
-def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> None:
+def test_probation_indexed_and_recommended(devnet: Devnet, board_at: BoardPlaces) -> None:
     """A miner registered here starts on probation: the board says so, counts it apart in the
     model listing and recommends it only tasks that allow probation; passing the committee's
     reports ends it (ProbationEnded), a re-registration starts it again."""
@@ -447,7 +450,7 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
     from market.protocol import Report, keccak
 
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     newcomer = net.outsider
     q.gpu.register(newcomer, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://new",
                    net.PRICE // 2, net.MINER_STAKE)
@@ -510,7 +513,7 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
     assert_miners_match_chain(board, q)
     assert board.miner(newcomer.address)["onProbation"] is True  # type: ignore[index]
 
-    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt = Board(board_at("rebuilt"))
     rebuilt.index(q)
     assert rebuilt.dump() == board.dump()
 
@@ -518,7 +521,7 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
 @pytest.mark.chain
 @pytest.mark.timeout(120)
 def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
-                                                            tmp_path: Path) -> None:
+                                                            board_at: BoardPlaces) -> None:
     """Each miner's declared precisions, a task's accepted mask and requireCommitments, and
     each claimed shard's recorded precision reach the board; the recommendations leave out a
     task whose mask refuses the miner's declaration, or that needs commitments from a miner
@@ -526,7 +529,7 @@ def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
     from market.chain.contracts import GpuSpec
 
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     q.gpu.update(net.miner2, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://m2", net.PRICE,
                  ["bf16"])
     exact, _ = post(net, 2, 1, tag="exact", precisions=precision_mask(["fp32"]),
@@ -568,14 +571,15 @@ def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
     q.tasks.reclaim_expired(net.anyone, either, 0)
     board.index(q)
     assert assert_matches_chain(board, q, either)["shards"][0]["precision"] is None
-    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt = Board(board_at("rebuilt"))
     rebuilt.index(q)
     assert rebuilt.dump() == board.dump()
 
 
 @pytest.mark.chain
 @pytest.mark.timeout(180)
-def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Path) -> None:
+def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet,
+                                                   board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
     task_id, hashes = post(net, 6, 2)
     submit(net, task_id, hashes, 0, net.miner)
@@ -584,25 +588,23 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Pat
     net.chain.advance_time(q.tasks.params()["challenge_window"])
     q.tasks.finalize_shard(net.anyone, task_id, 0)
 
-    path = tmp_path / "board.sqlite"
-    board = Board(path)
+    board = Board(board_at("board"))
     board.index(q)
     reference = board.dump()
     job = board.job(task_id)
     assert len(reference["tasks"]) == 2 and reference["events"]
 
-    for suffix in ("", "-wal", "-shm"):  # delete the file: rebuilt from the chain alone
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    rebuilt = Board(path)
+    board_at.drop("board")  # delete the database: rebuilt from the chain alone
+    rebuilt = Board(board_at("board"))
     assert rebuilt.cursor() == -1
     rebuilt.index(q)
     assert rebuilt.dump() == reference and rebuilt.job(task_id) == job
 
-    chunked = Board(tmp_path / "chunked.sqlite")
+    chunked = Board(board_at("chunked"))
     head = chunked.index(q, max_blocks=1)
-    assert head == board.cursor() and chunked.dump() == reference
+    assert head == rebuilt.cursor() and chunked.dump() == reference
 
-    reset = Board(tmp_path / "reset.sqlite")
+    reset = Board(board_at("reset"))
     reset.index(q)
     reset.put_model(tiny_manifest())
     reset.reset()
@@ -610,8 +612,8 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Pat
     reset.index(q)
     assert reset.dump() == reference
 
-    # Two indexers (threads, each its own Board on one file) racing from scratch.
-    shared = tmp_path / "shared.sqlite"
+    # Two indexers (threads, each its own Board on one database) racing from scratch.
+    shared = board_at("shared")
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -631,9 +633,10 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Pat
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_chain_reset_and_other_deployment_are_detected(devnet: Devnet, tmp_path: Path) -> None:
+def test_chain_reset_and_other_deployment_are_detected(devnet: Devnet,
+                                                       board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     board.index(q)
     snapshot = net.chain.snapshot()
     post(net, 2, 1)
@@ -655,7 +658,7 @@ def test_chain_reset_and_other_deployment_are_detected(devnet: Devnet, tmp_path:
         board.index(other)
     gone = dict(net.deployment.addresses, TaskRegistry="0x" + "ab" * 20)
     with pytest.raises(BoardError, match="no TaskRegistry code"):
-        Board(tmp_path / "gone.sqlite").index(
+        Board(board_at("gone")).index(
             Quarry(replace(net.deployment, addresses=gone), net.chain))
     with pytest.raises(BoardError, match="max_blocks"):
         board.index(q, max_blocks=0)
@@ -670,10 +673,10 @@ def tiny_manifest(name: str = "tiny") -> dict:
             "files": {"model.safetensors": "ab" * 32}}
 
 
-def test_models_heartbeats_recommendations(tmp_path: Path) -> None:
+def test_models_heartbeats_recommendations(board_at: BoardPlaces) -> None:
     from market.model.manifest import Manifest
 
-    board = Board(tmp_path / "b.sqlite")
+    board = Board(board_at("b"))
     manifest = tiny_manifest()
     model_id = board.put_model(manifest)
     assert model_id == Manifest.from_dict(manifest).model_id_hex
@@ -709,12 +712,12 @@ def test_models_heartbeats_recommendations(tmp_path: Path) -> None:
     with pytest.raises(BoardError, match="client"):
         board.jobs("0x12")
 
-    again = Board(tmp_path / "b.sqlite")  # reopening keeps everything
+    again = Board(board_at("b"))  # reopening keeps everything
     assert again.models()[0]["modelId"] == model_id
 
 
-def test_a_snapshot_reads_one_state_of_the_board(tmp_path: Path) -> None:
-    board = Board(tmp_path / "b.sqlite")
+def test_a_snapshot_reads_one_state_of_the_board(board_at: BoardPlaces) -> None:
+    board = Board(board_at("b"))
     board.put_model(tiny_manifest("one"))
     with board.snapshot():
         assert [m["name"] for m in board.models()] == ["one"]
@@ -927,3 +930,19 @@ def test_rendezvous_spreads_two_miners_over_tied_shards() -> None:
         == rank_open_shards([shard_row(t, k) for k in range(16)], b, 0, 1)[0]["shard"]
         for t in range(200))
     assert collisions < 40
+
+
+def test_a_database_url_that_is_unreachable_or_not_postgres_is_refused(tmp_path: Path) -> None:
+    from market.local.processes import free_port
+    from market.service.settings import MarketSettings
+
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    with pytest.raises(BoardError, match=r"board database postgresql://.*nowhere is unusable"):
+        Board(url)
+    with pytest.raises(ValueError, match="not a PostgreSQL URL"):
+        MarketSettings(database_url="mysql://db/board")
+    secret = MarketSettings(database_url="postgresql://quarry:hunter2@db:5432/board",
+                            db_path=tmp_path / "b.sqlite")
+    assert secret.board_location == secret.database_url
+    assert "hunter2" not in secret.board_name and "hunter2" not in repr(secret)
+    assert MarketSettings(db_path=tmp_path / "b.sqlite").board_location == tmp_path / "b.sqlite"

@@ -102,7 +102,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
     # the POST-only `/store`; an unknown path is a 404 like any other.
     app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1",
                   redirect_slashes=False)
-    market = Market(settings=settings, board=Board(settings.db_path),
+    market = Market(settings=settings, board=Board(settings.board_location),
                     store=LocalStore(settings.store_dir, settings.max_file_bytes),
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market

@@ -74,6 +74,9 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
                         help="content store directory (default $QUARRY_HOME/store)")
     parser.add_argument("--db-path", type=Path, default=None,
                         help="SQLite board (default $QUARRY_HOME/board.sqlite)")
+    parser.add_argument("--database-url", default=None,
+                        help="PostgreSQL board shared by replicas (postgresql://...; "
+                        "default: the SQLite board)")
 
 
 def _load(args: argparse.Namespace, **extra: Any) -> Any:
@@ -81,7 +84,8 @@ def _load(args: argparse.Namespace, **extra: Any) -> Any:
 
     return MarketSettings.load(args.config, redis_url=args.redis_url,
                                deployment=args.deployment, store_dir=args.store_dir,
-                               db_path=args.db_path, **extra)
+                               db_path=args.db_path, database_url=args.database_url,
+                               **extra)
 
 
 class Ticker(threading.Thread):
@@ -211,7 +215,7 @@ def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> i
         ticker = Ticker(tick_schedule(settings), send, where=f"Redis at {settings.redis_url}")
         ticker.start()
     say(f"market: serving {settings.url} (API docs {settings.url}/docs), board "
-        f"{settings.db_path}, Redis {settings.redis_url}", logger="quarry.serve")
+        f"{settings.board_name}, Redis {settings.redis_url}", logger="quarry.serve")
     # JSON: uvicorn's own loggers (uvicorn, uvicorn.error, uvicorn.access) get no handlers
     # of their own and go through the root's JSON one; text keeps uvicorn's look.
     extra: dict[str, Any] = {"log_config": None} if json_logs() else {}
