@@ -37,6 +37,7 @@ from market.service.board import (
     STATE_VERSION,
     Board,
     BoardError,
+    checksum,
 )
 from market.service.matching import rank_open_shards, rendezvous_score
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from boardplaces import BoardPlaces
     from conftest import Devnet
     from eth_account.signers.local import LocalAccount
+
+    from market.local.postgres import PostgresServer
 
 MAX_TOKENS = 8
 MODEL_HEX = "0x" + "11" * 32
@@ -946,3 +949,57 @@ def test_a_database_url_that_is_unreachable_or_not_postgres_is_refused(tmp_path:
     assert secret.board_location == secret.database_url
     assert "hunter2" not in secret.board_name and "hunter2" not in repr(secret)
     assert MarketSettings(db_path=tmp_path / "b.sqlite").board_location == tmp_path / "b.sqlite"
+
+
+def test_market_migrate_moves_a_sqlite_boards_own_state_into_postgres(
+        tmp_path: Path, postgres_server: PostgresServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every market-state table moves with nothing lost (ids included: the next committee
+    message continues after them); a second run adds nothing; a target holding another row
+    under a copied key is refused in one line and left as it was."""
+    from market.cli import main
+
+    source = tmp_path / "old.sqlite"
+    old = Board(source)
+    model_id = old.put_model(tiny_manifest())
+    a, b = "0x" + "aB" * 20, "0x" + "cD" * 20
+    old.record_heartbeat(a, 7, {"load": 1})
+    old.put_offer("dep", 3, a, b, 99, 1, "0x00")
+    for topic in ("1", "2"):
+        old.put_message("dep", {"author": a, "kind": "vote", "epoch": 1, "topic": topic,
+                                "body": {"t": topic}, "signature": "0x00"})
+    old.record_swarm_member("dep", MODEL_HEX, {
+        "miner": b, "memory_mib": 2048, "tflops": 1.5, "endpoint": "http://m:1",
+        "public_key": "0x02", "rtts": {a: 3.25}, "price_per_token": 10**20, "timestamp": 5})
+    old.store_swarm_plan("dep", MODEL_HEX, None, {"stages": [1]}, {"resume": 1})
+    old.put_swarm_consent("dep", MODEL_HEX, 1, b, 9, "0xsig")
+    old.set_swarm_id("dep", MODEL_HEX, 1, 4)
+
+    url = postgres_server.create_database("moved")
+    argv = ["migrate", "--database-url", url, "--from-sqlite", str(source)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chain layout none" in out and "committee_messages 2" in out
+    moved = Board(url)
+    assert moved.model(model_id) == old.model(model_id)
+    assert moved.offer("dep", 3) == old.offer("dep", 3)
+    assert moved.messages("dep") == old.messages("dep")
+    assert moved.swarm_members("dep", MODEL_HEX) == old.swarm_members("dep", MODEL_HEX)
+    assert moved.swarm_plan("dep", MODEL_HEX) == old.swarm_plan("dep", MODEL_HEX)
+    assert moved.swarm_consents("dep", MODEL_HEX, 1) == old.swarm_consents("dep", MODEL_HEX, 1)
+    with moved._read() as conn, old._read() as was:
+        assert [tuple(r) for r in conn.execute("SELECT * FROM heartbeats")] == \
+            [tuple(r) for r in was.execute("SELECT * FROM heartbeats")]
+    assert moved.put_message("dep", {"author": a, "kind": "vote", "epoch": 1, "topic": "3",
+                                     "body": {}, "signature": "0x00"}) == (3, True)
+
+    assert main(argv) == 0  # again: everything is there already
+    assert "offers 0" in capsys.readouterr().out
+    moved.put_offer("dep", 3, a, a, 99, 2, "0x01")  # the target moved on
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "already holds other rows in offers" in err
+    assert moved.offer("dep", 3)["miner"] == checksum(a)  # nothing was copied
+    assert main(["migrate", "--database-url", url, "--from-sqlite",
+                 str(tmp_path / "none.sqlite")]) == 1
+    postgres_server.drop_database(url)

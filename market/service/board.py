@@ -67,6 +67,9 @@ class Board(ChainIndex, BoardQueries, MarketState):
     """The job board at `location`: a SQLite file's path (created on first use) or a
     `postgresql://` URL (see the module doc)."""
 
+    upgraded_from: tuple[str | None, int]
+    """The chain layout (None: a new database) and market-state version found at open."""
+
     def __init__(self, location: Path | str) -> None:
         self.db = open_database(location)
         unusable: tuple[type[Exception], ...] = (DatabaseUnusable, *self.db.errors())
@@ -91,7 +94,7 @@ class Board(ChainIndex, BoardQueries, MarketState):
             if statement.strip():
                 conn.execute(statement)
         self._set_meta(conn, "schema", CHAIN_LAYOUT)
-        migrate_state(conn, self.where)
+        self.upgraded_from = (layout, migrate_state(conn, self.where))
 
     @staticmethod
     def _drop_chain_tables(conn: Conn) -> None:
