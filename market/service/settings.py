@@ -2,9 +2,9 @@
 variables, then flags (`market.roleconfig`, the loader every role shares).
 
 Every process of one market (the FastAPI apps and each Celery worker) reads the same
-settings, so they share one store directory, one board (the SQLite file `db_path`, or the
-PostgreSQL database `database_url` when set) and one Redis; `to_env` hands them to child
-processes.
+settings, so they share one store (the directory `store_dir`, or the bucket `store_url`),
+one board (the SQLite file `db_path`, or the PostgreSQL database `database_url`) and one
+Redis; `to_env` hands them to child processes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ def postgres_url(value: Any) -> str:
     return text
 
 
+def bucket_url(value: Any) -> str:
+    """Empty (the local `store_dir`) or an `s3://bucket/prefix` address."""
+    text = "" if value is None else str(value).strip()
+    if text and not (text.startswith("s3://") and len(text) > len("s3://")):
+        raise ValueError(f"{text!r} is not a bucket address (s3://bucket/prefix)")
+    return text
+
+
 Seconds = Annotated[float, Field(gt=0)]
 PerSecond = Annotated[float, Field(gt=0)]
 
@@ -41,6 +49,10 @@ class MarketSettings(RoleSettings):
     redis_url: Url = "redis://127.0.0.1:6379/0"
     deployment: SettingPath = Field(default_factory=deployment_path)
     store_dir: SettingPath = Field(default_factory=lambda: quarry_home() / "store")
+    # Replicas on several hosts share a bucket instead: s3://bucket/prefix (credentials from
+    # boto3's usual chain); store_endpoint_url names an S3-compatible service (MinIO...).
+    store_url: Annotated[str, BeforeValidator(bucket_url)] = ""
+    store_endpoint_url: str = ""
     db_path: SettingPath = Field(default_factory=lambda: quarry_home() / "board.sqlite")
     # Replicas on several hosts share a PostgreSQL board: postgresql://user:pass@host/db
     # (empty: the SQLite file above, for one host).
