@@ -1003,3 +1003,27 @@ def test_market_migrate_moves_a_sqlite_boards_own_state_into_postgres(
     assert main(["migrate", "--database-url", url, "--from-sqlite",
                  str(tmp_path / "none.sqlite")]) == 1
     postgres_server.drop_database(url)
+
+
+def test_a_postgres_board_written_by_a_newer_market_is_refused(
+        postgres_server: PostgresServer) -> None:
+    """The layout checks hold on PostgreSQL too, where the state version is a `meta` row
+    (a chain reset keeps it, as it keeps the chain layout)."""
+    import psycopg
+
+    url = postgres_server.create_database("newer")
+    board = Board(url)
+    board.reset()
+    assert Board(url).upgraded_from == (CHAIN_LAYOUT, STATE_VERSION)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value=%s WHERE key='state_version'",
+                     (str(STATE_VERSION + 1),))
+    with pytest.raises(BoardError, match=f"market state of version {STATE_VERSION + 1}, "
+                       "newer than"):
+        Board(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value=%s WHERE key='state_version'", (str(STATE_VERSION),))
+        conn.execute("UPDATE meta SET value=%s WHERE key='schema'", (str(int(CHAIN_LAYOUT) + 1),))
+    with pytest.raises(BoardError, match="newer than this market's"):
+        Board(url)
+    postgres_server.drop_database(url)
