@@ -1027,3 +1027,10 @@ def test_a_postgres_board_written_by_a_newer_market_is_refused(
     with pytest.raises(BoardError, match="newer than this market's"):
         Board(url)
     postgres_server.drop_database(url)
+    # A board whose database went away answers 503 (DatabaseUnusable), naming why.
+    from market.service.boardsql import DatabaseUnusable
+    from market.service.http import ERROR_STATUS
+
+    with pytest.raises(DatabaseUnusable, match="does not exist") as gone:
+        board.jobs()
+    assert next(code for cls, code in ERROR_STATUS if isinstance(gone.value, cls)) == 503

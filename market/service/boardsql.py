@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from market.errors import QuarryError
+
 WRITE_LOCK = 0x5155_4152
 """The advisory lock id PostgreSQL writers take (per database: two boards never meet)."""
 POOL_MAX = 16
@@ -39,8 +41,9 @@ POOL_TIMEOUT_S = 30.0
 """How long a caller waits for a pooled connection (SQLite's busy timeout is the same)."""
 
 
-class DatabaseUnusable(Exception):
-    """The database cannot be opened or read (wrapped in BoardError by the board)."""
+class DatabaseUnusable(QuarryError):
+    """The database cannot be reached or opened (a 503 from the API; opening a board says
+    BoardError)."""
 
 
 def is_postgres(location: str | Path) -> bool:
