@@ -5,7 +5,7 @@ A file's address is `sha256:<64 hex>` of its bytes, so the URI written on-chain 
 bytes can serve them, and a reader checks what it fetched against the address
 (`check_content`). Backends implement `ContentStore`: a local directory, one file per
 address (the default, `LocalStore`), or an S3-compatible bucket (`market.s3store.S3Store`,
-for replicas on several hosts); `open_store` picks one from the settings.
+for replicas on several hosts); `MarketSettings.open_store` picks one.
 """
 
 from __future__ import annotations
@@ -84,17 +84,6 @@ class ContentStore(Protocol):
     def bytes_stored(self) -> int:
         """The bytes held (for the market's gauge)."""
         ...
-
-
-def open_store(location: Path | str, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
-               endpoint_url: str = "") -> ContentStore:
-    """The store at `location`: `s3://bucket/prefix` (an S3-compatible service at
-    `endpoint_url`, AWS when empty), else a local directory."""
-    if str(location).startswith("s3://"):
-        from market.s3store import S3Store
-
-        return S3Store(str(location), max_file_bytes, endpoint_url=endpoint_url or None)
-    return LocalStore(location, max_file_bytes)
 
 
 class LocalStore:

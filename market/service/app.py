@@ -45,7 +45,6 @@ from market.service.routers import (
     ui,
 )
 from market.service.settings import MarketSettings
-from market.store import open_store
 
 KEPT_PATHS = ("/ui", "/metrics")
 """Pages whose answers are kept a moment and served again without the route (`kept`)."""
@@ -103,9 +102,7 @@ def create_app(settings: MarketSettings) -> FastAPI:
     app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1",
                   redirect_slashes=False)
     market = Market(settings=settings, board=Board(settings.board_location),
-                    store=open_store(settings.store_url or settings.store_dir,
-                                     settings.max_file_bytes,
-                                     endpoint_url=settings.store_endpoint_url),
+                    store=settings.open_store(),
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market
     app.state.metrics = MarketMetrics(market)

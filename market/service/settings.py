@@ -16,7 +16,12 @@ from pydantic import BeforeValidator, Field
 
 from market.config import deployment_path, quarry_home
 from market.roleconfig import Key, RoleSettings, SettingPath, Url
-from market.store import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUEST_BYTES
+from market.store import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+    ContentStore,
+    LocalStore,
+)
 
 
 def postgres_url(value: Any) -> str:
@@ -91,6 +96,16 @@ class MarketSettings(RoleSettings):
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def open_store(self) -> ContentStore:
+        """The store these settings name: the bucket `store_url` (an S3-compatible service
+        at `store_endpoint_url`, AWS when empty), else the directory `store_dir`."""
+        if self.store_url:
+            from market.s3store import S3Store
+
+            return S3Store(self.store_url, self.max_file_bytes,
+                           endpoint_url=self.store_endpoint_url or None)
+        return LocalStore(self.store_dir, self.max_file_bytes)
 
     @property
     def board_location(self) -> Path | str:
