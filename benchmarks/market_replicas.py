@@ -6,7 +6,8 @@ server, durable: fsync on, commits asynchronous like the SQLite board's WAL with
 synchronous=NORMAL). Then the same load, `--clients` threads each looping over the mix a
 market sees most (a store read, an open-shard long poll that finds shards, a signed
 heartbeat, a job read, all through `MarketAPI` as miners and clients send them) for
-`--seconds`, against:
+`--seconds` in all (in `--rounds` that alternate the configurations, after a warm-up
+round), against:
 
 - `sqlite_1`: one replica on the SQLite board;
 - `postgres_1`: one replica on PostgreSQL;
@@ -52,9 +53,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def load(urls: list[str], *, clients: int, seconds: float, uri: str, task_id: int,
-         miner: Any) -> dict[str, Any]:
+         miner: Any) -> tuple[float, list[float]]:
     """`clients` threads, client k on `urls[k % len(urls)]`, each looping over the mix for
-    `seconds`; requests/s and latency percentiles over every request."""
+    `seconds`; the time it took and every request's latency (s)."""
     from market.marketapi import MarketAPI
 
     model = "0x" + MODEL_ID.hex()
@@ -94,8 +95,12 @@ def load(urls: list[str], *, clients: int, seconds: float, uri: str, task_id: in
     elapsed = time.perf_counter() - began
     if errors:
         raise RuntimeError(f"{len(errors)} load clients failed; first: {errors[0]!r}")
-    flat = sorted(x for part in latencies for x in part)
-    return {"replicas": len(urls), "requests": len(flat),
+    return elapsed, [x for part in latencies for x in part]
+
+
+def summary(replicas: int, elapsed: float, latencies: list[float]) -> dict[str, Any]:
+    flat = sorted(latencies)
+    return {"replicas": replicas, "requests": len(flat),
             "requests_per_s": round(len(flat) / elapsed, 1),
             "p50_ms": round(percentile(flat, 0.50) * 1000, 2),
             "p99_ms": round(percentile(flat, 0.99) * 1000, 2)}
@@ -148,16 +153,22 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             with MarketAPI(urls["sqlite"][0]) as api:
                 uri = api.put(os.urandom(4096))
             say(f"stack up; {args.clients} clients x {args.seconds:g} s per configuration")
-            results: dict[str, Any] = {}
-            for name, targets in (("sqlite_1", urls["sqlite"]),
-                                  ("postgres_1", urls["postgres"][:1]),
-                                  ("postgres_2", urls["postgres"])):
-                if not args.smoke:  # warm: connections, caches
-                    load(targets, clients=args.clients, seconds=1.0, uri=uri,
-                         task_id=task_ids[0], miner=miner)
-                results[name] = load(targets, clients=args.clients, seconds=args.seconds,
-                                     uri=uri, task_id=task_ids[0], miner=miner)
-                say(f"{name}: {results[name]}")
+            configs = {"sqlite_1": urls["sqlite"], "postgres_1": urls["postgres"][:1],
+                       "postgres_2": urls["postgres"]}
+            taken = {name: (0.0, list[float]()) for name in configs}
+            # Rounds alternate the configurations, so a machine whose other load changes
+            # during the run weighs on each alike; the first round only warms them up.
+            for round_ in range(args.rounds + (0 if args.smoke else 1)):
+                for name, targets in configs.items():
+                    elapsed, latencies = load(
+                        targets, clients=args.clients, seconds=args.seconds / args.rounds,
+                        uri=uri, task_id=task_ids[0], miner=miner)
+                    if round_ or args.smoke:
+                        before, seen = taken[name]
+                        taken[name] = (before + elapsed, seen + latencies)
+            results = {name: summary(len(configs[name]), *taken[name]) for name in configs}
+            for name, row in results.items():
+                say(f"{name}: {row}")
     finally:
         for proc in markets:
             proc.stop()
@@ -167,7 +178,8 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     two_pg = results["postgres_2"]["requests_per_s"]
     return {
         "benchmark": "market_replicas",
-        "clients": args.clients, "seconds": args.seconds, "cores": os.cpu_count(),
+        "clients": args.clients, "seconds": args.seconds, "rounds": args.rounds,
+        "cores": os.cpu_count(),
         "mix": ["store read", "open-shard long poll", "heartbeat", "job read"],
         **results,
         "postgres_vs_sqlite_throughput": round(one_pg / one_sqlite, 3) if one_sqlite else None,
@@ -182,15 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="load threads (8)")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="seconds of load per configuration (10)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternating rounds the seconds are split into (5), after one "
+                        "warm-up round")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON result file")
     parser.add_argument("--smoke", action="store_true",
                         help="2 clients x 1 s, results not written: checks that the whole "
                         "path runs (make test), not its figures")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.clients, args.seconds = 2, 1.0
-    if args.clients < 1 or args.seconds <= 0:
-        parser.error("--clients must be at least 1 and --seconds positive")
+        args.clients, args.seconds, args.rounds = 2, 1.0, 1
+    if args.clients < 1 or args.rounds < 1 or args.seconds <= 0:
+        parser.error("--clients and --rounds must be at least 1 and --seconds positive")
 
     from market.errors import QuarryError
 
