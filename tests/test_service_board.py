@@ -1034,3 +1034,48 @@ def test_a_postgres_board_written_by_a_newer_market_is_refused(
     with pytest.raises(DatabaseUnusable, match="does not exist") as gone:
         board.jobs()
     assert next(code for cls, code in ERROR_STATUS if isinstance(gone.value, cls)) == 503
+
+
+def test_on_postgres_a_heartbeat_never_queues_behind_a_writer_taking_its_turn(
+        postgres_server: PostgresServer) -> None:
+    """Writers that read before they write (an indexed chunk, a committee message) take
+    turns on PostgreSQL as on SQLite; a single upsert (a heartbeat) does not wait for them."""
+    url = postgres_server.create_database("turns")
+    board = Board(url)
+    author = "0x" + "aB" * 20
+    holding, release = threading.Event(), threading.Event()
+
+    def indexer() -> None:  # holds the write turn, as an indexed chunk does
+        with board._write() as conn:
+            conn.execute("INSERT INTO meta VALUES ('held', '1')")
+            holding.set()
+            release.wait(60)
+
+    turn = threading.Thread(target=indexer)
+    turn.start()
+    try:
+        assert holding.wait(30)
+        beat, message = threading.Event(), threading.Event()
+        threading.Thread(target=lambda: (board.record_heartbeat(author, 1, {}),
+                                         beat.set())).start()
+        threading.Thread(target=lambda: (board.put_message("dep", {
+            "author": author, "kind": "vote", "epoch": 1, "topic": "1", "body": {},
+            "signature": "0x00"}), message.set())).start()
+        assert beat.wait(30), "the heartbeat waited for another writer's turn"
+        import psycopg
+
+        with psycopg.connect(url) as conn:  # the message's writer is seen waiting its turn
+            for _ in range(300):
+                if conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                "AND NOT granted").fetchone() == (1,):
+                    break
+                conn.rollback()
+                threading.Event().wait(0.1)
+            else:
+                raise AssertionError("the committee message never waited for its turn")
+        assert not message.is_set()
+    finally:
+        release.set()
+        turn.join(30)
+    assert message.wait(30) and board.messages("dep")[0]["topic"] == "1"
+    postgres_server.drop_database(url)

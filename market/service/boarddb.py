@@ -150,9 +150,10 @@ class BoardBase:
                 local.conn = None
 
     @contextmanager
-    def _write(self) -> Iterator[Conn]:
-        """One write transaction; writers take turns instead of failing."""
-        with self.db.write() as conn:
+    def _write(self, *, alone: bool = True) -> Iterator[Conn]:
+        """One write transaction; writers take turns instead of failing. `alone=False` for
+        a single upsert that reads nothing first: on PostgreSQL it need not wait its turn."""
+        with self.db.write(alone=alone) as conn:
             yield conn
 
     @staticmethod

@@ -10,7 +10,9 @@ on both. Transactions mean the same on both:
 - a write is one transaction and writers take turns (SQLite: `BEGIN IMMEDIATE` on the file
   lock; PostgreSQL: a transaction-scoped advisory lock, so a read-modify-write such as the
   indexer's cursor check or a plan's version check is as safe across hosts as SQLite's
-  file lock is on one host);
+  file lock is on one host). A write that is one upsert reading nothing first
+  (`write(alone=False)`: heartbeats, offers, swarm joins...) skips the turn on PostgreSQL,
+  whose row locks order it, so it never queues behind an indexed chunk;
 - a read never blocks a write nor waits for one (WAL; MVCC), and `snapshot()` is one
   consistent state for several queries (a WAL read transaction; REPEATABLE READ).
 
@@ -163,7 +165,7 @@ class Database:
         raise NotImplementedError
 
     @contextmanager
-    def write(self) -> Iterator[Conn]:
+    def write(self, *, alone: bool = True) -> Iterator[Conn]:
         raise NotImplementedError
 
     @contextmanager
@@ -228,8 +230,9 @@ class SqliteDatabase(Database):
             conn.close()  # ends the read transaction (nothing was written)
 
     @contextmanager
-    def write(self) -> Iterator[Conn]:
-        """One IMMEDIATE transaction: writers queue on the file lock instead of failing."""
+    def write(self, *, alone: bool = True) -> Iterator[Conn]:
+        """One IMMEDIATE transaction: writers queue on the file lock instead of failing
+        (every write is `alone` on a file)."""
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -322,11 +325,12 @@ class PostgresDatabase(Database):
                 conn.execute("ROLLBACK")
 
     @contextmanager
-    def write(self) -> Iterator[Conn]:
-        """One READ COMMITTED transaction holding the board's write lock: each statement
-        after the lock sees every earlier writer's commit."""
+    def write(self, *, alone: bool = True) -> Iterator[Conn]:
+        """One READ COMMITTED transaction, holding the board's write lock when `alone`: each
+        statement after the lock sees every earlier writer's commit."""
         with self._connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            if alone:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             yield Conn(conn, True)
 
     def tables(self) -> list[str]:

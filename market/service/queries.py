@@ -259,7 +259,7 @@ class BoardQueries(BoardBase):
                             computed_at: int) -> None:
         """Replace the ranked open shards stored for `miner`. `computed_at` is the caller's
         clock (chain or wall seconds); freshness is judged on the wall clock at storing."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             upsert(conn, "recommendations", ("miner",),
                    ("miner", "rows", "computed_at", "stored_at"),
                    (checksum(miner, "miner"), json.dumps(rows), float(computed_at),

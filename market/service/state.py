@@ -117,7 +117,7 @@ class MarketState(BoardBase):
 
     def record_heartbeat(self, miner: str, timestamp: int, status: dict[str, Any]) -> None:
         """Store a (verified) heartbeat; an older one than the stored never replaces it."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             conn.execute(
                 "INSERT INTO heartbeats VALUES (?, ?, ?, ?) ON CONFLICT (miner) DO UPDATE SET "
                 "timestamp=excluded.timestamp, status=excluded.status, "
@@ -140,7 +140,7 @@ class MarketState(BoardBase):
         claimed = manifest.get("modelId")
         if claimed is not None and str(claimed).lower() != model_id:
             raise BoardError(f"model manifest says modelId {claimed} but hashes to {model_id}")
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             conn.execute("INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                          (model_id, m.name, json.dumps(m.to_dict(), sort_keys=True),
                           time.time()))
@@ -159,7 +159,7 @@ class MarketState(BoardBase):
                   timestamp: int, signature: str) -> bool:
         """Store a (verified) offer of `task_id` to `miner` until chain time `until`; it
         replaces a stored one unless that one is newer. Returns whether it was stored."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             return conn.execute(
                 "INSERT INTO offers VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (deployment, task_id) DO UPDATE SET client=excluded.client, "
@@ -235,7 +235,7 @@ class MarketState(BoardBase):
         """Store a (verified) swarm join and mark the member seen now; a join no newer than
         the stored one changes nothing (a replayed body cannot keep a member alive).
         Returns whether it was stored."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             return conn.execute(
                 "INSERT INTO swarm_members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (deployment, model_id, miner) DO UPDATE SET "
@@ -334,7 +334,7 @@ class MarketState(BoardBase):
     def put_swarm_consent(self, deployment: str, model_id: str, version: int, member: str,
                           nonce: int, signature: str) -> None:
         """Store a (verified) member's consent to plan `version`; a later one replaces it."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             conn.execute("INSERT INTO swarm_consents VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
                          "(deployment, model_id, version, member) DO UPDATE SET "
                          "nonce=excluded.nonce, signature=excluded.signature, "
