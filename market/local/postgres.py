@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -96,6 +97,14 @@ def start_postgres(*, durable: bool = False, timeout: float = 30.0,
         raise ProcessError(
             f"PostgreSQL is not installed ({', '.join(missing)} missing): run `make setup` (as "
             "root it installs it with apt-get), or `sudo apt-get install postgresql`")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            raise ProcessError(
+                f"PostgreSQL refuses to run as root and there is no {SERVER_USER!r} user to "
+                "run it as: install Debian's postgresql package (`make setup`), which "
+                "creates it") from None
     directory = Path(tempfile.mkdtemp(prefix="quarry-pg-"))
     data = directory / "data"
     if os.geteuid() == 0:
