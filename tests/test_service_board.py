@@ -1015,6 +1015,8 @@ def test_a_postgres_board_written_by_a_newer_market_is_refused(
     board = Board(url)
     board.reset()
     assert Board(url).upgraded_from == (CHAIN_LAYOUT, STATE_VERSION)
+    with pytest.raises(BoardError, match="is not a SQLite file"):
+        board.db_path  # noqa: B018 (the property raises)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE meta SET value=%s WHERE key='state_version'",
                      (str(STATE_VERSION + 1),))

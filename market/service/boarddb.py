@@ -13,10 +13,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from market.errors import QuarryError
-from market.service.boardsql import Conn, Database
+from market.service.boardsql import Conn, Database, SqliteDatabase
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -110,6 +111,13 @@ class BoardBase:
     """The board's database (`market.service.boardsql`); `Board` opens (and migrates) it."""
 
     db: Database
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file (BoardError for a board on PostgreSQL, which has none)."""
+        if isinstance(self.db, SqliteDatabase):
+            return self.db.path
+        raise BoardError(f"board {self.where} is not a SQLite file")
 
     @property
     def where(self) -> str:
