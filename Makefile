@@ -11,7 +11,7 @@ SOL_SOURCES := $(shell find contracts -name '*.sol' -not -path '*/test/*' 2>/dev
 
 ABI_DIR := market/chain/abi
 
-.PHONY: help setup redis browser compile test test-contracts test-python test-smoke lint typecheck check-deps \
+.PHONY: help setup redis postgres browser compile test test-contracts test-python test-smoke lint typecheck check-deps \
 	bench demo clean
 
 help:
@@ -19,7 +19,7 @@ help:
 	@echo "make test   run every test (lint, mypy, dependency check, Hardhat, pytest)"
 	@echo "make bench  run every benchmark in benchmarks/"
 
-setup: $(PY_STAMP) $(NODE_STAMP) redis
+setup: $(PY_STAMP) $(NODE_STAMP) redis postgres
 
 # constraints.txt pins the CPU torch this repository tests with; pyproject.toml only has ranges.
 $(PY_STAMP): pyproject.toml constraints.txt
@@ -39,6 +39,17 @@ redis:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	  else \
 	    echo "redis-server is missing: run 'sudo apt-get install redis-server' and try again" >&2; exit 1; \
+	  fi; }
+
+# PostgreSQL for the board's second database (tests start private servers with initdb; Debian
+# keeps initdb and postgres in /usr/lib/postgresql/<version>/bin, off PATH).
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing postgresql with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	  else \
+	    echo "PostgreSQL is missing: run 'sudo apt-get install postgresql' and try again" >&2; exit 1; \
 	  fi; }
 
 # Debian's chromium and its driver, for the dashboard's browser tests (Selenium drives them).

@@ -3,7 +3,9 @@
 A file's address is `sha256:<64 hex>` of its bytes, so the URI written on-chain (a task's
 `inputURI`, a shard's `resultURI`) names the content, not a location: any market holding the
 bytes can serve them, and a reader checks what it fetched against the address
-(`check_content`). The default backend is a local directory, one file per address.
+(`check_content`). Backends implement `ContentStore`: a local directory, one file per
+address (the default, `LocalStore`), or an S3-compatible bucket (`market.s3store.S3Store`,
+for replicas on several hosts); `MarketSettings.open_store` picks one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import tempfile
 import threading
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from market.errors import QuarryError
 
@@ -59,6 +62,28 @@ def check_content(uri: str, data: bytes) -> bytes:
     if content_uri(data) != URI_PREFIX + parse_uri(uri):
         raise StoreError(f"content fetched for {uri} does not hash to that address")
     return data
+
+
+@runtime_checkable
+class ContentStore(Protocol):
+    """What the market needs of a store: content in and out by address, checked."""
+
+    max_file_bytes: int
+
+    def put(self, data: bytes) -> str:
+        """Store `data` (ContentTooLarge past `max_file_bytes`); its address."""
+        ...
+
+    def get(self, uri: str) -> bytes:
+        """The bytes at `uri`, checked against it (ContentNotFound when absent)."""
+        ...
+
+    def has(self, uri: str) -> bool:
+        ...
+
+    def bytes_stored(self) -> int:
+        """The bytes held (for the market's gauge)."""
+        ...
 
 
 class LocalStore:

@@ -353,3 +353,39 @@ def lying_result_tree(
         proofs.append(proof[::-1])
         paths.append(path[::-1])
     return top.hash, lies.get("root", top.sum), proofs, paths
+
+
+# -- PostgreSQL (the board's other database) ----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """A private PostgreSQL for the session (initdb in a temporary directory, a free port;
+    stopped and removed at the end). `make setup` installs it; skipped only without it."""
+    from market.local.postgres import missing_binaries, start_postgres
+    from market.service.boardsql import close_pools
+
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"PostgreSQL is not installed ({', '.join(missing)} missing): "
+                    "run `make setup`")
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        close_pools()
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def board_at(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
+    """Where this test's boards live: run once on SQLite files, once on PostgreSQL."""
+    from boardplaces import BoardPlaces
+
+    server = request.getfixturevalue("postgres_server") if request.param == "postgres" \
+        else None
+    places = BoardPlaces(tmp_path, server)
+    try:
+        yield places
+    finally:
+        places.close()

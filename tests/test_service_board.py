@@ -1,10 +1,11 @@
 """The job board against a real Anvil: every life cycle the contracts allow (finalize,
 reclaim, cancel, refund after the deadline, disputes both ways with stake-weighted votes,
 availability challenges answered and unanswered, billing faults, expired disputes with
-absences reported, miners on probation) indexed into SQLite and checked field by field against
-the contracts' views; rebuilds from scratch and in one-block chunks give the same rows;
-racing indexers never double-apply; a chain reset is detected; an older board file is
-migrated. Plus the board's market-only tables and the matching order."""
+absences reported, miners on probation) indexed into SQLite and into PostgreSQL (`board_at`)
+and checked field by field against the contracts' views; rebuilds from scratch and in
+one-block chunks give the same rows; racing indexers never double-apply; a chain reset is
+detected; an older board file is migrated. Plus the board's market-only tables and the
+matching order."""
 
 from __future__ import annotations
 
@@ -36,12 +37,16 @@ from market.service.board import (
     STATE_VERSION,
     Board,
     BoardError,
+    checksum,
 )
 from market.service.matching import rank_open_shards, rendezvous_score
 
 if TYPE_CHECKING:
+    from boardplaces import BoardPlaces
     from conftest import Devnet
     from eth_account.signers.local import LocalAccount
+
+    from market.local.postgres import PostgresServer
 
 MAX_TOKENS = 8
 MODEL_HEX = "0x" + "11" * 32
@@ -165,9 +170,9 @@ def assert_disputes_match_chain(board: Board, q: Quarry, task_id: int) -> None:
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_claim_submit_finalize_indexed(devnet: Devnet, tmp_path: Path) -> None:
+def test_claim_submit_finalize_indexed(devnet: Devnet, board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     assert board.cursor() == -1 and board.job(1) is None
     task_id, hashes = post(net, 5, 2)
     assert board.index(q) == net.chain.block_number() == board.cursor()
@@ -218,9 +223,9 @@ def test_claim_submit_finalize_indexed(devnet: Devnet, tmp_path: Path) -> None:
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_reclaim_cancel_and_refund_indexed(devnet: Devnet, tmp_path: Path) -> None:
+def test_reclaim_cancel_and_refund_indexed(devnet: Devnet, board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     reclaimed, hashes = post(net, 4, 2)
     cancelled, _ = post(net, 6, 2, tag="c")
     short, _ = post(net, 2, 1, deadline_s=300, tag="s")
@@ -268,9 +273,10 @@ def test_reclaim_cancel_and_refund_indexed(devnet: Devnet, tmp_path: Path) -> No
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_disputes_and_registry_changes_indexed(devnet: Devnet, tmp_path: Path) -> None:
+def test_disputes_and_registry_changes_indexed(devnet: Devnet,
+                                               board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     task_id, hashes = post(net, 8, 4, arbiter=net.client2.address)
     bond = q.arbitration.min_bond()
     opened = []
@@ -346,12 +352,12 @@ def test_disputes_and_registry_changes_indexed(devnet: Devnet, tmp_path: Path) -
 @pytest.mark.chain
 @pytest.mark.timeout(180)
 def test_challenges_billing_faults_and_absences_indexed(devnet: Devnet,
-                                                       tmp_path: Path) -> None:
+                                                       board_at: BoardPlaces) -> None:
     from market.jobs import report_absent
 
     net, q = devnet, devnet.q
     arb = q.arbitration
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     task_id, hashes = post(net, 12, 4)
     c_bond = arb.min_availability_bond()
 
@@ -432,14 +438,14 @@ def test_challenges_billing_faults_and_absences_indexed(devnet: Devnet,
     assert board.due_report(now) == []
     assert_miners_match_chain(board, q)
 
-    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt = Board(board_at("rebuilt"))
     rebuilt.index(q, max_blocks=3)
     assert rebuilt.dump() == board.dump()
 
 
 @pytest.mark.chain
 @pytest.mark.timeout(180)
-def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> None:
+def test_probation_indexed_and_recommended(devnet: Devnet, board_at: BoardPlaces) -> None:
     """A miner registered here starts on probation: the board says so, counts it apart in the
     model listing and recommends it only tasks that allow probation; passing the committee's
     reports ends it (ProbationEnded), a re-registration starts it again."""
@@ -447,7 +453,7 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
     from market.protocol import Report, keccak
 
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     newcomer = net.outsider
     q.gpu.register(newcomer, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://new",
                    net.PRICE // 2, net.MINER_STAKE)
@@ -510,7 +516,7 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
     assert_miners_match_chain(board, q)
     assert board.miner(newcomer.address)["onProbation"] is True  # type: ignore[index]
 
-    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt = Board(board_at("rebuilt"))
     rebuilt.index(q)
     assert rebuilt.dump() == board.dump()
 
@@ -518,7 +524,7 @@ def test_probation_indexed_and_recommended(devnet: Devnet, tmp_path: Path) -> No
 @pytest.mark.chain
 @pytest.mark.timeout(120)
 def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
-                                                            tmp_path: Path) -> None:
+                                                            board_at: BoardPlaces) -> None:
     """Each miner's declared precisions, a task's accepted mask and requireCommitments, and
     each claimed shard's recorded precision reach the board; the recommendations leave out a
     task whose mask refuses the miner's declaration, or that needs commitments from a miner
@@ -526,7 +532,7 @@ def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
     from market.chain.contracts import GpuSpec
 
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     q.gpu.update(net.miner2, [net.MODEL_ID], GpuSpec("L4", 24576, 1), "http://m2", net.PRICE,
                  ["bf16"])
     exact, _ = post(net, 2, 1, tag="exact", precisions=precision_mask(["fp32"]),
@@ -568,14 +574,15 @@ def test_precisions_and_commitments_indexed_and_recommended(devnet: Devnet,
     q.tasks.reclaim_expired(net.anyone, either, 0)
     board.index(q)
     assert assert_matches_chain(board, q, either)["shards"][0]["precision"] is None
-    rebuilt = Board(tmp_path / "rebuilt.sqlite")
+    rebuilt = Board(board_at("rebuilt"))
     rebuilt.index(q)
     assert rebuilt.dump() == board.dump()
 
 
 @pytest.mark.chain
 @pytest.mark.timeout(180)
-def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Path) -> None:
+def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet,
+                                                   board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
     task_id, hashes = post(net, 6, 2)
     submit(net, task_id, hashes, 0, net.miner)
@@ -584,25 +591,23 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Pat
     net.chain.advance_time(q.tasks.params()["challenge_window"])
     q.tasks.finalize_shard(net.anyone, task_id, 0)
 
-    path = tmp_path / "board.sqlite"
-    board = Board(path)
+    board = Board(board_at("board"))
     board.index(q)
     reference = board.dump()
     job = board.job(task_id)
     assert len(reference["tasks"]) == 2 and reference["events"]
 
-    for suffix in ("", "-wal", "-shm"):  # delete the file: rebuilt from the chain alone
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    rebuilt = Board(path)
+    board_at.drop("board")  # delete the database: rebuilt from the chain alone
+    rebuilt = Board(board_at("board"))
     assert rebuilt.cursor() == -1
     rebuilt.index(q)
     assert rebuilt.dump() == reference and rebuilt.job(task_id) == job
 
-    chunked = Board(tmp_path / "chunked.sqlite")
+    chunked = Board(board_at("chunked"))
     head = chunked.index(q, max_blocks=1)
-    assert head == board.cursor() and chunked.dump() == reference
+    assert head == rebuilt.cursor() and chunked.dump() == reference
 
-    reset = Board(tmp_path / "reset.sqlite")
+    reset = Board(board_at("reset"))
     reset.index(q)
     reset.put_model(tiny_manifest())
     reset.reset()
@@ -610,8 +615,8 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Pat
     reset.index(q)
     assert reset.dump() == reference
 
-    # Two indexers (threads, each its own Board on one file) racing from scratch.
-    shared = tmp_path / "shared.sqlite"
+    # Two indexers (threads, each its own Board on one database) racing from scratch.
+    shared = board_at("shared")
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -631,9 +636,10 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet, tmp_path: Pat
 
 @pytest.mark.chain
 @pytest.mark.timeout(120)
-def test_chain_reset_and_other_deployment_are_detected(devnet: Devnet, tmp_path: Path) -> None:
+def test_chain_reset_and_other_deployment_are_detected(devnet: Devnet,
+                                                       board_at: BoardPlaces) -> None:
     net, q = devnet, devnet.q
-    board = Board(tmp_path / "board.sqlite")
+    board = Board(board_at("board"))
     board.index(q)
     snapshot = net.chain.snapshot()
     post(net, 2, 1)
@@ -655,7 +661,7 @@ def test_chain_reset_and_other_deployment_are_detected(devnet: Devnet, tmp_path:
         board.index(other)
     gone = dict(net.deployment.addresses, TaskRegistry="0x" + "ab" * 20)
     with pytest.raises(BoardError, match="no TaskRegistry code"):
-        Board(tmp_path / "gone.sqlite").index(
+        Board(board_at("gone")).index(
             Quarry(replace(net.deployment, addresses=gone), net.chain))
     with pytest.raises(BoardError, match="max_blocks"):
         board.index(q, max_blocks=0)
@@ -670,10 +676,10 @@ def tiny_manifest(name: str = "tiny") -> dict:
             "files": {"model.safetensors": "ab" * 32}}
 
 
-def test_models_heartbeats_recommendations(tmp_path: Path) -> None:
+def test_models_heartbeats_recommendations(board_at: BoardPlaces) -> None:
     from market.model.manifest import Manifest
 
-    board = Board(tmp_path / "b.sqlite")
+    board = Board(board_at("b"))
     manifest = tiny_manifest()
     model_id = board.put_model(manifest)
     assert model_id == Manifest.from_dict(manifest).model_id_hex
@@ -709,12 +715,12 @@ def test_models_heartbeats_recommendations(tmp_path: Path) -> None:
     with pytest.raises(BoardError, match="client"):
         board.jobs("0x12")
 
-    again = Board(tmp_path / "b.sqlite")  # reopening keeps everything
+    again = Board(board_at("b"))  # reopening keeps everything
     assert again.models()[0]["modelId"] == model_id
 
 
-def test_a_snapshot_reads_one_state_of_the_board(tmp_path: Path) -> None:
-    board = Board(tmp_path / "b.sqlite")
+def test_a_snapshot_reads_one_state_of_the_board(board_at: BoardPlaces) -> None:
+    board = Board(board_at("b"))
     board.put_model(tiny_manifest("one"))
     with board.snapshot():
         assert [m["name"] for m in board.models()] == ["one"]
@@ -927,3 +933,151 @@ def test_rendezvous_spreads_two_miners_over_tied_shards() -> None:
         == rank_open_shards([shard_row(t, k) for k in range(16)], b, 0, 1)[0]["shard"]
         for t in range(200))
     assert collisions < 40
+
+
+def test_a_database_url_that_is_unreachable_or_not_postgres_is_refused(tmp_path: Path) -> None:
+    from market.local.processes import free_port
+    from market.service.settings import MarketSettings
+
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    with pytest.raises(BoardError, match=r"board database postgresql://.*nowhere is unusable"):
+        Board(url)
+    with pytest.raises(ValueError, match="not a PostgreSQL URL"):
+        MarketSettings(database_url="mysql://db/board")
+    secret = MarketSettings(database_url="postgresql://quarry:hunter2@db:5432/board",
+                            db_path=tmp_path / "b.sqlite")
+    assert secret.board_location == secret.database_url
+    assert "hunter2" not in secret.board_name and "hunter2" not in repr(secret)
+    assert MarketSettings(db_path=tmp_path / "b.sqlite").board_location == tmp_path / "b.sqlite"
+
+
+def test_market_migrate_moves_a_sqlite_boards_own_state_into_postgres(
+        tmp_path: Path, postgres_server: PostgresServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every market-state table moves with nothing lost (ids included: the next committee
+    message continues after them); a second run adds nothing; a target holding another row
+    under a copied key is refused in one line and left as it was."""
+    from market.cli import main
+
+    source = tmp_path / "old.sqlite"
+    old = Board(source)
+    model_id = old.put_model(tiny_manifest())
+    a, b = "0x" + "aB" * 20, "0x" + "cD" * 20
+    old.record_heartbeat(a, 7, {"load": 1})
+    old.put_offer("dep", 3, a, b, 99, 1, "0x00")
+    for topic in ("1", "2"):
+        old.put_message("dep", {"author": a, "kind": "vote", "epoch": 1, "topic": topic,
+                                "body": {"t": topic}, "signature": "0x00"})
+    old.record_swarm_member("dep", MODEL_HEX, {
+        "miner": b, "memory_mib": 2048, "tflops": 1.5, "endpoint": "http://m:1",
+        "public_key": "0x02", "rtts": {a: 3.25}, "price_per_token": 10**20, "timestamp": 5})
+    old.store_swarm_plan("dep", MODEL_HEX, None, {"stages": [1]}, {"resume": 1})
+    old.put_swarm_consent("dep", MODEL_HEX, 1, b, 9, "0xsig")
+    old.set_swarm_id("dep", MODEL_HEX, 1, 4)
+
+    url = postgres_server.create_database("moved")
+    argv = ["migrate", "--database-url", url, "--from-sqlite", str(source)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chain layout none" in out and "committee_messages 2" in out
+    moved = Board(url)
+    assert moved.model(model_id) == old.model(model_id)
+    assert moved.offer("dep", 3) == old.offer("dep", 3)
+    assert moved.messages("dep") == old.messages("dep")
+    assert moved.swarm_members("dep", MODEL_HEX) == old.swarm_members("dep", MODEL_HEX)
+    assert moved.swarm_plan("dep", MODEL_HEX) == old.swarm_plan("dep", MODEL_HEX)
+    assert moved.swarm_consents("dep", MODEL_HEX, 1) == old.swarm_consents("dep", MODEL_HEX, 1)
+    with moved._read() as conn, old._read() as was:
+        assert [tuple(r) for r in conn.execute("SELECT * FROM heartbeats")] == \
+            [tuple(r) for r in was.execute("SELECT * FROM heartbeats")]
+    assert moved.put_message("dep", {"author": a, "kind": "vote", "epoch": 1, "topic": "3",
+                                     "body": {}, "signature": "0x00"}) == (3, True)
+
+    assert main(argv) == 0  # again: everything is there already
+    assert "offers 0" in capsys.readouterr().out
+    moved.put_offer("dep", 3, a, a, 99, 2, "0x01")  # the target moved on
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "already holds other rows in offers" in err
+    assert moved.offer("dep", 3)["miner"] == checksum(a)  # nothing was copied
+    assert main(["migrate", "--database-url", url, "--from-sqlite",
+                 str(tmp_path / "none.sqlite")]) == 1
+    postgres_server.drop_database(url)
+
+
+def test_a_postgres_board_written_by_a_newer_market_is_refused(
+        postgres_server: PostgresServer) -> None:
+    """The layout checks hold on PostgreSQL too, where the state version is a `meta` row
+    (a chain reset keeps it, as it keeps the chain layout)."""
+    import psycopg
+
+    url = postgres_server.create_database("newer")
+    board = Board(url)
+    board.reset()
+    assert Board(url).upgraded_from == (CHAIN_LAYOUT, STATE_VERSION)
+    with pytest.raises(BoardError, match="is not a SQLite file"):
+        board.db_path  # noqa: B018 (the property raises)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value=%s WHERE key='state_version'",
+                     (str(STATE_VERSION + 1),))
+    with pytest.raises(BoardError, match=f"market state of version {STATE_VERSION + 1}, "
+                       "newer than"):
+        Board(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value=%s WHERE key='state_version'", (str(STATE_VERSION),))
+        conn.execute("UPDATE meta SET value=%s WHERE key='schema'", (str(int(CHAIN_LAYOUT) + 1),))
+    with pytest.raises(BoardError, match="newer than this market's"):
+        Board(url)
+    postgres_server.drop_database(url)
+    # A board whose database went away answers 503 (DatabaseUnusable), naming why.
+    from market.service.boardsql import DatabaseUnusable
+    from market.service.http import ERROR_STATUS
+
+    with pytest.raises(DatabaseUnusable, match="does not exist") as gone:
+        board.jobs()
+    assert next(code for cls, code in ERROR_STATUS if isinstance(gone.value, cls)) == 503
+
+
+def test_on_postgres_a_heartbeat_never_queues_behind_a_writer_taking_its_turn(
+        postgres_server: PostgresServer) -> None:
+    """Writers that read before they write (an indexed chunk, a committee message) take
+    turns on PostgreSQL as on SQLite; a single upsert (a heartbeat) does not wait for them."""
+    url = postgres_server.create_database("turns")
+    board = Board(url)
+    author = "0x" + "aB" * 20
+    holding, release = threading.Event(), threading.Event()
+
+    def indexer() -> None:  # holds the write turn, as an indexed chunk does
+        with board._write() as conn:
+            conn.execute("INSERT INTO meta VALUES ('held', '1')")
+            holding.set()
+            release.wait(60)
+
+    turn = threading.Thread(target=indexer)
+    turn.start()
+    try:
+        assert holding.wait(30)
+        beat, message = threading.Event(), threading.Event()
+        threading.Thread(target=lambda: (board.record_heartbeat(author, 1, {}),
+                                         beat.set())).start()
+        threading.Thread(target=lambda: (board.put_message("dep", {
+            "author": author, "kind": "vote", "epoch": 1, "topic": "1", "body": {},
+            "signature": "0x00"}), message.set())).start()
+        assert beat.wait(30), "the heartbeat waited for another writer's turn"
+        import psycopg
+
+        with psycopg.connect(url) as conn:  # the message's writer is seen waiting its turn
+            for _ in range(300):
+                if conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                "AND NOT granted").fetchone() == (1,):
+                    break
+                conn.rollback()
+                threading.Event().wait(0.1)
+            else:
+                raise AssertionError("the committee message never waited for its turn")
+        assert not message.is_set()
+    finally:
+        release.set()
+        turn.join(30)
+    assert message.wait(30) and board.messages("dep")[0]["topic"] == "1"
+    postgres_server.drop_database(url)

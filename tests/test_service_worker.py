@@ -67,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
 def board(stack: LocalStack) -> Any:
     from market.service.board import Board
 
-    return Board(stack.settings.db_path)
+    return Board(stack.settings.board_location)  # the SQLite file, or QUARRY_STACK_POSTGRES
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ __all__ = [
     "start_market",
     "start_redis",
     "start_worker",
+    "wait_market",
     "wait_redis",
     "wait_worker",
     "worker_nodename",
@@ -261,21 +262,28 @@ def _child_env(settings: MarketSettings, extra: Mapping[str, str] | None) -> dic
 
 def start_market(
     settings: MarketSettings, *, log_path: Path | None = None, timeout: float = 60.0,
-    die_with_parent: bool = True, env: Mapping[str, str] | None = None,
+    die_with_parent: bool = True, env: Mapping[str, str] | None = None, wait: bool = True,
 ) -> ManagedProcess:
     """`market serve` (the FastAPI app plus the ticker that enqueues the background work)
     on `settings.host:port`, with `settings` (and `env`) passed in the environment; returns
-    once `/health` answers."""
+    once `/health` answers (with `wait=False` at once: call `wait_market`, so several
+    replicas start together)."""
     cmd = [sys.executable, "-m", "market.cli", "serve"]
     proc = spawn(cmd, name=f"market {settings.url}", log_path=log_path,
                  env=_child_env(settings, env), cwd=PROJECT_ROOT, port=settings.port,
                  die_with_parent=die_with_parent)
+    if wait:
+        wait_market(proc, settings, timeout)
+    return proc
+
+
+def wait_market(proc: ManagedProcess, settings: MarketSettings, timeout: float = 60.0) -> None:
+    """Wait until the market `proc` answers `/health` (stopping it if it never does)."""
     try:
         proc.wait_http(f"{settings.url}/health", timeout)
     except BaseException:
         proc.stop()
         raise
-    return proc
 
 
 def worker_nodename(name: str) -> str:

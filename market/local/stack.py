@@ -7,6 +7,9 @@ and the benchmark.
 
 brings up redis-server and Anvil (contracts deployed and wired, the deployment file under
 `home`) on free ports, then `market serve` and one Celery worker, all pointing at `home`.
+With `postgres=True` (or `QUARRY_STACK_POSTGRES=1` in the environment, which runs every
+stack-based test that way) the board is a private PostgreSQL server's database instead of
+the SQLite file.
 Everything it started is stopped on exit, on an error in the block, or on a failed start;
 every child also dies with the thread that started it (Linux), so even a killed parent
 leaves nothing behind.
@@ -32,10 +35,13 @@ if TYPE_CHECKING:
     from market.chain.deploy import DeployParams, Quarry
     from market.chain.deployment import Deployment
     from market.chain.devnet import AnvilProcess
+    from market.local.postgres import PostgresServer
 
 # Anvil's last default account settles (finalize, reclaim, refund, expire...): the demo's roles
 # (deployer 0, clients and miners from 1 up) never send from it, so nonces never clash.
 SETTLER_ACCOUNT = 19
+POSTGRES_ENV = "QUARRY_STACK_POSTGRES"
+"""Set to 1: every LocalStack's board is on a private PostgreSQL (the market's tests too)."""
 
 
 class LocalStack:
@@ -61,6 +67,7 @@ class LocalStack:
         heartbeat_ttl_s: float = 30.0,
         die_with_parent: bool = True,
         market_settings: Mapping[str, Any] | None = None,
+        postgres: bool | None = None,
     ) -> None:
         if workers < 0:
             raise ProcessError(f"workers must be >= 0, got {workers}")
@@ -74,6 +81,10 @@ class LocalStack:
         self._intervals = (index_interval_s, sweep_interval_s, heartbeat_ttl_s)
         self._die = die_with_parent
         self._market_settings = dict(market_settings or {})
+        if postgres is None:
+            postgres = os.environ.get(POSTGRES_ENV, "") not in ("", "0")
+        self._postgres = postgres
+        self.postgres: PostgresServer | None = None
         self.redis: ManagedProcess | None = None
         self.anvil: AnvilProcess | None = None
         self.market: ManagedProcess | None = None
@@ -137,6 +148,13 @@ class LocalStack:
         self.timings["anvil"] = round(time.monotonic() - t, 3)
         processes.wait_redis(self.redis)
         self.timings["redis"] = round(time.monotonic() - t, 3)
+        board: dict[str, Any] = {}
+        if self._postgres and "database_url" not in self._market_settings:
+            from market.local.postgres import start_postgres
+
+            self.postgres = start_postgres(die_with_parent=self._die)
+            board["database_url"] = self.postgres.create_database("market")
+            self.timings["postgres"] = round(time.monotonic() - t, 3)
         assert self.anvil is not None and self.redis is not None
         t = time.monotonic()
         chain = Chain(self.anvil.rpc_url)
@@ -156,7 +174,7 @@ class LocalStack:
             "store_dir": self.home / "store", "db_path": self.home / "board.sqlite",
             "host": "127.0.0.1", "port": processes.free_port(), "settler_key": settler,
             "index_interval_s": index_s, "sweep_interval_s": sweep_s,
-            "heartbeat_ttl_s": ttl_s, **self._market_settings})
+            "heartbeat_ttl_s": ttl_s, **board, **self._market_settings})
         # The market and the workers import their stacks in parallel (seconds each).
         t = time.monotonic()
         workers = [self._spawn_worker(wait=False) for _ in range(self._workers_wanted)]
@@ -260,7 +278,8 @@ class LocalStack:
         """Stop everything started (workers, market, Redis, Anvil); idempotent. Raises the
         first failure to stop after trying every part."""
         failures: list[BaseException] = []
-        parts: list[Any] = [*reversed(self.workers), self.market, self.redis, self.anvil]
+        parts: list[Any] = [*reversed(self.workers), self.market, self.redis, self.anvil,
+                            self.postgres]
         for part in parts:
             if part is None:
                 continue
@@ -271,6 +290,7 @@ class LocalStack:
         self.workers = []
         self.market = self.redis = None
         self.anvil = None
+        self.postgres = None
         if failures:
             raise failures[0]
 

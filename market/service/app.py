@@ -45,7 +45,6 @@ from market.service.routers import (
     ui,
 )
 from market.service.settings import MarketSettings
-from market.store import LocalStore
 
 KEPT_PATHS = ("/ui", "/metrics")
 """Pages whose answers are kept a moment and served again without the route (`kept`)."""
@@ -102,8 +101,8 @@ def create_app(settings: MarketSettings) -> FastAPI:
     # the POST-only `/store`; an unknown path is a 404 like any other.
     app = FastAPI(title="Quarry market", description=DESCRIPTION, version="1",
                   redirect_slashes=False)
-    market = Market(settings=settings, board=Board(settings.db_path),
-                    store=LocalStore(settings.store_dir, settings.max_file_bytes),
+    market = Market(settings=settings, board=Board(settings.board_location),
+                    store=settings.open_store(),
                     deployment=WatchedDeployment(settings.deployment, timeout=5.0))
     app.state.market = market
     app.state.metrics = MarketMetrics(market)

@@ -1,4 +1,5 @@
-"""The job board: one SQLite file shared by the app and the workers, in three parts.
+"""The job board: one database shared by the apps and the workers (a SQLite file, or
+PostgreSQL for replicas on several hosts: `market.service.boardsql`), in three parts.
 
 - `market.service.indexer.ChainIndex`: chain events applied to the chain tables. Those can
   always be rebuilt from the chain, so their layout (`CHAIN_LAYOUT`, meta key `schema`) is
@@ -7,16 +8,15 @@
 - `market.service.queries.BoardQueries`: the reads the API and the sweeps make.
 - `market.service.state.MarketState`: what only the market knows (manifests, heartbeats,
   offers, committee messages). It cannot be rebuilt, so it has versioned migrations
-  (`PRAGMA user_version`, `state.MIGRATIONS`) applied at open and is never dropped.
+  (`state.MIGRATIONS`) applied at open and is never dropped.
 
 `Board` is the three together; opening it creates, migrates or rebuilds what is needed in
-one IMMEDIATE transaction, so processes opening the same file at once agree. The names below
+one write transaction, so processes opening the same database at once agree. The names below
 are re-exported for the modules that import them from here.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from market.service.boarddb import (
@@ -31,6 +31,7 @@ from market.service.boarddb import (
     DISPUTED,
     FINALIZED,
     I64_MAX,
+    KEPT_META,
     OPEN,
     REFUNDED,
     STATE_NAMES,
@@ -42,6 +43,7 @@ from market.service.boarddb import (
     deployment_identity,
     model_id_bytes,
 )
+from market.service.boardsql import Conn, DatabaseUnusable, open_database
 from market.service.indexer import (
     CHAIN_LAYOUT,
     CHAIN_SCHEMA,
@@ -62,45 +64,42 @@ __all__ = [
 
 
 class Board(ChainIndex, BoardQueries, MarketState):
-    """The SQLite job board at `db_path` (created on first use; see the module doc)."""
+    """The job board at `location`: a SQLite file's path (created on first use) or a
+    `postgresql://` URL (see the module doc)."""
 
-    def __init__(self, db_path: Path) -> None:
-        self.db_path = Path(db_path)
-        self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        conn: sqlite3.Connection | None = None
+    upgraded_from: tuple[str | None, int]
+    """The chain layout (None: a new database) and market-state version found at open."""
+
+    def __init__(self, location: Path | str) -> None:
+        self.db = open_database(location)
+        unusable: tuple[type[Exception], ...] = (DatabaseUnusable, *self.db.errors())
         try:
-            conn = self._connect()
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, "
-                         "value TEXT NOT NULL)")
-            layout = self._meta(conn, "schema")
-            if layout is not None and layout != CHAIN_LAYOUT:
-                if not layout.isdigit() or int(layout) > int(CHAIN_LAYOUT):
-                    raise BoardError(
-                        f"board database {self.db_path} has chain layout {layout}, newer than "
-                        f"this market's {CHAIN_LAYOUT}: upgrade the market")
-                self._drop_chain_tables(conn)
-            for statement in CHAIN_SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            self._set_meta(conn, "schema", CHAIN_LAYOUT)
-            migrate_state(conn, self.db_path)
-            conn.execute("COMMIT")
-        except sqlite3.DatabaseError as exc:
-            raise BoardError(f"board database {self.db_path} is unusable: {exc}") from exc
-        except BoardError:
-            if conn is not None and conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        finally:
-            if conn is not None:
-                conn.close()
+            self.db.open()
+            with self.db.write() as conn:
+                self._create(conn)
+        except unusable as exc:
+            raise BoardError(f"board database {self.where} is unusable: {exc}") from exc
+
+    def _create(self, conn: Conn) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, "
+                     "value TEXT NOT NULL)")
+        layout = self._meta(conn, "schema")
+        if layout is not None and layout != CHAIN_LAYOUT:
+            if not layout.isdigit() or int(layout) > int(CHAIN_LAYOUT):
+                raise BoardError(
+                    f"board database {self.where} has chain layout {layout}, newer than "
+                    f"this market's {CHAIN_LAYOUT}: upgrade the market")
+            self._drop_chain_tables(conn)
+        for statement in CHAIN_SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        self._set_meta(conn, "schema", CHAIN_LAYOUT)
+        self.upgraded_from = (layout, migrate_state(conn, self.where))
 
     @staticmethod
-    def _drop_chain_tables(conn: sqlite3.Connection) -> None:
+    def _drop_chain_tables(conn: Conn) -> None:
         """An older chain layout: drop what the chain rebuilds (the next `index` starts over
         from the deploy block); the market's state is migrated, never dropped."""
         for table in CHAIN_TABLES:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
-        conn.execute("DELETE FROM meta WHERE key != 'schema'")
+        conn.execute(f"DELETE FROM meta WHERE key NOT IN {KEPT_META}")

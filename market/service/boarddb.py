@@ -1,17 +1,15 @@
-"""What the board's three parts share: the SQLite file's connections (WAL, one connection
-per call, IMMEDIATE write transactions), the small `meta` table, the board's errors and the
-value helpers (addresses, modelIds, clamped times).
+"""What the board's three parts share: the database's transactions (`market.service.boardsql`:
+a SQLite file or PostgreSQL), the small `meta` table, the board's errors and the value
+helpers (addresses, modelIds, clamped times).
 
-SQLite runs in WAL mode with a busy timeout and one connection per call, so any number of
-processes (the FastAPI app, every Celery worker) and threads share the file safely. Wei
-amounts are stored as decimal text (they overflow SQLite's 64-bit integers); times are
-integers (uint64 values beyond 2**63-1 are clamped, which changes no comparison with a real
-clock).
+Any number of processes (the FastAPI apps, every Celery worker) and threads share the
+database safely. Wei amounts are stored as decimal text (they overflow 64-bit integers);
+times are integers (uint64 values beyond 2**63-1 are clamped, which changes no comparison
+with a real clock).
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from market.errors import QuarryError
+from market.service.boardsql import Conn, Database, SqliteDatabase
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -33,6 +32,8 @@ D_OPEN, D_EXPIRED = 1, 4
 C_OPEN, C_ANSWERED, C_UNANSWERED = 1, 2, 3
 ZERO_ADDRESS = "0x" + "00" * 20
 I64_MAX = 2**63 - 1
+KEPT_META = "('schema', 'state_version')"
+"""The meta keys a chain reset keeps (the layouts), as an SQL list."""
 
 
 class BoardError(QuarryError):
@@ -101,36 +102,37 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _range(task: sqlite3.Row, shard: int) -> tuple[int, int]:
+def _range(task: Any, shard: int) -> tuple[int, int]:
     start = shard * task["shard_size"]
     return start, min(start + task["shard_size"], task["num_requests"])
 
 
 class BoardBase:
-    """The SQLite file at `db_path` and its connections; `Board` opens (and migrates) it."""
+    """The board's database (`market.service.boardsql`); `Board` opens (and migrates) it."""
 
-    db_path: Path
+    db: Database
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file (BoardError for a board on PostgreSQL, which has none)."""
+        if isinstance(self.db, SqliteDatabase):
+            return self.db.path
+        raise BoardError(f"board {self.where} is not a SQLite file")
+
+    @property
+    def where(self) -> str:
+        """The database, for messages: a SQLite file's path or a URL without password."""
+        return self.db.where
 
     # ------------------------------------------------------------------ connections
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None,
-                               check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout=30000")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return conn
-
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[Conn]:
         held = self._held().conn
         if held is not None:  # inside snapshot(): the same read transaction
             yield held
             return
-        conn = self._connect()
-        try:
+        with self.db.read() as conn:
             yield conn
-        finally:
-            conn.close()
 
     def _held(self) -> threading.local:
         """This thread's snapshot connection, if any (per board, created on first use)."""
@@ -141,42 +143,33 @@ class BoardBase:
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
-        """Every read in this thread inside the block sees one state of the file (one WAL
+        """Every read in this thread inside the block sees one state of the database (one
         read transaction), so a page drawn from several queries is never part before and
         part after an indexed batch of blocks."""
         local = self._held()
         if local.conn is not None:
             yield
             return
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN")
+        with self.db.snapshot() as conn:
             local.conn = conn
-            yield
-        finally:
-            local.conn = None
-            conn.close()  # ends the read transaction (nothing was written)
+            try:
+                yield
+            finally:
+                local.conn = None
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction: writers queue on the file lock instead of failing."""
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+    def _write(self, *, alone: bool = True) -> Iterator[Conn]:
+        """One write transaction; writers take turns instead of failing. `alone=False` for
+        a single upsert that reads nothing first: on PostgreSQL it need not wait its turn."""
+        with self.db.write(alone=alone) as conn:
+            yield conn
 
     @staticmethod
-    def _meta(conn: sqlite3.Connection, key: str) -> str | None:
+    def _meta(conn: Conn, key: str) -> str | None:
         row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     @staticmethod
-    def _set_meta(conn: sqlite3.Connection, key: str, value: Any) -> None:
-        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+    def _set_meta(conn: Conn, key: str, value: Any) -> None:
+        conn.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET "
+                     "value=excluded.value", (key, str(value)))

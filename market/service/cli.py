@@ -61,6 +61,19 @@ def add_commands(subparsers: Any) -> None:
     add_log_format(worker)
     worker.set_defaults(func=_worker)
 
+    migrate = subparsers.add_parser(
+        "migrate", help="upgrade the board's database in place, or move a SQLite board's "
+        "state into it",
+        description="Bring the configured board (--database-url, else --db-path) up to this "
+        "market's layout in place. With --from-sqlite, also copy that SQLite board's own "
+        "state (manifests, heartbeats, offers, committee messages, swarms) into it, checked "
+        "row by row; the chain tables are rebuilt by indexing.",
+    )
+    _settings_flags(migrate)
+    migrate.add_argument("--from-sqlite", type=Path, default=None, metavar="PATH",
+                         help="a SQLite board whose market state moves into the board")
+    migrate.set_defaults(func=_migrate)
+
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=None,
@@ -74,6 +87,9 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
                         help="content store directory (default $QUARRY_HOME/store)")
     parser.add_argument("--db-path", type=Path, default=None,
                         help="SQLite board (default $QUARRY_HOME/board.sqlite)")
+    parser.add_argument("--database-url", default=None,
+                        help="PostgreSQL board shared by replicas (postgresql://...; "
+                        "default: the SQLite board)")
 
 
 def _load(args: argparse.Namespace, **extra: Any) -> Any:
@@ -81,7 +97,8 @@ def _load(args: argparse.Namespace, **extra: Any) -> Any:
 
     return MarketSettings.load(args.config, redis_url=args.redis_url,
                                deployment=args.deployment, store_dir=args.store_dir,
-                               db_path=args.db_path, **extra)
+                               db_path=args.db_path, database_url=args.database_url,
+                               **extra)
 
 
 class Ticker(threading.Thread):
@@ -211,7 +228,7 @@ def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> i
         ticker = Ticker(tick_schedule(settings), send, where=f"Redis at {settings.redis_url}")
         ticker.start()
     say(f"market: serving {settings.url} (API docs {settings.url}/docs), board "
-        f"{settings.db_path}, Redis {settings.redis_url}", logger="quarry.serve")
+        f"{settings.board_name}, Redis {settings.redis_url}", logger="quarry.serve")
     # JSON: uvicorn's own loggers (uvicorn, uvicorn.error, uvicorn.access) get no handlers
     # of their own and go through the root's JSON one; text keeps uvicorn's look.
     extra: dict[str, Any] = {"log_config": None} if json_logs() else {}
@@ -222,6 +239,35 @@ def _serve_on(sock: socket.socket, settings: Any, args: argparse.Namespace) -> i
     finally:
         if ticker is not None:
             ticker.stop()
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from market.errors import ConfigError
+    from market.service.board import CHAIN_LAYOUT, STATE_VERSION, Board
+    from market.service.boardsql import close_pools
+    from market.service.migrate import copy_state
+
+    settings = _load(args)
+    source_path = args.from_sqlite
+    if source_path is not None and not source_path.is_file():
+        raise ConfigError(f"--from-sqlite {source_path}: no such file")
+    if source_path is not None and not settings.database_url and \
+            source_path.resolve() == settings.db_path.resolve():
+        raise ConfigError(f"--from-sqlite {source_path} is the board itself: set "
+                          "--database-url to the board it moves into")
+    try:
+        target = Board(settings.board_location)
+        layout, version = target.upgraded_from
+        print(f"market: board {settings.board_name}: chain layout {layout or 'none'} -> "
+              f"{CHAIN_LAYOUT}, market state version {version} -> {STATE_VERSION}")
+        if source_path is not None:
+            gained = copy_state(Board(source_path), target)
+            print(f"market: copied from {source_path}: " + ", ".join(
+                f"{table} {n}" for table, n in gained.items())
+                + " rows; the chain tables fill as the workers index")
+    finally:
+        close_pools()
     return 0
 
 

@@ -21,7 +21,7 @@ from market.admission import Limit, SignedLimiter
 from market.chain.deploy import Quarry, WatchedDeployment
 from market.service.board import Board
 from market.service.settings import MarketSettings
-from market.store import LocalStore
+from market.store import ContentStore
 
 WATCH_EVERY_S = 0.02
 """How often the one index watcher of an app reads the board's cursor while requests wait
@@ -147,7 +147,7 @@ class Market:
 
     settings: MarketSettings
     board: Board
-    store: LocalStore
+    store: ContentStore
     deployment: WatchedDeployment
     watch: IndexWatch = field(init=False)
     joins_by_miner: SignedLimiter = field(init=False)
@@ -183,7 +183,7 @@ def get_settings(request: Request) -> MarketSettings:
     return get_market(request).settings
 
 
-def get_store(request: Request) -> LocalStore:
+def get_store(request: Request) -> ContentStore:
     return get_market(request).store
 
 
@@ -195,5 +195,5 @@ def get_quarry(request: Request) -> Quarry:
 MarketDep = Annotated[Market, Depends(get_market)]
 BoardDep = Annotated[Board, Depends(get_board)]
 SettingsDep = Annotated[MarketSettings, Depends(get_settings)]
-StoreDep = Annotated[LocalStore, Depends(get_store)]
+StoreDep = Annotated[ContentStore, Depends(get_store)]
 QuarryDep = Annotated[Quarry, Depends(get_quarry)]

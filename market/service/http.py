@@ -14,6 +14,7 @@ from market.errors import ConfigError, QuarryError
 from market.protocol.messages import MalformedMessage
 from market.service.board import MessageConflict
 from market.service.boarddb import checksum
+from market.service.boardsql import DatabaseUnusable
 from market.service.schemas import ErrorOut
 from market.store import ContentNotFound, ContentTooLarge
 
@@ -32,6 +33,7 @@ ERROR_STATUS: tuple[tuple[type[QuarryError], int], ...] = (
     (MessageConflict, 409),
     (ChainError, 503),  # the chain is down or not the deployment's
     (ConfigError, 503),  # no usable deployment file: the market cannot reach the contracts
+    (DatabaseUnusable, 503),  # the board's database is down or unreachable
     (QuarryError, 400),  # the rest name bad input: store addresses, manifests, board queries
 )
 """The HTTP status of each error family, most specific first."""

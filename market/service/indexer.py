@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from market.service.boarddb import (
@@ -30,6 +29,7 @@ from market.service.boarddb import (
     D_OPEN,
     DISPUTED,
     FINALIZED,
+    KEPT_META,
     OPEN,
     REFUNDED,
     SUBMITTED,
@@ -43,6 +43,7 @@ from market.service.boarddb import (
     _range,
     deployment_identity,
 )
+from market.service.boardsql import Conn, upsert
 
 if TYPE_CHECKING:
     from market.chain.deploy import Quarry
@@ -197,7 +198,7 @@ class ChainIndex(BoardBase):
         with self._write() as conn:
             for table in CHAIN_TABLES:
                 conn.execute(f"DELETE FROM {table}")
-            conn.execute("DELETE FROM meta WHERE key != 'schema'")
+            conn.execute(f"DELETE FROM meta WHERE key NOT IN {KEPT_META}")
 
     def index(self, q: Quarry, *, max_blocks: int = 2000) -> int:
         """Apply every indexed event since the cursor up to the chain head, `max_blocks`
@@ -223,7 +224,7 @@ class ChainIndex(BoardBase):
             return head
         if stored_identity is not None and stored_identity != identity:
             raise BoardError(
-                f"board database {self.db_path} was built for another deployment "
+                f"board database {self.where} was built for another deployment "
                 f"({stored_identity}), not {identity}: delete it (or reset the board) to "
                 "index this one")
         if not rpc(lambda: w3.eth.get_code(q.tasks.address)):
@@ -260,7 +261,7 @@ class ChainIndex(BoardBase):
                 for event in events:
                     key = (event["block"], event["logIndex"])
                     inserted = conn.execute(
-                        "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                         (*key, event["tx"], event["contract"], event["name"],
                          json.dumps(_jsonable(event["args"]), sort_keys=True))).rowcount
                     if inserted and event["name"] not in RECORDED_ONLY:
@@ -383,26 +384,29 @@ class ChainIndex(BoardBase):
                 "windows": windows}
 
     # -- TaskRegistry -------------------------------------------------------------------
-    def _on_TaskCreated(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_TaskCreated(self, conn: Conn, e: dict[str, Any],
                         extra: dict[str, Any]) -> None:
         a = e["args"]
         task_id = int(a["taskId"])
         t = extra["tasks"][task_id]
-        conn.execute(
-            "INSERT OR REPLACE INTO tasks (task_id, client, arbiter, model_id, input_root, "
-            "input_uri, num_requests, shard_size, num_shards, max_tokens, price, payment, "
-            "deadline, created_at, min_rep, allow_probation, precisions, require_commitments, "
-            "created_block) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        upsert(
+            conn, "tasks", ("task_id",),
+            ("task_id", "client", "arbiter", "model_id", "input_root", "input_uri",
+             "num_requests", "shard_size", "num_shards", "max_tokens", "price", "payment",
+             "deadline", "created_at", "min_rep", "allow_probation", "precisions",
+             "require_commitments", "created_block", "cancelled", "cancel_refund"),
+
             (task_id, _addr(a["client"]), _addr(t.arbiter) or ZERO_ADDRESS,
              _hex(a["modelId"]), _hex(a["inputRoot"]), a["inputURI"], int(a["numRequests"]),
              int(a["shardSize"]), int(a["numShards"]), int(t.max_tokens_per_request),
              str(t.price_per_token), str(a["payment"]), _i64(a["deadline"]),
              _i64(t.created_at), int(t.min_reputation_bps), int(bool(a["allowProbation"])),
-             int(a["precisions"]), int(bool(a["requireCommitments"])), e["block"]))
-        conn.executemany("INSERT OR REPLACE INTO shards (task_id, shard, state) VALUES (?, ?, ?)",
+             int(a["precisions"]), int(bool(a["requireCommitments"])), e["block"], 0, "0"))
+        conn.execute("DELETE FROM shards WHERE task_id=?", (task_id,))
+        conn.executemany("INSERT INTO shards (task_id, shard, state) VALUES (?, ?, ?)",
                          [(task_id, k, OPEN) for k in range(int(a["numShards"]))])
 
-    def _on_ShardClaimed(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ShardClaimed(self, conn: Conn, e: dict[str, Any],
                          extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute(
@@ -411,7 +415,7 @@ class ChainIndex(BoardBase):
             (CLAIMED, _addr(a["miner"]), _i64(a["claimExpiry"]), str(a["collateral"]),
              int(a["precision"]), int(a["taskId"]), int(a["shard"])))
 
-    def _on_ResultSubmitted(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ResultSubmitted(self, conn: Conn, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute(
@@ -420,7 +424,7 @@ class ChainIndex(BoardBase):
             (SUBMITTED, _hex(a["resultRoot"]), a["resultURI"], str(a["tokensUsed"]),
              _i64(a["windowEnd"]), int(a["taskId"]), int(a["shard"])))
 
-    def _on_ClaimReclaimed(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ClaimReclaimed(self, conn: Conn, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
         a = e["args"]
         key = (int(a["taskId"]), int(a["shard"]))
@@ -434,20 +438,20 @@ class ChainIndex(BoardBase):
             "reclaims=reclaims+1, penalty=? WHERE task_id=? AND shard=?",
             (OPEN if a["reopened"] else REFUNDED, penalty, *key))
 
-    def _on_ShardFinalized(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ShardFinalized(self, conn: Conn, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE shards SET state=?, payment=?, refund=? WHERE task_id=? AND shard=?",
                      (FINALIZED, str(a["payment"]), str(a["refund"]), int(a["taskId"]),
                       int(a["shard"])))
 
-    def _on_ShardRefunded(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ShardRefunded(self, conn: Conn, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE shards SET state=?, refund=? WHERE task_id=? AND shard=?",
                      (REFUNDED, str(a["amount"]), int(a["taskId"]), int(a["shard"])))
 
-    def _on_TaskCancelled(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_TaskCancelled(self, conn: Conn, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         a = e["args"]
         task_id = int(a["taskId"])
@@ -464,13 +468,13 @@ class ChainIndex(BoardBase):
             conn.execute("UPDATE shards SET state=?, refund=? WHERE task_id=? AND shard=?",
                          (REFUNDED, str(budget), task_id, row["shard"]))
 
-    def _on_ShardDisputed(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ShardDisputed(self, conn: Conn, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE shards SET state=? WHERE task_id=? AND shard=?",
                      (DISPUTED, int(a["taskId"]), int(a["shard"])))
 
-    def _on_ShardDisputeResolved(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ShardDisputeResolved(self, conn: Conn, e: dict[str, Any],
                                  extra: dict[str, Any]) -> None:
         a = e["args"]
         if a["minerAtFault"]:
@@ -482,22 +486,23 @@ class ChainIndex(BoardBase):
                      (SUBMITTED, _i64(window), int(a["taskId"]), int(a["shard"])))
 
     # -- GPURegistry --------------------------------------------------------------------
-    def _on_MinerRegistered(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_MinerRegistered(self, conn: Conn, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
         a = e["args"]
         rep = int(self._meta(conn, "initial_reputation_bps") or 0)
         miner = _addr(a["miner"])
-        conn.execute(
-            "INSERT OR REPLACE INTO miners (address, models, precisions, gpu, endpoint, price, "
-            "stake, locked, slashed, reputation_bps, exit_requested, withdrawable_at, active, "
-            "on_probation, registered_block) VALUES (?, ?, ?, ?, ?, ?, ?, '0', '0', ?, 0, 0, "
-            "1, ?, ?)",
+        upsert(
+            conn, "miners", ("address",),
+            ("address", "models", "precisions", "gpu", "endpoint", "price", "stake", "locked",
+             "slashed", "reputation_bps", "exit_requested", "withdrawable_at", "active",
+             "on_probation", "rechallenge_pending", "missed_reports", "registered_block"),
             (miner, json.dumps([_hex(m) for m in a["modelIds"]]),
              json.dumps([int(p) for p in a["precisions"]]),
              json.dumps(_gpu(a["gpu"])), a["endpoint"], str(a["pricePerToken"]),
-             str(a["stake"]), rep, int(extra["probation"][miner]), e["block"]))
+             str(a["stake"]), "0", "0", rep, 0, 0, 1, int(extra["probation"][miner]), 0, 0,
+             e["block"]))
 
-    def _on_MinerUpdated(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_MinerUpdated(self, conn: Conn, e: dict[str, Any],
                          extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE miners SET models=?, precisions=?, gpu=?, endpoint=?, price=? "
@@ -506,24 +511,24 @@ class ChainIndex(BoardBase):
                       json.dumps([int(p) for p in a["precisions"]]), json.dumps(_gpu(a["gpu"])),
                       a["endpoint"], str(a["pricePerToken"]), _addr(a["miner"])))
 
-    def _on_StakeAdded(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_StakeAdded(self, conn: Conn, e: dict[str, Any],
                        extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE miners SET stake=? WHERE address=?",
                      (str(a["stake"]), _addr(a["miner"])))
 
-    def _on_ExitRequested(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ExitRequested(self, conn: Conn, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE miners SET exit_requested=1, withdrawable_at=? WHERE address=?",
                      (_i64(a["withdrawableAt"]), _addr(a["miner"])))
 
-    def _on_StakeWithdrawn(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_StakeWithdrawn(self, conn: Conn, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
         conn.execute("UPDATE miners SET active=0, stake='0', locked='0', models='[]', "
                      "precisions='[]' WHERE address=?", (_addr(e["args"]["miner"]),))
 
-    def _on_CollateralLocked(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_CollateralLocked(self, conn: Conn, e: dict[str, Any],
                              extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE miners SET locked=? WHERE address=?",
@@ -531,7 +536,7 @@ class ChainIndex(BoardBase):
 
     _on_CollateralUnlocked = _on_CollateralLocked
 
-    def _on_Slashed(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_Slashed(self, conn: Conn, e: dict[str, Any],
                     extra: dict[str, Any]) -> None:
         a = e["args"]
         row = conn.execute("SELECT stake, locked, slashed FROM miners WHERE address=?",
@@ -544,44 +549,45 @@ class ChainIndex(BoardBase):
                      (str(stake), str(locked), str(int(row["slashed"]) + int(a["amount"])),
                       _addr(a["miner"])))
 
-    def _on_ReputationSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ReputationSet(self, conn: Conn, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         # A report decides a pending re-challenge and ends a run of missed reports.
         a = e["args"]
         conn.execute("UPDATE miners SET reputation_bps=?, rechallenge_pending=0, "
                      "missed_reports=0 WHERE address=?", (int(a["bps"]), _addr(a["miner"])))
 
-    def _on_RechallengeRequested(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_RechallengeRequested(self, conn: Conn, e: dict[str, Any],
                                  extra: dict[str, Any]) -> None:
         conn.execute("UPDATE miners SET rechallenge_pending=1, on_probation=1 WHERE address=?",
                      (_addr(e["args"]["miner"]),))
 
-    def _on_ReportMissed(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ReportMissed(self, conn: Conn, e: dict[str, Any],
                          extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE miners SET missed_reports=?, rechallenge_pending=0, "
-                     "on_probation=MAX(on_probation, ?) WHERE address=?",
+                     "on_probation=CASE WHEN ? > on_probation THEN 1 ELSE on_probation END "
+                     "WHERE address=?",
                      (int(a["missed"]), int(bool(a["probation"])), _addr(a["miner"])))
 
-    def _on_ProbationEnded(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_ProbationEnded(self, conn: Conn, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
         conn.execute("UPDATE miners SET on_probation=0 WHERE address=?",
                      (_addr(e["args"]["miner"]),))
 
-    def _on_MinStakeSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_MinStakeSet(self, conn: Conn, e: dict[str, Any],
                         extra: dict[str, Any]) -> None:
         self._set_meta(conn, "min_stake", int(e["args"]["minStake"]))
 
-    def _on_UntrustedBelowSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_UntrustedBelowSet(self, conn: Conn, e: dict[str, Any],
                               extra: dict[str, Any]) -> None:
         self._set_meta(conn, "untrusted_below_bps", int(e["args"]["bps"]))
 
-    def _on_InitialReputationSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_InitialReputationSet(self, conn: Conn, e: dict[str, Any],
                                  extra: dict[str, Any]) -> None:
         self._set_meta(conn, "initial_reputation_bps", int(e["args"]["bps"]))
 
     # -- VerifierCommittee --------------------------------------------------------------
-    def _on_UnbondingPeriodSet(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_UnbondingPeriodSet(self, conn: Conn, e: dict[str, Any],
                                extra: dict[str, Any]) -> None:
         # The longest period seen: a leaving member stays bonded for the later of the period
         # when it left and the current one, so absences stay reportable at least this long.
@@ -589,21 +595,23 @@ class ChainIndex(BoardBase):
         self._set_meta(conn, "verifier_unbonding_period", max(seen, int(e["args"]["v"])))
 
     # -- Arbitration --------------------------------------------------------------------
-    def _on_DisputeOpened(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_DisputeOpened(self, conn: Conn, e: dict[str, Any],
                           extra: dict[str, Any]) -> None:
         a = e["args"]
         dispute_id = int(a["disputeId"])
         d = extra["disputes"][dispute_id]
-        conn.execute(
-            "INSERT OR REPLACE INTO disputes (dispute_id, task_id, shard, request_index, "
-            "opener, miner, bond, deadline, evidence_uri, status, opened_block, epoch, "
-            "total_weight) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        upsert(
+            conn, "disputes", ("dispute_id",),
+            ("dispute_id", "task_id", "shard", "request_index", "opener", "miner", "bond",
+             "deadline", "evidence_uri", "status", "opened_block", "epoch", "total_weight",
+             "slashed", "fault_weight", "no_fault_weight", "votes", "absent",
+             "absent_slashed"),
             (dispute_id, int(a["taskId"]), int(a["shard"]),
              int(a["receipt"]["index"]), _addr(a["opener"]), _addr(a["miner"]),
              str(a["bond"]), _i64(a["deadline"]), a["evidenceURI"], D_OPEN, e["block"],
-             int(d.epoch), str(d.total_weight)))
+             int(d.epoch), str(d.total_weight), "0", "0", "0", 0, 0, "0"))
 
-    def _on_VoteCast(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_VoteCast(self, conn: Conn, e: dict[str, Any],
                      extra: dict[str, Any]) -> None:
         a = e["args"]
         column = "fault_weight" if a["minerAtFault"] else "no_fault_weight"
@@ -614,7 +622,7 @@ class ChainIndex(BoardBase):
         conn.execute(f"UPDATE disputes SET {column}=?, votes=votes+1 WHERE dispute_id=?",
                      (str(int(row[0]) + int(a["weight"])), int(a["disputeId"])))
 
-    def _on_AbsenceReported(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_AbsenceReported(self, conn: Conn, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
         a = e["args"]
         row = conn.execute("SELECT absent_slashed FROM disputes WHERE dispute_id=?",
@@ -624,43 +632,44 @@ class ChainIndex(BoardBase):
         conn.execute("UPDATE disputes SET absent=absent+1, absent_slashed=? WHERE dispute_id=?",
                      (str(int(row[0]) + int(a["slashed"])), int(a["disputeId"])))
 
-    def _on_AvailabilityChallenged(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_AvailabilityChallenged(self, conn: Conn, e: dict[str, Any],
                                    extra: dict[str, Any]) -> None:
         a = e["args"]
-        conn.execute(
-            "INSERT OR REPLACE INTO challenges (challenge_id, task_id, shard, request_index, "
-            "challenger, miner, bond, deadline, status, opened_block) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        upsert(
+            conn, "challenges", ("challenge_id",),
+            ("challenge_id", "task_id", "shard", "request_index", "challenger", "miner",
+             "bond", "deadline", "status", "opened_block", "window_end", "slashed"),
             (int(a["challengeId"]), int(a["taskId"]), int(a["shard"]), int(a["index"]),
              _addr(a["challenger"]), _addr(a["miner"]), str(a["bond"]), _i64(a["deadline"]),
-             C_OPEN, e["block"]))
+             C_OPEN, e["block"], 0, "0"))
 
-    def _on_AvailabilityAnswered(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_AvailabilityAnswered(self, conn: Conn, e: dict[str, Any],
                                  extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE challenges SET status=?, window_end=? WHERE challenge_id=?",
                      (C_ANSWERED, _i64(a["windowEnd"]), int(a["challengeId"])))
 
-    def _on_AvailabilityUnanswered(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_AvailabilityUnanswered(self, conn: Conn, e: dict[str, Any],
                                    extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE challenges SET status=?, slashed=? WHERE challenge_id=?",
                      (C_UNANSWERED, str(a["slashed"]), int(a["challengeId"])))
 
-    def _on_BillingFaultProven(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_BillingFaultProven(self, conn: Conn, e: dict[str, Any],
                                extra: dict[str, Any]) -> None:
         a = e["args"]
-        conn.execute("INSERT OR REPLACE INTO billing_faults VALUES (?, ?, ?, ?, ?, ?)",
-                     (int(a["taskId"]), int(a["shard"]), int(a["index"]), _addr(a["prover"]),
-                      str(a["slashed"]), e["block"]))
+        upsert(conn, "billing_faults", ("task_id", "shard"),
+               ("task_id", "shard", "request_index", "prover", "slashed", "proven_block"),
+               (int(a["taskId"]), int(a["shard"]), int(a["index"]), _addr(a["prover"]),
+                str(a["slashed"]), e["block"]))
 
-    def _on_DisputeResolved(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_DisputeResolved(self, conn: Conn, e: dict[str, Any],
                             extra: dict[str, Any]) -> None:
         a = e["args"]
         conn.execute("UPDATE disputes SET status=?, slashed=? WHERE dispute_id=?",
                      (2 if a["minerAtFault"] else 3, str(a["slashed"]), int(a["disputeId"])))
 
-    def _on_DisputeExpired(self, conn: sqlite3.Connection, e: dict[str, Any],
+    def _on_DisputeExpired(self, conn: Conn, e: dict[str, Any],
                            extra: dict[str, Any]) -> None:
         conn.execute("UPDATE disputes SET status=? WHERE dispute_id=?",
                      (D_EXPIRED, int(e["args"]["disputeId"])))

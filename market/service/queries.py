@@ -6,7 +6,6 @@ with the chain tables)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from typing import Any
 
@@ -31,6 +30,7 @@ from market.service.boarddb import (
     checksum,
     model_id_bytes,
 )
+from market.service.boardsql import upsert
 from market.standing import miner_standing
 
 
@@ -69,7 +69,7 @@ class BoardQueries(BoardBase):
             else:
                 tasks = conn.execute("SELECT * FROM tasks WHERE client=? ORDER BY task_id",
                                      (checksum(client, "client"),)).fetchall()
-            shards: dict[int, list[sqlite3.Row]] = {}
+            shards: dict[int, list[Any]] = {}
             ids = [t["task_id"] for t in tasks]
             for i in range(0, len(ids), 500):
                 part = ids[i:i + 500]
@@ -259,10 +259,11 @@ class BoardQueries(BoardBase):
                             computed_at: int) -> None:
         """Replace the ranked open shards stored for `miner`. `computed_at` is the caller's
         clock (chain or wall seconds); freshness is judged on the wall clock at storing."""
-        with self._write() as conn:
-            conn.execute("INSERT OR REPLACE INTO recommendations VALUES (?, ?, ?, ?)",
-                         (checksum(miner, "miner"), json.dumps(rows), float(computed_at),
-                          time.time()))
+        with self._write(alone=False) as conn:
+            upsert(conn, "recommendations", ("miner",),
+                   ("miner", "rows", "computed_at", "stored_at"),
+                   (checksum(miner, "miner"), json.dumps(rows), float(computed_at),
+                    time.time()))
 
     def recommendations(self, miner: str) -> tuple[list[dict[str, Any]], int] | None:
         """The stored recommendations for `miner` and when they were computed, or None."""
@@ -317,7 +318,8 @@ class BoardQueries(BoardBase):
             params.append(tx.lower())
         sql = ("SELECT * FROM (SELECT * FROM events"
                + (" WHERE " + " AND ".join(where) if where else "")
-               + " ORDER BY block DESC, log_index DESC LIMIT ?) ORDER BY block, log_index")
+               + " ORDER BY block DESC, log_index DESC LIMIT ?) AS newest "
+               "ORDER BY block, log_index")
         with self._read() as conn:
             rows = conn.execute(sql, (*params, limit)).fetchall()
         return [{"block": r["block"], "logIndex": r["log_index"], "tx": r["tx_hash"],
@@ -343,9 +345,9 @@ class BoardQueries(BoardBase):
                                           "status"):
                 out["challenges"][CHALLENGE_STATUS[status]] = n
             row = conn.execute(
-                "SELECT SUM(t.cancelled), SUM(t.cancelled = 0 AND NOT EXISTS (SELECT 1 FROM "
-                "shards s WHERE s.task_id = t.task_id AND s.state NOT IN (?, ?))), COUNT(*) "
-                "FROM tasks t", (FINALIZED, REFUNDED)).fetchone()
+                "SELECT SUM(t.cancelled), SUM(CASE WHEN t.cancelled = 0 AND NOT EXISTS (SELECT "
+                "1 FROM shards s WHERE s.task_id = t.task_id AND s.state NOT IN (?, ?)) THEN 1 "
+                "ELSE 0 END), COUNT(*) FROM tasks t", (FINALIZED, REFUNDED)).fetchone()
         cancelled, done, total = (int(v or 0) for v in row)
         out["tasks"].update(cancelled=cancelled, done=done, active=total - cancelled - done)
         return out
@@ -361,7 +363,7 @@ class BoardQueries(BoardBase):
                     for t, k in keys.items()}
 
 
-def _task_json(t: sqlite3.Row, shards: list[sqlite3.Row]) -> dict[str, Any]:
+def _task_json(t: Any, shards: list[Any]) -> dict[str, Any]:
     counts = dict.fromkeys(STATE_NAMES, 0)
     for s in shards:
         counts[STATE_NAMES[s["state"]]] += 1
@@ -386,7 +388,7 @@ def _task_json(t: sqlite3.Row, shards: list[sqlite3.Row]) -> dict[str, Any]:
     }
 
 
-def _shard_json(t: sqlite3.Row, s: sqlite3.Row) -> dict[str, Any]:
+def _shard_json(t: Any, s: Any) -> dict[str, Any]:
     start, end = _range(t, s["shard"])
     return {
         "shard": s["shard"], "start": start, "end": end, "state": STATE_NAMES[s["state"]],
@@ -400,7 +402,7 @@ def _shard_json(t: sqlite3.Row, s: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def _dispute_json(d: sqlite3.Row) -> dict[str, Any]:
+def _dispute_json(d: Any) -> dict[str, Any]:
     """A dispute: judged by epoch `epoch`'s committee, whose weight is `totalWeight`; a
     verdict needs more than 2/3 of it. `votes` recorded so far (by weight per side), and after
     an expiry the members reported `absent` and what their stakes paid the opener."""
@@ -416,7 +418,7 @@ def _dispute_json(d: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def _challenge_json(c: sqlite3.Row) -> dict[str, Any]:
+def _challenge_json(c: Any) -> dict[str, Any]:
     """An availability challenge: Open until the miner answers (then the shard's window ends
     at `windowEnd`) or `deadline` passes (Unanswered once settled: the miner lost
     `slashed`)."""
@@ -429,6 +431,6 @@ def _challenge_json(c: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def _billing_json(f: sqlite3.Row) -> dict[str, Any]:
+def _billing_json(f: Any) -> dict[str, Any]:
     return {"shard": f["shard"], "index": f["request_index"], "prover": f["prover"],
             "slashed": int(f["slashed"]), "provenBlock": f["proven_block"]}

@@ -3,9 +3,11 @@
 relayed messages, swarm members with their last join, live swarm plans by version and the
 members' consents to them).
 
-Because it cannot be rebuilt, its layout is never dropped: it is versioned by SQLite's
-`PRAGMA user_version` and upgraded at open by `MIGRATIONS`, an ordered list applied from
-the file's version to the last one, each in the same transaction as the version bump.
+Because it cannot be rebuilt, its layout is never dropped: it is versioned (SQLite's
+`PRAGMA user_version`; a `meta` row on PostgreSQL) and upgraded at open by `MIGRATIONS`, an
+ordered list applied from the database's version to the last one, in the same transaction
+as the version bump. The same migrations serve both databases (`boardsql` translates
+their DDL). `market migrate` copies these tables from one board to another.
 (Files written before migrations existed are version 0 with the first migration's tables
 already there, which it creates only if missing.) Messages and offers only mean something
 on the deployment they were made for (epochs and task ids restart on a new one), so each
@@ -15,7 +17,6 @@ row carries its deployment's identity and is only read back on that deployment.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,15 +30,16 @@ from market.service.boarddb import (
     checksum,
     model_id_bytes,
 )
+from market.service.boardsql import Conn
 
 
-def _v1_baseline(conn: sqlite3.Connection) -> None:
+def _v1_baseline(conn: Conn) -> None:
     """The four tables as they were before migrations (kept as they are in older files)."""
     for statement in STATE_BASELINE:
         conn.execute(statement)
 
 
-def _v2_lookup_indexes(conn: sqlite3.Connection) -> None:
+def _v2_lookup_indexes(conn: Conn) -> None:
     """Indexes for the reads that scan these tables: the open-shards join on live offers
     and the relay's reads by topic."""
     conn.execute("CREATE INDEX IF NOT EXISTS offers_until ON offers (deployment, until)")
@@ -45,7 +47,7 @@ def _v2_lookup_indexes(conn: sqlite3.Connection) -> None:
                  "ON committee_messages (deployment, topic)")
 
 
-def _v3_swarms(conn: sqlite3.Connection) -> None:
+def _v3_swarms(conn: Conn) -> None:
     """Swarms: members with what they last declared and when the market last heard from
     them, each model's plans by version (the served document and the state the next
     re-plan resumes from) and the members' SwarmConsent signatures per plan version."""
@@ -85,24 +87,28 @@ STATE_BASELINE = (
         signature TEXT NOT NULL, received_at REAL NOT NULL,
         PRIMARY KEY (deployment, task_id))""",
 )
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+MIGRATIONS: tuple[Callable[[Conn], None], ...] = (
     _v1_baseline, _v2_lookup_indexes, _v3_swarms)
 """Migration k takes the market state from version k to k + 1; append, never edit."""
 STATE_VERSION = len(MIGRATIONS)
+STATE_TABLES = ("models", "heartbeats", "committee_messages", "offers", "swarm_members",
+                "swarm_plans", "swarm_consents")
+"""The market's own tables, in the order `market migrate` copies them."""
 PLAN_VERSIONS_KEPT = 8
 """A swarm's latest plan versions kept (a head may register one a few re-plans late)."""
 
 
-def migrate_state(conn: sqlite3.Connection, path: object) -> int:
-    """Apply the migrations `conn`'s file lacks (inside the caller's transaction); returns
-    the version it had. BoardError for a file written by a newer market."""
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+def migrate_state(conn: Conn, path: object) -> int:
+    """Apply the migrations `conn`'s database lacks (inside the caller's transaction);
+    returns the version it had. BoardError for a database written by a newer market."""
+    version = conn.user_version()
     if version > STATE_VERSION:
         raise BoardError(f"board database {path} holds market state of version {version}, "
                          f"newer than this market's {STATE_VERSION}: upgrade the market")
     for step in MIGRATIONS[version:]:
         step(conn)
-    conn.execute(f"PRAGMA user_version = {STATE_VERSION}")
+    if version != STATE_VERSION:
+        conn.set_user_version(STATE_VERSION)
     return version
 
 
@@ -111,11 +117,12 @@ class MarketState(BoardBase):
 
     def record_heartbeat(self, miner: str, timestamp: int, status: dict[str, Any]) -> None:
         """Store a (verified) heartbeat; an older one than the stored never replaces it."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             conn.execute(
                 "INSERT INTO heartbeats VALUES (?, ?, ?, ?) ON CONFLICT (miner) DO UPDATE SET "
                 "timestamp=excluded.timestamp, status=excluded.status, "
-                "received_at=excluded.received_at WHERE excluded.timestamp >= timestamp",
+                "received_at=excluded.received_at "
+                "WHERE excluded.timestamp >= heartbeats.timestamp",
                 (checksum(miner, "miner"), int(timestamp), json.dumps(status), time.time()))
 
     # ------------------------------------------------------------------ models
@@ -133,8 +140,8 @@ class MarketState(BoardBase):
         claimed = manifest.get("modelId")
         if claimed is not None and str(claimed).lower() != model_id:
             raise BoardError(f"model manifest says modelId {claimed} but hashes to {model_id}")
-        with self._write() as conn:
-            conn.execute("INSERT OR IGNORE INTO models VALUES (?, ?, ?, ?)",
+        with self._write(alone=False) as conn:
+            conn.execute("INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                          (model_id, m.name, json.dumps(m.to_dict(), sort_keys=True),
                           time.time()))
         return model_id
@@ -152,13 +159,13 @@ class MarketState(BoardBase):
                   timestamp: int, signature: str) -> bool:
         """Store a (verified) offer of `task_id` to `miner` until chain time `until`; it
         replaces a stored one unless that one is newer. Returns whether it was stored."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             return conn.execute(
                 "INSERT INTO offers VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (deployment, task_id) DO UPDATE SET client=excluded.client, "
                 "miner=excluded.miner, until=excluded.until, timestamp=excluded.timestamp, "
                 "signature=excluded.signature, received_at=excluded.received_at "
-                "WHERE excluded.timestamp >= timestamp",
+                "WHERE excluded.timestamp >= offers.timestamp",
                 (deployment, int(task_id), checksum(client, "client"), checksum(miner, "miner"),
                  _i64(until), int(timestamp), signature, time.time())).rowcount > 0
 
@@ -195,11 +202,11 @@ class MarketState(BoardBase):
                         f"{key[3]} topic {key[4]!r} (id {row['id']}); a message cannot be "
                         "changed")
                 return int(row["id"]), False
-            cur = conn.execute(
+            row = conn.execute(
                 "INSERT INTO committee_messages (deployment, author, kind, epoch, topic, body, "
-                "signature, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (*key, body, str(msg["signature"]), time.time()))
-            return int(cur.lastrowid or 0), True
+                "signature, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (*key, body, str(msg["signature"]), time.time())).fetchone()
+            return int(row[0]), True
 
     def messages(self, deployment: str, *, epoch: int | None = None, kind: str | None = None,
                  topic: str | None = None, after_id: int = 0,
@@ -228,7 +235,7 @@ class MarketState(BoardBase):
         """Store a (verified) swarm join and mark the member seen now; a join no newer than
         the stored one changes nothing (a replayed body cannot keep a member alive).
         Returns whether it was stored."""
-        with self._write() as conn:
+        with self._write(alone=False) as conn:
             return conn.execute(
                 "INSERT INTO swarm_members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (deployment, model_id, miner) DO UPDATE SET "
@@ -236,7 +243,7 @@ class MarketState(BoardBase):
                 "endpoint=excluded.endpoint, public_key=excluded.public_key, "
                 "rtts=excluded.rtts, price_per_token=excluded.price_per_token, "
                 "timestamp=excluded.timestamp, last_seen=excluded.last_seen "
-                "WHERE excluded.timestamp > timestamp",
+                "WHERE excluded.timestamp > swarm_members.timestamp",
                 (deployment, model_id, checksum(member["miner"], "miner"),
                  int(member["memory_mib"]), float(member["tflops"]), str(member["endpoint"]),
                  str(member["public_key"]), json.dumps(member["rtts"], sort_keys=True),
@@ -244,7 +251,7 @@ class MarketState(BoardBase):
                  time.time())).rowcount > 0
 
     @staticmethod
-    def _swarm_member(row: sqlite3.Row) -> dict[str, Any]:
+    def _swarm_member(row: Any) -> dict[str, Any]:
         return {"miner": row["miner"], "memory_mib": row["memory_mib"],
                 "tflops": row["tflops"], "endpoint": row["endpoint"],
                 "public_key": row["public_key"], "rtts": json.loads(row["rtts"]),
@@ -264,7 +271,7 @@ class MarketState(BoardBase):
         return sorted((self._swarm_member(r) for r in rows), key=lambda m: int(m["miner"], 16))
 
     @staticmethod
-    def _swarm_plan(row: sqlite3.Row | None) -> dict[str, Any] | None:
+    def _swarm_plan(row: Any) -> dict[str, Any] | None:
         if row is None:
             return None
         return {"version": row["version"], "plan": json.loads(row["plan"]),
@@ -278,7 +285,7 @@ class MarketState(BoardBase):
         with self._read() as conn:
             return self._latest_plan(conn, deployment, model_id, version)
 
-    def _latest_plan(self, conn: sqlite3.Connection, deployment: str, model_id: str,
+    def _latest_plan(self, conn: Conn, deployment: str, model_id: str,
                      version: int | None = None) -> dict[str, Any] | None:
         if version is None:
             row = conn.execute("SELECT * FROM swarm_plans WHERE deployment=? AND model_id=? "
@@ -327,8 +334,11 @@ class MarketState(BoardBase):
     def put_swarm_consent(self, deployment: str, model_id: str, version: int, member: str,
                           nonce: int, signature: str) -> None:
         """Store a (verified) member's consent to plan `version`; a later one replaces it."""
-        with self._write() as conn:
-            conn.execute("INSERT OR REPLACE INTO swarm_consents VALUES (?, ?, ?, ?, ?, ?, ?)",
+        with self._write(alone=False) as conn:
+            conn.execute("INSERT INTO swarm_consents VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                         "(deployment, model_id, version, member) DO UPDATE SET "
+                         "nonce=excluded.nonce, signature=excluded.signature, "
+                         "received_at=excluded.received_at",
                          (deployment, model_id, int(version), checksum(member, "member"),
                           str(int(nonce)), signature, time.time()))
 

@@ -154,12 +154,11 @@ def _queue_waiting() -> bool:
 def _board() -> Board:
     from market.service.board import Board
 
-    path = Path(settings().db_path)
+    location = settings().board_location
     board = _cache.get("board")
-    if board is None or _cache.get("board_path") != path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        board = Board(path)
-        _cache["board"], _cache["board_path"] = board, path
+    if board is None or _cache.get("board_path") != location:
+        board = Board(location)
+        _cache["board"], _cache["board_path"] = board, location
     return board
 
 
