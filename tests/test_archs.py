@@ -57,7 +57,7 @@ def test_the_written_config_is_the_architecture_asked_for(arch_dir: tuple[str, P
     arch, d = arch_dir
     config = load_config(d)
     assert config.model_type == arch and config.architectures == [arch_of(arch).causal_lm]
-    if arch in ("mistral", "gemma2"):
+    if arch in ("mistral", "gemma2", "gemma3_text"):
         assert config.sliding_window == TINY_SLIDING_WINDOW
 
 

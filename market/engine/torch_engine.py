@@ -33,7 +33,7 @@ from market.engine.base import (
     ScoreResult,
     SupportTest,
 )
-from market.engine.decode import DecodeCache, embed, layer_windows, run_layers
+from market.engine.decode import DecodeCache, embed, layer_windows, rotaries, run_layers
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
@@ -166,7 +166,7 @@ class TorchEngine(TextEngine):
         last position only: (last hidden states [B, d], logits [B, V])."""
         decoder = self.model.get_decoder()
         h = embed(decoder.embed_tokens, self.arch, self.hidden_size, ids)
-        h = run_layers(decoder.layers, decoder.rotary_emb, h, positions, cache)
+        h = run_layers(decoder.layers, rotaries(self.arch, decoder), h, positions, cache)
         hidden = decoder.norm(h[:, -1, :])
         return hidden, self.logits(hidden)
 
