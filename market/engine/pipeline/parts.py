@@ -255,7 +255,8 @@ class StageModel(nn.Module):
         it needs)."""
         a, b = self._range(layers)
         h = run_layers(self.layers[a - self.spec.start : b - self.spec.start],
-                       self.rotary, self._enter(x, a), position_ids.to(self.device), cache)
+                       dict(self.rotary.items()), self._enter(x, a),
+                       position_ids.to(self.device), cache)
         return self._leave(h, b)
 
     @fresh_frame_chunk
