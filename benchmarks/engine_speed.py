@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from market.engine.base import GenerationRequest  # noqa: E402
-from market.engine.threads import set_threads, usable_cpus  # noqa: E402
+from market.engine.threads import usable_cpus  # noqa: E402
 from market.engine.torch_engine import TorchEngine, left_pad  # noqa: E402
 from market.model.create import create_model  # noqa: E402
 
@@ -186,11 +186,11 @@ def measure_threads(engine: TorchEngine, batch: int, new_tokens: int, rounds: in
     times: dict[str, list[float]] = {name: [] for name in counts}
     outputs = {}
     for name, n in counts.items():  # warm-up, and the tokens to compare
-        set_threads(n)
+        torch.set_num_threads(n)
         outputs[name] = [o.token_ids for o in engine.generate(requests)]
     for _ in range(rounds):
         for name, n in counts.items():
-            set_threads(n)
+            torch.set_num_threads(n)
             t0 = time.perf_counter()
             engine.generate(requests)
             times[name].append(time.perf_counter() - t0)

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from market.engine import threads
 from market.engine.threads import (
     ThreadsError,
     candidates,
     check_threads,
     pick_threads,
+    set_threads,
     usable_cpus,
 )
 from market.engine.torch_engine import TorchEngine
@@ -22,7 +24,10 @@ from market.model.create import create_model
 
 
 @pytest.fixture(autouse=True)
-def threads_restored() -> Iterator[None]:
+def threads_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each case starts in a process that has chosen no count and picked none."""
+    monkeypatch.setattr(threads, "_CHOSEN", None)
+    monkeypatch.setattr(threads, "_PICKED", {})
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -57,16 +62,20 @@ def test_a_bad_count_is_refused_by_name() -> None:
             check_threads(bad)
 
 
-def test_the_torch_engine_keeps_a_given_count_and_picks_one_otherwise(tmp_path: Path) -> None:
+def test_the_torch_engine_takes_a_count_or_the_process_choice_or_picks_one(
+        tmp_path: Path) -> None:
     d = tmp_path / "tiny"
     create_model(d, layers=1, hidden=64)
-    torch.set_num_threads(1)
-    given = TorchEngine(d, device="cpu", threads=1)
-    assert given.threads == 1 and torch.get_num_threads() == 1
+    torch.set_num_threads(2)  # as torch starts: not a choice
     picked = TorchEngine(d, device="cpu")
     assert picked.threads in candidates(usable_cpus())
     assert torch.get_num_threads() == picked.threads
-    torch.set_num_threads(3)  # another engine of that shape takes the same count, untimed
+    torch.set_num_threads(3)  # another engine of that width takes the same count, untimed
     assert TorchEngine(d, device="cpu").threads == picked.threads == torch.get_num_threads()
+    set_threads(3)  # a process's choice (a verifier's --threads): engines keep it
+    assert TorchEngine(d, device="cpu").threads == 3 == torch.get_num_threads()
+    given = TorchEngine(d, device="cpu", threads=1)  # an engine's own count becomes it
+    assert given.threads == 1 and torch.get_num_threads() == 1
+    assert TorchEngine(d, device="cpu").threads == 1
     with pytest.raises(ThreadsError, match="got 0"):
         TorchEngine(d, device="cpu", threads=0)

@@ -6,10 +6,13 @@ only before the first parallel operation). Intra-op threads pay only where an op
 large enough to split: a small model's decode step is dozens of tiny operations, each of
 which then waits for every OpenMP thread, and on a core another process holds that wait
 costs more than the operation (engine_speed.py measured 2 threads 10 to 60 times slower
-than 1 on a busy 2-core box). So an engine with `threads=None` times a few decode steps of
-its own model at 1, 2, 4 ... threads up to the CPUs it may use (`pick_threads`) and keeps
-the fastest, once per process and model width (`decided_threads`: later engines of that
-width reuse it); an integer fixes the count.
+than 1 on a busy 2-core box).
+
+So the count is the process's: a script or role that knows it calls `set_threads` (a
+verifier's `--threads`, a stage's); an engine given `threads=N` does the same; an engine
+given none in a process that has not chosen times a few decode steps of its own model at
+1, 2, 4 ... threads up to the CPUs it may use (`pick_threads`) and keeps the fastest, once
+per process and model width (`engine_threads`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 from market.errors import QuarryError
 
 _INTEROP_SET = False
-_DECIDED: dict[Hashable, int] = {}
+_CHOSEN: int | None = None  # the count this process chose (`set_threads`)
+_PICKED: dict[Hashable, int] = {}
 
 
 class ThreadsError(QuarryError):
@@ -48,8 +52,19 @@ def check_threads(threads: object) -> int | None:
 
 
 def set_threads(threads: int) -> None:
-    """Use `threads` intra-op threads from now on, and one inter-op thread (once: torch
-    refuses to change it after parallel work began, in which case it stays as it was)."""
+    """This process runs torch on `threads` intra-op threads from now on, engines loaded
+    later included (those given no count keep it); ThreadsError for a bad count."""
+    global _CHOSEN
+    chosen = check_threads(threads)
+    if chosen is None:
+        raise ThreadsError("threads must be a positive integer, got None")
+    _CHOSEN = chosen
+    _apply(chosen)
+
+
+def _apply(threads: int) -> None:
+    """`threads` intra-op threads, and one inter-op thread (once: torch refuses to change
+    it after parallel work began, in which case it stays as it was)."""
     global _INTEROP_SET
     torch.set_num_threads(int(threads))
     if not _INTEROP_SET:
@@ -77,7 +92,7 @@ def pick_threads(step: Callable[[], object], cpus: int | None = None, rounds: in
     cores to the rest of the miner). Leaves that count set."""
     counts = candidates(cpus or usable_cpus())
     if len(counts) == 1:
-        set_threads(counts[0])
+        _apply(counts[0])
         return counts[0]
     best = {n: float("inf") for n in counts}
     for _ in range(rounds):
@@ -85,7 +100,7 @@ def pick_threads(step: Callable[[], object], cpus: int | None = None, rounds: in
         for n in counts:
             if best[n] > 2 * fastest:
                 continue
-            set_threads(n)
+            _apply(n)
             t0 = time.perf_counter()
             step()
             best[n] = min(best[n], time.perf_counter() - t0)
@@ -93,15 +108,22 @@ def pick_threads(step: Callable[[], object], cpus: int | None = None, rounds: in
     for n in counts[1:]:
         if best[n] < 0.9 * best[chosen]:
             chosen = n
-    set_threads(chosen)
+    _apply(chosen)
     return chosen
 
 
-def decided_threads(key: Hashable, step: Callable[[], object]) -> int:
-    """`pick_threads(step)` the first time this process meets `key` (a model's operation
-    sizes), the same count again after: the timing runs once, not per engine."""
-    if key not in _DECIDED:
-        _DECIDED[key] = pick_threads(step)
+def engine_threads(threads: int | None, key: Hashable, step: Callable[[], object]) -> int:
+    """The count an engine runs with: `threads` where given (then the process's choice);
+    else what the process chose; else `pick_threads(step)` the first time this process
+    meets `key` (a model's operation sizes), the same count again after."""
+    if threads is not None:
+        set_threads(threads)
+        return threads
+    if _CHOSEN is not None:
+        _apply(_CHOSEN)
+        return _CHOSEN
+    if key not in _PICKED:
+        _PICKED[key] = pick_threads(step)
     else:
-        set_threads(_DECIDED[key])
-    return _DECIDED[key]
+        _apply(_PICKED[key])
+    return _PICKED[key]

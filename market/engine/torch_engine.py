@@ -45,7 +45,7 @@ from market.engine.sampling import (
     select_next,
 )
 from market.engine.text import EngineError, TextEngine
-from market.engine.threads import check_threads, decided_threads, set_threads
+from market.engine.threads import check_threads, engine_threads
 from market.model.archs import SDPA_KINDS, arch_of, final_logits
 from market.model.loading import load_model, resolve_device, resolve_precision
 from market.model.manifest import Manifest, load_manifest
@@ -137,19 +137,17 @@ class TorchEngine(TextEngine):
 
     def _decide_threads(self, threads: int | None) -> int:
         """The torch threads this engine runs with (`market.engine.threads`): `threads`
-        where given; on a CPU, None picks the fastest count for this model's decode steps
-        (once per process and operation sizes); on a GPU, None keeps torch's."""
-        if threads is not None:
-            set_threads(threads)
-            return threads
-        if self.device.type != "cpu":
+        where given, else the process's choice; on a CPU a process that made none gets the
+        fastest count for this model's decode steps (timed once per process and operation
+        sizes); on a GPU torch's own."""
+        if threads is None and self.device.type != "cpu":
             return torch.get_num_threads()
         probe = [GenerationRequest(tuple(3 + (i + j) % max(1, self.vocab_size - 3)
                                          for j in range(8)), 2) for i in range(4)]
         # the sizes of its operations decide the count, not how many layers repeat them
         shape = (self.hidden_size, int(self.model.config.intermediate_size), self.vocab_size,
                  str(self.dtype))
-        return decided_threads(shape, lambda: self.generate(probe))
+        return engine_threads(threads, shape, lambda: self.generate(probe))
 
     def _batches(self, order: list[int], lengths: Sequence[int]) -> Iterable[list[int]]:
         """Consecutive chunks of `order` within the batch-size and padded-token budgets."""
