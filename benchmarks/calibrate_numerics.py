@@ -114,13 +114,12 @@ def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[st
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    import torch
-
+    from market.engine.threads import set_threads  # engines loaded later keep it
     from market.model.create import create_model
     from market.protocol.precision import parse_precision
     from verifier.scoring import EXPONENTS, MANTISSA_BITS
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.monotonic()
     engines = Engines(args.device, args.miner_device)
     models = {"tiny": work / "tiny", "trained": TRAINED_MODEL}

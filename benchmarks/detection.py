@@ -133,6 +133,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
 
+    from market.engine.threads import set_threads  # engines loaded later keep it
     from market.engine.torch_engine import TorchEngine
     from market.model.create import create_model
     from market.model.manifest import load_manifest
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from verifier.reputation import PENALTY_LEVELS, MinerRecord, ReputationParams, update
     from verifier.scoring import judge, score_outputs
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.monotonic()
     if args.model == "tiny":
         model_dir = work / "tiny"

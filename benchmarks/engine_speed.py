@@ -15,6 +15,9 @@ them by default (its SDPA attention); the hand loop is the same weights in plain
 fused q/k/v and gate/up projections, a preallocated KV cache, RoPE tables computed once,
 SDPA with native grouped-query attention, the padding mask built once and sliced per step
 (none where no row is padded).
+Threads, before and after: the engine as torch leaves it (one intra-op thread per CPU)
+against the count the engine picks at load (`market.engine.threads`, `TorchEngine(threads=
+None)`), the two alternating round by round on the same engine, same batches.
 The last line printed is one JSON object. `--smoke`: the tiny model only, small batches,
 a few tokens (seconds; figures meaningless).
 """
@@ -37,6 +40,7 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from market.engine.base import GenerationRequest  # noqa: E402
+from market.engine.threads import usable_cpus  # noqa: E402
 from market.engine.torch_engine import TorchEngine, left_pad  # noqa: E402
 from market.model.create import create_model  # noqa: E402
 
@@ -172,6 +176,31 @@ def measure(engine: TorchEngine, plain: Any, batch: int, new_tokens: int, rounds
     }
 
 
+def measure_threads(engine: TorchEngine, batch: int, new_tokens: int, rounds: int,
+                    seed: int, counts: dict[str, int]) -> dict[str, Any]:
+    """Quarry's tokens/s at each named thread count, alternating them round by round."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, engine.vocab_size, (batch, PROMPT_LEN), generator=gen).tolist()
+    requests = [GenerationRequest(tuple(row[: PROMPT_LEN - i % (PROMPT_LEN // 2)]), new_tokens)
+                for i, row in enumerate(tokens)]
+    times: dict[str, list[float]] = {name: [] for name in counts}
+    outputs = {}
+    for name, n in counts.items():  # warm-up, and the tokens to compare
+        torch.set_num_threads(n)
+        outputs[name] = [o.token_ids for o in engine.generate(requests)]
+    for _ in range(rounds):
+        for name, n in counts.items():
+            torch.set_num_threads(n)
+            t0 = time.perf_counter()
+            engine.generate(requests)
+            times[name].append(time.perf_counter() - t0)
+    tps = {name: batch * new_tokens / statistics.median(t) for name, t in times.items()}
+    return {"batch": batch, "threads": counts,
+            "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+            "picked_vs_default": round(tps["picked"] / tps["default"], 2),
+            "same_tokens": outputs["picked"] == outputs["default"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="seconds; figures meaningless")
@@ -181,15 +210,26 @@ def main(argv: list[str] | None = None) -> int:
     models = [(4, 128)] if args.smoke else [(4, 128), (8, 512)]
     batches = [1, 2] if args.smoke else [1, 8, 32]
     tokens, rounds = (4, 1) if args.smoke else (args.tokens, args.rounds)
-    all_threads = torch.get_num_threads()
+    all_threads = torch.get_num_threads()  # torch's default: one per CPU
     thread_counts = sorted({1, all_threads})
-    points = []
+    points, thread_points = [], []
     with tempfile.TemporaryDirectory(prefix="quarry-engine-speed-") as tmp:
         for layers, hidden in models:
             name = f"{layers}x{hidden}"
             d = Path(tmp) / name
             create_model(d, layers=layers, hidden=hidden, seed=1)
+            t0 = time.perf_counter()
             engine = TorchEngine(d, device="cpu", precision="fp32", stop_token_ids=())
+            load_s = time.perf_counter() - t0  # the thread pick included
+            counts = {"default": all_threads, "picked": engine.threads}
+            for batch in batches:
+                point = {"model": name, "load_s": round(load_s, 2),
+                         **measure_threads(engine, batch, tokens, rounds, batch, counts)}
+                thread_points.append(point)
+                tps = point["tokens_per_s"]
+                print(f"{name:>7} batch {batch:>2}: torch's {all_threads} threads "
+                      f"{tps['default']:8.1f} tok/s, picked {engine.threads}: "
+                      f"{tps['picked']:8.1f} -> x{point['picked_vs_default']:.2f}", flush=True)
             plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
             for threads in thread_counts:
                 torch.set_num_threads(threads)
@@ -204,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"x{point['vs_hand']:.2f} of the hand loop", flush=True)
             torch.set_num_threads(all_threads)
     print(json.dumps({"benchmark": "engine_speed", "smoke": args.smoke, "new_tokens": tokens,
-                      "prompt_len": PROMPT_LEN, "rounds": rounds, "points": points}))
+                      "prompt_len": PROMPT_LEN, "rounds": rounds, "usable_cpus": usable_cpus(),
+                      "points": points, "threads": thread_points}))
     return 0
 
 

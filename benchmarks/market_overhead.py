@@ -130,7 +130,9 @@ def miner_child(config: Path, events_path: Path, threads: int) -> int:
     """
     import torch
 
-    torch.set_num_threads(threads)
+    from market.engine.threads import set_threads  # engines loaded later keep it
+
+    set_threads(threads)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s miner: %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3", "web3"):
@@ -407,21 +409,20 @@ def summarize(runs: list[dict[str, Any]], raw_times: list[float], n: int) -> dic
 
 
 def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
-    import torch
-
     from client import Client
     from client.batch import prompt_lines
     from market.chain.client import anvil_account
     from market.chain.deploy import DeployParams
     from market.engine.factory import load_engine
     from market.engine.heap import freeze_startup_heap
+    from market.engine.threads import set_threads
     from market.local.stack import LocalStack
     from market.model.create import create_model
     from miner.config import MinerConfig
     from miner.register import register_miner
 
     began = time.monotonic()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # engines loaded later keep it
     model_dir = home / "models" / "quarry-tiny"
     manifest = create_model(model_dir)
     lines = prompt_lines(prompts(args.prompts), model=manifest.name, max_tokens=args.max_tokens,

@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         args.models, args.outputs_per_setup, args.max_tokens = ["tiny"], 4, 6
         args.epochs, args.cheat_honest_outputs, args.cost_batch, args.repeats = 2, 4, 2, 1
         args.cost_max_tokens = 6
-    import torch
+    from market.engine.threads import set_threads  # engines loaded later keep it
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.monotonic()
     engines = Engines(args.device, args.miner_device)
     result: dict[str, Any] = {"benchmark": "numerics", "models": args.models,

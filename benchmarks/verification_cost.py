@@ -60,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from market.engine.base import GenerationRequest
+    from market.engine.threads import set_threads
     from market.engine.torch_engine import TorchEngine
     from market.model.create import create_model
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)  # engines loaded later keep it
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "tiny"
         manifest = create_model(model_dir)

@@ -39,6 +39,8 @@ then command-line flags (each later source overrides the earlier).
 
     [miner.engine_options]                # passed to the engine's constructor
     device = "cuda"
+    # threads = 4                         # torch CPU threads (default on a CPU: the count
+                                          # that decodes the model fastest, timed at load)
 
     [miner.gpu]                           # optional: overrides what torch detects
     name = "NVIDIA H100"

@@ -15,6 +15,13 @@ One scenario on one module-scoped stack (lean: few requests and tokens):
 5. every finalized shard pays each member of the swarm that claimed it exactly its
    `swarmSplit` share (escrow credits to the wei), and every reclaim slashes the penalty
    from that swarm's head alone, never from another member's stake.
+
+Then, on the same stack, three more `miner run` processes serve a 6-layer Gemma 2 model (the
+architecture furthest from Llama: scaled and tied embeddings, sliding-window layers between
+full ones, soft-capped attention and logits) as a swarm of 2 layers each, and a client job's
+outputs equal the single-process engine's. The other architectures' stages are checked in
+process, per architecture (tests/test_archs.py): one devnet per architecture would cost
+about 30 s each.
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ CLIENT = anvil_account(1)
 MEMBERS = {"a": (12, 3, 2.0), "b": (13, 5, 1.0), "c": (14, 5, 1.5), "d": (15, 7, 1.0),
            "e": (16, 5, 2.0)}
 FIRST_FOUR = ("a", "b", "c", "d")
+# The Gemma 2 swarm: three members whose caps hold 2 of its 6 layers each (so the plan needs
+# all three, and each stage has a sliding and a full attention layer).
+GEMMA_LAYERS = 6
+GEMMA_MEMBERS = {"g1": (17, 5, 1.0), "g2": (18, 5, 1.5), "g3": (19, 5, 2.0)}
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +77,21 @@ def model_dir(stack: LocalStack) -> Path:
 
 @pytest.fixture(scope="module")
 def members(stack: LocalStack, model_dir: Path) -> dict[str, Path]:
-    """Five registered swarm members' config files (registered in-process: it is the same
-    `register_miner` the command runs)."""
+    """Five registered swarm members' config files."""
+    return register_members(stack, model_dir, MEMBERS)
+
+
+def register_members(stack: LocalStack, model_dir: Path,
+                     members: dict[str, tuple[int, int, float]]) -> dict[str, Path]:
+    """Swarm members of `model_dir` (name -> (anvil account, memory cap MiB, TFLOP/s)),
+    registered in-process (the same `register_miner` the command runs): their config files."""
     from miner.config import MinerConfig
     from miner.register import register_miner
 
     configs = {}
-    for i, (name, (account, cap, tflops)) in enumerate(MEMBERS.items()):
+    for name, (account, cap, tflops) in members.items():
         cfg = write_miner_config(stack.home / f"swarm-{name}.toml", anvil_account(account).key,
-                                 stack.market_url, model_dir, price=PRICE, port=9200 + i,
+                                 stack.market_url, model_dir, price=PRICE, port=_free_port(),
                                  max_batch=4)
         with cfg.open("a") as f:
             # one shard claimed at a time: a job's shards span the re-plans
@@ -244,3 +261,40 @@ def test_swarm_serves_pays_takes_a_joiner_and_survives_a_kill(
 
 def _name(address: dict[str, str], addr: str) -> str:
     return next(n for n, a in address.items() if a == addr)
+
+
+@pytest.mark.timeout(240)
+def test_a_gemma2_swarm_serves_the_single_process_engines_tokens(stack: LocalStack) -> None:
+    """Three `miner run` processes serve a Gemma 2 model as one swarm (2 layers each): a job
+    through them gives the single-process engine's tokens, past the sliding window."""
+    from client import Client
+    from market.engine.torch_engine import TorchEngine
+    from market.model.archs import TINY_SLIDING_WINDOW
+    from market.model.create import create_model
+
+    model_dir = stack.home / "gemma2"
+    model_id = create_model(model_dir, name="quarry-tiny-gemma2", arch="gemma2",
+                            layers=GEMMA_LAYERS, hidden=64).model_id
+    configs = register_members(stack, model_dir, GEMMA_MEMBERS)
+    address = {anvil_account(account).address for account, _, _ in GEMMA_MEMBERS.values()}
+    procs = [start_member(stack, cfg) for cfg in configs.values()]
+    try:
+        plan = registered_plan(stack, model_id)
+        assert {m["address"] for m in plan["members"]} == address
+        assert sorted(tuple(m["layers"]) for m in plan["members"]) == [(0, 2), (2, 4), (4, 6)]
+        texts = prompts(3, "gemma")
+        engine = TorchEngine(model_dir)
+        reqs = [engine.request_from_body({"prompt": t, "max_tokens": 8}) for t in texts]
+        assert all(len(r.prompt_ids) > TINY_SLIDING_WINDOW for r in reqs)
+        want = [o.token_ids for o in engine.generate(reqs)]
+        engine.close()
+        with Client(stack.rpc_url, CLIENT.key, stack.market_url) as client:
+            job = client.submit(texts, model="quarry-tiny-gemma2", max_tokens=8, price=PRICE,
+                                shard_size=2, deadline=3600, allow_probation=True)
+            job.wait(progress=False, timeout=150)
+            outputs = job.results()  # every receipt, proof and hash checked
+        assert [o.token_ids for o in outputs] == want
+        assert {o.miner for o in outputs} == {plan["head"]}
+    finally:
+        for p in procs:
+            p.stop()

@@ -56,16 +56,12 @@ def _load_engine(model_dir: str) -> TextEngine:
     key = str(Path(model_dir).resolve())
     engine = _engines.get(key)
     if engine is None:
-        import torch
-
         from market.engine.torch_engine import TorchEngine
-
-        torch.set_num_threads(_threads)
 
         started = time.monotonic()
         # market.model.loading verifies every file first; the precision is explicit, never
         # the GPU default (bf16), so that a verifier scores at the calibration it names.
-        engine = TorchEngine(key, precision=_precision)
+        engine = TorchEngine(key, precision=_precision, threads=_threads)
         _engines[key] = engine
         log.info("loaded %s (%s) in %.1fs", key, engine.model_id.hex(),
                  time.monotonic() - started)

@@ -13,7 +13,7 @@ The math is the model's: the same layers, weights, positions and visible keys.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -156,20 +156,25 @@ def embed(embed_tokens: nn.Module, arch: Arch, hidden_size: int, ids: torch.Tens
     return h
 
 
-def run_layers(layers: Iterable[nn.Module], rotary_emb: nn.Module, h: torch.Tensor,
+def rotaries(arch: Arch, decoder: nn.Module) -> dict[str, nn.Module]:
+    """The decoder's rotary embeddings keyed by the decoder-layer argument each feeds (one,
+    or Gemma 3's global and local pair)."""
+    return {arg: getattr(decoder, attr) for attr, arg in arch.rotary}
+
+
+def run_layers(layers: Iterable[nn.Module], rotary: Mapping[str, nn.Module], h: torch.Tensor,
                position_ids: torch.Tensor, cache: DecodeCache) -> torch.Tensor:
     """Run `layers` (cache slots 0..n-1) on hidden states `h` [B, q, d] of the next `q`
-    columns, extending `cache`."""
+    columns, extending `cache`; `rotary` as `rotaries` gives it."""
     q = int(h.shape[1])
     masks = cache.masks(q)
     cache_position = torch.arange(cache.length, cache.length + q, device=h.device)
-    pe = rotary_emb(h, position_ids)
+    pe = {arg: emb(h, position_ids) for arg, emb in rotary.items()}
     for j, layer in enumerate(layers):
         attn: Any = layer.self_attn
         attn.layer_idx = j  # the cache slot (a stage's hop may start mid-model)
         out = layer(h, attention_mask=masks[cache.windows[j]], position_ids=position_ids,
-                    past_key_values=cache, cache_position=cache_position,
-                    position_embeddings=pe)
+                    past_key_values=cache, cache_position=cache_position, **pe)
         h = out[0] if isinstance(out, tuple) else out  # Gemma 2's layers return a tuple
     cache.advance(q)
     return h

@@ -11,7 +11,9 @@ token is kept in `token_ids` and `logprobs`, not in `text`), at the first token 
 its decoded text contains one of the request's stop strings (`base.text_for`: the ids are
 kept, the text is cut before the stop string), or after `max_tokens`. Only rows with stop
 strings pay for the check: one decode of the row's output per step.
-Tokens are chosen by `sampling.select_next`, so logprobs are untempered.
+Tokens are chosen by `sampling.select_next`, so logprobs are untempered. On a CPU the
+engine runs with the torch thread count that decodes its model fastest, timed once at load
+(`threads=None`), or the `threads` it is given (`market.engine.threads`).
 
 score: prompt + output per row, right-padded, one forward pass per batch through the
 decoder; the lm_head runs only at the positions that predict output tokens, so memory
@@ -33,7 +35,7 @@ from market.engine.base import (
     ScoreResult,
     SupportTest,
 )
-from market.engine.decode import DecodeCache, embed, layer_windows, run_layers
+from market.engine.decode import DecodeCache, embed, layer_windows, rotaries, run_layers
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
@@ -43,6 +45,7 @@ from market.engine.sampling import (
     select_next,
 )
 from market.engine.text import EngineError, TextEngine
+from market.engine.threads import check_threads, engine_threads
 from market.model.archs import SDPA_KINDS, arch_of, final_logits
 from market.model.loading import load_model, resolve_device, resolve_precision
 from market.model.manifest import Manifest, load_manifest
@@ -96,9 +99,11 @@ class TorchEngine(TextEngine):
         commit: bool = True,
         precision: Any = None,
         attention: str | None = None,
+        threads: int | None = None,
     ) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1:
             raise EngineError("max_batch_size and max_batch_tokens must be >= 1")
+        threads = check_threads(threads)
         self.model_dir = Path(model_dir)
         self.manifest = manifest if manifest is not None else load_manifest(self.model_dir)
         self.device = resolve_device(device)
@@ -128,6 +133,21 @@ class TorchEngine(TextEngine):
         if pad is None:
             pad = min(self.stop_token_ids) if self.stop_token_ids else 0
         self.pad_id = int(pad)
+        self.threads = self._decide_threads(threads)
+
+    def _decide_threads(self, threads: int | None) -> int:
+        """The torch threads this engine runs with (`market.engine.threads`): `threads`
+        where given, else the process's choice; on a CPU a process that made none gets the
+        fastest count for this model's decode steps (timed once per process and operation
+        sizes); on a GPU torch's own."""
+        if threads is None and self.device.type != "cpu":
+            return torch.get_num_threads()
+        probe = [GenerationRequest(tuple(3 + (i + j) % max(1, self.vocab_size - 3)
+                                         for j in range(8)), 2) for i in range(4)]
+        # the sizes of its operations decide the count, not how many layers repeat them
+        shape = (self.hidden_size, int(self.model.config.intermediate_size), self.vocab_size,
+                 str(self.dtype))
+        return engine_threads(threads, shape, lambda: self.generate(probe))
 
     def _batches(self, order: list[int], lengths: Sequence[int]) -> Iterable[list[int]]:
         """Consecutive chunks of `order` within the batch-size and padded-token budgets."""
@@ -166,7 +186,7 @@ class TorchEngine(TextEngine):
         last position only: (last hidden states [B, d], logits [B, V])."""
         decoder = self.model.get_decoder()
         h = embed(decoder.embed_tokens, self.arch, self.hidden_size, ids)
-        h = run_layers(decoder.layers, decoder.rotary_emb, h, positions, cache)
+        h = run_layers(decoder.layers, rotaries(self.arch, decoder), h, positions, cache)
         hidden = decoder.norm(h[:, -1, :])
         return hidden, self.logits(hidden)
 

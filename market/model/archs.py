@@ -3,8 +3,11 @@
 Every engine runs transformers' own modules (decoder layers, norms, rotary embeddings);
 this table holds only the steps a model class performs around them that a stage of a
 split model must repeat itself: Gemma scales embeddings by sqrt(hidden) and its RMSNorm
-computes (1 + w), Gemma 2 soft-caps the final logits, and some layers attend through a
-sliding window. Cheap to import: torch loads only where a tensor is touched.
+computes (1 + w), Gemma 2 soft-caps the final logits, Gemma 3 gives its sliding and full
+attention layers rotary embeddings of different bases, and some layers attend through a
+sliding window. Keys are config.json's `model_type`: Gemma 3's text-only model
+(Gemma3ForCausalLM) is "gemma3_text" ("gemma3" is the image-and-text model, not served).
+Cheap to import: torch loads only where a tensor is touched.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ class Arch:
     """What a stage or the model writer must know about one `model_type`."""
 
     causal_lm: str  # the transformers class in config.json's "architectures"
-    embed_scaled: bool = False  # embeddings are multiplied by sqrt(hidden_size)
+    embed_scaled: bool = False  # the model multiplies embeddings by sqrt(hidden_size)
     norm_identity: float = 1.0  # the RMSNorm weight that leaves a vector unscaled
+    # (the decoder's rotary embedding attribute, the decoder layer's argument it feeds)
+    rotary: tuple[tuple[str, str], ...] = (("rotary_emb", "position_embeddings"),)
 
 
 ARCHS: dict[str, Arch] = {
@@ -34,6 +39,10 @@ ARCHS: dict[str, Arch] = {
     "qwen3": Arch("Qwen3ForCausalLM"),
     "mistral": Arch("MistralForCausalLM"),
     "gemma2": Arch("Gemma2ForCausalLM", embed_scaled=True, norm_identity=0.0),
+    # Gemma 3's embedding module scales by itself (a buffer `StageModel` fills in).
+    "gemma3_text": Arch("Gemma3ForCausalLM", norm_identity=0.0,
+                        rotary=(("rotary_emb", "position_embeddings_global"),
+                                ("rotary_emb_local", "position_embeddings_local"))),
     "phi3": Arch("Phi3ForCausalLM"),
 }
 SUPPORTED_MODEL_TYPES = tuple(ARCHS)
@@ -130,8 +139,9 @@ def tiny_config(arch: str, base: dict[str, Any]) -> dict[str, Any]:
     Each architecture keeps its real models' traits: Qwen 2 (as its small models) and Gemma
     tie the embeddings (a tied random model mostly repeats its last token: the residual
     stream is that token's embedding), Qwen 2 has q/k/v biases, Qwen 3 q/k norms, Mistral
-    and Gemma 2 slide (Gemma 2 on every other layer, with both soft caps), Phi-3 fuses its
-    projections and rotates half of each head."""
+    and Gemma 2 slide (Gemma 2 on every other layer, with both soft caps), Gemma 3 slides on
+    every other layer too (its real models on 5 of 6) with a local rotary base of 10^4 and a
+    global one of 10^6, Phi-3 fuses its projections and rotates half of each head."""
     a = arch_of(arch, f"--arch {arch}")
     cfg = dict(base)
     if arch == "llama":
@@ -159,6 +169,22 @@ def tiny_config(arch: str, base: dict[str, Any]) -> dict[str, Any]:
                          for i in range(layers)],
             attn_logit_softcapping=50.0,
             final_logit_softcapping=30.0,
+            attention_bias=False,
+        )
+    elif arch == "gemma3_text":
+        cfg.pop("hidden_act")
+        cfg.update(
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=cfg["head_dim"],
+            sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                         for i in range(layers)],
+            rope_theta=1_000_000.0,
+            rope_local_base_freq=10_000.0,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            use_bidirectional_attention=False,
             attention_bias=False,
         )
     elif arch == "phi3":

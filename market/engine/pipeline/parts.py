@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from market.engine.decode import DecodeCache, embed, layer_windows, run_layers
+from market.engine.decode import DecodeCache, embed, layer_windows, rotaries, run_layers
 from market.engine.framestack import fresh_frame_chunk
 from market.engine.pipeline.errors import PipelineError
 from market.model.archs import SDPA_KINDS, arch_of, attention_for, final_logits, layer_types
@@ -152,12 +152,18 @@ class StageModel(nn.Module):
             causal = AutoModelForCausalLM.from_config(
                 full, attn_implementation=full._attn_implementation)
         base = causal.get_decoder()
-        prefix = causal.base_model_prefix + "."
+        # the weights' prefix: the decoder's attribute ("model"; Gemma 3's base_model_prefix
+        # names another)
+        prefix = next(n for n, m in causal.named_children() if m is base) + "."
         self.layers = nn.ModuleList(list(base.layers)[start:end])
         self.embed_tokens = base.embed_tokens if self.spec.first else None
         self.norm = base.norm if self.spec.last else None
         self.lm_head = causal.get_output_embeddings() if self.spec.last else None
-        self.rotary_emb = type(base.rotary_emb)(config=full, device=self.device)
+        # built again off the meta device, each from its own config (Gemma 3's local one
+        # has its own base)
+        self.rotary = nn.ModuleDict({
+            arg: type(emb)(config=emb.config, device=self.device)
+            for arg, emb in rotaries(self.arch, base).items()})
 
         names: dict[str, str] = {}
         for local, glob in enumerate(range(start, end)):
@@ -185,6 +191,13 @@ class StageModel(nn.Module):
         if self.embed_tokens is not None and self.lm_head is not None and "lm_head.weight" \
                 not in index:
             self.lm_head.weight = self.embed_tokens.weight  # tied: one tensor, as HF keeps it
+        if self.embed_tokens is not None and hasattr(self.embed_tokens, "embed_scale"):
+            # Gemma 3's embedding scales by a buffer that is not in the weights
+            self.embed_tokens.embed_scale = torch.tensor(full.hidden_size**0.5,
+                                                         device=self.device)
+        left = [n for n, t in (*self.named_parameters(), *self.named_buffers()) if t.is_meta]
+        if left:
+            raise PipelineError(f"{full.model_type} stage: {left[0]} was not loaded")
         self.eval()
 
     def _local_config(self, full: Any, a: int, b: int) -> Any:
@@ -242,7 +255,8 @@ class StageModel(nn.Module):
         it needs)."""
         a, b = self._range(layers)
         h = run_layers(self.layers[a - self.spec.start : b - self.spec.start],
-                       self.rotary_emb, self._enter(x, a), position_ids.to(self.device), cache)
+                       dict(self.rotary.items()), self._enter(x, a),
+                       position_ids.to(self.device), cache)
         return self._leave(h, b)
 
     @fresh_frame_chunk
@@ -277,10 +291,10 @@ class StageModel(nn.Module):
         builders = {"full_attention": create_causal_mask,
                     "sliding_attention": create_sliding_window_causal_mask}
         masks = {kind: builders[kind](**mask_args) for kind in set(kinds)}
-        pe = self.rotary_emb(h, position_ids)
+        pe = {arg: emb(h, position_ids) for arg, emb in self.rotary.items()}
         for j, layer in enumerate(self.layers[a - self.spec.start : b - self.spec.start]):
             out = layer(h, attention_mask=masks[kinds[j]], position_ids=position_ids,
-                        cache_position=mask_args["cache_position"], position_embeddings=pe)
+                        cache_position=mask_args["cache_position"], **pe)
             h = out[0] if isinstance(out, tuple) else out  # Gemma 2's layers return a tuple
         return self._leave(h, b)
 

@@ -57,6 +57,7 @@ from market.engine.pipeline.parts import (
     parse_layers,
     positions_from_mask,
 )
+from market.engine.threads import set_threads
 from market.errors import QuarryError
 
 HEARTBEAT_S = 0.25
@@ -511,11 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error("--threads must be >= 1")
-    torch.set_num_threads(args.threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
+    set_threads(args.threads)
     try:
         start, end = parse_layers(args.layers)
         if not args.no_verify:
