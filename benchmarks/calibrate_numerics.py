@@ -12,7 +12,9 @@ answer the same greedy requests; each verifier precision (fp32, bf16) re-reads t
   gap, the observed flips stay at most half the allowed.
 - **Commitment chunks.** Each output's activation commitment against the verifier's own
   hidden states (`market.protocol.commitments.check`): the worst chunk's sign/exponent
-  mismatches and mantissa errors.
+  mismatches and mantissa errors, and the mean error that at most `DRIFT_FALSE_RATE` /
+  `DRIFT_SAFETY` (1 in 30) of honest chunks exceed: the drift threshold
+  (`verifier.error_models.DRIFT`, kept for `DRIFT_PAIRS`).
 
 The error models (`models` in the JSON, what `verifier.scoring.ERROR_MODELS` holds):
 - against an fp32 verifier, beta is `SAFETY` times the largest smallest_beta over both
@@ -62,6 +64,11 @@ FP32_FLOOR = 0.005
 """The least greedy scale of an fp32 miner (nats)."""
 CHUNK_SLACK = (2, 0.5, 1.0)
 """Added to SAFETY times the worst honest chunk: mismatches, mean and median ulps."""
+DRIFT_SAFETY = 3
+"""The drift threshold leaves this many times fewer honest chunks above it than
+`verifier.scoring.DRIFT_FALSE_RATE` allows."""
+DRIFT_PAIRS = ("bf16/fp32",)
+"""Where a drift threshold is calibrated: where int8 weights hide inside the tolerance."""
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "calibrate_numerics.json"
 
 
@@ -71,8 +78,12 @@ def chunk_summary(checks: list[Any]) -> dict[str, Any]:
     mism = sorted(c.mismatches for c in checks)
     means = sorted(c.mant_err_mean for c in checks)
     medians = sorted(c.mant_err_median for c in checks)
+    from verifier.scoring import DRIFT_FALSE_RATE
+
     q = max(0, math.ceil(0.999 * len(checks)) - 1)
+    d = max(0, math.ceil((1 - DRIFT_FALSE_RATE / DRIFT_SAFETY) * len(checks)) - 1)
     return {"chunks": len(checks), "max_mismatches": mism[-1], "p999_mismatches": mism[q],
+            "drift_quantile_mant_err_mean": round(means[d], 3),
             "max_mant_err_mean": round(means[-1], 3), "p999_mant_err_mean": round(means[q], 3),
             "max_mant_err_median": medians[-1]}
 
@@ -92,6 +103,9 @@ def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[st
             "chunks": [math.ceil(SAFETY * pair.get("max_mismatches", 0)) + CHUNK_SLACK[0],
                        round(SAFETY * pair.get("max_mant_err_mean", 0) + CHUNK_SLACK[1], 2),
                        SAFETY * pair.get("max_mant_err_median", 0) + CHUNK_SLACK[2]]}
+        if f"{p.label}/fp32" in DRIFT_PAIRS and "drift_quantile_mant_err_mean" in pair:
+            fp32_models[p.label]["drift"] = math.ceil(
+                pair["drift_quantile_mant_err_mean"] * 20) / 20  # up to 0.05 ulps
     out: dict[str, Any] = {f"{k}/fp32": v for k, v in fp32_models.items()}
     verifier = fp32_models.get("bf16")
     for label, m in fp32_models.items():

@@ -97,6 +97,8 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
     setups = HONEST_SETUPS if not args.smoke else HONEST_SETUPS[:1] + HONEST_SETUPS[4:5]
     if args.miner_engine == "vllm":
         setups = VLLM_SETUPS
+    if args.setups:
+        setups = tuple(s for s in setups if s.label in args.setups)
     total = {"outputs": 0, "at_fault": 0, "shards": 0, "shards_at_fault": 0}
     worst: dict[str, float] = {"greedy": -math.inf, "sampled": -math.inf,
                                "commitments": -math.inf, "shard": -math.inf}
@@ -150,7 +152,9 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
                     "first_fault": (faults or shard_faults or [""])[0],
                     "max_log_evidence": round(max(j.log_evidence for j in alone), 2),
                     "off_argmax_tokens": sum(j.mismatches for j in alone),
-                    "failed_chunks": sum(j.failed_chunks for j in alone)}
+                    "failed_chunks": sum(j.failed_chunks for j in alone),
+                    "drifted_chunks": sum(x.drifted_chunks for x in scores),
+                    "drift_chunks": sum(x.drift_chunks for x in scores)}
                 total["outputs"] += len(scores)
                 total["at_fault"] += len(faults)
                 total["shards"] += len(shards)
@@ -255,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the torch engines' device (cpu; cuda on a GPU machine)")
     parser.add_argument("--miner-device", default=None,
                         help="the honest miners' device in part 1 (default --device)")
+    parser.add_argument("--setups", default="",
+                        help="only these honest setups, comma-separated labels (bf16/b32/sdpa)")
     parser.add_argument("--dump-outputs", type=Path, default=None,
                         help="write part 1's requests and outputs here (gzipped JSON)")
     parser.add_argument("--load-outputs", type=Path, default=None,
@@ -267,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.setups = {m.strip() for m in args.setups.split(",") if m.strip()}
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.smoke:
         args.models, args.outputs_per_setup, args.max_tokens = ["tiny"], 4, 6

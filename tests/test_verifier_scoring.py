@@ -342,3 +342,27 @@ def test_json_round_trip_and_judge_rules() -> None:
     with pytest.raises(ScoringError, match="false_fault_rate"):
         judge([honest], false_fault_rate=0)
     assert len(COMMIT_ALTERNATIVES) == 3
+
+
+def test_drift_separates_a_cheaper_computation_inside_the_tolerance() -> None:
+    """Chunks that pass the tolerance but drift: honest bf16's rate (2.9% measured, 10%
+    allowed) banks nothing; int8 weights' (46% measured) fails a challenge's worth of
+    chunks, where the tolerance alone sees nothing (none failed)."""
+    base = ChallengeScore(greedy=False, tokens=64, log_ratios=(0.0,) * SAMPLED_WIDTH)
+    honest = [replace(base, chunks=2, drift_chunks=2, drifted_chunks=int(i % 17 == 0))
+              for i in range(24)]  # 2 of 48 chunks drifted: 4%
+    int8 = [replace(base, chunks=2, drift_chunks=2, drifted_chunks=1)
+            for _ in range(24)]  # 24 of 48 chunks drifted: 50%
+    assert judge(honest).passed and judge(honest).kind_log_evidence[2] < 0
+    verdict = judge(int8)
+    assert not verdict.passed and "activation commitments" in verdict.reason
+    assert verdict.failed_chunks == 0
+    # Without a calibrated drift (drift_chunks 0) the same chunks are the tolerance's alone.
+    assert judge([replace(s, drift_chunks=0, drifted_chunks=0) for s in int8]).passed
+    # JSON: the drift counts round-trip; scores written before them read as 0; bad counts
+    # are refused.
+    assert ChallengeScore.from_json(int8[0].to_json()) == int8[0]
+    old = {k: v for k, v in int8[0].to_json().items() if not k.startswith("drift")}
+    assert ChallengeScore.from_json(old) == replace(int8[0], drift_chunks=0, drifted_chunks=0)
+    with pytest.raises(ScoringError, match="2 drifted of 1 drift-checked"):
+        ChallengeScore.from_json({**int8[0].to_json(), "drift_chunks": 1, "drifted_chunks": 2})

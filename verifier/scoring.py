@@ -66,6 +66,17 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   the product over
   chunks of (q / eps if failed else (1 - q) / (1 - eps)) is a test supermartingale for each
   alternative failure rate q in `COMMIT_ALTERNATIVES`, and so is their mean.
+  A chunk inside the tolerance can still *drift*: a mean mantissa error above the pair's
+  `drift` (`verifier.error_models.DRIFT`, calibrated where a cheaper computation hides
+  inside the tolerance: bf16 declared against an fp32 verifier, where int8 weights' worst
+  chunks overlap bf16's but their typical chunk does not). An honest chunk drifts with
+  chance at most `DRIFT_FALSE_RATE` (0.1; measured: at most 2.6% of honest bf16 chunks in
+  any setup on the trained model, and an H200's bf16 chunks erred as this CPU's did: median
+  0.58 ulps on both, on the tiny model), so the same
+  product over the drift-checked chunks, with alternative rates `DRIFT_ALTERNATIVES`, joins
+  the mean; a pair without a calibrated drift checks none. Like the tolerance's, the bound
+  takes chunks as independent given the past: the product is a test supermartingale when
+  each chunk's chance to drift, given everything before it, stays under the bound.
 
 **The verdict** (`judge`). A set of outputs (one miner's epoch, or one shard) fails if any
 output is impossible, or if its evidence, the mean of the e-values of the kinds the set
@@ -126,7 +137,7 @@ from market.errors import QuarryError
 from market.protocol.commitments import ChunkCheck, chunk_sizes, expected_length
 from market.protocol.precision import Precision, PrecisionError, parse_precision
 from market.protocol.requests import find_stop
-from verifier.error_models import CALIBRATED, DEFAULT
+from verifier.error_models import CALIBRATED, DEFAULT, DRIFT
 
 BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
@@ -145,13 +156,17 @@ COMMIT_ALTERNATIVES = (0.1, 0.3, 0.9)
 """Alternatives of the commitment test: the share of chunks a dishonest miner fails."""
 CHUNK_FALSE_RATE = 0.03
 """The honest chance, taken as an upper bound, that one chunk fails its tolerance."""
+DRIFT_ALTERNATIVES = (0.3, 0.6)
+"""Alternatives of the drift test: the share of chunks a cheaper computation drifts."""
+DRIFT_FALSE_RATE = 0.1
+"""The honest chance, taken as an upper bound, that one chunk drifts (module doc)."""
 FALSE_FAULT_RATE = 1e-6
 """The most often an honest set of outputs may fail, by the stated model."""
 FINISH_REASONS = ("stop", "length")
 KINDS = ("greedy", "sampled", "commitments")
 """The kinds of evidence, in the order of `Judgement.own` (and of a `prior`)."""
 GRIDS = {"greedy": len(GREEDY_EXPONENTS), "sampled": SAMPLED_WIDTH,
-         "commitments": len(COMMIT_ALTERNATIVES)}
+         "commitments": len(COMMIT_ALTERNATIVES) + len(DRIFT_ALTERNATIVES)}
 """How many alternatives each kind's e-value averages over."""
 EVIDENCE_WIDTH = sum(GRIDS.values())
 
@@ -163,10 +178,18 @@ class ChunkTolerance:
     mismatches: int  # points whose sign or exponent differ
     mant_err_mean: float  # bf16 ulps
     mant_err_median: float
+    drift: float = math.inf  # a passing chunk's mean error above this drifts (module doc)
 
     def passes(self, c: ChunkCheck) -> bool:
         return (c.mismatches <= self.mismatches and c.mant_err_mean <= self.mant_err_mean
                 and c.mant_err_median <= self.mant_err_median)
+
+    @property
+    def checks_drift(self) -> bool:
+        return math.isfinite(self.drift)
+
+    def drifts(self, c: ChunkCheck) -> bool:
+        return c.mant_err_mean > self.drift
 
 
 @dataclass(frozen=True)
@@ -208,10 +231,12 @@ def error_model(declared: object, verifier: object = Precision.FP32,
         raise ScoringError(f"no calibrated error model for a {reference.label} verifier; "
                            f"verifiers score in "
                            f"{' or '.join(p.label for p in VERIFIER_PRECISIONS)}")
-    table = CALIBRATED.get("0x" + model_id.hex(), DEFAULT) if model_id else DEFAULT
-    beta, (mismatches, mean, median) = table[f"{miner.label}/{reference.label}"]
+    key = "0x" + model_id.hex() if model_id else ""
+    pair = f"{miner.label}/{reference.label}"
+    beta, (mismatches, mean, median) = CALIBRATED.get(key, DEFAULT)[pair]
+    drift = DRIFT.get(key, {}).get(pair, math.inf)
     return ErrorModel(beta, (MANTISSA_BITS[miner], MANTISSA_BITS[reference]),
-                      ChunkTolerance(mismatches, mean, median))
+                      ChunkTolerance(mismatches, mean, median, drift))
 
 
 def _logmeanexp(values: Sequence[float]) -> float:
@@ -221,12 +246,22 @@ def _logmeanexp(values: Sequence[float]) -> float:
     return top + math.log(math.fsum(math.exp(v - top) for v in values) / len(values))
 
 
-def _commit_log_ratios(chunks: int, failed: int) -> tuple[float, ...]:
-    """log of the commitment e-value's factors over `chunks` chunks with `failed` failures,
-    per alternative in COMMIT_ALTERNATIVES (module doc)."""
-    eps = CHUNK_FALSE_RATE
-    return tuple(failed * math.log(q / eps) + (chunks - failed) * math.log((1 - q) / (1 - eps))
-                 for q in COMMIT_ALTERNATIVES)
+def _binomial_log_ratios(n: int, hits: int, honest: float,
+                         alternatives: Sequence[float]) -> tuple[float, ...]:
+    """log of prod (q / honest if hit else (1 - q) / (1 - honest)) over n trials, per
+    alternative rate q: a test supermartingale while each trial hits with chance at most
+    `honest` (module doc)."""
+    return tuple(hits * math.log(q / honest) + (n - hits) * math.log((1 - q) / (1 - honest))
+                 for q in alternatives)
+
+
+def _commit_log_ratios(chunks: int, failed: int, drift_checked: int = 0,
+                       drifted: int = 0) -> tuple[float, ...]:
+    """log of the commitment e-value's factors: failures beyond the tolerance per
+    COMMIT_ALTERNATIVES, then drift per DRIFT_ALTERNATIVES (module doc)."""
+    return (_binomial_log_ratios(chunks, failed, CHUNK_FALSE_RATE, COMMIT_ALTERNATIVES)
+            + _binomial_log_ratios(drift_checked, drifted, DRIFT_FALSE_RATE,
+                                   DRIFT_ALTERNATIVES))
 
 
 @dataclass(frozen=True)
@@ -241,6 +276,8 @@ class ChallengeScore:
     greedy_log_ratios: tuple[float, ...] = ()  # greedy: per GREEDY_EXPONENTS
     chunks: int = 0  # commitment chunks checked (0: the output carries no commitment)
     failed_chunks: int = 0  # of those, beyond the declared precision's tolerance
+    drift_chunks: int = 0  # of those, checked for drift (0 where the pair has no drift)
+    drifted_chunks: int = 0  # of those, drifted
     log_perplexity: float = 0.0  # untempered, for the record (inf when impossible)
     precision: int = int(Precision.FP32)  # the miner's declared precision it was judged at
 
@@ -257,7 +294,8 @@ class ChallengeScore:
         """This output's evidence per alternative, laid out as `Judgement.own`."""
         greedy = self.greedy_log_ratios or (0.0,) * len(GREEDY_EXPONENTS)
         sampled = self.log_ratios or (0.0,) * SAMPLED_WIDTH
-        commit = _commit_log_ratios(self.chunks, self.failed_chunks)
+        commit = _commit_log_ratios(self.chunks, self.failed_chunks, self.drift_chunks,
+                                    self.drifted_chunks)
         return (*greedy, *sampled, *commit)
 
     @property
@@ -266,7 +304,8 @@ class ChallengeScore:
         it carries none)."""
         kinds = [v for v in (self.greedy_log_ratios, self.log_ratios) if v]
         if self.chunks:
-            kinds.append(_commit_log_ratios(self.chunks, self.failed_chunks))
+            kinds.append(_commit_log_ratios(self.chunks, self.failed_chunks,
+                                            self.drift_chunks, self.drifted_chunks))
         return _logmeanexp([_logmeanexp(v) for v in kinds]) if kinds else 0.0
 
     def suspicion(self) -> tuple[int, float]:
@@ -280,7 +319,8 @@ class ChallengeScore:
             "greedy": self.greedy, "tokens": self.tokens, "problem": self.problem,
             "margins": list(self.margins), "log_ratios": list(self.log_ratios),
             "greedy_log_ratios": list(self.greedy_log_ratios), "chunks": self.chunks,
-            "failed_chunks": self.failed_chunks, "precision": self.precision,
+            "failed_chunks": self.failed_chunks, "drift_chunks": self.drift_chunks,
+            "drifted_chunks": self.drifted_chunks, "precision": self.precision,
             "log_perplexity": (self.log_perplexity if math.isfinite(self.log_perplexity)
                                else None),
         }
@@ -295,7 +335,9 @@ class ChallengeScore:
         missing = [f for f in fields if f not in d]
         if missing:
             raise ScoringError(f"challenge score lacks {', '.join(missing)}")
-        unknown = sorted(str(k) for k in d if k not in fields)
+        optional = ("drift_chunks", "drifted_chunks")  # absent from scores before the drift
+        d = {**dict.fromkeys(optional, 0), **d}
+        unknown = sorted(str(k) for k in d if k not in fields + optional)
         if unknown:
             raise ScoringError(f"challenge score has unknown field(s) {', '.join(unknown)}")
 
@@ -329,6 +371,10 @@ class ChallengeScore:
         chunks, failed = count("chunks"), count("failed_chunks")
         if failed > chunks:
             raise ScoringError(f"challenge score has {failed} failed of {chunks} chunks")
+        drift_checked, drifted = count("drift_chunks"), count("drifted_chunks")
+        if drifted > drift_checked or drift_checked > chunks:
+            raise ScoringError(f"challenge score has {drifted} drifted of {drift_checked} "
+                               f"drift-checked of {chunks} chunks")
         try:
             precision = int(parse_precision(d["precision"]))
         except PrecisionError as exc:
@@ -336,7 +382,8 @@ class ChallengeScore:
         return cls(greedy=greedy, tokens=count("tokens"), problem=problem,
                    margins=numbers("margins"), log_ratios=numbers("log_ratios", SAMPLED_WIDTH),
                    greedy_log_ratios=numbers("greedy_log_ratios", len(GREEDY_EXPONENTS)),
-                   chunks=chunks, failed_chunks=failed, precision=precision,
+                   chunks=chunks, failed_chunks=failed, drift_chunks=drift_checked,
+                   drifted_chunks=drifted, precision=precision,
                    log_perplexity=math.inf if log_ppl is None else float(log_ppl))
 
 
@@ -633,11 +680,13 @@ def score_outputs(
                 result.top_logprobs, result.logprobs, result.argmax_ids, output, strict=True)
                 if am != t)
         checks = result.commitment_checks
+        drift = [c for c in checks if model.chunks.checks_drift and model.chunks.passes(c)]
         scores.append(ChallengeScore(
             greedy=request.greedy, tokens=len(output), margins=margins,
             log_ratios=() if request.greedy else tuple(result.log_ratios),
             greedy_log_ratios=tuple(result.greedy_log_ratios) if request.greedy else (),
             chunks=len(checks), failed_chunks=sum(not model.chunks.passes(c) for c in checks),
+            drift_chunks=len(drift), drifted_chunks=sum(model.chunks.drifts(c) for c in drift),
             precision=declared, log_perplexity=_log_perplexity(result)))
     return scores
 
