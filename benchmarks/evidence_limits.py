@@ -281,7 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         parser.error(f"not a likely-end or sampled-noise mode: {', '.join(bad)}")
     if args.smoke:
-        args.epochs, args.requests, args.max_tokens, args.client_shards = 1, 4, 8, 2
+        args.epochs, args.requests, args.max_tokens, args.client_shards = 1, 2, 8, 1
         args.draws, args.audit_rate_bps = 8, 10_000
         args.modes = ["likely-end-0.1", "sampled-noise-0.5"]
     return args
