@@ -154,9 +154,10 @@ advance like EXPONENTS (`market.engine.base.SupportTest`). The stop alternatives
 c = 0.03 up weigh an end 0.05 + 0.95 / s: a miner that ends wherever an end was that
 likely never continues there, so the continuation factor can be small (0.05) and each of
 its ends weighs nearly the full likelihood ratio 1 / s (`likely-end-0.1` in
-`benchmarks/detection.py`: 15.6 nats at its capture against 14.0 at 0.8; the c = 0.1
-alternative collects 97% of the exact ratio, `benchmarks/evidence_limits.py`); c = 0.01
-keeps 0.8 for a miner that ends early only now and then."""
+`benchmarks/detection.py` on the trained model: untrusted after 4 epochs where 0.8 took 6
+on the same draws; the c = 0.1 alternative collects 97% of the exact ratio,
+`benchmarks/evidence_limits.py`); c = 0.01 keeps 0.8 for a miner that ends early only now
+and then."""
 SAMPLED_WIDTH = len(EXPONENTS) + SUPPORT_TEST.width
 GREEDY_EXPONENTS = (0.05, 0.15, 0.35, 0.6)
 """Alternatives of the greedy test: Gumbel noise of scale beta / e, from 1.7 to 20 times the
