@@ -36,7 +36,8 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   so they join the same mean: E_q = (1 - lam) + lam * r(support) = 1 for any lam in (0, 1),
   which is why raising lam (0.95 for the stop alternatives from c = 0.03) leaves the 1e-6
   bound exact. One honest output ends once, so alone its stop evidence is at most
-  log(0.05 + 0.95 / 0.03) = 3.5 nats, a quarter of the threshold.
+  log(0.2 + 0.8 / 0.01) = 4.4 nats (c = 0.01; 3.5 at c = 0.03), under a third of the
+  threshold.
   What no choice of alternatives fixes (`benchmarks/evidence_limits.py`, trained test
   model, 3 epochs): the evidence a test can expect per epoch is at most the KL divergence
   of the cheat's token distribution from the honest one. Ending wherever the stop mass
