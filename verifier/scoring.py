@@ -33,7 +33,22 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   (1 - lam) + lam / s, each continuation there 1 - lam), and r = q cut to its k most
   likely tokens (top-k or min-p sampling: each token of the head weighs (1 - lam) +
   lam / m_k, each of the tail 1 - lam). Both factors have expectation exactly 1 under q,
-  so they join the same mean.
+  so they join the same mean: E_q = (1 - lam) + lam * r(support) = 1 for any lam in (0, 1),
+  which is why raising lam (0.95 for the stop alternatives from c = 0.03) leaves the 1e-6
+  bound exact. One honest output ends once, so alone its stop evidence is at most
+  log(0.2 + 0.8 / 0.01) = 4.4 nats (c = 0.01; 3.5 at c = 0.03), under a third of the
+  threshold.
+  What no choice of alternatives fixes (`benchmarks/evidence_limits.py`, trained test
+  model, 3 epochs): the evidence a test can expect per epoch is at most the KL divergence
+  of the cheat's token distribution from the honest one. Ending wherever the stop mass
+  reaches 0.1 gives 5.2 nats per epoch's challenge (9.1 with the epoch's audited shards
+  pooled), of which the c = 0.1 alternative collects 97%; the mixture over 17 sampled
+  alternatives and 3 kinds costs 3.9 nats, so a challenge alone needs 4 epochs on average.
+  Logit noise of 0.25 (0.5) nats on sampled steps gives 0.37 (1.5) nats per challenge on
+  the tokens inside the nucleus: 38 (10) epochs for an exact test. What does show it is
+  its tokens outside the honest nucleus under top_p < 1 (13 and 24 in 3 epochs; honest
+  fp32: 0), which this test forgives as rounding at the nucleus' edge: a test of them
+  needs a bound on how far each declared precision's rounding moves that edge.
 - **Greedy requests** (temperature 0): the token at every position is the argmax of the
   miner's logits, which are the reference's plus the miner's rounding. The error model,
   for declared precision P against a verifier in precision V, is two parts:
@@ -143,11 +158,18 @@ BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
 """Alternatives of the sampled test: the same model at temperature T / e. 16 is nearly
 greedy; 0.25 is four times hotter. The grid is fixed in advance (it is part of the test)."""
-SUPPORT_TEST = SupportTest(stops=((0.01, 0.8), (0.03, 0.8), (0.1, 0.8), (0.3, 0.8)),
+SUPPORT_TEST = SupportTest(stops=((0.01, 0.8), (0.03, 0.95), (0.1, 0.95), (0.3, 0.95)),
                            top_ks=((2, 0.7), (5, 0.7), (20, 0.7), (50, 0.7)))
 """Further alternatives of the sampled test, on how outputs end (an end token chosen where
 its chance was at least c) and where tokens come from (the k most likely only); fixed in
-advance like EXPONENTS (`market.engine.base.SupportTest`)."""
+advance like EXPONENTS (`market.engine.base.SupportTest`). The stop alternatives from
+c = 0.03 up weigh an end 0.05 + 0.95 / s: a miner that ends wherever an end was that
+likely never continues there, so the continuation factor can be small (0.05) and each of
+its ends weighs nearly the full likelihood ratio 1 / s (`likely-end-0.1` in
+`benchmarks/detection.py` on the trained model: untrusted after 4 epochs where 0.8 took 6
+on the same draws; the c = 0.1 alternative collects 97% of the exact ratio,
+`benchmarks/evidence_limits.py`); c = 0.01 keeps 0.8 for a miner that ends early only now
+and then."""
 SAMPLED_WIDTH = len(EXPONENTS) + SUPPORT_TEST.width
 GREEDY_EXPONENTS = (0.05, 0.15, 0.35, 0.6)
 """Alternatives of the greedy test: Gumbel noise of scale beta / e, from 1.7 to 20 times the
