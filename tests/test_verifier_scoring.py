@@ -26,6 +26,7 @@ from market.engine.sampling import (
 from market.engine.torch_engine import TorchEngine
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
+from verifier.error_models import DRIFT
 from verifier.scoring import (
     COMMIT_ALTERNATIVES,
     EVIDENCE_WIDTH,
@@ -174,6 +175,31 @@ def test_honest_greedy_passes_in_every_precision(engine: TorchEngine,
                                       precision=precision,
                                       commitments=[o.commitment for o in outs]))
         assert verdict.passed and verdict.log_evidence < THRESHOLD / 2, (precision, verdict)
+
+
+def test_drift_counts_chunks_of_real_commitments(engine: TorchEngine,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A calibrated drift counts a bf16 miner's passing chunks above it (real forward
+    passes); a pair without one checks none."""
+    reqs = requests(engine, 0.0)
+    outs = TorchEngine(engine.model_dir, precision="bf16").generate(reqs)
+
+    def scored() -> list[ChallengeScore]:
+        return score_outputs(engine, reqs, ids(outs), finish(outs), precision="bf16",
+                             commitments=[o.commitment for o in outs])
+
+    plain = scored()
+    assert all(s.chunks and s.drift_chunks == 0 for s in plain)
+    key = "0x" + engine.manifest.model_id.hex()
+    monkeypatch.setitem(DRIFT, key, {"bf16/fp32": 0.0})  # every inexact chunk drifts
+    strict = scored()
+    passing = sum(s.chunks - s.failed_chunks for s in strict)
+    assert sum(s.drift_chunks for s in strict) == passing
+    assert 0 < sum(s.drifted_chunks for s in strict) <= passing
+    assert judge(strict).kind_log_evidence[2] > judge(plain).kind_log_evidence[2]
+    monkeypatch.setitem(DRIFT, key, {"bf16/fp32": 100.0})
+    assert all(s.drifted_chunks == 0 and s.drift_chunks == s.chunks - s.failed_chunks
+               for s in scored())
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9), (0.5, 1.0)])
