@@ -48,6 +48,11 @@ class DatabaseUnusable(QuarryError):
     BoardError)."""
 
 
+def one_line(exc: BaseException) -> str:
+    """The driver's message on one line (libpq adds hints on lines of their own)."""
+    return " ".join(str(exc).split())
+
+
 def is_postgres(location: str | Path) -> bool:
     """Whether `location` names a PostgreSQL database rather than a SQLite file."""
     return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
@@ -285,7 +290,7 @@ class PostgresDatabase(Database):
                 try:  # one plain connection first: a bad URL fails now, not after the timeout
                     psycopg.connect(self.url, connect_timeout=10).close()
                 except psycopg.Error as exc:
-                    raise DatabaseUnusable(f"cannot connect: {exc}".strip()) from exc
+                    raise DatabaseUnusable(f"cannot connect: {one_line(exc)}") from exc
 
                 pool = ConnectionPool(
                     self.url, min_size=1, max_size=POOL_MAX, timeout=POOL_TIMEOUT_S,
@@ -295,7 +300,7 @@ class PostgresDatabase(Database):
                     pool.open(wait=True, timeout=POOL_TIMEOUT_S)
                 except Exception as exc:
                     pool.close()
-                    raise DatabaseUnusable(f"cannot connect: {exc}") from exc
+                    raise DatabaseUnusable(f"cannot connect: {one_line(exc)}") from exc
                 _pools[key] = pool
         return pool
 
