@@ -158,7 +158,7 @@ def tiny_config(arch: str, base: dict[str, Any]) -> dict[str, Any]:
             cfg["attention_bias"] = False
     elif arch == "mistral":
         cfg["sliding_window"] = TINY_SLIDING_WINDOW
-    elif arch == "gemma2":
+    elif arch in ("gemma2", "gemma3_text"):
         cfg.pop("hidden_act")
         cfg.update(
             tie_word_embeddings=True,
@@ -167,26 +167,14 @@ def tiny_config(arch: str, base: dict[str, Any]) -> dict[str, Any]:
             sliding_window=TINY_SLIDING_WINDOW,
             layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
                          for i in range(layers)],
-            attn_logit_softcapping=50.0,
-            final_logit_softcapping=30.0,
             attention_bias=False,
         )
-    elif arch == "gemma3_text":
-        cfg.pop("hidden_act")
-        cfg.update(
-            tie_word_embeddings=True,
-            hidden_activation="gelu_pytorch_tanh",
-            query_pre_attn_scalar=cfg["head_dim"],
-            sliding_window=TINY_SLIDING_WINDOW,
-            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
-                         for i in range(layers)],
-            rope_theta=1_000_000.0,
-            rope_local_base_freq=10_000.0,
-            attn_logit_softcapping=None,
-            final_logit_softcapping=None,
-            use_bidirectional_attention=False,
-            attention_bias=False,
-        )
+        if arch == "gemma2":
+            cfg.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+        else:  # Gemma 3: two rotary bases, no soft-caps
+            cfg.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                       attn_logit_softcapping=None, final_logit_softcapping=None,
+                       use_bidirectional_attention=False)
     elif arch == "phi3":
         cfg.update(partial_rotary_factor=0.5, sliding_window=None, resid_pdrop=0.0,
                    embd_pdrop=0.0, original_max_position_embeddings=cfg["max_position_embeddings"],
