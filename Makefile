@@ -77,8 +77,8 @@ test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test
 
 # pytest in two halves of about the same length, so both cores stay busy (see `test`): the
-# longest integration files (mostly waiting on chains, epochs and processes), and every other
-# file, new ones included. The benchmarks' smoke runs (test-smoke) are a job of their own.
+# five longest integration files, and every other file, new ones included. The benchmarks'
+# smoke runs (test-smoke) are a job of their own.
 LONG_TESTS := tests/test_chain_stateful.py tests/test_dashboard.py \
 	tests/test_verifier_committee.py tests/test_verifier_e2e.py tests/test_swarm_devnet.py
 

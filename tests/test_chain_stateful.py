@@ -1591,7 +1591,8 @@ def make_machine(net: Devnet, reached: Counter[str] | None = None) -> type[RuleB
         # -- invariants --------------------------------------------------------------------
 
         # Each invariant asks for its reads in one JSON-RPC batch (`Chain.read`): they run
-        # after every step, and one round trip each instead of dozens halves their time.
+        # after every step, and one round trip each instead of dozens took the test's CPU
+        # time from 133 to 81 s.
 
         @invariant()
         def escrow_balance_is_escrowed_plus_withdrawable(self) -> None:
