@@ -11,8 +11,8 @@ SOL_SOURCES := $(shell find contracts -name '*.sol' -not -path '*/test/*' 2>/dev
 
 ABI_DIR := market/chain/abi
 
-.PHONY: help setup redis postgres browser compile test test-contracts test-python test-smoke lint typecheck check-deps \
-	bench demo clean
+.PHONY: help setup redis postgres browser compile test test-contracts test-python test-python-long \
+	test-python-rest test-smoke lint typecheck check-deps bench demo clean
 
 help:
 	@echo "make demo   run the marketplace locally"
@@ -87,18 +87,30 @@ check-deps: $(PY_STAMP)
 test-contracts: $(ARTIFACTS_STAMP)
 	npx hardhat test
 
-# The benchmarks' smoke runs (test-smoke) are left to their own job, so they run beside the rest.
-test-python: setup browser $(ARTIFACTS_STAMP)
-	$(PY) -m pytest -q --durations=15 --ignore=tests/test_benchmarks_smoke.py
+# pytest in two halves of about the same length, so both cores stay busy (see `test`): the
+# five longest integration files, and every other file, new ones included. The benchmarks'
+# smoke runs (test-smoke) are a job of their own.
+LONG_TESTS := tests/test_chain_stateful.py tests/test_dashboard.py \
+	tests/test_verifier_committee.py tests/test_verifier_e2e.py tests/test_swarm_devnet.py
+
+test-python: test-python-long test-python-rest
+
+test-python-long: setup browser $(ARTIFACTS_STAMP)
+	$(PY) -m pytest -q --durations=10 $(LONG_TESTS)
+
+test-python-rest: setup browser $(ARTIFACTS_STAMP)
+	$(PY) -m pytest -q --durations=15 --ignore=tests/test_benchmarks_smoke.py \
+	  $(addprefix --ignore=,$(LONG_TESTS))
 
 test-smoke: setup $(ARTIFACTS_STAMP)
 	$(PY) -m pytest -q tests/test_benchmarks_smoke.py
 
-# pytest (mostly waiting on chains and processes) starts first; ruff, mypy, the Hardhat suite
-# and the benchmarks' smoke runs (~7 min together) run one after another beside it, which
-# keeps `make test` inside its 20-minute budget on two cores.
+# pytest's two halves start first, one per core; ruff, mypy, the Hardhat suite and the
+# benchmarks' smoke runs (~7 min together) follow one after another on whichever core is
+# free first, which keeps `make test` inside its 20-minute budget on two cores.
 test: setup
-	$(MAKE) --no-print-directory -j2 test-python lint typecheck test-contracts test-smoke
+	$(MAKE) --no-print-directory -j2 test-python-long test-python-rest lint typecheck \
+	  test-contracts test-smoke
 
 bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/[!_]*.py; do \

@@ -149,6 +149,7 @@ class Demo:
     dispute_id: int
     epoch: int
     miners: list[str]
+    missed: set[str]  # miners reported MISSED (too busy to answer) in epoch `epoch`'s report
     metrics_ports: list[int]  # the miners' Prometheus ports, then the verifiers'
 
     @property
@@ -291,7 +292,7 @@ def demo(args: argparse.Namespace, home: Path) -> Iterator[Demo]:
                       f"{final.tokens} tokens in all")
                 dispute_id = max(d.dispute_id for d in job.disputes())
             yield Demo(stack=stack, procs=procs, task_id=job.task_id, dispute_id=dispute_id,
-                       epoch=int(first["epoch"]), miners=addresses,
+                       epoch=int(first["epoch"]), miners=addresses, missed=missed,
                        metrics_ports=miner_ports + verifier_ports)
         finally:
             for p in procs:

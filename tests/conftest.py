@@ -163,6 +163,13 @@ def until_seated(q: Quarry) -> int:
     return at
 
 
+def to_next_epoch(q: Quarry) -> None:
+    """Move the devnet clock to the start of the next epoch (skipping idle epoch time)."""
+    gap = q.committee.epoch_start(q.committee.current_epoch() + 1) - q.chain.timestamp()
+    if gap > 0:
+        q.chain.advance_time(gap)
+
+
 @pytest.fixture(scope="session")
 def devnet_session() -> Iterator[Devnet]:
     from market.chain.client import Chain, anvil_account

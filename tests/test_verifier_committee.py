@@ -14,6 +14,7 @@ taken effect says so once and waits, touching neither the relay nor the chain's 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -151,13 +152,25 @@ def test_withholding_leader_fails_only_its_epoch_and_a_missed_epoch_is_not_a_fai
     out = subprocess.run([str(BIN / "miner"), "register", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    miner = None  # down at first: its first challenge goes unanswered
     scorer_proc = start_scoring_worker(stack.redis_url, "quarry.score.committee-test",
                                        stack.logs / "scorer.log")
     markets = []
+    # Down at first (stopped, SIGSTOP, once it runs): its first challenge goes unanswered.
+    # Resumed (SIGCONT) once reported MISSED, it answers the next one at once: a start from
+    # nothing there (torch, the model) could outlast the answer window on a busy machine,
+    # and a second miss fails the test.
+    miner = spawn([str(BIN / "miner"), "run", "--config", str(cfg), "--no-progress"], env=env,
+                  name="miner", log_path=stack.logs / "miner.log")
+    down = False
     try:
-        from conftest import until_seated
+        from conftest import to_next_epoch, until_seated
 
+        with MarketAPI(stack.market_url) as api:
+            stack.wait_until(lambda: any(m["address"] == MINER.address and m["alive"]
+                                         for m in api.miners()),
+                             "the miner's first heartbeat", timeout=240)
+        os.killpg(miner.pid, signal.SIGSTOP)
+        down = True
         stake = int(q.chain.call(q.committee.contract.functions.minVerifierStake()))
         stake_miner = q.gpu.miner_info(MINER.address).stake
         # Early in an epoch, so no boundary passes between a registration's gas estimate and
@@ -203,12 +216,18 @@ def test_withholding_leader_fails_only_its_epoch_and_a_missed_epoch_is_not_a_fai
             elif epoch > withheld:
                 for m in members:
                     m.test_mode = ""
-                if miner is None and missed():  # reported unavailable: now it runs
-                    miner = spawn([str(BIN / "miner"), "run", "--config", str(cfg),
-                                   "--no-progress"], env=env, name="miner",
-                                  log_path=stack.logs / "miner.log")
+                if down and missed():  # reported unavailable: now it runs
+                    os.killpg(miner.pid, signal.SIGCONT)
+                    down = False
                 if rated():
                     break
+            if withheld is not None and epoch in (withheld - 1, withheld) and all(
+                    str(epoch + 1) in m.state.sets for m in members):
+                # Idle until the boundary: the epoch before the withheld one has no set of
+                # its own, and in the withheld one the leader sends nothing. Skip the rest once
+                # every member holds the next epoch's committed set. The miss and the pass
+                # after it run on the real clock: their answer windows are real seconds.
+                to_next_epoch(q)
             time.sleep(0.2)
         assert withheld is not None, "no challenge set was ever committed"
         assert not q.committee.reported(withheld), "the withholding leader's epoch fails"
@@ -244,5 +263,6 @@ def test_withholding_leader_fails_only_its_epoch_and_a_missed_epoch_is_not_a_fai
         for market in markets:
             market.close()
         scorer_proc.stop()
-        if miner is not None:
-            miner.stop()
+        if down:
+            os.killpg(miner.pid, signal.SIGCONT)
+        miner.stop()

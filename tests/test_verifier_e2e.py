@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import to_next_epoch
 
 from market.chain.client import anvil_account
 from market.chain.deploy import DeployParams, Quarry
@@ -110,12 +111,6 @@ def _verifier_config(stack: LocalStack, i: int, model_dir: Path) -> Path:
     return cfg
 
 
-def _to_next_epoch(q: Quarry) -> None:
-    gap = q.committee.epoch_start(q.committee.current_epoch() + 1) - q.chain.timestamp()
-    if gap > 0:
-        q.chain.advance_time(gap)
-
-
 def _leader(q: Quarry, epoch: int) -> str | None:
     """`leaderOf(epoch)` at the block that committed its set (as the members read it)."""
     events = q.committee.events("ChallengeSetCommitted", q.deployment.deploy_block, epoch=epoch)
@@ -139,7 +134,7 @@ def _skip_idle_time(q: Quarry, relay: MarketAPI) -> None:
     epoch = c.current_epoch()
     if c.challenge_set_of(epoch + 1) == bytes(32) or not _epoch_done(q, relay, epoch):
         return
-    _to_next_epoch(q)
+    to_next_epoch(q)
 
 
 def _drive(stack: LocalStack, done: Callable[[], bool], what: str, timeout: float) -> None:
@@ -176,7 +171,7 @@ def test_committee_epochs_rate_miners_and_slash_a_cheater(stack: LocalStack,
                                name=f"miner {name}", log_path=stack.logs / f"miner-{name}.log"))
         # Register early in an epoch: a boundary passing between a transaction's gas
         # estimate and its block makes the weight checkpoint a new, dearer one (out of gas).
-        _to_next_epoch(q)
+        to_next_epoch(q)
         for i in range(len(VERIFIERS)):
             out = _run(stack, "verifier", "register", "--config",
                        str(_verifier_config(stack, i, model_dir)))
