@@ -430,15 +430,16 @@ def test_reading_the_plan_never_writes_nor_asks_the_chain(swarm_factory: Any,
     on every call. Now a member gone silent past the TTL leaves the plan as stored (no
     version, no RPC call) until a member's join re-plans."""
     s: Swarm = swarm_factory(swarm_member_ttl_s=4.0, rpc_url=rpc_front.url)
-    began = time.monotonic()
-    for i in (4, 0, 1, 2, 3):
+    s.join(4)
+    joined_4 = time.monotonic()  # its last_seen (the market's clock) is no later than this
+    for i in (0, 1, 2, 3):
         s.join(i)
     plan = s.api.swarm_plan(s.model_id)
     time.sleep(2.5)
     ts = int(time.time()) + 1
     for i in range(4):  # the others stay; the same declarations re-plan nothing
         assert s.join(i, timestamp=ts)["version"] == plan["version"]
-    time.sleep(max(0.0, began + 4.5 - time.monotonic()))  # member 4 is now past the TTL
+    time.sleep(max(0.0, joined_4 + 4.5 - time.monotonic()))  # 4 is now past the TTL
     rpc_calls, versions = rpc_front.singles + len(rpc_front.batches), _versions(s)
     for _ in range(5):
         assert s.api.swarm_plan(s.model_id) == plan
