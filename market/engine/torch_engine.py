@@ -37,6 +37,7 @@ from market.engine.base import (
 )
 from market.engine.decode import DecodeCache, embed, layer_windows, rotaries, run_layers
 from market.engine.framestack import fresh_frame_chunk
+from market.engine.fused import fuse_layers
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
     greedy_ratios,
@@ -100,6 +101,7 @@ class TorchEngine(TextEngine):
         precision: Any = None,
         attention: str | None = None,
         threads: int | None = None,
+        fused: bool = True,
     ) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1:
             raise EngineError("max_batch_size and max_batch_tokens must be >= 1")
@@ -124,6 +126,12 @@ class TorchEngine(TextEngine):
         self.arch = arch_of(config.model_type)
         self.windows = layer_windows(config)  # each layer's sliding window, None: full
         self.sdpa = config._attn_implementation in SDPA_KINDS
+        decoder = self.model.get_decoder()
+        self.rotary = rotaries(self.arch, decoder)
+        # the plain-torch decode of the Llama family (`market.engine.fused`), None where it
+        # does not apply or `fused=False` asks for the modules' path
+        self.fused = (fuse_layers(config, decoder.layers, self.rotary, self.sdpa)
+                      if fused else None)
         self.stop_token_ids = (
             frozenset(int(t) for t in stop_token_ids)
             if stop_token_ids is not None
@@ -186,7 +194,8 @@ class TorchEngine(TextEngine):
         last position only: (last hidden states [B, d], logits [B, V])."""
         decoder = self.model.get_decoder()
         h = embed(decoder.embed_tokens, self.arch, self.hidden_size, ids)
-        h = run_layers(decoder.layers, rotaries(self.arch, decoder), h, positions, cache)
+        h = (self.fused.run(h, positions, cache) if self.fused is not None
+             else run_layers(decoder.layers, self.rotary, h, positions, cache))
         hidden = decoder.norm(h[:, -1, :])
         return hidden, self.logits(hidden)
 
@@ -207,12 +216,14 @@ class TorchEngine(TextEngine):
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         n = len(requests)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
         texts: list[str | None] = [None] * n  # set where a stop string cut the text
-        states: list[list[torch.Tensor]] = [[] for _ in range(n)]  # for commitments
+        # Each step's live rows (request indices), chosen tokens, their logprobs and the
+        # hidden states that chose them: a row's outputs are gathered once at the end, so
+        # a step costs no per-row Python unless a row may end there.
+        steps: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = []
         live = [i for i in range(n) if requests[i].max_tokens > 0]
+        stop_tokens: dict[int, list[int]] = {i: [] for i in live if requests[i].stop}
         if live:
             ids, mask, positions = left_pad(
                 [requests[i].prompt_ids for i in live], self.pad_id, self.device
@@ -223,27 +234,23 @@ class TorchEngine(TextEngine):
             hidden, logits = self._next_logits(ids, positions, cache)
             next_pos = positions[:, -1] + 1
             generators = make_generators([requests[i] for i in live])
-        while live:
             live_reqs = [requests[i] for i in live]
+            shortest = min(r.max_tokens for r in live_reqs)
+        made = 0  # tokens every live row has
+        while live:
             chosen, chosen_lp = self._select(logits, live_reqs, generators)
+            steps.append((live, chosen, chosen_lp, hidden))
+            made += 1
             chosen_list = chosen.tolist()
-            lp_list = chosen_lp.tolist()
-            keep: list[int] = []
             for row, i in enumerate(live):
-                tokens[i].append(chosen_list[row])
-                logprobs[i].append(lp_list[row])
-                if self.commit:
-                    states[i].append(hidden[row])
-                if chosen_list[row] in self.stop_token_ids:
-                    finish[i] = "stop"
-                    continue
-                if requests[i].stop:
-                    text, stopped = self.output_text(tokens[i], requests[i].stop)
-                    if stopped:
-                        finish[i], texts[i] = "stop", text
-                        continue
-                if len(tokens[i]) < requests[i].max_tokens:
-                    keep.append(row)
+                if i in stop_tokens:
+                    stop_tokens[i].append(chosen_list[row])
+            if (made < shortest and not stop_tokens
+                    and self.stop_token_ids.isdisjoint(chosen_list)):
+                keep = list(range(len(live)))
+            else:
+                keep = self._still_live(live, chosen_list, made, requests, stop_tokens, finish,
+                                        texts)
             if not keep:
                 break
             if len(keep) < len(live):
@@ -252,11 +259,12 @@ class TorchEngine(TextEngine):
                 chosen, next_pos = chosen[index], next_pos[index]
                 generators = [generators[row] for row in keep]
                 live = [live[row] for row in keep]
+                live_reqs = [requests[i] for i in live]
+                shortest = min(r.max_tokens for r in live_reqs)
             hidden, logits = self._next_logits(chosen.unsqueeze(1), next_pos.unsqueeze(1), cache)
             next_pos = next_pos + 1
-        commitments = (build_commitments([torch.stack(h) if h else torch.empty(0, 0)
-                                          for h in states])
-                       if self.commit else [b""] * n)
+        tokens, logprobs, states = self._gather_rows(n, steps)
+        commitments = (build_commitments(states) if self.commit else [b""] * n)
         return [
             GenerationOutput(
                 token_ids=tuple(tokens[i]),
@@ -267,6 +275,55 @@ class TorchEngine(TextEngine):
             )
             for i in range(n)
         ]
+
+    def _still_live(self, live: list[int], chosen: list[int], made: int,
+                    requests: list[GenerationRequest], stop_tokens: dict[int, list[int]],
+                    finish: list[str], texts: list[str | None]) -> list[int]:
+        """The positions in `live` of the rows that go on after a step that chose `chosen`
+        (each live row now has `made` tokens; `stop_tokens` holds the tokens of rows with
+        stop strings); records why the others finished in `finish` and `texts`."""
+        keep: list[int] = []
+        for row, i in enumerate(live):
+            if chosen[row] in self.stop_token_ids:
+                finish[i] = "stop"
+                stop_tokens.pop(i, None)
+                continue
+            if i in stop_tokens:
+                text, stopped = self.output_text(stop_tokens[i], requests[i].stop)
+                if stopped:
+                    finish[i], texts[i] = "stop", text
+                    del stop_tokens[i]
+                    continue
+            if made < requests[i].max_tokens:
+                keep.append(row)
+            else:
+                stop_tokens.pop(i, None)
+        return keep
+
+    def _gather_rows(self, n: int,
+                     steps: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]]
+                     ) -> tuple[list[list[int]], list[list[float]], list[torch.Tensor]]:
+        """Each request's tokens, logprobs and (with commitments on) hidden states [T, d]
+        from the per-step records of `_generate_batch`."""
+        at: list[list[int]] = [[] for _ in range(n)]  # each row's entries in the flat steps
+        offset = 0
+        for live, *_ in steps:
+            for row, i in enumerate(live):
+                at[i].append(offset + row)
+            offset += len(live)
+        if not steps:
+            return [[] for _ in range(n)], [[] for _ in range(n)], [torch.empty(0, 0)] * n
+        ids = torch.cat([s[1] for s in steps]).tolist()
+        lps = torch.cat([s[2] for s in steps]).tolist()
+        tokens = [[ids[k] for k in row] for row in at]
+        logprobs = [[lps[k] for k in row] for row in at]
+        states: list[torch.Tensor] = []
+        if self.commit:
+            hidden = torch.cat([s[3] for s in steps])
+            order = torch.tensor([k for row in at for k in row], device=hidden.device)
+            states = list(hidden.index_select(0, order).split([len(row) for row in at]))
+            states = [h if h.shape[0] else torch.empty(0, 0) for h in states]
+        return tokens, logprobs, states
 
     # ----------------------------------------------------------------- score
     def score(

@@ -23,6 +23,7 @@ from torch import nn
 
 from market.engine.decode import DecodeCache, embed, layer_windows, rotaries, run_layers
 from market.engine.framestack import fresh_frame_chunk
+from market.engine.fused import fuse_layers
 from market.engine.pipeline.errors import PipelineError
 from market.model.archs import SDPA_KINDS, arch_of, attention_for, final_logits, layer_types
 from market.model.manifest import ModelError
@@ -131,6 +132,7 @@ class StageModel(nn.Module):
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
+        fused: bool = True,
     ) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
@@ -199,6 +201,9 @@ class StageModel(nn.Module):
         if left:
             raise PipelineError(f"{full.model_type} stage: {left[0]} was not loaded")
         self.eval()
+        # the torch engine's plain-torch decode of the Llama family (`market.engine.fused`)
+        self.fused = (fuse_layers(full, list(self.layers), dict(self.rotary.items()),
+                                  full._attn_implementation in SDPA_KINDS) if fused else None)
 
     def _local_config(self, full: Any, a: int, b: int) -> Any:
         """A copy of the config for global layers [a, b) alone, so the cache built from it
@@ -254,9 +259,12 @@ class StageModel(nn.Module):
         final-normed at the model's end (lm_head is applied by the caller on the positions
         it needs)."""
         a, b = self._range(layers)
-        h = run_layers(self.layers[a - self.spec.start : b - self.spec.start],
-                       dict(self.rotary.items()), self._enter(x, a),
-                       position_ids.to(self.device), cache)
+        lo, hi = a - self.spec.start, b - self.spec.start
+        h, pos = self._enter(x, a), position_ids.to(self.device)
+        if self.fused is not None:
+            h = self.fused.run(h, pos, cache, lo, hi)
+        else:
+            h = run_layers(self.layers[lo:hi], dict(self.rotary.items()), h, pos, cache)
         return self._leave(h, b)
 
     @fresh_frame_chunk
