@@ -31,12 +31,27 @@ from verifier.scoring import EXPONENTS, error_model
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_interpolation_goes_through_every_point() -> None:
+@pytest.mark.parametrize(("rows", "points"), [(3, TOPK), (9, TOPK), (5, 97), (2, 2), (1, 1)])
+def test_interpolation_goes_through_every_point(rows: int, points: int) -> None:
+    """Degree < points through `points` points: the unique polynomial TOPLOC's Newton form
+    gives, in groups of rows of every remainder."""
     rng = np.random.default_rng(7)
-    x = rng.choice(MOD_N, size=(3, TOPK), replace=False)
-    y = rng.integers(0, 1 << 16, size=(3, TOPK))
+    x = np.stack([rng.choice(MOD_N, size=points, replace=False) for _ in range(rows)])
+    y = rng.integers(0, 1 << 16, size=(rows, points))
     coeffs = commitments._interpolate(x.copy(), y.copy())
+    assert coeffs.shape == (rows, points)
     assert (commitments._evaluate(coeffs, x) == y % MOD_N).all()
+
+
+def test_outputs_built_together_are_the_outputs_built_alone() -> None:
+    """build_many groups chunks of every output by size; each output's bytes are its own,
+    also where magnitudes tie at the top-k boundary (values on a coarse grid)."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = [(torch.randn(t, 48, generator=gen) * 4).round() / 4 for t in (70, 1, 32, 33, 5)]
+    together = commitments.build_many(hidden)
+    assert together == [commitments.build(h) for h in hidden]
+    assert all(c.mismatches == 0 for h, d in zip(hidden, together, strict=True)
+               for c in check(h, d))
 
 
 def test_format_and_lengths() -> None:

@@ -14,10 +14,12 @@ package do, for each output:
   as m then the 128 coefficients, 16 bits each, big-endian: 258 bytes per chunk.
 
 This is the layout and arithmetic of `toploc.build_proofs_bytes(..., decode_batching_size=32,
-topk=128, skip_prefill=True)` (a port of its C++ to numpy: the package's compiled part is
-built against other torch versions than the one this repository pins, and does not load,
-so the bytes have not been compared with the package's own). An output's commitment is its
-chunks' proofs concatenated; its receipt signs `commitment_hash` of them.
+topk=128, skip_prefill=True)` (ported to numpy: the package's compiled part is built
+against other torch versions than the one this repository pins, and does not load, so the
+bytes have not been compared with the package's own; the interpolating polynomial is
+unique, so computing it in matrix form, many chunks at a time, gives the C++ Newton form's
+coefficients). An output's commitment is its chunks' proofs concatenated; its receipt
+signs `commitment_hash` of them.
 
 A verifier recomputes the same hidden states in the teacher-forced pass it already runs for
 the token test, takes its own top-k indices of each chunk, evaluates the miner's polynomial
@@ -97,26 +99,74 @@ def _injective_modulus(x: np.ndarray) -> int:
     raise CommitmentError("no injective modulus for the chunk's indices")
 
 
+INTERPOLATE_ROWS = 4
+"""Chunks interpolated together: the [rows, n, n] tables of `_interpolate` stay in cache."""
+
+
 def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Coefficients, lowest degree first, of the polynomials over GF(MOD_N) through the
-    points (x[c], y[c]) of each row c: Newton's divided differences, then expansion to the
-    monomial basis (as TOPLOC's C++), every row at once."""
-    inv = _inverses()
-    n = x.shape[1]
-    dd = y % MOD_N
-    for k in range(1, n):
-        dd[:, k:] = ((dd[:, k:] - dd[:, k - 1:n - 1]) % MOD_N
-                     * inv[(x[:, k:] - x[:, : n - k]) % MOD_N] % MOD_N)
-    coeffs = np.zeros_like(dd)
-    factor = np.zeros_like(dd)
-    factor[:, 0] = 1
-    for i in range(n):
-        coeffs[:, : i + 1] = (coeffs[:, : i + 1] + dd[:, i: i + 1] * factor[:, : i + 1]) % MOD_N
-        if i + 1 < n:
-            minus_x = -x[:, i: i + 1] % MOD_N
-            shifted = np.concatenate((np.zeros_like(minus_x), factor[:, : i + 1]), axis=1)
-            factor[:, : i + 2] = (shifted + factor[:, : i + 2] * minus_x) % MOD_N
-    return coeffs
+    points (x[c], y[c]) of each row c (x distinct within a row, each < MOD_N): the
+    interpolating polynomial of degree < n is unique, so this is TOPLOC's Newton form's
+    result. Computed as Lagrange's form in matrix products, a few dozen array operations
+    per `INTERPOLATE_ROWS` rows rather than two per point."""
+    parts = [_interpolate_rows(x[r: r + INTERPOLATE_ROWS], y[r: r + INTERPOLATE_ROWS])
+             for r in range(0, x.shape[0], INTERPOLATE_ROWS)]
+    return np.concatenate(parts) if parts else np.zeros_like(y)
+
+
+def _interpolate_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`_interpolate` of a few rows. With P(X) = prod_j (X - x_j) = sum_m a_m X^m and
+    u_i = y_i / P'(x_i), the interpolant sum_i u_i P(X) / (X - x_i) has coefficients
+    c_k = sum_{m > k} a_m s_{m-k-1}, where s_t = sum_i u_i x_i^t. Sums of products of
+    residues stay below 2**53, so float64 matrix products are exact before the final mod."""
+    rows, n = x.shape
+    x = x % MOD_N
+    powers = np.empty((rows, n, n), dtype=np.int64)  # x_i ** t, t < n
+    powers[:, :, 0] = 1
+    step, span = x, 1
+    while span < n:
+        width = min(span, n - span)
+        powers[:, :, span: span + width] = powers[:, :, :width] * step[:, :, None] % MOD_N
+        step = step * step % MOD_N
+        span *= 2
+    table = powers.astype(np.float64)
+    a = _from_roots(x)  # [rows, n + 1], a_n = 1
+    slope = (a[:, 1:] * np.arange(1, n + 1) % MOD_N).astype(np.float64)  # P'
+    at_x = (table @ slope[:, :, None])[..., 0].astype(np.int64) % MOD_N  # P'(x_i) != 0
+    u = (y % MOD_N) * _inverses()[at_x] % MOD_N
+    s = (u.astype(np.float64)[:, None, :] @ table)[:, 0].astype(np.int64) % MOD_N
+    # the Hankel matrix a_{k+t+1} (0 past a_n) as a strided view of a padded copy of a
+    padded = np.zeros((rows, 2 * n), dtype=np.float64)
+    padded[:, :n] = a[:, 1:]
+    stride = padded.strides[1]
+    hankel = np.lib.stride_tricks.as_strided(padded, shape=(rows, n, n),
+                                             strides=(padded.strides[0], stride, stride))
+    out = (hankel @ s.astype(np.float64)[:, :, None])[..., 0]
+    return out.astype(np.int64) % MOD_N
+
+
+def _from_roots(x: np.ndarray) -> np.ndarray:
+    """Coefficients, lowest degree first, of prod_j (X - x_j) mod MOD_N for each row of
+    `x` [rows, n]: [rows, n + 1], by multiplying pairs of factors up a binary tree (the
+    tree padded with factors 1)."""
+    rows, n = x.shape
+    size = 1 << max(0, (n - 1).bit_length())
+    polys = np.zeros((rows, size, 2), dtype=np.int64)
+    polys[:, :, 0] = 1
+    polys[:, :n, 0] = (MOD_N - x) % MOD_N
+    polys[:, :n, 1] = 1
+    while polys.shape[1] > 1:
+        left, right = polys[:, 0::2], polys[:, 1::2]
+        width = left.shape[-1]
+        # product coefficients: the anti-diagonal sums of the outer product, each row of it
+        # shifted right by its index through a reshape of a zero-padded copy
+        grid = np.zeros(left.shape[:-1] + (width, 2 * width), dtype=np.int64)
+        grid[..., :width] = left[..., :, None] * right[..., None, :]
+        flat = grid.reshape(grid.shape[:-2] + (2 * width * width,))
+        skewed = flat[..., : width * (2 * width - 1)].reshape(
+            grid.shape[:-2] + (width, 2 * width - 1))
+        polys = skewed.sum(-2) % MOD_N
+    return polys[:, 0, : n + 1]
 
 
 def _evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -138,13 +188,8 @@ def _chunks(hidden: torch.Tensor) -> list[torch.Tensor]:
 
 def _top(chunk: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(indices, bf16 bit patterns) of the chunk's TOPK entries of largest magnitude."""
-    import torch
-
-    values = chunk.detach().to("cpu", torch.bfloat16)
-    k = min(TOPK, values.numel())
-    idx = values.abs().topk(k).indices
-    bits = values[idx].view(torch.int16).numpy().astype(np.int64) & 0xFFFF
-    return idx.numpy().astype(np.int64), bits
+    idx, bits = _top_rows(chunk[None])
+    return idx[0], bits[0]
 
 
 def build(hidden: torch.Tensor) -> bytes:
@@ -154,29 +199,49 @@ def build(hidden: torch.Tensor) -> bytes:
 
 
 def build_many(hidden: Sequence[torch.Tensor]) -> list[bytes]:
-    """`build` of each output's hidden states; the chunks of every output are interpolated
-    together (one vectorised pass per chunk size)."""
-    tops: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (output, modulus, x, y)
+    """`build` of each output's hidden states. Chunks of one size (all full chunks, and
+    each shorter last one) go through the top-k, the modulus and the interpolation
+    together, a few array operations per group rather than per chunk."""
+    import torch
+
+    chunks: list[tuple[int, torch.Tensor]] = []  # (output, flattened chunk)
     for out, h in enumerate(hidden):
         if h.dim() != 2:
             raise CommitmentError(f"hidden states must be [tokens, hidden], got "
                                   f"{tuple(h.shape)}")
-        for chunk in _chunks(h):
-            idx, bits = _top(chunk)
-            modulus = _injective_modulus(idx)
-            tops.append((out, modulus, idx % modulus, bits))
-    coeffs: list[np.ndarray | None] = [None] * len(tops)
-    for k in sorted({len(t[2]) for t in tops}):
-        rows = [i for i, t in enumerate(tops) if len(t[2]) == k]
-        solved = _interpolate(np.stack([tops[i][2] for i in rows]),
-                              np.stack([tops[i][3] for i in rows]))
-        for i, c in zip(rows, solved, strict=True):
-            coeffs[i] = c
+        chunks += [(out, c) for c in _chunks(h)]
+    proofs: list[bytes] = [b""] * len(chunks)
+    for size in sorted({c.numel() for _, c in chunks}):
+        group = [i for i, (_, c) in enumerate(chunks) if c.numel() == size]
+        idx, bits = _top_rows(torch.stack([chunks[i][1] for i in group]))
+        moduli = _moduli(idx)
+        coeffs = _interpolate(idx % moduli[:, None], bits)
+        for i, m, c in zip(group, moduli.tolist(), coeffs, strict=True):
+            proofs[i] = int(m).to_bytes(2, "big") + c.astype(">u2").tobytes()
     parts: list[bytearray] = [bytearray() for _ in hidden]
-    for (out, modulus, _, _), c in zip(tops, coeffs, strict=True):
-        assert c is not None
-        parts[out] += modulus.to_bytes(2, "big") + c.astype(">u2").tobytes()
+    for (out, _), proof in zip(chunks, proofs, strict=True):
+        parts[out] += proof
     return [bytes(p) for p in parts]
+
+
+def _top_rows(chunks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """`_top` of each row of `chunks` [C, size] (torch's top-k runs row by row alike)."""
+    import torch
+
+    values = chunks.detach().to("cpu", torch.bfloat16)
+    k = min(TOPK, values.shape[1])
+    idx = values.abs().topk(k, dim=1).indices
+    bits = values.gather(1, idx).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+    return idx.numpy().astype(np.int64), bits
+
+
+def _moduli(idx: np.ndarray) -> np.ndarray:
+    """`_injective_modulus` of each row of `idx` [C, k]: MOD_N where the indices are
+    distinct under it (always, for chunks under MOD_N values), else the row's own search."""
+    ordered = np.sort(idx % MOD_N, axis=1)
+    distinct = (np.diff(ordered, axis=1) != 0).all(axis=1)
+    return np.array([MOD_N if ok else _injective_modulus(row)
+                     for ok, row in zip(distinct.tolist(), idx, strict=True)], dtype=np.int64)
 
 
 @dataclass(frozen=True)
