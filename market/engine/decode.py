@@ -102,7 +102,7 @@ class DecodeCache:
                cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this pass's K/V at columns [length, length + q) of layer `layer_idx`; return
         the keys and values the pass attends to (views, no copy)."""
-        q = int(key.shape[2])
+        q = key.shape[2]
         end = self.length + q
         if end > self.capacity:
             self._grow(end)
@@ -112,9 +112,10 @@ class DecodeCache:
             k = self.keys[layer_idx] = key.new_empty(shape)
             v = self.values[layer_idx] = value.new_empty(
                 (value.shape[0], value.shape[1], self.capacity, value.shape[3]))
-        k[:, :, self.length:end].copy_(key)
-        v[:, :, self.length:end].copy_(value)
-        start = self._start(self.windows[layer_idx], q, end)
+        k[:, :, self.length:end] = key
+        v[:, :, self.length:end] = value
+        window = self.windows[layer_idx]
+        start = 0 if window is None else self._start(window, q, end)
         return k[:, :, start:end], v[:, :, start:end]
 
     def advance(self, q: int) -> None:

@@ -48,8 +48,7 @@ class _Layer:
     o_bias: torch.Tensor | None
     gate_up: torch.Tensor
     down: torch.Tensor
-    q_norm: torch.Tensor | None  # Qwen 3's per-head norms
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # Qwen 3's q and k norms, one row per q then k head
 
 
 def _fuse(modules: Sequence[nn.Linear], bias: bool) -> torch.Tensor | None:
@@ -86,6 +85,7 @@ class FusedLayers:
         self.scaling = self.head_dim ** -0.5
         self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim,
                       self.kv_heads * self.head_dim)
+        self.hidden_act = getattr(config, "hidden_act", None)
         self.rotary = rotary
         self.cos = self.sin = torch.empty(0)
         self.layers: list[_Layer] = []
@@ -109,19 +109,21 @@ class FusedLayers:
             gate_up = _fuse((mlp.gate_proj, mlp.up_proj), bias=False)
             self.act = mlp.act_fn
         assert qkv is not None and gate_up is not None
-        if isinstance(self.act, nn.SiLU):
-            self.act = F.silu
-        q_norm = getattr(attn, "q_norm", None)
-        k_norm = getattr(attn, "k_norm", None)
+        if self.hidden_act in ("silu", "swish"):
+            self.act = F.silu  # what transformers' SiLU module calls
+        qk_norm = None
+        if getattr(attn, "q_norm", None) is not None:
+            qk_norm = torch.cat([attn.q_norm.weight[None].expand(self.heads, -1),
+                                 attn.k_norm.weight[None].expand(self.kv_heads, -1)])
         return _Layer(norm1=layer.input_layernorm.weight,
                       norm2=layer.post_attention_layernorm.weight, qkv=qkv,
                       qkv_bias=qkv_bias, o=attn.o_proj.weight, o_bias=attn.o_proj.bias,
-                      gate_up=gate_up, down=mlp.down_proj.weight,
-                      q_norm=None if q_norm is None else q_norm.weight,
-                      k_norm=None if k_norm is None else k_norm.weight)
+                      gate_up=gate_up, down=mlp.down_proj.weight, qk_norm=qk_norm)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' RMSNorm, op for op (fp32 statistics, weight times the cast back)."""
+        if x.dtype == torch.float32:
+            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -157,22 +159,24 @@ class FusedLayers:
         if q > 1:
             need = max(need, int(position_ids.max()) + 1)
         cos_t, sin_t = self._tables(h, need)
-        cos, sin = cos_t[position_ids][:, None], sin_t[position_ids][:, None]
-        nq = self.split[0]
+        # [B, q, 1, rot]: broadcast over the heads of q and k, rotated together
+        cos, sin = cos_t[position_ids][:, :, None], sin_t[position_ids][:, :, None]
+        nq, nk = self.split[0], self.split[1]
+        heads = self.heads + self.kv_heads
         gqa = self.heads != self.kv_heads
         for j, w in enumerate(self.layers[start:stop]):
             mask = masks[cache.windows[j]]
             x = F.linear(self._rms(h, w.norm1), w.qkv, w.qkv_bias)
-            qs, ks, vs = x.split(self.split, dim=-1)
-            qs = qs.view(batch, q, self.heads, self.head_dim)
-            ks = ks.view(batch, q, self.kv_heads, self.head_dim)
-            if w.q_norm is not None and w.k_norm is not None:
-                qs, ks = self._rms(qs, w.q_norm), self._rms(ks, w.k_norm)
-            k, v = cache.update(self._rope(ks.transpose(1, 2), cos, sin),
-                                vs.view(batch, q, self.kv_heads, self.head_dim).transpose(1, 2),
-                                j)
+            qk = x[..., : nq + nk].view(batch, q, heads, self.head_dim)
+            if w.qk_norm is not None:
+                qk = self._rms(qk, w.qk_norm)
+            qk = self._rope(qk, cos, sin)
+            k, v = cache.update(
+                qk[:, :, self.heads:].transpose(1, 2),
+                x[..., nq + nk:].view(batch, q, self.kv_heads, self.head_dim).transpose(1, 2),
+                j)
             att = F.scaled_dot_product_attention(
-                self._rope(qs.transpose(1, 2), cos, sin), k, v, attn_mask=mask,
+                qk[:, :, : self.heads].transpose(1, 2), k, v, attn_mask=mask,
                 is_causal=q > 1 and mask is None, scale=self.scaling, enable_gqa=gqa)
             h = h + F.linear(att.transpose(1, 2).reshape(batch, q, nq), w.o, w.o_bias)
             gate, up = F.linear(self._rms(h, w.norm2), w.gate_up).chunk(2, dim=-1)

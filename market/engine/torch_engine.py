@@ -126,7 +126,7 @@ class TorchEngine(TextEngine):
         self.arch = arch_of(config.model_type)
         self.windows = layer_windows(config)  # each layer's sliding window, None: full
         self.sdpa = config._attn_implementation in SDPA_KINDS
-        decoder = self.model.get_decoder()
+        self.decoder = decoder = self.model.get_decoder()
         self.rotary = rotaries(self.arch, decoder)
         # the plain-torch decode of the Llama family (`market.engine.fused`), None where it
         # does not apply or `fused=False` asks for the modules' path
@@ -192,7 +192,7 @@ class TorchEngine(TextEngine):
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the decoder on the next columns (extending `cache`) and the lm_head on the
         last position only: (last hidden states [B, d], logits [B, V])."""
-        decoder = self.model.get_decoder()
+        decoder = self.decoder
         h = embed(decoder.embed_tokens, self.arch, self.hidden_size, ids)
         h = (self.fused.run(h, positions, cache) if self.fused is not None
              else run_layers(decoder.layers, self.rotary, h, positions, cache))
@@ -242,9 +242,10 @@ class TorchEngine(TextEngine):
             steps.append((live, chosen, chosen_lp, hidden))
             made += 1
             chosen_list = chosen.tolist()
-            for row, i in enumerate(live):
-                if i in stop_tokens:
-                    stop_tokens[i].append(chosen_list[row])
+            if stop_tokens:
+                for row, i in enumerate(live):
+                    if i in stop_tokens:
+                        stop_tokens[i].append(chosen_list[row])
             if (made < shortest and not stop_tokens
                     and self.stop_token_ids.isdisjoint(chosen_list)):
                 keep = list(range(len(live)))
