@@ -120,8 +120,9 @@ class FusedLayers:
                       qkv_bias=qkv_bias, o=attn.o_proj.weight, o_bias=attn.o_proj.bias,
                       gate_up=gate_up, down=mlp.down_proj.weight, qk_norm=qk_norm)
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """transformers' RMSNorm, op for op (fp32 statistics, weight times the cast back)."""
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """transformers' RMSNorm, op for op (fp32 statistics, weight times the cast back):
+        the layers' norms and the decoder's final one."""
         if x.dtype == torch.float32:
             return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         dtype = x.dtype
@@ -166,10 +167,10 @@ class FusedLayers:
         gqa = self.heads != self.kv_heads
         for j, w in enumerate(self.layers[start:stop]):
             mask = masks[cache.windows[j]]
-            x = F.linear(self._rms(h, w.norm1), w.qkv, w.qkv_bias)
+            x = F.linear(self.norm(h, w.norm1), w.qkv, w.qkv_bias)
             qk = x[..., : nq + nk].view(batch, q, heads, self.head_dim)
             if w.qk_norm is not None:
-                qk = self._rms(qk, w.qk_norm)
+                qk = self.norm(qk, w.qk_norm)
             qk = self._rope(qk, cos, sin)
             k, v = cache.update(
                 qk[:, :, self.heads:].transpose(1, 2),
@@ -179,7 +180,7 @@ class FusedLayers:
                 qk[:, :, : self.heads].transpose(1, 2), k, v, attn_mask=mask,
                 is_causal=q > 1 and mask is None, scale=self.scaling, enable_gqa=gqa)
             h = h + F.linear(att.transpose(1, 2).reshape(batch, q, nq), w.o, w.o_bias)
-            gate, up = F.linear(self._rms(h, w.norm2), w.gate_up).chunk(2, dim=-1)
+            gate, up = F.linear(self.norm(h, w.norm2), w.gate_up).chunk(2, dim=-1)
             h = h + F.linear(self.act(gate) * up, w.down)
         cache.advance(q)
         return h

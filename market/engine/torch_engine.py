@@ -127,6 +127,7 @@ class TorchEngine(TextEngine):
         self.windows = layer_windows(config)  # each layer's sliding window, None: full
         self.sdpa = config._attn_implementation in SDPA_KINDS
         self.decoder = decoder = self.model.get_decoder()
+        self.head = self.model.get_output_embeddings()
         self.rotary = rotaries(self.arch, decoder)
         # the plain-torch decode of the Llama family (`market.engine.fused`), None where it
         # does not apply or `fused=False` asks for the modules' path
@@ -194,9 +195,12 @@ class TorchEngine(TextEngine):
         last position only: (last hidden states [B, d], logits [B, V])."""
         decoder = self.decoder
         h = embed(decoder.embed_tokens, self.arch, self.hidden_size, ids)
-        h = (self.fused.run(h, positions, cache) if self.fused is not None
-             else run_layers(decoder.layers, self.rotary, h, positions, cache))
-        hidden = decoder.norm(h[:, -1, :])
+        if self.fused is not None:
+            h = self.fused.run(h, positions, cache)
+            hidden = self.fused.norm(h[:, -1, :], decoder.norm.weight)
+        else:
+            h = run_layers(decoder.layers, self.rotary, h, positions, cache)
+            hidden = decoder.norm(h[:, -1, :])
         return hidden, self.logits(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -204,7 +208,7 @@ class TorchEngine(TextEngine):
         them (lm_head, then the architecture's soft-cap: `market.model.archs.final_logits`);
         the engine runs the decoder and the head apart so the head sees only the positions
         it needs."""
-        return final_logits(self.model.config, self.model.get_output_embeddings()(hidden).float())
+        return final_logits(self.model.config, self.head(hidden).float())
 
     def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
                 generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
