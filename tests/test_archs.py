@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,42 @@ def test_the_torch_engine_output_passes_the_verifier(
     """Greedy and sampled generations of the torch engine, judged by the verifier's evidence
     pass on the same engine: honest output passes; its evidence is the engine's logprobs."""
     assert_the_verifier_passes(engine, *generated)
+
+
+def test_the_fused_decode_generates_what_the_modules_generate(
+        arch_dir: tuple[str, Path], engine: TorchEngine,
+        generated: tuple[list[GenerationRequest], list[GenerationOutput]]) -> None:
+    """The Llama family decodes through `market.engine.fused` (in the torch engine and in
+    pipeline stages), the others through transformers' modules. The fused path's greedy
+    and seeded sampled tokens equal the modules' (`fused=False`) token for token, logprobs
+    within 1e-4, in a padded batch (past Mistral's sliding window) and in a row alone; its
+    weights stay the modules' own, so quantising the model in place after loading reaches
+    it; eager attention takes the modules' path."""
+    from market.engine.fused import FUSED_MODEL_TYPES
+    from market.engine.quantize import quantize_weights_
+
+    arch, d = arch_dir
+    fused = arch in FUSED_MODEL_TYPES
+    assert (engine.fused is not None) == fused
+    assert (StageModel(str(d), 1, LAYERS).fused is not None) == fused
+    if not fused:
+        return
+    modules = TorchEngine(d, device="cpu", precision="fp32", fused=False)
+    assert modules.fused is None
+    reqs, outs = generated
+    alone = [replace(reqs[0], max_tokens=6), replace(reqs[-1], max_tokens=6)]
+    for batch, want in ((reqs, modules.generate(reqs)), (alone[:1], modules.generate(alone[:1])),
+                        (alone[1:], modules.generate(alone[1:]))):
+        got = outs if batch is reqs else engine.generate(batch)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        for g, w in zip(got, want, strict=True):
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    rounded = TorchEngine(d, device="cpu", precision="fp32")
+    for e in (rounded, modules):
+        quantize_weights_(e.model, "int8")
+    assert ([o.token_ids for o in rounded.generate(reqs)]
+            == [o.token_ids for o in modules.generate(reqs)])
+    assert TorchEngine(d, device="cpu", precision="fp32", attention="eager").fused is None
 
 
 @pytest.fixture(scope="module")
