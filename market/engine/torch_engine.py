@@ -64,12 +64,10 @@ def left_pad(
     RoPE positions: a padded row computes what it would compute alone.
     """
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts],
+                       dtype=torch.long).reshape(len(prompts), width)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                        dtype=torch.long).reshape(len(prompts), width)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), mask.to(device), positions.to(device)
 
