@@ -1,7 +1,7 @@
 """How fast the torch engine decodes, against plain transformers `generate` and against a
 minimal hand-written loop near what the CPU allows.
 
-    python benchmarks/engine_speed.py [--smoke] [--tokens N] [--rounds R]
+    python benchmarks/engine_speed.py [--smoke] [--tokens N] [--rounds R] [--threads 1,2]
 
 Two random-init Llama models made by `market model create` into a temporary directory (the
 tiny 4 x 128 and 8 x 512), batch sizes 1, 8 and 32 of random prompts of 9 to 16 tokens
@@ -19,7 +19,9 @@ Threads, before and after: the engine as torch leaves it (one intra-op thread pe
 against the count the engine picks at load (`market.engine.threads`, `TorchEngine(threads=
 None)`), the two alternating round by round on the same engine, same batches.
 The last line printed is one JSON object. `--smoke`: the tiny model only, small batches,
-a few tokens (seconds; figures meaningless).
+a few tokens (seconds; figures meaningless). `--threads 1` runs the three-way comparison
+at one thread only (on a loaded machine, several threads per process mostly measure the
+contention).
 """
 
 from __future__ import annotations
@@ -206,12 +208,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="seconds; figures meaningless")
     ap.add_argument("--tokens", type=int, default=32, help="new tokens per row")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per point")
+    ap.add_argument("--threads", default="",
+                    help="thread counts of the three-way comparison, comma-separated "
+                         "(default: 1 and all)")
     args = ap.parse_args(argv)
     models = [(4, 128)] if args.smoke else [(4, 128), (8, 512)]
     batches = [1, 2] if args.smoke else [1, 8, 32]
     tokens, rounds = (4, 1) if args.smoke else (args.tokens, args.rounds)
     all_threads = torch.get_num_threads()  # torch's default: one per CPU
-    thread_counts = sorted({1, all_threads})
+    try:
+        thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()}
+                               or {1, all_threads})
+    except ValueError:
+        ap.error(f"--threads takes thread counts like 1,2, got {args.threads!r}")
+    if thread_counts[0] < 1:
+        ap.error(f"--threads takes counts >= 1, got {args.threads!r}")
     points, thread_points = [], []
     with tempfile.TemporaryDirectory(prefix="quarry-engine-speed-") as tmp:
         for layers, hidden in models:
