@@ -9,9 +9,11 @@ tiny 4 x 128 and 8 x 512), batch sizes 1, 8 and 32 of random prompts of 9 to 16 
 a fixed number of new tokens (stop tokens ignored by all three), with one torch thread and
 with all of them. The three contenders run alternately, round after round, in one process,
 so machine noise hits them alike; each figure is the median round's tokens/s (wall clock,
-prefill included). Quarry is `TorchEngine.generate` as a miner runs it (commitments
-included); `generate` is `model.generate` on the same weights loaded as transformers loads
-them by default (its SDPA attention); the hand loop is the same weights in plain torch:
+prefill included), and again in the process's CPU time (one thread: the work done, without
+the time a loaded machine kept the process waiting for a core). Quarry is
+`TorchEngine.generate` as a miner runs it (commitments included); `generate` is
+`model.generate` on the same weights loaded as transformers loads them by default (its
+SDPA attention); the hand loop is the same weights in plain torch:
 fused q/k/v and gate/up projections, a preallocated KV cache, RoPE tables computed once,
 SDPA with native grouped-query attention, the padding mask built once and sliced per step
 (none where no row is padded).
@@ -162,17 +164,23 @@ def measure(engine: TorchEngine, plain: Any, batch: int, new_tokens: int, rounds
     runs = _contenders(engine, plain, prompts, new_tokens)
     outputs = {name: fn() for name, fn in runs.items()}  # warm-up, and the tokens to compare
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     tps = {name: batch * new_tokens / statistics.median(t) for name, t in times.items()}
+    cps = {name: batch * new_tokens / statistics.median(t) for name, t in cpu.items()}
     return {
         "batch": batch,
         "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
         "vs_generate": round(tps["quarry"] / tps["generate"], 2),
         "vs_hand": round(tps["quarry"] / tps["hand"], 2),
+        "tokens_per_cpu_s": {k: round(v, 1) for k, v in cps.items()},
+        "vs_generate_cpu": round(cps["quarry"] / cps["generate"], 2),
+        "vs_hand_cpu": round(cps["quarry"] / cps["hand"], 2),
         "same_tokens_as_generate": outputs["quarry"] == outputs["generate"],
         "same_tokens_as_hand": outputs["quarry"] == outputs["hand"],
     }
@@ -252,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:>7} threads {threads} batch {batch:>2}: quarry "
                           f"{tps['quarry']:8.1f} tok/s, generate {tps['generate']:8.1f}, hand "
                           f"{tps['hand']:8.1f}  -> x{point['vs_generate']:.2f} of generate, "
-                          f"x{point['vs_hand']:.2f} of the hand loop", flush=True)
+                          f"x{point['vs_hand']:.2f} of the hand loop; CPU time: "
+                          f"x{point['vs_generate_cpu']:.2f}, x{point['vs_hand_cpu']:.2f}",
+                          flush=True)
             torch.set_num_threads(all_threads)
     print(json.dumps({"benchmark": "engine_speed", "smoke": args.smoke, "new_tokens": tokens,
                       "prompt_len": PROMPT_LEN, "rounds": rounds, "usable_cpus": usable_cpus(),
