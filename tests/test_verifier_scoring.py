@@ -26,7 +26,8 @@ from market.engine.sampling import (
 from market.engine.torch_engine import TorchEngine
 from market.model.create import create_model
 from market.model.tokenizer import EOS_ID
-from verifier.error_models import DRIFT
+from market.protocol.commitments import checked_chunks
+from verifier.error_models import CALIBRATED, DRIFT
 from verifier.scoring import (
     COMMIT_ALTERNATIVES,
     EVIDENCE_WIDTH,
@@ -200,6 +201,26 @@ def test_drift_counts_chunks_of_real_commitments(engine: TorchEngine,
     monkeypatch.setitem(DRIFT, key, {"bf16/fp32": 100.0})
     assert all(s.drifted_chunks == 0 and s.drift_chunks == s.chunks - s.failed_chunks
                for s in scored())
+
+
+def test_a_short_last_chunk_is_counted_but_never_tested(engine: TorchEngine,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output one token past a full chunk ends in a one-position chunk, whose points
+    include ordinary activations (hidden size 128): it counts as a chunk but is never failed,
+    however strict the tolerance (real forward passes)."""
+    assert checked_chunks(33, 128) == [True, False] and checked_chunks(40, 128) == [True, True]
+    assert checked_chunks(1, 1024) == [True]
+    reqs = [replace(r, max_tokens=33) for r in requests(engine, 0.0)]
+    outs = TorchEngine(engine.model_dir, precision="bf16").generate(reqs)
+    long = [i for i, o in enumerate(outs) if len(o.token_ids) == 33]  # not stopped early
+    assert len(long) >= 2
+    reqs, outs = [reqs[i] for i in long], [outs[i] for i in long]
+    key = "0x" + engine.manifest.model_id.hex()
+    monkeypatch.setitem(CALIBRATED, key, {"bf16/fp32": (0.2, (0, 0.0, 0.0))})  # exact only
+    scores = score_outputs(engine, reqs, ids(outs), finish(outs), precision="bf16",
+                           commitments=[o.commitment for o in outs])
+    assert all(s.possible and s.chunks == 2 and s.failed_chunks <= 1 for s in scores)
+    assert sum(s.failed_chunks for s in scores) > 0  # the full ones are tested
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9), (0.5, 1.0)])
