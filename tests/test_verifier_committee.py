@@ -87,6 +87,70 @@ def test_a_quorum_is_a_stake_quorum() -> None:
     assert not snap.reached(["0x01", "0x04"])  # 60 is not more than 2/3 of 100
 
 
+def test_members_pool_the_same_audited_shards_and_refuse_another_set(tmp_path: Path) -> None:
+    """The shards pooled into epoch e's evidence follow from the chain alone: drawn by the
+    audit rule at the chain's base rate (`AuditDesk.audited`), submitted in a block of
+    epoch e - 1, over the member's model, not one of the committee's own challenges. Two
+    members find the same set; a proposal that pools a shard more or one fewer, or says
+    nothing readable, is refused (`_check_pool`, as `_cosign` and `_observe` call it)."""
+    from types import SimpleNamespace
+
+    from eth_utils import to_checksum_address
+
+    from verifier.audits import Pooled
+    from verifier.challenges import Challenge
+    from verifier.committee import CommitteeMember, _check_pool, _pool_json
+    from verifier.reputation import ReputationParams
+
+    a, b = to_checksum_address(A), to_checksum_address(B)
+    model, other = b"\x01" * 32, b"\x02" * 32
+    line = {"custom_id": "c0", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "m", "prompt": "a private prompt", "max_tokens": 8}}
+    challenge = Challenge(b, (line,)).input_root
+    roots = {1: b"\x11" * 32, 2: b"\x12" * 32, 3: b"\x13" * 32, 4: challenge, 5: b"\x15" * 32}
+    tasks = {t: SimpleNamespace(model_id=other if t == 3 else model, input_root=r)
+             for t, r in roots.items()}
+    drawn = [Pooled(1, 0, a, 150), Pooled(1, 1, b, 199), Pooled(2, 0, a, 100),
+             Pooled(3, 0, a, 150),  # another model's task
+             Pooled(4, 0, b, 150),  # the committee's challenge to b
+             Pooled(5, 0, a, 200), Pooled(5, 1, a, 99)]  # the next epoch's, the last one's
+
+    class Desk:  # what the audit rule drew (AuditDesk.audited's contract)
+        def audited(self, start: int, end: int) -> list[Pooled]:
+            return [p for p in drawn if start <= p.submitted_at < end]
+
+    q = SimpleNamespace(chain=SimpleNamespace(chain_id=31337),
+                        committee=SimpleNamespace(address="0x" + "c" * 40,
+                                                  epoch_start=lambda e: 100 * e),
+                        tasks=SimpleNamespace(get_task=tasks.__getitem__))
+
+    def member(i: int) -> CommitteeMember:
+        m = CommitteeMember(q, VERIFIERS[i], None, None,  # type: ignore[arg-type]
+                            model_id=model, model_name="m", params=ReputationParams(),
+                            state_path=tmp_path / f"state-{i}.json",
+                            audits=Desk())  # type: ignore[arg-type]
+        m.state.sets["1"] = {"challenges": [{"miner": b, "requests": [line]}]}
+        return m
+
+    first, second = member(0), member(1)
+    pool = first.pooled_shards(2)  # epoch 2 pools what was submitted in [100, 200)
+    assert pool == {a: [(1, 0), (2, 0)], b: [(1, 1)]}
+    assert second.pooled_shards(2) == pool and first.pooled_shards(0) == {}
+    _check_pool(_pool_json(pool), second.pooled_shards(2))  # the leader's set: co-signed
+    with pytest.raises(QuarryError, match="pools task 5 shard 0"):
+        _check_pool(_pool_json({**pool, a: [*pool[a], (5, 0)]}), pool)
+    with pytest.raises(QuarryError, match="leaves out task 1 shard 1"):
+        _check_pool(_pool_json({a: pool[a]}), pool)
+    for junk in ({a: [[1]]}, "nothing", {a: [["x", 0]]}):
+        with pytest.raises(QuarryError, match="malformed"):
+            _check_pool(junk, pool)
+    no_desk = CommitteeMember(q, VERIFIERS[2], None, None,  # type: ignore[arg-type]
+                              model_id=model, model_name="m", params=ReputationParams(),
+                              state_path=tmp_path / "state-2.json")
+    with pytest.raises(QuarryError, match="pools task 1 shard 0"):
+        _check_pool(_pool_json(pool), no_desk.pooled_shards(2))
+
+
 @pytest.mark.chain
 def test_a_verifier_waits_for_its_seat(devnet: Any, tmp_path: Path) -> None:
     """Freshly registered, a member says once at which epoch it joins and does nothing else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,11 @@ def scoring_line(request: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
     return line
 
 
+JUDGED_KEPT = 4096
+"""How many scored verdicts `ShardJudge` keeps: an audit's verdict is read again when its
+shard's evidence joins the miner's epoch (`verifier.committee`), and scoring is the cost."""
+
+
 class ShardJudge:
     """Judges submitted shards of tasks over this verifier's model (see the module doc)."""
 
@@ -99,6 +105,7 @@ class ShardJudge:
                  model_id: bytes | None = None) -> None:
         self.q, self.market, self.scorer = q, market, scorer
         self._model_id = model_id
+        self._judged: OrderedDict[tuple[int, int], ShardVerdict] = OrderedDict()
 
     @property
     def model_id(self) -> bytes:
@@ -113,7 +120,20 @@ class ShardJudge:
     def judge(self, task_id: int, shard: int, *, receipt: Receipt | None = None
               ) -> ShardVerdict:
         """The verdict on a submitted shard; with `receipt` (a dispute's), the miner's
-        document must also hold exactly that receipt."""
+        document must also hold exactly that receipt. A scored verdict is kept and given
+        again (a submitted shard's document and requests never change); one without scores
+        is not (a withheld document may be published later)."""
+        if receipt is None and (task_id, shard) in self._judged:
+            self._judged.move_to_end((task_id, shard))
+            return self._judged[task_id, shard]
+        verdict = self._judge(task_id, shard, receipt)
+        if receipt is None and verdict.scores is not None:
+            self._judged[task_id, shard] = verdict
+            if len(self._judged) > JUDGED_KEPT:
+                self._judged.popitem(last=False)
+        return verdict
+
+    def _judge(self, task_id: int, shard: int, receipt: Receipt | None) -> ShardVerdict:
         task = self.q.tasks.get_task(task_id)
         state = self.q.tasks.get_shard(task_id, shard)
         start, end = self.q.tasks.shard_range(task_id, shard)
