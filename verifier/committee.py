@@ -19,12 +19,14 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
    is in or its answer window (`challengeAnswerWindow`, from the task's creation) has passed:
    a challenge posted late in epoch e keeps its whole window, and the report then finishes
    in epoch e+1 (challenges are posted only during e, and the window is shorter than an
-   epoch).
+   epoch). Each answer is judged pooled with the miner's carried evidence and with its
+   client shards submitted during epoch e-1 that the audit rule drew at the chain's base
+   rate (`pooled_shards`, named in the proposal); an answer that fails alone is disputed.
    A miner that committed a result root but published no document is challenged to show it
    on-chain (availability challenge): unanswered it is slashed, answered it is disputed.
-3. Every member fetches and checks the same answers, re-scores them on its own scorers and
-   posts an observation: its scores, and the missing answers it confirms on-chain (not
-   submitted, window over).
+3. Every member fetches and checks the same answers, re-scores them (pooled with the audited
+   shards it finds by the same rule) on its own scorers and posts an observation: its
+   scores, and the missing answers it confirms on-chain (not submitted, window over).
 4. The leader builds the report: new reputations from the previous evidence and the proposed
    scores; `MISSED` (unavailability, not a score: GPURegistry keeps the reputation and counts
    the miss) for a missing answer that members holding more than a third of the epoch's
@@ -34,9 +36,10 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
    client traffic; a proven billing fault), read from the chain by every member alike:
    proof, not noise, so its reputation lands under the untrusted line at once.
    Evidence goes to the store (evidenceRoot = its sha256).
-5. Members co-sign the report only if every score is within the tolerance of their own and
-   the reputations follow from the rules; any member holding signatures of e's committee
-   that weigh a quorum submits it. Reports go in epoch order: once a newer epoch is
+5. Members co-sign the report only if every score is within the tolerance of their own, the
+   pooled shards and the carried evidence are their own, and the reputations follow from
+   the rules; any member holding signatures of e's committee that weigh a quorum submits
+   it. Reports go in epoch order: once a newer epoch is
    reported, older ones are closed. Steps 2 to 5 of epoch e may finish early in e+1.
 
 Quorums are by stake: the signers' summed weight in the epoch's snapshot must reach
