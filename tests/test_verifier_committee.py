@@ -7,7 +7,9 @@ A leader that withholds (sends no challenges, proposes nothing) makes its epoch 
 the next epoch's leader carries on and gets its report on-chain. A miner that is down for an
 epoch is reported MISSED, not failed: its reputation and stake stay, it is challenged again,
 and it passes once it runs. The >1/3 rule for missing answers and the quorums count stake,
-not heads (pure logic). A verifier whose seat has not
+not heads, the audited shards pooled into an epoch's evidence follow from the chain alone
+(a proposal pooling others is refused), and an answer failing only with that evidence is
+scored, not disputed (pure logic). A verifier whose seat has not
 taken effect says so once and waits, touching neither the relay nor the chain's state.
 """
 
@@ -149,6 +151,45 @@ def test_members_pool_the_same_audited_shards_and_refuse_another_set(tmp_path: P
                               state_path=tmp_path / "state-2.json")
     with pytest.raises(QuarryError, match="pools task 1 shard 0"):
         _check_pool(_pool_json(pool), no_desk.pooled_shards(2))
+
+
+def test_an_answer_failing_only_with_pooled_evidence_is_scored_not_disputed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dispute judges the answer alone: the leader disputes an answer that fails on its
+    own, and only scores 0 one that failed with its carried or pooled evidence (a dispute
+    of it would be lost, and the opener's bond with it)."""
+    from types import SimpleNamespace
+
+    from eth_account import Account
+    from eth_utils import to_checksum_address
+
+    import market.jobs
+    from verifier.challenges import Answer, PostedChallenge
+    from verifier.committee import CommitteeMember
+    from verifier.reputation import ReputationParams
+    from verifier.scoring import SAMPLED_WIDTH, ChallengeScore, judge
+
+    a, b = to_checksum_address(A), to_checksum_address(B)
+    weak = ChallengeScore(greedy=False, tokens=7,
+                          log_ratios=(0.0,) * (SAMPLED_WIDTH - 1) + (9.0,))
+    alone_fails = [weak, weak]
+    pooled_fails = [weak]  # passes alone; with one pooled shard like it, fails
+    assert not judge(alone_fails).passed and judge(pooled_fails).passed
+    assert not judge(pooled_fails, joined=[[weak]]).passed
+    q = SimpleNamespace(chain=SimpleNamespace(chain_id=31337),
+                        committee=SimpleNamespace(address="0x" + "c" * 40))
+    member = CommitteeMember(q, VERIFIERS[0], None, None,  # type: ignore[arg-type]
+                             model_id=bytes(32), model_name="m", params=ReputationParams(),
+                             state_path=tmp_path / "state.json")
+    member._scored = {1: alone_fails, 2: pooled_fails}
+    opened: list[tuple[int, int]] = []
+    monkeypatch.setattr(market.jobs, "open_dispute",
+                        lambda q, client, api, task, index: opened.append((task, index)) or 7)
+    key = Account.create().key.hex()
+    member._dispute_faults([PostedChallenge(a, 1, key), PostedChallenge(b, 2, key)],
+                           None,  # type: ignore[arg-type]
+                           [Answer(a, 1, "answered"), Answer(b, 2, "answered")], {a: 0, b: 0})
+    assert opened == [(1, 0)] and member.state.disputed == [1]
 
 
 @pytest.mark.chain
