@@ -845,6 +845,12 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     pooled = first.pooled_shards(submitted_in + 1)
     assert (t_honest, 0) in pooled[honest.address]
     assert second.pooled_shards(submitted_in + 1) == pooled
+    # Reading blocks again (a scan's events can run past the head it noted) counts nothing
+    # twice: the typical budget, hence every later rate and draw, stays the same.
+    seen = (idle.drawn, list(idle._budgets), dict(idle.pool))  # most shards not drawn
+    idle._scan_from = q.deployment.deploy_block
+    idle._discover()
+    assert (idle.drawn, list(idle._budgets), idle.pool) == seen
     kept = auditors[0].judge.judge(t_honest, 0)
     assert kept.scores and not kept.fault
     assert first._pooled_scores(submitted_in + 1)[honest.address][0] is kept.scores

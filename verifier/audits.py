@@ -218,8 +218,8 @@ class AuditDesk:
         w3 = self.q.chain.w3
         for ev in self.q.tasks.events("ResultSubmitted", self._scan_from):
             key = (int(ev["taskId"]), int(ev["shard"]))
-            if key in self.cases:
-                continue
+            if key in self.rates:  # seen: a block mined after `head` is read again next time,
+                continue           # and counting its budget twice would move the rates
             block = w3.eth.get_block(int(ev["blockNumber"]))
             seed = audit_seed(bytes(block["hash"]), *key)
             self.drawn += 1
