@@ -851,6 +851,11 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     idle._scan_from = q.deployment.deploy_block
     idle._discover()
     assert (idle.drawn, list(idle._budgets), idle.pool) == seen
+    # A shard refunded after its fault keeps its committed document: a member that had
+    # not judged it yet still finds what the others pooled.
+    assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
+    refunded = half.judge.judge(t_cheat, 0)
+    assert refunded.fault and refunded.scores and not refunded.withheld
     kept = auditors[0].judge.judge(t_honest, 0)
     assert kept.scores and not kept.fault
     assert first._pooled_scores(submitted_in + 1)[honest.address][0] is kept.scores

@@ -636,7 +636,13 @@ class CommitteeMember:
         for miner, shards in self.pooled_shards(epoch).items():
             for task_id, shard in shards:
                 with log_context(task=task_id, shard=shard, miner=miner):
-                    verdict = self.audits.judge.judge(task_id, shard)
+                    try:
+                        verdict = self.audits.judge.judge(task_id, shard)
+                    except DisputeDeferred:
+                        raise
+                    except QuarryError as exc:  # from the chain: the same for every member
+                        log.warning("pooled shard left out: %s", exc)
+                        continue
                 if verdict.scores:
                     out.setdefault(miner, []).append(verdict.scores)
         return out

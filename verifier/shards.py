@@ -21,13 +21,14 @@ verifier does not run) raises `DisputeDeferred`: nothing is decided, it is tried
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from market.chain.contracts import Shard, Task
+from market.chain.contracts import Shard, ShardState, Task
 from market.errors import QuarryError
 from market.jobs import verified_shard
 from market.marketapi import MarketAPI, MarketError
@@ -215,6 +216,10 @@ class ShardJudge:
             parse_uri(uri)
         except StoreError as exc:
             raise _Withheld(f"the shard's resultURI {exc}") from exc
+        if state.state == ShardState.REFUNDED and state.result_uri:
+            # Refunded after a fault: its committed root and document stay, and its
+            # outputs still count in the miner's pooled epoch evidence (verifier.committee).
+            state = dataclasses.replace(state, state=ShardState.SUBMITTED)
         try:
             _, items = verified_shard(self.q, self.market, task_id, shard,
                                       [p.request_hash for p in requests], task=task,
