@@ -27,8 +27,11 @@ traffic); each is audited at the rate of `verifier.audits.audit_rate` (base
 `--audit-rate-bps`, the committee's default 1000, doubled while the miner is young: it
 registered `--registered-epochs` before the run, its probation), and an audited shard that
 fails `judge` is a fault, which (as in the committee's reports) puts the miner under the
-untrusted line in the next epoch's update. Only audited shards are generated: the others are
-never looked at, so they cannot change anything. For each selective family the result also
+untrusted line in the next epoch's update. Every audited shard, passed or failed, also joins
+its miner's evidence in the next epoch's `judge` call, as the committee pools the audited
+shards submitted during the epoch before each report (`--no-pool-audits`: judged alone
+only, the comparison). Only audited shards are generated: the others are never looked at,
+so they cannot change anything. For each selective family the result also
 gives the detection arithmetic (per epoch 1 - (1 - a F)^N; a year of public epochs) and, per
 cheated shard, the expected loss a (B + C + lost probation income) against the gain
 `--cheat-saving` B, with the untrusted burn that is escapable by leaving before a second
@@ -181,6 +184,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     failed_chunks: dict[str, list[int]] = {label: [] for label in labels}
     audits = {label: {"audited": 0, "failed": 0} for label in labels}
     faulted: set[str] = set()  # found at fault by an audit in the previous epoch
+    # The audited shards of the previous epoch's client traffic, which join each miner's
+    # evidence in this epoch's judgement (the committee's `pooled_shards`: a report pools
+    # the audited shards submitted during the epoch before it).
+    pooled: dict[str, list[list[Any]]] = {}
+    pooled_shards: dict[str, list[int]] = {label: [] for label in labels}
     carry: dict[str, tuple[float, ...]] = {}  # each miner's evidence so far (floored at 0)
     rng = random.Random(args.seed)
     audit_rng = random.Random(args.seed + 2)
@@ -206,11 +214,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         scores = score_outputs(verifier, all_requests, all_outputs, all_finish,
                                precision=args.precision, commitments=all_commits)
         rate = epoch_audit_rate(args, epoch)
-        faults_now = audit_client_traffic(args, engines, honest_engine, verifier, labels,
-                                          audit_rng, audits, fractions, rate)
+        faults_now, audited = audit_client_traffic(args, engines, honest_engine, verifier,
+                                                   labels, audit_rng, audits, fractions, rate)
         for label in labels:
+            joined = pooled.get(label, [])
+            pooled_shards[label].append(len(joined))
             verdict = judge([s for s, o in zip(scores, owners, strict=True) if o == label],
-                            prior=carry.pop(label, ()))  # as the committee carries it
+                            prior=carry.pop(label, ()),  # as the committee carries it
+                            joined=joined)
             if verdict.passed:
                 carry[label] = verdict.carry
             score = 0 if label in faulted else verdict.score_bps
@@ -228,6 +239,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                                fault=fault)
                 trajectories[level][label].append(records[level][label].reputation_bps)
         faulted = faults_now
+        pooled = audited if args.pool_audits else {}
         say(f"epoch {epoch}: " + ", ".join(f"{k} {v[-1]}" for k, v in epoch_bps.items())
             + f" ({time.monotonic() - t0:.1f}s)")
 
@@ -262,6 +274,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "model_id": manifest.model_id_hex,
         "precision": args.precision,
         "commitments": args.commitments,
+        "pool_audits": args.pool_audits,
         "threads": torch.get_num_threads(),
         "epochs": args.epochs,
         "miners": labels,
@@ -291,6 +304,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "epoch_log_evidence": evidence,
         "epoch_mismatches": mismatches,
         "epoch_failed_chunks": failed_chunks,
+        "epoch_pooled_shards": pooled_shards,
         "epoch_scores_bps": epoch_bps,
         "client_shards_per_epoch": args.client_shards,
         "audit_rate_bps": args.audit_rate_bps,
@@ -374,14 +388,16 @@ def selective_families(args: argparse.Namespace, fractions: dict[str, float],
 def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], honest: Any,
                          verifier: Any, labels: list[str], rng: random.Random,
                          audits: dict[str, dict[str, int]], fractions: dict[str, float],
-                         rate_bps: int) -> set[str]:
+                         rate_bps: int) -> tuple[set[str], dict[str, list[list[Any]]]]:
     """One epoch of client traffic per miner, each shard audited at `rate_bps`; a selective
     family cheats on each shard with its probability (unknowing of the draw, as on-chain).
-    Returns the miners an audit found at fault."""
+    Returns the miners an audit found at fault, and each miner's audited shards' scores
+    (passed or failed: all join its next epoch's evidence when pooled)."""
     from market.engine.base import GenerationRequest
     from verifier.scoring import judge, score_outputs
 
     faults = set()
+    audited: dict[str, list[list[Any]]] = {label: [] for label in labels}
     for label in labels:
         for _ in range(args.client_shards):
             cheated = rng.random() < fractions[label] if label in fractions else True
@@ -393,15 +409,15 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
                                       32, temperature=rng.choice((0.0, 0.7, 1.0)),
                                       seed=rng.randrange(1 << 63)) for a in asks]
             outs = (engines[label] if cheated else honest).generate(reqs)
-            verdict = judge(score_outputs(verifier, reqs, [o.token_ids for o in outs],
-                                          [o.finish_reason for o in outs],
-                                          precision=args.precision,
-                                          commitments=[commitment(args, o) for o in outs]))
+            shard = score_outputs(verifier, reqs, [o.token_ids for o in outs],
+                                  [o.finish_reason for o in outs], precision=args.precision,
+                                  commitments=[commitment(args, o) for o in outs])
+            audited[label].append(shard)
             audits[label]["audited"] += 1
-            if not verdict.passed:
+            if not judge(shard).passed:  # alone, as its dispute judges it
                 audits[label]["failed"] += 1
                 faults.add(label)
-    return faults
+    return faults, audited
 
 
 def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
@@ -499,6 +515,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the cheats' honest parts compute in (fp32)")
     parser.add_argument("--no-commitments", dest="commitments", action="store_false",
                         help="drop the miners' activation commitments: statistics only")
+    parser.add_argument("--no-pool-audits", dest="pool_audits", action="store_false",
+                        help="judge audited shards alone only, as before they joined their "
+                        "miner's epoch evidence (the comparison)")
     parser.add_argument("--modes", default=",".join(CHEAT_MODES),
                         help="comma-separated cheating modes (all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,

@@ -7,7 +7,9 @@ A leader that withholds (sends no challenges, proposes nothing) makes its epoch 
 the next epoch's leader carries on and gets its report on-chain. A miner that is down for an
 epoch is reported MISSED, not failed: its reputation and stake stay, it is challenged again,
 and it passes once it runs. The >1/3 rule for missing answers and the quorums count stake,
-not heads (pure logic). A verifier whose seat has not
+not heads, the audited shards pooled into an epoch's evidence follow from the chain alone
+(a proposal pooling others is refused), and an answer failing only with that evidence is
+scored, not disputed (pure logic). A verifier whose seat has not
 taken effect says so once and waits, touching neither the relay nor the chain's state.
 """
 
@@ -85,6 +87,109 @@ def test_a_quorum_is_a_stake_quorum() -> None:
     assert snap.reached(["0x01", "0x02"]), "two heads hold 70 of 100"
     assert snap.weight_of(["0x01", "0x01", "0x05"]) == 50  # once each; outsiders weigh 0
     assert not snap.reached(["0x01", "0x04"])  # 60 is not more than 2/3 of 100
+
+
+def test_members_pool_the_same_audited_shards_and_refuse_another_set(tmp_path: Path) -> None:
+    """The shards pooled into epoch e's evidence follow from the chain alone: drawn by the
+    audit rule at the chain's base rate (`AuditDesk.audited`), submitted in a block of
+    epoch e - 1, over the member's model, not one of the committee's own challenges. Two
+    members find the same set; a proposal that pools a shard more or one fewer, or says
+    nothing readable, is refused (`_check_pool`, as `_cosign` and `_observe` call it)."""
+    from types import SimpleNamespace
+
+    from eth_utils import to_checksum_address
+
+    from verifier.audits import Pooled
+    from verifier.challenges import Challenge
+    from verifier.committee import CommitteeMember, _check_pool, _pool_json
+    from verifier.reputation import ReputationParams
+
+    a, b = to_checksum_address(A), to_checksum_address(B)
+    model, other = b"\x01" * 32, b"\x02" * 32
+    line = {"custom_id": "c0", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "m", "prompt": "a private prompt", "max_tokens": 8}}
+    challenge = Challenge(b, (line,)).input_root
+    roots = {1: b"\x11" * 32, 2: b"\x12" * 32, 3: b"\x13" * 32, 4: challenge, 5: b"\x15" * 32}
+    tasks = {t: SimpleNamespace(model_id=other if t == 3 else model, input_root=r)
+             for t, r in roots.items()}
+    drawn = [Pooled(1, 0, a, 150), Pooled(1, 1, b, 199), Pooled(2, 0, a, 100),
+             Pooled(3, 0, a, 150),  # another model's task
+             Pooled(4, 0, b, 150),  # the committee's challenge to b
+             Pooled(5, 0, a, 200), Pooled(5, 1, a, 99)]  # the next epoch's, the last one's
+
+    class Desk:  # what the audit rule drew (AuditDesk.audited's contract)
+        def audited(self, start: int, end: int) -> list[Pooled]:
+            return [p for p in drawn if start <= p.submitted_at < end]
+
+    q = SimpleNamespace(chain=SimpleNamespace(chain_id=31337),
+                        committee=SimpleNamespace(address="0x" + "c" * 40,
+                                                  epoch_start=lambda e: 100 * e),
+                        tasks=SimpleNamespace(get_task=tasks.__getitem__))
+
+    def member(i: int) -> CommitteeMember:
+        m = CommitteeMember(q, VERIFIERS[i], None, None,  # type: ignore[arg-type]
+                            model_id=model, model_name="m", params=ReputationParams(),
+                            state_path=tmp_path / f"state-{i}.json",
+                            audits=Desk())  # type: ignore[arg-type]
+        m.state.sets["1"] = {"challenges": [{"miner": b, "requests": [line]}]}
+        return m
+
+    first, second = member(0), member(1)
+    pool = first.pooled_shards(2)  # epoch 2 pools what was submitted in [100, 200)
+    assert pool == {a: [(1, 0), (2, 0)], b: [(1, 1)]}
+    assert second.pooled_shards(2) == pool and first.pooled_shards(0) == {}
+    _check_pool(_pool_json(pool), second.pooled_shards(2))  # the leader's set: co-signed
+    with pytest.raises(QuarryError, match="pools task 5 shard 0"):
+        _check_pool(_pool_json({**pool, a: [*pool[a], (5, 0)]}), pool)
+    with pytest.raises(QuarryError, match="leaves out task 1 shard 1"):
+        _check_pool(_pool_json({a: pool[a]}), pool)
+    for junk in ({a: [[1]]}, "nothing", {a: [["x", 0]]}):
+        with pytest.raises(QuarryError, match="malformed"):
+            _check_pool(junk, pool)
+    no_desk = CommitteeMember(q, VERIFIERS[2], None, None,  # type: ignore[arg-type]
+                              model_id=model, model_name="m", params=ReputationParams(),
+                              state_path=tmp_path / "state-2.json")
+    with pytest.raises(QuarryError, match="pools task 1 shard 0"):
+        _check_pool(_pool_json(pool), no_desk.pooled_shards(2))
+
+
+def test_an_answer_failing_only_with_pooled_evidence_is_scored_not_disputed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dispute judges the answer alone: the leader disputes an answer that fails on its
+    own, and only scores 0 one that failed with its carried or pooled evidence (a dispute
+    of it would be lost, and the opener's bond with it)."""
+    from types import SimpleNamespace
+
+    from eth_account import Account
+    from eth_utils import to_checksum_address
+
+    import market.jobs
+    from verifier.challenges import Answer, PostedChallenge
+    from verifier.committee import CommitteeMember
+    from verifier.reputation import ReputationParams
+    from verifier.scoring import SAMPLED_WIDTH, ChallengeScore, judge
+
+    a, b = to_checksum_address(A), to_checksum_address(B)
+    weak = ChallengeScore(greedy=False, tokens=7,
+                          log_ratios=(0.0,) * (SAMPLED_WIDTH - 1) + (9.0,))
+    alone_fails = [weak, weak]
+    pooled_fails = [weak]  # passes alone; with one pooled shard like it, fails
+    assert not judge(alone_fails).passed and judge(pooled_fails).passed
+    assert not judge(pooled_fails, joined=[[weak]]).passed
+    q = SimpleNamespace(chain=SimpleNamespace(chain_id=31337),
+                        committee=SimpleNamespace(address="0x" + "c" * 40))
+    member = CommitteeMember(q, VERIFIERS[0], None, None,  # type: ignore[arg-type]
+                             model_id=bytes(32), model_name="m", params=ReputationParams(),
+                             state_path=tmp_path / "state.json")
+    member._scored = {1: alone_fails, 2: pooled_fails}
+    opened: list[tuple[int, int]] = []
+    monkeypatch.setattr(market.jobs, "open_dispute",
+                        lambda q, client, api, task, index: opened.append((task, index)) or 7)
+    key = Account.create().key.hex()
+    member._dispute_faults([PostedChallenge(a, 1, key), PostedChallenge(b, 2, key)],
+                           None,  # type: ignore[arg-type]
+                           [Answer(a, 1, "answered"), Answer(b, 2, "answered")], {a: 0, b: 0})
+    assert opened == [(1, 0)] and member.state.disputed == [1]
 
 
 @pytest.mark.chain

@@ -824,6 +824,47 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
                              params=ReputationParams(), state_path=tmp_path / "state.json")
     assert member._faults(epoch) == {cheat.address: 0}  # scored 0: under the untrusted line
 
+    # The audited shards also join their miners' evidence in the report of the epoch after
+    # their submission: drawn at the chain's base rate whatever rate a member's desk audits
+    # at, so a member at 100% and one at 50% pool the same shards (the honest task's, whose
+    # client bought 100%, surely). Its passing evidence is carried on from the desk's kept
+    # verdict, not scored again.
+    from types import SimpleNamespace
+
+    from verifier.scoring import EVIDENCE_WIDTH, judge
+
+    def pooling(desk: AuditDesk, i: int) -> CommitteeMember:
+        return CommitteeMember(q, devnet.verifiers[i], api, None,  # type: ignore[arg-type]
+                               model_id=mid, model_name="quarry-dispute-test",
+                               params=ReputationParams(), audits=desk,
+                               state_path=tmp_path / f"pool-{i}.json")
+
+    first, second = pooling(auditors[0], 1), pooling(half, 0)
+    submitted_in = (auditors[0].pool[t_honest, 0].submitted_at - c.genesis_time()) \
+        // c.epoch_duration()
+    pooled = first.pooled_shards(submitted_in + 1)
+    assert (t_honest, 0) in pooled[honest.address]
+    assert second.pooled_shards(submitted_in + 1) == pooled
+    # Reading blocks again (a scan's events can run past the head it noted) counts nothing
+    # twice: the typical budget, hence every later rate and draw, stays the same.
+    seen = (idle.drawn, list(idle._budgets), dict(idle.pool))  # most shards not drawn
+    idle._scan_from = q.deployment.deploy_block
+    idle._discover()
+    assert (idle.drawn, list(idle._budgets), idle.pool) == seen
+    # A shard refunded after its fault keeps its committed document: a member that had
+    # not judged it yet still finds what the others pooled.
+    assert q.tasks.get_shard(t_cheat, 0).state == ShardState.REFUNDED
+    refunded = half.judge.judge(t_cheat, 0)
+    assert refunded.fault and refunded.scores and not refunded.withheld
+    kept = auditors[0].judge.judge(t_honest, 0)
+    assert kept.scores and not kept.fault
+    assert first._pooled_scores(submitted_in + 1)[honest.address][0] is kept.scores
+    prior = (5.0,) * EVIDENCE_WIDTH  # evidence the miner carried in from its last epoch
+    first._carry_in[submitted_in + 1] = {honest.address: prior}
+    first._score(SimpleNamespace(epoch=submitted_in + 1), [])  # type: ignore[arg-type]
+    carried = first._carry_out[submitted_in + 1][honest.address]
+    assert carried == judge([], prior=prior, joined=[kept.scores]).carry != prior
+
 
 def test_audit_rate_rule() -> None:
     """The rate every member computes for a shard: the paid rate or the base, whichever is

@@ -391,6 +391,27 @@ def test_json_round_trip_and_judge_rules() -> None:
     assert len(COMMIT_ALTERNATIVES) == 3
 
 
+def test_joined_shards_pool_their_evidence_each_judged_for_commitments_alone() -> None:
+    """An epoch's audited shards join its challenge (`judge(joined=...)`): their evidence
+    adds up exactly as one set's would, a shard alone passing; each shard is one engine's
+    work, so a challenge without commitments beside a shard with them is fine, a shard
+    committing only partly is not; and shards alone (no answer) are judged too."""
+    honest = ChallengeScore(greedy=False, tokens=7, log_ratios=(-1.0,) * SAMPLED_WIDTH)
+    weak = replace(honest, log_ratios=(0.0,) * (SAMPLED_WIDTH - 1) + (9.0,))
+    assert judge([weak]).passed
+    pooled = judge([weak], joined=[[weak]])
+    assert not pooled.passed and pooled.outputs == 2
+    assert pooled.own == judge([weak, weak]).own
+    committed = replace(weak, chunks=2)
+    assert judge([honest], joined=[[replace(honest, chunks=2)] * 2]).passed
+    partial = judge([honest], joined=[[honest], [replace(honest, chunks=2), honest]])
+    assert "output 1 of joined set 2 carries no activation commitment" in partial.reason
+    alone = judge([], joined=[[committed], [weak]], prior=judge([honest]).carry)
+    assert not alone.passed and alone.outputs == 2
+    with pytest.raises(ScoringError, match="no outputs"):
+        judge([], joined=[[]])
+
+
 def test_drift_separates_a_cheaper_computation_inside_the_tolerance() -> None:
     """Chunks that pass the tolerance but drift: honest bf16's rate (2.9% measured, 10%
     allowed) banks nothing; int8 weights' (46% measured) fails a challenge's worth of

@@ -26,6 +26,14 @@ in the current committee it:
 The committee then judges the dispute like any other, and an at-fault verdict counts in
 the miner's reputation (`verifier.committee`). A passing audit costs the miner nothing; a
 failing one costs the shard's budget, its collateral and (being a fault) an abnormal epoch.
+
+Every shard the draw picks at the chain's base rate (VerifierCommittee.BASE_AUDIT_RATE_BPS,
+whatever rate this desk audits at), passed or failed, also joins its miner's epoch
+evidence: the report of the epoch after the submission's pools its outputs with the
+miner's challenge answer (`audited`, `verifier.committee.CommitteeMember.pooled_shards`),
+so a cheat too subtle for one shard still adds up. The draw is on public chain data, so
+every member pools the same shards; an honest miner's pooled evidence keeps the
+committee's 1e-6 bound (`verifier.scoring`'s module doc).
 """
 
 from __future__ import annotations
@@ -143,6 +151,17 @@ class AuditCase:
     verdict: ShardVerdict | None = None  # the failed judgement, kept to act on it
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """A submitted shard the audit rule draws at the chain's base rate: its outputs join
+    its miner's evidence in the report of the epoch after its submission."""
+
+    task_id: int
+    shard: int
+    miner: str
+    submitted_at: int  # its block's timestamp
+
+
 class AuditDesk:
     """One committee member's audits of client traffic (see the module doc)."""
 
@@ -163,6 +182,8 @@ class AuditDesk:
         self.cases: dict[tuple[int, int], AuditCase] = {}
         self.drawn = 0  # shards this desk has drawn (audited or not)
         self.rates: dict[tuple[int, int], int] = {}  # each drawn shard's rate (bps)
+        self.pool: dict[tuple[int, int], Pooled] = {}  # drawn at the chain's base rate
+        self._chain_base: int | None = None
         self._budgets: deque[int] = deque(maxlen=TYPICAL_WINDOW)  # latest submissions'
         self._epochs: tuple[int, int] | None = None  # the committee's genesis, epoch length
         self._scan_from = q.deployment.deploy_block
@@ -197,22 +218,34 @@ class AuditDesk:
         w3 = self.q.chain.w3
         for ev in self.q.tasks.events("ResultSubmitted", self._scan_from):
             key = (int(ev["taskId"]), int(ev["shard"]))
-            if key in self.cases:
-                continue
+            if key in self.rates:  # seen: a block mined after `head` is read again next time,
+                continue           # and counting its budget twice would move the rates
             block = w3.eth.get_block(int(ev["blockNumber"]))
             seed = audit_seed(bytes(block["hash"]), *key)
             self.drawn += 1
-            rate = self._rate(key, ev, block)
+            rate, base_rate = self._rate(key, ev, block)
             self.rates[key] = rate
+            if audit_draw(seed) < base_rate:
+                self.pool[key] = Pooled(*key, miner=to_checksum_address(str(ev["miner"])),
+                                        submitted_at=int(block["timestamp"]))
             if audit_draw(seed) >= rate:
                 continue
             self.cases[key] = AuditCase(*key, seed=seed, submitted_at=int(block["timestamp"]))
         self._scan_from = head + 1
 
-    def _rate(self, key: tuple[int, int], ev: dict[str, Any], block: Any) -> int:
-        """`audit_rate` of one submission, from the chain as of its block; the events come
-        in chain order from the deployment on, so every member sees the same window of
-        budgets before it."""
+    def audited(self, start: int, end: int) -> list[Pooled]:
+        """The shards the audit rule draws at the chain's base rate
+        (VerifierCommittee.BASE_AUDIT_RATE_BPS, whatever this desk's own) whose submission's
+        block is stamped in [start, end), by (task, shard): what the committee pools into
+        its miners' epoch evidence, the same for every member. Read up to the chain's head
+        first, so a closed window is complete."""
+        self._discover()
+        return [p for key, p in sorted(self.pool.items()) if start <= p.submitted_at < end]
+
+    def _rate(self, key: tuple[int, int], ev: dict[str, Any], block: Any) -> tuple[int, int]:
+        """`audit_rate` of one submission, from the chain as of its block, at this desk's
+        base rate and at the chain's; the events come in chain order from the deployment
+        on, so every member sees the same window of budgets before it."""
         q, (task_id, shard) = self.q, key
         budget = q.tasks.shard_budget(task_id, shard)
         typical = int(statistics.median_low(self._budgets)) if self._budgets else budget
@@ -224,8 +257,14 @@ class AuditDesk:
         epochs = (int(block["timestamp"]) - genesis) // length \
             - (max(registered, genesis) - genesis) // length
         paid = q.committee.audit_rate_of(task_id, block=int(block["number"]))
-        return audit_rate(self.rate_bps, paid, epochs_registered=epochs, budget=budget,
-                          typical_budget=typical)
+        if self._chain_base is None:  # a contract constant
+            self._chain_base = q.committee.base_audit_rate_bps()
+
+        def at(base: int) -> int:
+            return audit_rate(base, paid, epochs_registered=epochs, budget=budget,
+                              typical_budget=typical)
+
+        return at(self.rate_bps), at(self._chain_base)
 
     def _advance(self, case: AuditCase, now: int, epoch: int) -> None:
         if case.challenge_id is not None:

@@ -199,17 +199,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     on_event = None if json_logs() else _print_event
     try:
         scorer = ScoringClient(cfg.redis_url, queue, cfg.model_dir)
+        audits = AuditDesk(q, account, market, scorer, rate_bps=cfg.audit_rate_bps,
+                           model_id=manifest.model_id,
+                           on_event=on_event)
+        # The member pools the desk's audited shards into its miners' epoch evidence, from
+        # the desk's own verdicts (each shard scored once).
         member = CommitteeMember(
             q, account, market, scorer, model_id=manifest.model_id, model_name=manifest.name,
             params=cfg.reputation_params(), state_path=state,
             requests=cfg.challenge_requests, max_tokens=cfg.challenge_max_tokens,
             tolerance_bps=cfg.tolerance_bps,
-            test_mode=cfg.test_mode, on_event=on_event)
+            test_mode=cfg.test_mode, on_event=on_event, audits=audits)
         desk = DisputeDesk(q, account, market, scorer, model_id=manifest.model_id,
                            lie=cfg.test_mode == "lie")
-        audits = AuditDesk(q, account, market, scorer, rate_bps=cfg.audit_rate_bps,
-                           model_id=manifest.model_id,
-                           on_event=on_event)
         say(f"verifier {account.address}: committee of {len(q.committee.members())}, model "
             f"{manifest.name} ({manifest.model_id_hex}), {cfg.scoring_workers} scoring "
             f"worker(s) on {queue}; Ctrl-C stops", logger="verifier")

@@ -19,12 +19,14 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
    is in or its answer window (`challengeAnswerWindow`, from the task's creation) has passed:
    a challenge posted late in epoch e keeps its whole window, and the report then finishes
    in epoch e+1 (challenges are posted only during e, and the window is shorter than an
-   epoch).
+   epoch). Each answer is judged pooled with the miner's carried evidence and with its
+   client shards submitted during epoch e-1 that the audit rule drew at the chain's base
+   rate (`pooled_shards`, named in the proposal); an answer that fails alone is disputed.
    A miner that committed a result root but published no document is challenged to show it
    on-chain (availability challenge): unanswered it is slashed, answered it is disputed.
-3. Every member fetches and checks the same answers, re-scores them on its own scorers and
-   posts an observation: its scores, and the missing answers it confirms on-chain (not
-   submitted, window over).
+3. Every member fetches and checks the same answers, re-scores them (pooled with the audited
+   shards it finds by the same rule) on its own scorers and posts an observation: its
+   scores, and the missing answers it confirms on-chain (not submitted, window over).
 4. The leader builds the report: new reputations from the previous evidence and the proposed
    scores; `MISSED` (unavailability, not a score: GPURegistry keeps the reputation and counts
    the miss) for a missing answer that members holding more than a third of the epoch's
@@ -34,9 +36,10 @@ that registered waits for the boundary its seat takes effect at. In epoch e:
    client traffic; a proven billing fault), read from the chain by every member alike:
    proof, not noise, so its reputation lands under the untrusted line at once.
    Evidence goes to the store (evidenceRoot = its sha256).
-5. Members co-sign the report only if every score is within the tolerance of their own and
-   the reputations follow from the rules; any member holding signatures of e's committee
-   that weigh a quorum submits it. Reports go in epoch order: once a newer epoch is
+5. Members co-sign the report only if every score is within the tolerance of their own, the
+   pooled shards and the carried evidence are their own, and the reputations follow from
+   the rules; any member holding signatures of e's committee that weigh a quorum submits
+   it. Reports go in epoch order: once a newer epoch is
    reported, older ones are closed. Steps 2 to 5 of epoch e may finish early in e+1.
 
 Quorums are by stake: the signers' summed weight in the epoch's snapshot must reach
@@ -95,13 +98,18 @@ from verifier.challenges import (
 )
 from verifier.reputation import MinerRecord, ReputationParams, update
 from verifier.scoring import EVIDENCE_WIDTH, ChallengeScore, judge
+from verifier.shards import DisputeDeferred
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from market.chain.deploy import Quarry
     from market.marketapi import MarketAPI
+    from verifier.audits import AuditDesk
     from verifier.scoring_worker import ScoringClient
+
+Pool = dict[str, list[tuple[int, int]]]
+"""Per miner, the audited (taskId, shard)s whose outputs join its epoch evidence."""
 
 log = logging.getLogger("verifier")
 
@@ -182,7 +190,11 @@ class CommitteeMember:
         test_mode: str = "",
         timing: EpochTiming | None = None,
         on_event: Callable[[str], None] | None = None,
+        audits: AuditDesk | None = None,
     ) -> None:
+        """`audits`: this verifier's audit desk, whose draw (and cached verdicts) give the
+        audited shards pooled into each miner's epoch evidence (`pooled_shards`; None: none,
+        and members that pool refuse this member's reports)."""
         self.q, self.account, self.market, self.scorer = q, account, market, scorer
         self.me = to_checksum_address(account.address)
         self.model_id, self.model_name, self.params = model_id, model_name, params
@@ -190,6 +202,8 @@ class CommitteeMember:
         self.tolerance_bps = tolerance_bps
         self.test_mode = test_mode
         self.timing = timing or EpochTiming()
+        self.audits = audits
+        self._pools: dict[int, Pool] = {}  # epoch -> its pooled shards (a closed window)
         self.on_event = on_event or (lambda line: log.info("%s", line))
         self.chain_id = q.chain.chain_id
         self.committee_address = q.committee.address
@@ -274,10 +288,10 @@ class CommitteeMember:
             self._next_set(epoch, into, snap)
             if epoch - 1 >= max(open_from, 0):  # finish the last epoch's report
                 with log_context(epoch=epoch - 1):
-                    self._run_epoch(epoch - 1, into + 1, self.snapshot(epoch - 1),
+                    self._try_epoch(epoch - 1, into + 1, self.snapshot(epoch - 1),
                                     deadline=genesis + epoch * duration)
             if epoch >= open_from:
-                self._run_epoch(epoch, into, snap, deadline=genesis + (epoch + 1) * duration)
+                self._try_epoch(epoch, into, snap, deadline=genesis + (epoch + 1) * duration)
             for e in (epoch - 1, epoch):
                 if e >= max(open_from, 0):
                     with log_context(epoch=e):
@@ -391,15 +405,19 @@ class CommitteeMember:
         tasks each miner could then claim."""
         key = (block, tuple(miners))
         if key not in self._standings:
-            roots = frozenset(Challenge(c["miner"], tuple(c["requests"])).input_root
-                              for raw in self.state.sets.values() for c in raw["challenges"])
-            jobs = client_jobs(self.q, self.model_id, block, roots)
+            jobs = client_jobs(self.q, self.model_id, block, self._challenge_roots())
             probation = frozenset(m for m in miners if self.q.chain.call(
                 self.q.gpu.fn("onProbation", m), block=block))
             pool = drawable(jobs, requests=self.requests, max_tokens=self.max_tokens)
             self._standings = {key: (jobs, probation, claimable_at(
                 self.q, self.model_id, block, miners, pool))}
         return self._standings[key]
+
+    def _challenge_roots(self) -> frozenset[bytes]:
+        """The input roots of the committee's own challenges, those of every set this
+        member holds (an ordinary task's shape, known for a challenge only by its root)."""
+        return frozenset(Challenge(c["miner"], tuple(c["requests"])).input_root
+                         for raw in self.state.sets.values() for c in raw["challenges"])
 
     def _check_block(self, block: int, epoch: int) -> None:
         """A set's shapes come from the chain as it stood in the epoch it was proposed in
@@ -459,6 +477,15 @@ class CommitteeMember:
                 return None
             self._leaders[epoch] = self.q.committee.leader_of(epoch, events[0]["blockNumber"])
         return self._leaders[epoch]
+
+    def _try_epoch(self, epoch: int, into: float, snap: Snapshot, deadline: int) -> None:
+        """`_run_epoch`, put off to the next pass while a pooled shard cannot be judged on
+        this verifier's side (scorers or market down): the other epoch still goes on."""
+        try:
+            self._run_epoch(epoch, into, snap, deadline)
+        except DisputeDeferred as exc:
+            log.warning("epoch %d: a pooled audited shard cannot be judged now: %s", epoch,
+                        exc)
 
     def _run_epoch(self, epoch: int, into: float, snap: Snapshot, deadline: int) -> None:
         """Lead, observe, propose and co-sign `epoch`'s report, `into` epochs after its start
@@ -533,32 +560,92 @@ class CommitteeMember:
         body = {"setDigest": encode_hex(cs.digest()),
                 "challenges": [{"miner": a.miner, "taskId": a.task_id, "status": a.status}
                                for a in answers],
+                "pooled": _pool_json(self.pooled_shards(epoch)),
                 "scores": scores}
         self._post(EPOCH_PROPOSAL, epoch, "", body)
         self.on_event(f"epoch {epoch}: proposed scores {scores}")
         self._dispute_faults(posted, cs, answers, scores)
 
     def _score(self, cs: ChallengeSet, answers: list[Answer]) -> dict[str, int]:
-        """Epoch score (bps) per answered challenge: 10000 when its outputs pass
-        `verifier.scoring.judge` (greedy and sampled evidence, each against its own
-        threshold), 0 when they fail or the answer fails its checks. Each task's answers are
-        scored once: the leader re-reads them as a member and to pick the request it
-        disputes."""
+        """Epoch score (bps) per answered challenge: 10000 when its outputs, pooled with the
+        miner's audited shards of the epoch before (`pooled_shards`) and its carried
+        evidence, pass `verifier.scoring.judge`, 0 when they fail or the answer fails its
+        checks. A miner with pooled shards but no answer gets no score (a miss is not a
+        verdict) and carries their judged evidence, passed or failed, to its next answer.
+        Each task's answers are scored once (the leader re-reads them as a member and to
+        pick the request it disputes), and each audited shard once (the audit desk's
+        verdict)."""
         scores: dict[str, int] = {}
         prior = self._carried(cs.epoch)
+        pooled = self._pooled_scores(cs.epoch)
         carry = self._carry_out.setdefault(cs.epoch, {})
+        unscored = []
         for a in answers:
             if a.status == "invalid":
                 scores[a.miner] = 0
             elif a.status == "answered":
-                verdict = judge(self._request_scores(cs, a),
-                                prior=prior.get(a.miner, ()))
+                verdict = judge(self._request_scores(cs, a), prior=prior.get(a.miner, ()),
+                                joined=pooled.get(a.miner, []))
                 scores[a.miner] = verdict.score_bps
                 if verdict.passed and any(verdict.carry):
                     carry[a.miner] = verdict.carry
-            elif a.miner in prior:  # missing: what it had gathered waits for its next answer
-                carry[a.miner] = prior[a.miner]
+            else:
+                unscored.append(a.miner)
+        for miner in sorted(set(unscored) | set(pooled) - {a.miner for a in answers}):
+            if miner in pooled:  # evidence is evidence: it waits for the next answer
+                verdict = judge([], prior=prior.get(miner, ()), joined=pooled[miner])
+                if any(verdict.carry):
+                    carry[miner] = verdict.carry
+            elif miner in prior:  # missing: what it had gathered waits for its next answer
+                carry[miner] = prior[miner]
         return scores
+
+    def pooled_shards(self, epoch: int) -> Pool:
+        """The audited shards whose outputs join each miner's evidence in `epoch`'s report:
+        client shards of this member's model whose `ResultSubmitted` block is stamped in
+        epoch - 1 (a window closed before any of `epoch`'s challenges is posted, as the
+        chain's record of faults) and that the audit rule draws at the chain's base rate
+        (`AuditDesk.audited`: public chain data, so every member finds the same whatever
+        rate its own desk audits at), less the committee's own challenges
+        (judged as such, never twice). Passed and failed audits both join: a failing one
+        fails its own dispute as well, and an honest miner's pooled evidence keeps the 1e-6
+        bound. The leader's proposal names them; a member refuses a report whose set is not
+        its own (`_check_pool`)."""
+        if self.audits is None or epoch <= 0:
+            return {}
+        if epoch not in self._pools:
+            c = self.q.committee
+            roots = self._challenge_roots()
+            pool: Pool = {}
+            for drawn in self.audits.audited(c.epoch_start(epoch - 1), c.epoch_start(epoch)):
+                task = self.q.tasks.get_task(drawn.task_id)
+                if task.model_id == self.model_id and task.input_root not in roots:
+                    pool.setdefault(drawn.miner, []).append((drawn.task_id, drawn.shard))
+            self._pools[epoch] = pool
+        return self._pools[epoch]
+
+    def _pooled_scores(self, epoch: int) -> dict[str, list[list[ChallengeScore]]]:
+        """Per miner, the per-request scores of its pooled shards (`pooled_shards`) from the
+        audit desk's verdicts (scored once, kept). A shard whose document cannot be read or
+        whose inputs are unusable has none and is left out: the desk challenges its
+        availability, punished on its own path. DisputeDeferred when one cannot be judged
+        on this verifier's side now."""
+        if self.audits is None:
+            return {}
+        out: dict[str, list[list[ChallengeScore]]] = {}
+        for miner, shards in self.pooled_shards(epoch).items():
+            for task_id, shard in shards:
+                with log_context(task=task_id, shard=shard, miner=miner):
+                    try:
+                        verdict = self.audits.judge.judge(task_id, shard)
+                    except DisputeDeferred:
+                        raise
+                    except QuarryError as exc:  # from the chain: the same for every member
+                        log.warning("pooled shard left out: %s", exc)
+                        continue
+                if verdict.scores:
+                    out.setdefault(miner, []).append(verdict.scores)
+        return out
 
     def _request_scores(self, cs: ChallengeSet, a: Answer) -> list[ChallengeScore]:
         if a.task_id not in self._scored:
@@ -597,6 +684,10 @@ class CommitteeMember:
                 except (ChallengeSetInvalid, StoreError, KeyError, ValueError) as exc:
                     problems.append(str(exc))
             scores = self._score(cs, answers)
+            try:
+                _check_pool(body.get("pooled", {}), self.pooled_shards(epoch))
+            except QuarryError as exc:
+                problems.append(str(exc))
             missing = [a.miner for a in answers if a.status == "missing"]
             for s in scores.values():  # this member's honest scores, once per epoch
                 metrics.CHALLENGE_SCORE.observe(s)
@@ -736,6 +827,7 @@ class CommitteeMember:
             faults = self._faults(epoch) | dict.fromkeys(failed_challenges(proposal), 0)
             _, _, reported = self._next_records(
                 epoch, scores | self._misses(epoch) | faults, faults)
+            _check_pool(proposal["body"].get("pooled", {}), self.pooled_shards(epoch))
             _check_carry(doc.get("carry", {}), self._carry_out.get(epoch, {}))
             miners = sorted(reported, key=lambda a: int(a, 16))
             expected = (tuple(miners), tuple(reported[m] for m in miners))
@@ -818,6 +910,8 @@ class CommitteeMember:
                     or a.task_id in self.state.disputed or self.test_mode == "lie":
                 continue
             per_request = self._request_scores(cs, a)
+            if judge(per_request).passed:
+                continue  # failed on carried or pooled evidence: a dispute judges it alone
             worst = max(range(len(per_request)),
                         key=lambda i: per_request[i].suspicion())
             try:
@@ -1028,6 +1122,28 @@ def _check_carry(theirs: Mapping[str, Any], mine: Mapping[str, tuple[float, ...]
                                            for a, b in zip(got, values, strict=False)):
             raise QuarryError(f"{miner}: the carried evidence {got} is not this member's "
                               f"{list(values)}")
+
+
+def _pool_json(pool: Pool) -> dict[str, list[list[int]]]:
+    """A pool as the proposal carries it: miner -> [[taskId, shard], ...], sorted."""
+    return {m: [[t, s] for t, s in sorted(shards)] for m, shards in sorted(pool.items())}
+
+
+def _check_pool(theirs: Any, mine: Pool) -> None:
+    """Raise QuarryError unless the leader's pooled shards (`_pool_json`) are exactly this
+    member's own (`CommitteeMember.pooled_shards`), naming the first shard added or
+    dropped."""
+    try:
+        got = {(to_checksum_address(m), int(t), int(s))
+               for m, shards in dict(theirs).items() for t, s in shards}
+    except (TypeError, ValueError) as exc:
+        raise QuarryError(f"the proposal's pooled shards are malformed: {exc}") from exc
+    want = {(to_checksum_address(m), t, s) for m, shards in mine.items() for t, s in shards}
+    for extra, what in ((got - want, "pools"), (want - got, "leaves out")):
+        if extra:
+            m, t, s = min(extra)
+            raise QuarryError(f"the proposal {what} task {t} shard {s} of {m} "
+                              f"({len(got)} pooled, this member pools {len(want)})")
 
 
 def epoch_scores(proposal: Mapping[str, Any], observations: list[dict[str, Any]],

@@ -114,7 +114,21 @@ epochs never bank credit against a later cheat, while a subtle cheat's evidence 
 over as many epochs as it lasts. The average over alternatives of those products is at
 most a sum, over every starting epoch, of e-processes, so by the e-detector bound (Shin,
 Ramdas and Rinaldo, "E-detectors", 2023) an honest miner's average run before a false
-alarm is at least 10^6 epochs. Disputes and audits judge one shard alone.
+alarm is at least 10^6 epochs.
+
+**Pooling audited shards** (`judge(joined=...)`). A dispute judges one shard alone, and so
+does an audit for its dispute; the audited shard also joins its miner's epoch evidence.
+Every output's factors have expectation at most 1 given its prompt and everything before
+it, whoever chose the prompt, so the product over any set of a miner's outputs fixed
+without looking at their evidence is still a test supermartingale. The committee's epoch
+set is the miner's challenge answer plus the client shards submitted in the epoch before
+that the audit rule drew at the chain's base rate (`verifier.committee.CommitteeMember.
+pooled_shards`), passed or failed, its own challenges left out: fixed by public chain data
+(the draw's block hash taken as independent of the outputs' evidence, as the audit draw
+already takes it), each output in one epoch only. So pooling keeps the 1e-6 honest bound
+per epoch and the CUSUM's 10^6-epoch average run unchanged, and adds what the epoch's
+audited shards hold (3 to 6 shards of 4 outputs beside a challenge of 16: likely-end 0.1
+gives 5.2 nats per epoch from the challenge and 9.1 pooled, `benchmarks/evidence_limits.py`).
 
 An output the model cannot have produced fails without a forward pass: a token id outside
 the vocabulary, more tokens than max_tokens, a stop token before the end, an output that
@@ -476,11 +490,16 @@ _WHAT = {
 
 
 def judge(scores: Sequence[ChallengeScore], *, false_fault_rate: float = FALSE_FAULT_RATE,
-          prior: Sequence[float] = ()) -> Judgement:
+          prior: Sequence[float] = (),
+          joined: Sequence[Sequence[ChallengeScore]] = ()) -> Judgement:
     """Judge a set of outputs: fail on any impossible output, on partial commitments, or on
     an e-value of at least 1 / false_fault_rate (the module doc's model). `prior`: log
     ratios per alternative carried from an earlier set of the same miner (`Judgement.own`
-    of its last judgement)."""
+    of its last judgement). `joined`: further sets of the same miner whose outputs join
+    this one's evidence (its epoch's audited shards); each is one engine's work, so each
+    is held to commit all or none on its own, and `scores` may then be empty."""
+    groups = [list(scores), *(list(g) for g in joined)]
+    scores = [s for g in groups for s in g]
     if not scores:
         raise ScoringError("no outputs to judge (a miner needs at least one)")
     if not 0 < false_fault_rate < 1:
@@ -493,7 +512,9 @@ def judge(scores: Sequence[ChallengeScore], *, false_fault_rate: float = FALSE_F
     greedy = [s for s in possible if s.greedy]
     sampled = [s for s in possible if not s.greedy and s.log_ratios]
     committed = [s for s in possible if s.chunks]
-    uncommitted = [i for i, s in enumerate(scores) if s.possible and s.tokens and not s.chunks]
+    partial = next(((g, i) for g, group in enumerate(groups) if any(s.chunks for s in group)
+                    for i, s in enumerate(group) if s.possible and s.tokens and not s.chunks),
+                   None)
     base = [float(x) for x in prior] if prior else [0.0] * EVIDENCE_WIDTH
     own = [math.fsum(col) for col in zip(*(s.own_log_ratios() for s in possible),
                                          strict=True)] if possible else [0.0] * EVIDENCE_WIDTH
@@ -514,9 +535,11 @@ def judge(scores: Sequence[ChallengeScore], *, false_fault_rate: float = FALSE_F
     threshold = math.log(1 / false_fault_rate)
     if impossible:
         reason = f"{len(impossible)} impossible output(s), first: {impossible[0]}"
-    elif committed and uncommitted:
-        reason = (f"output {uncommitted[0]} carries no activation commitment while "
-                  f"{len(committed)} other(s) do (an engine commits to all or none)")
+    elif partial is not None:
+        where = f"output {partial[1]}" + (f" of joined set {partial[0]}" if partial[0] else "")
+        others = sum(bool(s.chunks) for s in groups[partial[0]])
+        reason = (f"{where} carries no activation commitment while {others} other(s) do (an "
+                  "engine commits to all or none)")
     elif log_evidence >= threshold:
         top = max((k for k in KINDS if present[k]),
                   key=lambda k: kind_evidence[KINDS.index(k)])

@@ -21,12 +21,14 @@ verifier does not run) raises `DisputeDeferred`: nothing is decided, it is tried
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from market.chain.contracts import Shard, Task
+from market.chain.contracts import Shard, ShardState, Task
 from market.errors import QuarryError
 from market.jobs import verified_shard
 from market.marketapi import MarketAPI, MarketError
@@ -92,6 +94,11 @@ def scoring_line(request: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
     return line
 
 
+JUDGED_KEPT = 4096
+"""How many scored verdicts `ShardJudge` keeps: an audit's verdict is read again when its
+shard's evidence joins the miner's epoch (`verifier.committee`), and scoring is the cost."""
+
+
 class ShardJudge:
     """Judges submitted shards of tasks over this verifier's model (see the module doc)."""
 
@@ -99,6 +106,7 @@ class ShardJudge:
                  model_id: bytes | None = None) -> None:
         self.q, self.market, self.scorer = q, market, scorer
         self._model_id = model_id
+        self._judged: OrderedDict[tuple[int, int], ShardVerdict] = OrderedDict()
 
     @property
     def model_id(self) -> bytes:
@@ -113,7 +121,20 @@ class ShardJudge:
     def judge(self, task_id: int, shard: int, *, receipt: Receipt | None = None
               ) -> ShardVerdict:
         """The verdict on a submitted shard; with `receipt` (a dispute's), the miner's
-        document must also hold exactly that receipt."""
+        document must also hold exactly that receipt. A scored verdict is kept and given
+        again (a submitted shard's document and requests never change); one without scores
+        is not (a withheld document may be published later)."""
+        if receipt is None and (task_id, shard) in self._judged:
+            self._judged.move_to_end((task_id, shard))
+            return self._judged[task_id, shard]
+        verdict = self._judge(task_id, shard, receipt)
+        if receipt is None and verdict.scores is not None:
+            self._judged[task_id, shard] = verdict
+            if len(self._judged) > JUDGED_KEPT:
+                self._judged.popitem(last=False)
+        return verdict
+
+    def _judge(self, task_id: int, shard: int, receipt: Receipt | None) -> ShardVerdict:
         task = self.q.tasks.get_task(task_id)
         state = self.q.tasks.get_shard(task_id, shard)
         start, end = self.q.tasks.shard_range(task_id, shard)
@@ -195,6 +216,10 @@ class ShardJudge:
             parse_uri(uri)
         except StoreError as exc:
             raise _Withheld(f"the shard's resultURI {exc}") from exc
+        if state.state == ShardState.REFUNDED and state.result_uri:
+            # Refunded after a fault: its committed root and document stay, and its
+            # outputs still count in the miner's pooled epoch evidence (verifier.committee).
+            state = dataclasses.replace(state, state=ShardState.SUBMITTED)
         try:
             _, items = verified_shard(self.q, self.market, task_id, shard,
                                       [p.request_hash for p in requests], task=task,
