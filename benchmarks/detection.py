@@ -22,13 +22,14 @@ selective miner is given a perfect challenge recogniser, the worst case for us: 
 recogniser that uses everything public on-chain (the challenge client's funding trail, its
 task's shape) is assumed to recognise every challenge and answer it honestly, so only audits
 catch it. Each epoch every miner also serves `--client-shards` client shards (default 32,
-of 4 chat requests each, greedy or sampled at 0.7 or 1.0: the stated share of client
-traffic); each is audited at the rate of `verifier.audits.audit_rate` (base
-`--audit-rate-bps`, the committee's default 1000, doubled while the miner is young: it
-registered `--registered-epochs` before the run, its probation), and an audited shard that
-fails `judge` is a fault, which (as in the committee's reports) puts the miner under the
-untrusted line in the next epoch's update. Only audited shards are generated: the others are
-never looked at, so they cannot change anything. For each selective family the result also
+of 4 chat requests each, greedy or sampled at 0.7 or 1.0, top_p drawn as challenges draw
+it: the stated share of client traffic); each is audited at the rate of
+`verifier.audits.audit_rate` (base `--audit-rate-bps`, the committee's default 1000,
+doubled while the miner is young: it registered `--registered-epochs` before the run, its
+probation), and an audited shard that fails `judge` is a fault, which (as in the
+committee's reports) puts the miner under the untrusted line in the next epoch's update.
+Only audited shards are generated: the others are never looked at, so they cannot change
+anything. For each selective family the result also
 gives the detection arithmetic (per epoch 1 - (1 - a F)^N; a year of public epochs) and, per
 cheated shard, the expected loss a (B + C + lost probation income) against the gain
 `--cheat-saving` B, with the untrusted burn that is escapable by leaving before a second
@@ -179,6 +180,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     evidence: dict[str, list[float]] = {label: [] for label in labels}
     mismatches: dict[str, list[int]] = {label: [] for label in labels}
     failed_chunks: dict[str, list[int]] = {label: [] for label in labels}
+    beyond_edge: dict[str, list[int]] = {label: [] for label in labels}
+    edge_tokens: dict[str, list[int]] = {label: [] for label in labels}
     audits = {label: {"audited": 0, "failed": 0} for label in labels}
     faulted: set[str] = set()  # found at fault by an audit in the previous epoch
     carry: dict[str, tuple[float, ...]] = {}  # each miner's evidence so far (floored at 0)
@@ -223,6 +226,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             evidence[label].append(round(verdict.log_evidence, 2))
             mismatches[label].append(verdict.mismatches + verdict.impossible)
             failed_chunks[label].append(verdict.failed_chunks)
+            beyond_edge[label].append(verdict.beyond_edge)
+            edge_tokens[label].append(verdict.edge_tokens)
             for level, p in params.items():
                 records[level][label] = update(records[level][label], score, p,
                                                fault=fault)
@@ -291,6 +296,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "epoch_log_evidence": evidence,
         "epoch_mismatches": mismatches,
         "epoch_failed_chunks": failed_chunks,
+        "epoch_beyond_edge": beyond_edge,
+        "epoch_edge_tokens": edge_tokens,
         "epoch_scores_bps": epoch_bps,
         "client_shards_per_epoch": args.client_shards,
         "audit_rate_bps": args.audit_rate_bps,
@@ -379,6 +386,7 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
     family cheats on each shard with its probability (unknowing of the draw, as on-chain).
     Returns the miners an audit found at fault."""
     from market.engine.base import GenerationRequest
+    from verifier.challenges import TOP_PS
     from verifier.scoring import judge, score_outputs
 
     faults = set()
@@ -391,7 +399,8 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
                     for _ in range(4)]
             reqs = [GenerationRequest(verifier.encode_chat([{"role": "user", "content": a}]),
                                       32, temperature=rng.choice((0.0, 0.7, 1.0)),
-                                      seed=rng.randrange(1 << 63)) for a in asks]
+                                      top_p=rng.choice(TOP_PS), seed=rng.randrange(1 << 63))
+                    for a in asks]
             outs = (engines[label] if cheated else honest).generate(reqs)
             verdict = judge(score_outputs(verifier, reqs, [o.token_ids for o in outs],
                                           [o.finish_reason for o in outs],
@@ -407,9 +416,11 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
 def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
                             ) -> dict[str, Any]:
     """Judge `args.honest_outputs` honest outputs one at a time (each alone is a shard);
-    a quarter greedy, a quarter each sampled at 0.5, 0.8 and 1.0."""
+    a quarter greedy, a quarter each sampled at 0.5, 0.8 and 1.0, the sampled ones at a
+    top_p drawn as challenges draw it (`verifier.challenges.TOP_PS`)."""
     from market.engine.base import GenerationRequest
     from market.model.corpus import CORPUS
+    from verifier.challenges import TOP_PS
     from verifier.scoring import judge, score_outputs
 
     text = CORPUS
@@ -418,6 +429,7 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
     counts = {str(t): 0 for t in temperatures}
     at_fault = {str(t): 0 for t in temperatures}
     worst = {str(t): -math.inf for t in temperatures}
+    edge = {"edge_tokens": 0, "beyond_edge": 0}
     batch = 256
     for start in range(0, args.honest_outputs, batch):
         reqs = []
@@ -426,6 +438,7 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
             prompt = honest.encode_prompt(text[at: at + rng.randrange(20, 200)])
             reqs.append(GenerationRequest(prompt, args.fault_max_tokens,
                                           temperature=temperatures[k % 4],
+                                          top_p=rng.choice(TOP_PS),
                                           seed=rng.randrange(1 << 63)))
         outs = honest.generate(reqs)
         scores = score_outputs(verifier, reqs, [o.token_ids for o in outs],
@@ -437,9 +450,11 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
             counts[key] += 1
             at_fault[key] += not verdict.passed
             worst[key] = max(worst[key], verdict.log_evidence)
+            edge["edge_tokens"] += s.edge_tokens
+            edge["beyond_edge"] += s.beyond_edge
     return {"outputs": args.honest_outputs, "max_tokens": args.fault_max_tokens,
             "at_fault": sum(at_fault.values()), "by_temperature": counts,
-            "at_fault_by_temperature": at_fault,
+            "at_fault_by_temperature": at_fault, **edge,
             "max_log_evidence_by_temperature": {k: round(v, 2) for k, v in worst.items()}}
 
 
@@ -557,7 +572,8 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
     say(f"honest max log evidence {result['honest_max_log_evidence']}, cheats' min "
         f"{result['cheat_min_log_evidence']} (threshold {result['log_evidence_threshold']}); "
         f"honest outputs at fault: {result['honest_outputs_at_fault']} of "
-        f"{result['honest_outputs']['outputs']}")
+        f"{result['honest_outputs']['outputs']} ({result['honest_outputs']['beyond_edge']} of "
+        f"{result['honest_outputs']['edge_tokens']} tokens beyond the nucleus' edge)")
     print(json.dumps(result))
     return 0
 
