@@ -397,10 +397,13 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
                 continue  # not audited: nobody ever looks at it
             asks = [f"{rng.choice(CLIENT_PROMPTS)} (ref {rng.randrange(10**6)})"
                     for _ in range(4)]
-            reqs = [GenerationRequest(verifier.encode_chat([{"role": "user", "content": a}]),
-                                      32, temperature=rng.choice((0.0, 0.7, 1.0)),
-                                      top_p=rng.choice(TOP_PS), seed=rng.randrange(1 << 63))
-                    for a in asks]
+            reqs = []
+            for a in asks:
+                t, seed = rng.choice((0.0, 0.7, 1.0)), rng.randrange(1 << 63)
+                # top_p from the request's own seed: the audit draws stay as they were
+                reqs.append(GenerationRequest(
+                    verifier.encode_chat([{"role": "user", "content": a}]), 32,
+                    temperature=t, top_p=TOP_PS[seed % len(TOP_PS)], seed=seed))
             outs = (engines[label] if cheated else honest).generate(reqs)
             verdict = judge(score_outputs(verifier, reqs, [o.token_ids for o in outs],
                                           [o.finish_reason for o in outs],
@@ -436,10 +439,10 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
         for k in range(start, min(start + batch, args.honest_outputs)):
             at = rng.randrange(len(text) - 200)
             prompt = honest.encode_prompt(text[at: at + rng.randrange(20, 200)])
+            seed = rng.randrange(1 << 63)
             reqs.append(GenerationRequest(prompt, args.fault_max_tokens,
                                           temperature=temperatures[k % 4],
-                                          top_p=rng.choice(TOP_PS),
-                                          seed=rng.randrange(1 << 63)))
+                                          top_p=TOP_PS[seed % len(TOP_PS)], seed=seed))
         outs = honest.generate(reqs)
         scores = score_outputs(verifier, reqs, [o.token_ids for o in outs],
                                [o.finish_reason for o in outs], precision=args.precision,
