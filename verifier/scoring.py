@@ -62,8 +62,8 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   beyond it, given everything before it, as at most eps = `EDGE_FALSE_RATE` (3e-4;
   measured: none beyond the margin of the 36,000 to 62,000 honest tokens per pair of the
   calibration, nor of the 38,066 of `benchmarks/numerics.py`'s fp32, bf16 and fp16 miners
-  on both models, each judged by an fp32 and a bf16 verifier, nor of the 18,032 of
-  `benchmarks/detection.py`'s honest bf16 outputs: 0 of 94,164 judgements, whose 95%
+  on both models, each judged by an fp32 and a bf16 verifier, nor of the 18,606 of
+  `benchmarks/detection.py`'s honest bf16 outputs: 0 of 94,738 judgements, whose 95%
   bound is 3.2e-5), the factor of each checked token, q / eps beyond the edge and
   (1 - q) / (1 - eps) inside, has expectation r q / eps + (1 - r) (1 - q) / (1 - eps) at
   an honest rate r <= eps, which is 1 at r = eps and grows with r (q > eps for every
