@@ -88,6 +88,12 @@ class Engines:
         return self._cache[key]
 
 
+def outputs_for(setup: MinerSetup, per_setup: int) -> int:
+    """Fewer outputs for the slow batch shapes: one at a time costs a decode step each."""
+    return {"1": max(1, per_setup // 8), "shuffled5": max(1, per_setup // 2)}.get(
+        setup.batching, per_setup)
+
+
 def generate(engine: Any, requests: Sequence[Any], batching: str,
              rng: random.Random) -> list[Any]:
     """The engine's outputs for `requests` (in order) under one batch shape."""
@@ -123,11 +129,12 @@ def corpus_sentences() -> list[str]:
 
 
 def draw_lines(n: int, rng: random.Random, *, model_name: str, temperatures: Sequence[float],
-               max_tokens: int, client_share: float = 0.5) -> list[dict[str, Any]]:
+               max_tokens: int, client_share: float = 0.5,
+               top_ps: Sequence[float] = (1.0,)) -> list[dict[str, Any]]:
     """`n` request lines: a `client_share` of them questions from held-out documentation,
     the rest words drawn as the committee draws challenge prompts; chat or completions at
     random; temperatures cycled through `temperatures` (0 is greedy); every sampled line
-    seeded."""
+    seeded, at a top_p drawn from `top_ps` (no draw when it holds one value)."""
     from market.protocol.requests import CHAT_COMPLETIONS_URL, COMPLETIONS_URL, validate_request
     from verifier.challenges import draw_challenge_set
 
@@ -149,6 +156,9 @@ def draw_lines(n: int, rng: random.Random, *, model_name: str, temperatures: Seq
                   else {"prompt": prompt})
         if t > 0:
             body2["seed"] = rng.randrange(2**31)
+            top_p = rng.choice(top_ps) if len(top_ps) > 1 else top_ps[0]
+            if top_p < 1.0:
+                body2["top_p"] = top_p
         lines.append(validate_request(
             {"custom_id": f"r{i}", "method": "POST",
              "url": CHAT_COMPLETIONS_URL if chat else COMPLETIONS_URL, "body": body2},

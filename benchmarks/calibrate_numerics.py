@@ -16,6 +16,17 @@ answer the same greedy requests; each verifier precision (fp32, bf16) re-reads t
   `DRIFT_SAFETY` (1 in 30) of honest chunks exceed: the drift threshold
   (`verifier.error_models.DRIFT`, kept for `DRIFT_PAIRS`).
 
+- **The nucleus' edge** (`--edge-outputs`). The same honest miners (fp32, bf16 and fp16
+  only) answer sampled requests at top_p 0.9 and 0.95 (temperatures 0.5, 0.8 and 1.0);
+  at each of their tokens each verifier computes how far beyond its nucleus' edge the
+  token lies (`market.engine.sampling.edge_distances`, logit nats; 0 inside), and the
+  distances of the tokens outside its nucleus are tallied. The margin
+  (`verifier.error_models.EDGE`) is `EDGE_SAFETY` times the largest honest distance of the
+  pair on the model (at least `EDGE_FLOOR`); against a bf16 verifier, the fp32 margins of
+  the miner's precision and of bf16 added up, as below. The JSON also gives, per pair, the
+  nucleus-limited tokens seen and the 95% upper bound on the honest rate beyond the margin
+  that none of them reaching it allows (3 / tokens), for `verifier.scoring.EDGE_FALSE_RATE`.
+
 The error models (`models` in the JSON, what `verifier.scoring.ERROR_MODELS` holds):
 - against an fp32 verifier, beta is `SAFETY` times the largest smallest_beta over both
   models and every setup of the precision (at least `FP32_FLOOR`: fp32 shows no flip at all
@@ -54,6 +65,7 @@ from _numerics import (  # noqa: E402
     FlipTable,
     draw_lines,
     generate,
+    outputs_for,
     reference_logits,
     say,
 )
@@ -69,7 +81,101 @@ DRIFT_SAFETY = 3
 `verifier.scoring.DRIFT_FALSE_RATE` allows."""
 DRIFT_PAIRS = ("bf16/fp32",)
 """Where a drift threshold is calibrated: where int8 weights hide inside the tolerance."""
+EDGE_SAFETY = 2.0
+"""The nucleus-edge margin, as a multiple of the largest honest edge distance."""
+EDGE_FLOOR = 0.005
+"""The least nucleus-edge margin (a GPU's fp32 may use TF32 products)."""
+EDGE_PRECISIONS = ("fp32", "bf16", "fp16")
+EDGE_TOP_PS = (0.9, 0.95)
+EDGE_TEMPERATURES = (0.5, 0.8, 1.0)
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "calibrate_numerics.json"
+
+
+def edge_tally(reference: Any, requests: list[Any], ids: list[Any]) -> dict[str, Any]:
+    """The nucleus-limited sampled tokens of honest outputs against `reference`: how many,
+    how many lie outside its nucleus, and how far (`distances`, the 20 largest)."""
+    import torch
+
+    from market.engine.sampling import edge_distances
+
+    prompts = [r.prompt_ids for r in requests]
+    tokens, distances = 0, []
+    for logits, out, req in zip(reference_logits(reference, prompts, ids), ids, requests,
+                                strict=True):
+        if not out or req.greedy or req.top_p >= 1.0:
+            continue
+        found = edge_distances(logits, torch.tensor(list(out)), float(req.temperature),
+                               float(req.top_p))
+        tokens += len(out)
+        distances += [x for x in found.tolist() if x > 0]
+    return {"tokens": tokens, "outside": len(distances),
+            "distances": sorted((round(x, 6) for x in distances), reverse=True)[:20]}
+
+
+def edge_models(pairs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per model, the nucleus-edge margin of each (miner, verifier) pair (module doc)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, pair in pairs.items():
+        model, label = key.split("/", 1)
+        if label.endswith("/fp32"):
+            largest = max(pair["distances"], default=0.0)
+            out.setdefault(model, {})[label] = round(max(EDGE_SAFETY * largest, EDGE_FLOOR), 4)
+    for margins in out.values():
+        verifier = margins.get("bf16/fp32")
+        for label in [k for k in margins if k.endswith("/fp32")]:
+            if verifier is not None:
+                margins[label.replace("/fp32", "/bf16")] = round(margins[label] + verifier, 4)
+    return out
+
+
+def calibrate_edge(args: argparse.Namespace, engines: Engines, models: dict[str, Path]
+                   ) -> dict[str, Any]:
+    """Honest sampled outputs under top_p < 1 from every fp32, bf16 and fp16 setup, and
+    each verifier precision's M(y) - top_p at their tokens (module doc)."""
+    pairs: dict[str, dict[str, Any]] = {}
+    per_setup: dict[str, dict[str, Any]] = {}
+    setups = [s for s in HONEST_SETUPS if s.precision in EDGE_PRECISIONS]
+    if args.smoke:
+        setups = [s for s in setups if s.precision == "bf16"][:1]
+    for name in args.models:
+        model_dir = models[name]
+        rng = random.Random(f"{args.seed}-edge-{name}")
+        probe = engines.get(model_dir, "fp32")
+        for setup in setups:
+            t0 = time.monotonic()
+            lines = draw_lines(outputs_for(setup, args.edge_outputs), rng,
+                               model_name=probe.manifest.name,
+                               temperatures=EDGE_TEMPERATURES, max_tokens=args.max_tokens,
+                               top_ps=EDGE_TOP_PS)
+            engine = engines.get(model_dir, setup.precision, setup.attention, miner=True)
+            requests = [engine.request_from_line(line) for line in lines]
+            ids = [o.token_ids for o in generate(engine, requests, setup.batching, rng)]
+            for v in VERIFIER_PRECISIONS:
+                found = edge_tally(engines.get(model_dir, v), requests, ids)
+                per_setup[f"{name}/{setup.label}/{v}"] = found
+                pair = pairs.setdefault(f"{name}/{setup.precision}/{v}",
+                                        {"tokens": 0, "outside": 0, "distances": []})
+                pair["tokens"] += found["tokens"]
+                pair["outside"] += found["outside"]
+                pair["distances"] = sorted(pair["distances"] + found["distances"],
+                                           reverse=True)[:20]
+            say(f"edge {name} {setup.label}: {len(lines)} outputs in "
+                f"{time.monotonic() - t0:.0f}s; " + ", ".join(
+                    f"{v}: {per_setup[f'{name}/{setup.label}/{v}']['outside']} of "
+                    f"{per_setup[f'{name}/{setup.label}/{v}']['tokens']} outside, farthest "
+                    f"{max(per_setup[f'{name}/{setup.label}/{v}']['distances'], default=0)}"
+                    for v in VERIFIER_PRECISIONS))
+    margins = edge_models(pairs)
+    for key, pair in pairs.items():
+        model, label = key.split("/", 1)
+        margin = margins.get(model, {}).get(label)
+        pair["margin"] = margin
+        pair["beyond_margin"] = (None if margin is None else
+                                 sum(x > margin for x in pair["distances"]))
+        pair["rate_bound_95"] = round(3 / pair["tokens"], 6) if pair["tokens"] else None
+    return {"edge_models": margins, "edge_pairs": pairs, "edge_per_setup": per_setup,
+            "edge_outputs_per_setup": args.edge_outputs, "edge_safety": EDGE_SAFETY,
+            "edge_top_ps": list(EDGE_TOP_PS), "edge_temperatures": list(EDGE_TEMPERATURES)}
 
 
 def chunk_summary(checks: list[Any]) -> dict[str, Any]:
@@ -142,7 +248,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     per_setup: dict[str, dict[str, Any]] = {}
     chunks: dict[str, list[Any]] = {}
     setups = HONEST_SETUPS if not args.smoke else HONEST_SETUPS[:1] + HONEST_SETUPS[4:5]
-    for name in args.models:
+    edge = calibrate_edge(args, engines, models) if args.edge_outputs else {}
+    for name in args.models if args.outputs else ():
         model_dir = models[name]
         rng = random.Random(f"{args.seed}-{name}")
         probe = engines.get(model_dir, "fp32")
@@ -191,7 +298,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                       **chunk_summary(chunks.get(key, []))}
     models = error_models(pairs, tables)
     return {"benchmark": "calibrate_numerics", "models": list(args.models),
-            "error_models": models,
+            "error_models": models, **edge,
             "tables": {k: {"positions": t.positions, "argmax": t.argmax,
                            "observed": t.observed, "expected": t.expected,
                            "largest_gap": t.largest_gap, "chunks": chunk_summary(chunks[k])}
@@ -240,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: tiny, trained (both)")
     parser.add_argument("--outputs", type=int, default=192,
                         help="greedy outputs per miner setup (192)")
+    parser.add_argument("--edge-outputs", type=int, default=96,
+                        help="sampled outputs under top_p < 1 per fp32, bf16 and fp16 miner "
+                        "setup for the nucleus-edge margin (96; 0: none)")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens (64)")
     parser.add_argument("--seed", default="calibration", help="request seed")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2)")
@@ -262,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args.models = [m.strip() for m in str(args.models).split(",") if m.strip()]
     if args.smoke:
         args.models, args.outputs, args.max_tokens = ["tiny"], 6, 8
+        args.edge_outputs = 4
     if not set(args.models) <= {"tiny", "trained"} or not args.models:
         parser.error("--models takes tiny and/or trained")
     with tempfile.TemporaryDirectory(prefix="quarry-calibrate-") as tmp:
@@ -271,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     for key, model in result["error_models"].items():
         say(f"model {key}: {model}")
+    for key, margins in result.get("edge_models", {}).items():
+        say(f"edge margins {key}: {margins}")
     for key, pair in result["pairs"].items():
         say(f"{key}: beta {pair['beta']} (smallest {pair['smallest_beta']}), largest gap "
             f"{pair['largest_gap']}, chunks: worst mismatches {pair.get('max_mismatches')}, "

@@ -22,16 +22,17 @@ selective miner is given a perfect challenge recogniser, the worst case for us: 
 recogniser that uses everything public on-chain (the challenge client's funding trail, its
 task's shape) is assumed to recognise every challenge and answer it honestly, so only audits
 catch it. Each epoch every miner also serves `--client-shards` client shards (default 32,
-of 4 chat requests each, greedy or sampled at 0.7 or 1.0: the stated share of client
-traffic); each is audited at the rate of `verifier.audits.audit_rate` (base
-`--audit-rate-bps`, the committee's default 1000, doubled while the miner is young: it
-registered `--registered-epochs` before the run, its probation), and an audited shard that
-fails `judge` is a fault, which (as in the committee's reports) puts the miner under the
-untrusted line in the next epoch's update. Every audited shard, passed or failed, also joins
-its miner's evidence in the next epoch's `judge` call, as the committee pools the audited
-shards submitted during the epoch before each report (`--no-pool-audits`: judged alone
-only, the comparison). Only audited shards are generated: the others are never looked at,
-so they cannot change anything. For each selective family the result also
+of 4 chat requests each, greedy or sampled at 0.7 or 1.0, top_p drawn as challenges draw
+it: the stated share of client traffic); each is audited at the rate of
+`verifier.audits.audit_rate` (base `--audit-rate-bps`, the committee's default 1000,
+doubled while the miner is young: it registered `--registered-epochs` before the run, its
+probation), and an audited shard that fails `judge` is a fault, which (as in the
+committee's reports) puts the miner under the untrusted line in the next epoch's update.
+Every audited shard, passed or failed, also joins its miner's evidence in the next epoch's
+`judge` call, as the committee pools the audited shards submitted during the epoch before
+each report (`--no-pool-audits`: judged alone only, the comparison). Only audited shards
+are generated: the others are never looked at, so they cannot change anything. For each
+selective family the result also
 gives the detection arithmetic (per epoch 1 - (1 - a F)^N; a year of public epochs) and, per
 cheated shard, the expected loss a (B + C + lost probation income) against the gain
 `--cheat-saving` B, with the untrusted burn that is escapable by leaving before a second
@@ -182,6 +183,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     evidence: dict[str, list[float]] = {label: [] for label in labels}
     mismatches: dict[str, list[int]] = {label: [] for label in labels}
     failed_chunks: dict[str, list[int]] = {label: [] for label in labels}
+    beyond_edge: dict[str, list[int]] = {label: [] for label in labels}
+    edge_tokens: dict[str, list[int]] = {label: [] for label in labels}
     audits = {label: {"audited": 0, "failed": 0} for label in labels}
     faulted: set[str] = set()  # found at fault by an audit in the previous epoch
     # The audited shards of the previous epoch's client traffic, which join each miner's
@@ -234,6 +237,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             evidence[label].append(round(verdict.log_evidence, 2))
             mismatches[label].append(verdict.mismatches + verdict.impossible)
             failed_chunks[label].append(verdict.failed_chunks)
+            beyond_edge[label].append(verdict.beyond_edge)
+            edge_tokens[label].append(verdict.edge_tokens)
             for level, p in params.items():
                 records[level][label] = update(records[level][label], score, p,
                                                fault=fault)
@@ -305,6 +310,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "epoch_mismatches": mismatches,
         "epoch_failed_chunks": failed_chunks,
         "epoch_pooled_shards": pooled_shards,
+        "epoch_beyond_edge": beyond_edge,
+        "epoch_edge_tokens": edge_tokens,
         "epoch_scores_bps": epoch_bps,
         "client_shards_per_epoch": args.client_shards,
         "audit_rate_bps": args.audit_rate_bps,
@@ -394,6 +401,7 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
     Returns the miners an audit found at fault, and each miner's audited shards' scores
     (passed or failed: all join its next epoch's evidence when pooled)."""
     from market.engine.base import GenerationRequest
+    from verifier.challenges import TOP_PS
     from verifier.scoring import judge, score_outputs
 
     faults = set()
@@ -405,9 +413,13 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
                 continue  # not audited: nobody ever looks at it
             asks = [f"{rng.choice(CLIENT_PROMPTS)} (ref {rng.randrange(10**6)})"
                     for _ in range(4)]
-            reqs = [GenerationRequest(verifier.encode_chat([{"role": "user", "content": a}]),
-                                      32, temperature=rng.choice((0.0, 0.7, 1.0)),
-                                      seed=rng.randrange(1 << 63)) for a in asks]
+            reqs = []
+            for a in asks:
+                t, seed = rng.choice((0.0, 0.7, 1.0)), rng.randrange(1 << 63)
+                # top_p from the request's own seed: the audit draws stay as they were
+                reqs.append(GenerationRequest(
+                    verifier.encode_chat([{"role": "user", "content": a}]), 32,
+                    temperature=t, top_p=TOP_PS[seed % len(TOP_PS)], seed=seed))
             outs = (engines[label] if cheated else honest).generate(reqs)
             shard = score_outputs(verifier, reqs, [o.token_ids for o in outs],
                                   [o.finish_reason for o in outs], precision=args.precision,
@@ -423,9 +435,11 @@ def audit_client_traffic(args: argparse.Namespace, engines: dict[str, Any], hone
 def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
                             ) -> dict[str, Any]:
     """Judge `args.honest_outputs` honest outputs one at a time (each alone is a shard);
-    a quarter greedy, a quarter each sampled at 0.5, 0.8 and 1.0."""
+    a quarter greedy, a quarter each sampled at 0.5, 0.8 and 1.0, the sampled ones at a
+    top_p drawn as challenges draw it (`verifier.challenges.TOP_PS`)."""
     from market.engine.base import GenerationRequest
     from market.model.corpus import CORPUS
+    from verifier.challenges import TOP_PS
     from verifier.scoring import judge, score_outputs
 
     text = CORPUS
@@ -434,15 +448,17 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
     counts = {str(t): 0 for t in temperatures}
     at_fault = {str(t): 0 for t in temperatures}
     worst = {str(t): -math.inf for t in temperatures}
+    edge = {"edge_tokens": 0, "beyond_edge": 0}
     batch = 256
     for start in range(0, args.honest_outputs, batch):
         reqs = []
         for k in range(start, min(start + batch, args.honest_outputs)):
             at = rng.randrange(len(text) - 200)
             prompt = honest.encode_prompt(text[at: at + rng.randrange(20, 200)])
+            seed = rng.randrange(1 << 63)
             reqs.append(GenerationRequest(prompt, args.fault_max_tokens,
                                           temperature=temperatures[k % 4],
-                                          seed=rng.randrange(1 << 63)))
+                                          top_p=TOP_PS[seed % len(TOP_PS)], seed=seed))
         outs = honest.generate(reqs)
         scores = score_outputs(verifier, reqs, [o.token_ids for o in outs],
                                [o.finish_reason for o in outs], precision=args.precision,
@@ -453,9 +469,11 @@ def honest_outputs_at_fault(args: argparse.Namespace, verifier: Any, honest: Any
             counts[key] += 1
             at_fault[key] += not verdict.passed
             worst[key] = max(worst[key], verdict.log_evidence)
+            edge["edge_tokens"] += s.edge_tokens
+            edge["beyond_edge"] += s.beyond_edge
     return {"outputs": args.honest_outputs, "max_tokens": args.fault_max_tokens,
             "at_fault": sum(at_fault.values()), "by_temperature": counts,
-            "at_fault_by_temperature": at_fault,
+            "at_fault_by_temperature": at_fault, **edge,
             "max_log_evidence_by_temperature": {k: round(v, 2) for k, v in worst.items()}}
 
 
@@ -576,7 +594,8 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
     say(f"honest max log evidence {result['honest_max_log_evidence']}, cheats' min "
         f"{result['cheat_min_log_evidence']} (threshold {result['log_evidence_threshold']}); "
         f"honest outputs at fault: {result['honest_outputs_at_fault']} of "
-        f"{result['honest_outputs']['outputs']}")
+        f"{result['honest_outputs']['outputs']} ({result['honest_outputs']['beyond_edge']} of "
+        f"{result['honest_outputs']['edge_tokens']} tokens beyond the nucleus' edge)")
     print(json.dumps(result))
     return 0
 

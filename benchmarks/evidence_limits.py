@@ -27,7 +27,7 @@ outputs count (the cheats serve greedy ones exactly). Reported per mode and epoc
 (`exact`), its expectation under the cheat given the outputs' prefixes (`expected`: the sum
 of the steps' KL divergences, the same number with the sampling luck taken out), the test's
 best sampled alternative on the same outputs (`test_best`: `judge`'s own log ratios, before
-its mixture over alternatives and kinds costs log 17 + log 3 = 3.9 nats more), and the
+its mixture over alternatives and kinds costs log 21 + log 3 = 4.1 nats more), and the
 epochs the exact ratio needs to reach 13.8 at its expected rate. The honest miner's figures
 on its own outputs are beside them.
 """

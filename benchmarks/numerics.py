@@ -6,13 +6,15 @@ Three measurements, one JSON object (last line; also benchmarks/out/numerics.jso
    (`testmodels/quarry-pydoc`), every honest miner setup of `_numerics.HONEST_SETUPS` (fp32,
    fp16, bf16, int8 and fp8 weights; batch 32, 1, shuffled batches of 5; sdpa and eager
    attention) answers its own requests, a quarter greedy and a quarter each sampled at
-   temperatures 0.5, 0.8 and 1.0, drawn like challenges and like client questions
-   (`_numerics.draw_lines`). Each verifier precision (fp32, bf16) scores every output
+   temperatures 0.5, 0.8 and 1.0 (top_p drawn as challenges draw it,
+   `verifier.challenges.TOP_PS`: 1.0, 0.95 or 0.9), drawn like challenges and like client
+   questions (`_numerics.draw_lines`). Each verifier precision (fp32, bf16) scores every output
    (`verifier.scoring.score_outputs` at the miner's declared precision, with its activation
    commitment), judging each output alone (a one-output shard: the strictest use) and each
    run of `--shard-size` outputs as a shard. `honest_outputs_at_fault` and
    `honest_shards_at_fault` count the failures (target 0 each; the stated model bounds
-   the rate by 1e-6).
+   the rate by 1e-6). `edge_tokens` and `beyond_edge` count the sampled tokens under
+   top_p < 1 checked against the nucleus' edge and those found beyond it.
 2. **Cheats.** `detection.py` on the trained model with every miner declaring bf16 (the
    common GPU case; honest miners compute in it; `--cheat-precision`): 2 honest miners and
    every mode of
@@ -60,6 +62,7 @@ from _numerics import (  # noqa: E402
     Engines,
     draw_lines,
     generate,
+    outputs_for,
     say,
 )
 
@@ -67,12 +70,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "numerics.json"
 TEMPERATURES = (0.0, 0.5, 0.8, 1.0)
 TARGET_EPOCHS_TO_UNTRUSTED = 3
 TARGET_CHECK_RATIO = 0.25
-
-
-def outputs_for(setup: Any, per_setup: int) -> int:
-    """Fewer outputs for the slow batch shapes: one at a time costs a decode step each."""
-    return {"1": max(1, per_setup // 8), "shuffled5": max(1, per_setup // 2)}.get(
-        setup.batching, per_setup)
 
 
 def dump_outputs(outputs: list[Any]) -> list[list[Any]]:
@@ -90,6 +87,7 @@ def load_outputs(rows: list[list[Any]]) -> list[Any]:
 
 def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict[str, Any]:
     from market.model.create import create_model
+    from verifier.challenges import TOP_PS
     from verifier.scoring import judge, score_outputs
 
     models = {"tiny": work / "tiny", "trained": TRAINED_MODEL}
@@ -99,7 +97,8 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
         setups = VLLM_SETUPS
     if args.setups:
         setups = tuple(s for s in setups if s.label in args.setups)
-    total = {"outputs": 0, "at_fault": 0, "shards": 0, "shards_at_fault": 0}
+    total = {"outputs": 0, "at_fault": 0, "shards": 0, "shards_at_fault": 0,
+             "edge_tokens": 0, "beyond_edge": 0}
     worst: dict[str, float] = {"greedy": -math.inf, "sampled": -math.inf,
                                "commitments": -math.inf, "shard": -math.inf}
     rows: dict[str, Any] = {}
@@ -121,7 +120,8 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
             else:
                 n = outputs_for(setup, args.outputs_per_setup)
                 lines = draw_lines(n, rng, model_name=probe.manifest.name,
-                                   temperatures=TEMPERATURES, max_tokens=args.max_tokens)
+                                   temperatures=TEMPERATURES, max_tokens=args.max_tokens,
+                                   top_ps=TOP_PS)
                 engine = engines.get(model_dir, setup.precision, setup.attention,
                                      args.miner_engine, miner=True)
                 requests = [engine.request_from_line(line) for line in lines]
@@ -154,17 +154,22 @@ def false_faults(args: argparse.Namespace, work: Path, engines: Engines) -> dict
                     "off_argmax_tokens": sum(j.mismatches for j in alone),
                     "failed_chunks": sum(j.failed_chunks for j in alone),
                     "drifted_chunks": sum(x.drifted_chunks for x in scores),
-                    "drift_chunks": sum(x.drift_chunks for x in scores)}
+                    "drift_chunks": sum(x.drift_chunks for x in scores),
+                    "edge_tokens": sum(x.edge_tokens for x in scores),
+                    "beyond_edge": sum(x.beyond_edge for x in scores)}
                 total["outputs"] += len(scores)
                 total["at_fault"] += len(faults)
                 total["shards"] += len(shards)
                 total["shards_at_fault"] += len(shard_faults)
+                total["edge_tokens"] += rows[f"{name}/{setup.label}/{v}"]["edge_tokens"]
+                total["beyond_edge"] += rows[f"{name}/{setup.label}/{v}"]["beyond_edge"]
             say(f"{name} {setup.label}: {n} outputs in {gen_s:.0f}s; "
                 + ", ".join(f"{v}: {rows[f'{name}/{setup.label}/{v}']['at_fault']} at fault"
                             for v in VERIFIER_PRECISIONS))
     return {"generated_outputs": total["outputs"] // len(VERIFIER_PRECISIONS),
             "judged_outputs": total["outputs"], "at_fault": total["at_fault"],
             "judged_shards": total["shards"], "shards_at_fault": total["shards_at_fault"],
+            "edge_tokens": total["edge_tokens"], "beyond_edge": total["beyond_edge"],
             "max_honest_log_evidence": {k: round(v, 2) for k, v in worst.items()},
             "by_setup": rows}
 
@@ -298,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             result |= {"honest_outputs": faults["generated_outputs"],
                        "honest_outputs_at_fault": faults["at_fault"],
                        "honest_shards_at_fault": faults["shards_at_fault"],
+                       "honest_edge_tokens": faults["edge_tokens"],
+                       "honest_beyond_edge": faults["beyond_edge"],
                        "false_faults": faults}
         if "cheats" not in skip:
             with_commit = cheats(args, commitments=True)

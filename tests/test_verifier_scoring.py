@@ -18,6 +18,7 @@ import torch
 from market.engine.base import GenerationRequest
 from market.engine.sampling import (
     GreedyTest,
+    edge_distances,
     forgiven_gaps,
     greedy_ratios,
     likelihood_ratios,
@@ -30,6 +31,8 @@ from market.protocol.commitments import checked_chunks
 from verifier.error_models import CALIBRATED, DRIFT
 from verifier.scoring import (
     COMMIT_ALTERNATIVES,
+    EDGE_ALTERNATIVES,
+    EDGE_FALSE_RATE,
     EVIDENCE_WIDTH,
     EXPONENTS,
     GREEDY_EXPONENTS,
@@ -37,6 +40,7 @@ from verifier.scoring import (
     SUPPORT_TEST,
     ChallengeScore,
     ScoringError,
+    error_model,
     judge,
     score_outputs,
 )
@@ -434,3 +438,68 @@ def test_drift_separates_a_cheaper_computation_inside_the_tolerance() -> None:
     assert ChallengeScore.from_json(old) == replace(int8[0], drift_chunks=0, drifted_chunks=0)
     with pytest.raises(ScoringError, match="2 drifted of 1 drift-checked"):
         ChallengeScore.from_json({**int8[0].to_json(), "drift_chunks": 1, "drifted_chunks": 2})
+
+
+def test_the_edge_factor_has_expectation_at_most_one_at_the_honest_rate() -> None:
+    """The nucleus-edge test's factor per checked token, q / eps beyond the edge and
+    (1 - q) / (1 - eps) inside, averages exactly 1 at the honest bound eps and less at any
+    lower rate (every alternative q is above eps), so its product is a test supermartingale;
+    at the alternative's own rate it grows. A set's beyond-edge tokens join the sampled
+    kind: a rate near the bound banks nothing, the sampled-noise cheat's (about 1%) fails
+    a set."""
+    assert all(q > EDGE_FALSE_RATE for q in EDGE_ALTERNATIVES)
+    base = ChallengeScore(greedy=False, tokens=1, log_ratios=(0.0,) * SAMPLED_WIDTH,
+                          edge_tokens=1)
+    hit = [math.exp(x) for x in replace(base, beyond_edge=1).sampled_log_ratios()[-4:]]
+    miss = [math.exp(x) for x in base.sampled_log_ratios()[-4:]]
+    assert len(EDGE_ALTERNATIVES) == 4
+    for h, m, q in zip(hit, miss, EDGE_ALTERNATIVES, strict=True):
+        assert EDGE_FALSE_RATE * h + (1 - EDGE_FALSE_RATE) * m == pytest.approx(1, abs=1e-12)
+        for rate in (0.0, EDGE_FALSE_RATE / 10, EDGE_FALSE_RATE / 2):
+            assert rate * h + (1 - rate) * m < 1
+        assert q * h + (1 - q) * m > 1
+    outputs = [replace(base, tokens=64, edge_tokens=64, beyond_edge=int(i == 0))
+               for i in range(24)]  # 1 of 1,536 tokens beyond: 0.07%, twice eps
+    assert judge(outputs).passed and judge(outputs).kind_log_evidence[1] < 0
+    cheat = [replace(o, beyond_edge=1) for o in outputs]  # 24 of 1,536: 1.6%
+    verdict = judge(cheat)
+    assert not verdict.passed and "top_p" in verdict.reason
+    assert (verdict.edge_tokens, verdict.beyond_edge) == (1536, 24)
+    # JSON: the counts round-trip; scores written before them read as 0; bad counts are
+    # refused.
+    assert ChallengeScore.from_json(cheat[0].to_json()) == cheat[0]
+    old = {k: v for k, v in cheat[0].to_json().items() if "edge" not in k}
+    assert ChallengeScore.from_json(old) == replace(cheat[0], edge_tokens=0, beyond_edge=0)
+    with pytest.raises(ScoringError, match="2 beyond the edge of 1 edge-checked"):
+        ChallengeScore.from_json({**cheat[0].to_json(), "edge_tokens": 1, "beyond_edge": 2})
+    # A pair without a calibrated margin (int8 weights, or an uncalibrated model) checks
+    # no token.
+    assert not error_model("int8", "fp32", bytes(32)).checks_edge
+    assert not error_model("bf16", "fp32", None).checks_edge
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_an_edge_distance_is_zero_inside_the_nucleus_and_within_twice_the_logit_error(
+        temperature: float) -> None:
+    """`edge_distances`: 0 for every token of the nucleus, positive outside it, and for a
+    miner whose logits differ by at most delta from the verifier's, every token its nucleus
+    holds lies within 2 delta of the verifier's edge (the bound the margin rests on)."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(64, 200, generator=gen, dtype=torch.float64) * 2.5
+    for top_p in (0.5, 0.9, 0.95):
+        inside = nucleus_probs(logits[0], temperature, top_p) > 0
+        every = torch.arange(200)
+        found = edge_distances(logits[0].expand(200, -1), every, temperature, top_p)
+        assert bool((found[inside] == 0).all()) and bool((found[~inside] > 0).all())
+        for delta in (0.001, 0.05, 0.3):
+            miner = logits + (torch.rand(logits.shape, generator=gen,
+                                         dtype=torch.float64) * 2 - 1) * delta
+            kept = [(r, t) for r in range(64)
+                    for t in (nucleus_probs(miner[r], temperature, top_p) > 0).nonzero()
+                    .flatten().tolist()]
+            rows = torch.tensor([r for r, _ in kept])
+            d = edge_distances(logits[rows], torch.tensor([t for _, t in kept]),
+                               temperature, top_p)
+            assert float(d.max()) <= 2 * delta + 1e-9
+            if delta >= 0.05:
+                assert float(d.max()) > 0  # the bound is not empty: the edge does move

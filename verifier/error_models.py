@@ -81,3 +81,25 @@ inside the tolerance (int8 weights, 1% weight noise under a bf16 declaration on 
 model); elsewhere no chunk is checked for drift. (The tiny model's int8 chunks drift too
 little to matter: 3% above the threshold its honest bf16 chunks need, on this CPU and on an
 H200 alike.)"""
+
+EDGE: dict[str, dict[str, float]] = {
+    # quarry-tiny. Farthest honest token against an fp32 verifier: bf16 0.0278 nats (75 of
+    # 61,682 nucleus-limited tokens outside its nucleus), fp16 0.0012 (5 of 37,812), fp32 0
+    # (none of 60,461); an fp32 miner against a bf16 verifier 0.0508 (70 outside).
+    "0x6b69454fa9c1856ab18838ed2975cee46a953be718aedb249f7e75e6f664e0fc": {
+        "fp32/fp32": 0.005, "bf16/fp32": 0.0556, "fp16/fp32": 0.005,
+        "fp32/bf16": 0.0606, "bf16/bf16": 0.1112, "fp16/bf16": 0.0606},
+    # quarry-pydoc. Farthest against an fp32 verifier: bf16 0.0091 (44 of 58,355 outside),
+    # fp16 0.0007 (3 of 35,996), fp32 0 (none of 57,601); fp32 against bf16: 0.0215 (20).
+    "0xaeb78152202e1fbe78f690da9604a55f771daef719ae3efaa56296ba046afcc0": {
+        "fp32/fp32": 0.005, "bf16/fp32": 0.0182, "fp16/fp32": 0.005,
+        "fp32/bf16": 0.0232, "bf16/bf16": 0.0364, "fp16/bf16": 0.0232},
+}
+"""Per model and pair, the nucleus-edge margin in logit nats: how far beyond the verifier's
+top_p nucleus an honest sampled token may lie (`market.engine.sampling.edge_distances`) but
+for a chance of at most `verifier.scoring.EDGE_FALSE_RATE`; `verifier.scoring`'s edge test
+counts the tokens further out. Calibrated by `benchmarks/calibrate_numerics.py` as
+`EDGE_SAFETY` (2) times the largest honest distance of the pair (at least `EDGE_FLOOR`,
+0.005), fp32, bf16 and fp16 miners in every batch shape and kernel against an fp32
+verifier; against a bf16 verifier the miner's and the verifier's margins add up. A pair
+without an entry (int8 and fp8 weights, uncalibrated models) checks no token."""

@@ -42,13 +42,40 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   model, 3 epochs): the evidence a test can expect per epoch is at most the KL divergence
   of the cheat's token distribution from the honest one. Ending wherever the stop mass
   reaches 0.1 gives 5.2 nats per epoch's challenge (9.1 with the epoch's audited shards
-  pooled), of which the c = 0.1 alternative collects 97%; the mixture over 17 sampled
-  alternatives and 3 kinds costs 3.9 nats, so a challenge alone needs 4 epochs on average.
+  pooled), of which the c = 0.1 alternative collects 97%; the mixture over 21 sampled
+  alternatives and 3 kinds costs 4.1 nats, so a challenge alone needs 4 epochs on average.
   Logit noise of 0.25 (0.5) nats on sampled steps gives 0.37 (1.5) nats per challenge on
   the tokens inside the nucleus: 38 (10) epochs for an exact test. What does show it is
   its tokens outside the honest nucleus under top_p < 1 (13 and 24 in 3 epochs; honest
-  fp32: 0), which this test forgives as rounding at the nucleus' edge: a test of them
-  needs a bound on how far each declared precision's rounding moves that edge.
+  fp32: 0), which the ratios above forgive as rounding at the nucleus' edge; the
+  nucleus-edge test below counts them.
+- **The nucleus' edge** (sampled requests with top_p < 1). Rounding moves the edge only a
+  little: if a miner's logits differ from the reference's by at most delta around a common
+  shift, every token its nucleus holds lies within 2 delta of the reference's edge, where
+  a token's *edge distance* is T times the least slack g for which the tokens more than g
+  above it (tempered) hold under top_p e^g of the mass (`market.engine.sampling.
+  edge_distances`: 0 inside the nucleus, at most T log(1 / top_p)). A token is *beyond the
+  edge* when its distance exceeds the pair's margin (`verifier.error_models.EDGE`: twice
+  the farthest honest token of the calibration, at least 0.005 nats; bf16 against an fp32
+  verifier: 0.0182 on the trained test model, whose farthest of 58,355 honest tokens lay
+  0.0091 beyond, and 0.0556 on the tiny one). Taking an honest token's chance to land
+  beyond it, given everything before it, as at most eps = `EDGE_FALSE_RATE` (3e-4;
+  measured: none beyond the margin of the 36,000 to 62,000 honest tokens per pair of the
+  calibration, nor of the 38,066 of `benchmarks/numerics.py`'s fp32, bf16 and fp16 miners
+  on both models, each judged by an fp32 and a bf16 verifier, nor of the 18,606 of
+  `benchmarks/detection.py`'s honest bf16 outputs: 0 of 94,738 judgements, whose 95%
+  bound is 3.2e-5), the factor of each checked token, q / eps beyond the edge and
+  (1 - q) / (1 - eps) inside, has expectation r q / eps + (1 - r) (1 - q) / (1 - eps) at
+  an honest rate r <= eps, which is 1 at r = eps and grows with r (q > eps for every
+  alternative rate q of `EDGE_ALTERNATIVES`), so it is at most 1. The
+  product over the checked tokens is then a test supermartingale for each q, and these
+  products join the sampled kind's mean beside the tempering and support alternatives: a
+  mean of test supermartingales is one, so Ville's bound holds as before. (Joined rather
+  than a kind of its own: a fourth kind would give the edge test 1.3 nats more, log 3 +
+  log 4 against log 2 + log 21 in a set with greedy lines, but cost the greedy and the
+  other sampled alternatives log(3 / 2) = 0.4 nats wherever top_p < 1; joined, the other
+  sampled alternatives lose log(21 / 17) = 0.2.) A pair without a margin checks no token,
+  and nothing changes for it.
 - **Greedy requests** (temperature 0): the token at every position is the argmax of the
   miner's logits, which are the reference's plus the miner's rounding. The error model,
   for declared precision P against a verifier in precision V, is two parts:
@@ -179,7 +206,7 @@ from market.protocol.commitments import (
 )
 from market.protocol.precision import Precision, PrecisionError, parse_precision
 from market.protocol.requests import find_stop
-from verifier.error_models import CALIBRATED, DEFAULT, DRIFT
+from verifier.error_models import CALIBRATED, DEFAULT, DRIFT, EDGE
 
 BPS = 10_000
 EXPONENTS = (0.25, 0.5, 0.7, 0.85, 1.2, 1.5, 2.0, 4.0, 16.0)
@@ -198,6 +225,14 @@ on the same draws; the c = 0.1 alternative collects 97% of the exact ratio,
 `benchmarks/evidence_limits.py`); c = 0.01 keeps 0.8 for a miner that ends early only now
 and then."""
 SAMPLED_WIDTH = len(EXPONENTS) + SUPPORT_TEST.width
+"""The sampled alternatives the reference engine computes (`ChallengeScore.log_ratios`)."""
+EDGE_ALTERNATIVES = (0.002, 0.005, 0.01, 0.03)
+"""Alternatives of the nucleus-edge test: the share of nucleus-limited sampled tokens a
+dishonest miner puts beyond the edge (logit noise of 0.25 and 0.5 nats on sampled steps:
+about 0.5% and 1% on the trained test model)."""
+EDGE_FALSE_RATE = 3e-4
+"""The honest chance, taken as an upper bound, that one nucleus-limited sampled token lies
+beyond the edge (module doc)."""
 GREEDY_EXPONENTS = (0.05, 0.15, 0.35, 0.6)
 """Alternatives of the greedy test: Gumbel noise of scale beta / e, from 1.7 to 20 times the
 honest bound (another model, weight noise, cheaper precision)."""
@@ -214,7 +249,7 @@ FALSE_FAULT_RATE = 1e-6
 FINISH_REASONS = ("stop", "length")
 KINDS = ("greedy", "sampled", "commitments")
 """The kinds of evidence, in the order of `Judgement.own` (and of a `prior`)."""
-GRIDS = {"greedy": len(GREEDY_EXPONENTS), "sampled": SAMPLED_WIDTH,
+GRIDS = {"greedy": len(GREEDY_EXPONENTS), "sampled": SAMPLED_WIDTH + len(EDGE_ALTERNATIVES),
          "commitments": len(COMMIT_ALTERNATIVES) + len(DRIFT_ALTERNATIVES)}
 """How many alternatives each kind's e-value averages over."""
 EVIDENCE_WIDTH = sum(GRIDS.values())
@@ -250,6 +285,11 @@ class ErrorModel:
     beta: float
     roundings: tuple[int, ...]  # the logits' mantissa widths: the miner's, the verifier's
     chunks: ChunkTolerance
+    edge: float = math.inf  # a sampled token further than this beyond the nucleus' edge
+
+    @property
+    def checks_edge(self) -> bool:
+        return math.isfinite(self.edge)
 
     def greedy_test(self) -> GreedyTest:
         return GreedyTest(self.beta, self.roundings, GREEDY_EXPONENTS)
@@ -285,7 +325,8 @@ def error_model(declared: object, verifier: object = Precision.FP32,
     beta, (mismatches, mean, median) = CALIBRATED.get(key, DEFAULT)[pair]
     drift = DRIFT.get(key, {}).get(pair, math.inf)
     return ErrorModel(beta, (MANTISSA_BITS[miner], MANTISSA_BITS[reference]),
-                      ChunkTolerance(mismatches, mean, median, drift))
+                      ChunkTolerance(mismatches, mean, median, drift),
+                      EDGE.get(key, {}).get(pair, math.inf))
 
 
 def _logmeanexp(values: Sequence[float]) -> float:
@@ -313,6 +354,11 @@ def _commit_log_ratios(chunks: int, failed: int, drift_checked: int = 0,
                                    DRIFT_ALTERNATIVES))
 
 
+def _edge_log_ratios(checked: int, beyond: int) -> tuple[float, ...]:
+    """log of the nucleus-edge e-value's factors per EDGE_ALTERNATIVES (module doc)."""
+    return _binomial_log_ratios(checked, beyond, EDGE_FALSE_RATE, EDGE_ALTERNATIVES)
+
+
 @dataclass(frozen=True)
 class ChallengeScore:
     """The evidence from one output; `judge` turns a set of them into a verdict."""
@@ -327,6 +373,8 @@ class ChallengeScore:
     failed_chunks: int = 0  # of those, beyond the declared precision's tolerance
     drift_chunks: int = 0  # of those, checked for drift (0 where the pair has no drift)
     drifted_chunks: int = 0  # of those, drifted
+    edge_tokens: int = 0  # sampled tokens under top_p < 1 checked against the nucleus' edge
+    beyond_edge: int = 0  # of those, beyond it (0 where the pair has no edge margin)
     log_perplexity: float = 0.0  # untempered, for the record (inf when impossible)
     precision: int = int(Precision.FP32)  # the miner's declared precision it was judged at
 
@@ -339,10 +387,17 @@ class ChallengeScore:
         record: the test weighs each by how far it lost)."""
         return len(self.margins)
 
+    def sampled_log_ratios(self) -> tuple[float, ...]:
+        """The sampled kind's evidence per alternative: the reference's `log_ratios`, then
+        the nucleus-edge test's (() for a greedy output)."""
+        if not self.log_ratios:
+            return ()
+        return self.log_ratios + _edge_log_ratios(self.edge_tokens, self.beyond_edge)
+
     def own_log_ratios(self) -> tuple[float, ...]:
         """This output's evidence per alternative, laid out as `Judgement.own`."""
         greedy = self.greedy_log_ratios or (0.0,) * len(GREEDY_EXPONENTS)
-        sampled = self.log_ratios or (0.0,) * SAMPLED_WIDTH
+        sampled = self.sampled_log_ratios() or (0.0,) * GRIDS["sampled"]
         commit = _commit_log_ratios(self.chunks, self.failed_chunks, self.drift_chunks,
                                     self.drifted_chunks)
         return (*greedy, *sampled, *commit)
@@ -351,7 +406,7 @@ class ChallengeScore:
     def log_evidence(self) -> float:
         """log of this output's own e-value, over the kinds of evidence it carries (0 when
         it carries none)."""
-        kinds = [v for v in (self.greedy_log_ratios, self.log_ratios) if v]
+        kinds = [v for v in (self.greedy_log_ratios, self.sampled_log_ratios()) if v]
         if self.chunks:
             kinds.append(_commit_log_ratios(self.chunks, self.failed_chunks,
                                             self.drift_chunks, self.drifted_chunks))
@@ -369,7 +424,8 @@ class ChallengeScore:
             "margins": list(self.margins), "log_ratios": list(self.log_ratios),
             "greedy_log_ratios": list(self.greedy_log_ratios), "chunks": self.chunks,
             "failed_chunks": self.failed_chunks, "drift_chunks": self.drift_chunks,
-            "drifted_chunks": self.drifted_chunks, "precision": self.precision,
+            "drifted_chunks": self.drifted_chunks, "edge_tokens": self.edge_tokens,
+            "beyond_edge": self.beyond_edge, "precision": self.precision,
             "log_perplexity": (self.log_perplexity if math.isfinite(self.log_perplexity)
                                else None),
         }
@@ -384,7 +440,8 @@ class ChallengeScore:
         missing = [f for f in fields if f not in d]
         if missing:
             raise ScoringError(f"challenge score lacks {', '.join(missing)}")
-        optional = ("drift_chunks", "drifted_chunks")  # absent from scores before the drift
+        # absent from scores before the drift and the nucleus-edge tests
+        optional = ("drift_chunks", "drifted_chunks", "edge_tokens", "beyond_edge")
         d = {**dict.fromkeys(optional, 0), **d}
         unknown = sorted(str(k) for k in d if k not in fields + optional)
         if unknown:
@@ -424,6 +481,10 @@ class ChallengeScore:
         if drifted > drift_checked or drift_checked > chunks:
             raise ScoringError(f"challenge score has {drifted} drifted of {drift_checked} "
                                f"drift-checked of {chunks} chunks")
+        edge_checked, beyond = count("edge_tokens"), count("beyond_edge")
+        if beyond > edge_checked or edge_checked > count("tokens"):
+            raise ScoringError(f"challenge score has {beyond} beyond the edge of "
+                               f"{edge_checked} edge-checked of {count('tokens')} tokens")
         try:
             precision = int(parse_precision(d["precision"]))
         except PrecisionError as exc:
@@ -432,7 +493,8 @@ class ChallengeScore:
                    margins=numbers("margins"), log_ratios=numbers("log_ratios", SAMPLED_WIDTH),
                    greedy_log_ratios=numbers("greedy_log_ratios", len(GREEDY_EXPONENTS)),
                    chunks=chunks, failed_chunks=failed, drift_chunks=drift_checked,
-                   drifted_chunks=drifted, precision=precision,
+                   drifted_chunks=drifted, edge_tokens=edge_checked, beyond_edge=beyond,
+                   precision=precision,
                    log_perplexity=math.inf if log_ppl is None else float(log_ppl))
 
 
@@ -453,6 +515,8 @@ class Judgement:
     reason: str
     pooled: tuple[float, ...] = ()  # per alternative: the prior plus these outputs' ratios
     own: tuple[float, ...] = ()  # per alternative: these outputs' ratios alone
+    edge_tokens: int = 0  # sampled tokens checked against the nucleus' edge
+    beyond_edge: int = 0  # of those, beyond it
 
     @property
     def passed(self) -> bool:
@@ -474,7 +538,8 @@ class Judgement:
         """One line on what was checked, for a passing verdict's record."""
         return (f"no impossible output; greedy evidence e^{self.kind_log_evidence[0]:.1f} over "
                 f"{self.greedy_tokens} tokens ({self.mismatches} off the reference argmax), "
-                f"sampled e^{self.kind_log_evidence[1]:.1f} over {self.sampled_tokens}, "
+                f"sampled e^{self.kind_log_evidence[1]:.1f} over {self.sampled_tokens} "
+                f"({self.beyond_edge} of {self.edge_tokens} beyond the nucleus' edge), "
                 f"commitments {self.failed_chunks} of {self.chunks} chunks beyond tolerance; "
                 f"the set's e^{self.log_evidence:.1f} < e^{self.threshold:.1f}")
 
@@ -483,7 +548,7 @@ _WHAT = {
     "greedy": "greedy tokens left the reference's argmax further or more often than the "
               "declared precision's rounding allows",
     "sampled": "sampled tokens are not what honest sampling at the requested temperature "
-               "gives",
+               "and top_p gives",
     "commitments": "activation commitments are further from the reference than the declared "
                    "precision allows",
 }
@@ -555,7 +620,9 @@ def judge(scores: Sequence[ChallengeScore], *, false_fault_rate: float = FALSE_F
                      chunks=sum(s.chunks for s in committed),
                      failed_chunks=sum(s.failed_chunks for s in committed),
                      log_evidence=log_evidence, kind_log_evidence=ke, threshold=threshold,
-                     reason=reason, pooled=tuple(pooled), own=tuple(own))
+                     reason=reason, pooled=tuple(pooled), own=tuple(own),
+                     edge_tokens=sum(s.edge_tokens for s in sampled),
+                     beyond_edge=sum(s.beyond_edge for s in sampled))
 
 
 def _log_perplexity(result: ScoreResult) -> float:
@@ -728,8 +795,10 @@ def score_outputs(
                                          log_perplexity=math.inf if problem else 0.0))
             continue
         result = results[slot]
+        edge = not request.greedy and request.top_p < 1.0 and model.checks_edge
         if len(result.top_logprobs) != len(output) or (not request.greedy and len(
-                result.log_ratios) != SAMPLED_WIDTH) or (request.greedy and len(
+                result.log_ratios) != SAMPLED_WIDTH) or (edge and len(
+                result.edge_distances) != len(output)) or (request.greedy and len(
                 result.greedy_log_ratios) != len(GREEDY_EXPONENTS)) or (commit and len(
                 result.commitment_checks) != len(chunk_sizes(len(output), 1))):
             raise ScoringError("the reference engine returned incomplete evidence")
@@ -742,12 +811,14 @@ def score_outputs(
         tested = [c for c, t in zip(checks, checked_chunks(len(output), hidden), strict=True)
                   if t] if checks else []
         drift = [c for c in tested if model.chunks.checks_drift and model.chunks.passes(c)]
+        distances = result.edge_distances if edge else ()
         scores.append(ChallengeScore(
             greedy=request.greedy, tokens=len(output), margins=margins,
             log_ratios=() if request.greedy else tuple(result.log_ratios),
             greedy_log_ratios=tuple(result.greedy_log_ratios) if request.greedy else (),
             chunks=len(checks), failed_chunks=sum(not model.chunks.passes(c) for c in tested),
             drift_chunks=len(drift), drifted_chunks=sum(model.chunks.drifts(c) for c in drift),
+            edge_tokens=len(distances), beyond_edge=sum(d > model.edge for d in distances),
             precision=declared, log_perplexity=_log_perplexity(result)))
     return scores
 

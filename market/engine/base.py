@@ -136,6 +136,9 @@ class ScoreResult:
     # `SupportTest` alternative (`sampling.likelihood_ratios`).
     top_logprobs: tuple[float, ...] = field(default=())
     log_ratios: tuple[float, ...] = field(default=())
+    # For a sampled row with top_p < 1: how far beyond this engine's nucleus' edge each
+    # position's token lies, in logit nats (`sampling.edge_distances`; 0 inside).
+    edge_distances: tuple[float, ...] = field(default=())
     # From `Engine.evidence` given a greedy test, for a greedy row: its log likelihood
     # ratios summed over its positions, one per alternative (`sampling.greedy_ratios`).
     greedy_log_ratios: tuple[float, ...] = field(default=())

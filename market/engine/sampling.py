@@ -68,6 +68,48 @@ def _nucleus(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
     return keep
 
 
+def _sorted_probs(logits: torch.Tensor, temperature: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities sorted descending in float64, their token ids), both on the CPU, for
+    rows of `logits` [..., V]: the float32 softmax of logits / temperature, stable-sorted as
+    `_sample_row` sorts it (so the nucleus comes out the same)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    return sorted_p.to("cpu", torch.float64), order.to("cpu")
+
+
+def edge_distances(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   top_p: float) -> torch.Tensor:
+    """How far beyond the top_p nucleus' edge each target y of `targets` [N] lies under
+    logits [N, V], in raw logit nats (float64 [N]; 0 for a token inside the nucleus).
+
+    With s the tempered log-probabilities and g >= 0 a slack (tempered nats), call y
+    *g-inside* when the tokens whose s exceeds s(y) by more than g hold less than
+    top_p * e^g of the mass. 0-inside is `_nucleus`'s rule (mass sorted before y under
+    top_p, up to ties). The distance is T times the least g for which y is g-inside:
+    min over the positions j up to y's in the stable sort of max(s_j - s(y),
+    log(C_j / top_p)), C_j the mass sorted before j. A miner whose logits differ from these
+    by at most delta around a common shift keeps every token it may draw within 2 delta:
+    the tokens more than 2 delta / T above y were above y for it too, so they held under
+    top_p of its mass, and at most e^(2 delta / T) times that of this one."""
+    if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise SamplingError(f"logits must be [N, V] and targets [N], got "
+                            f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    if not temperature > 0 or not 0 < top_p <= 1:
+        raise SamplingError(f"edge distances need a sampled request (temperature > 0, "
+                            f"top_p in (0, 1]), got {temperature!r}, {top_p!r}")
+    sorted_p, order = _sorted_probs(logits, temperature)
+    logq = torch.log_softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
+    s_sorted = logq.gather(1, order)
+    rank = (order == targets.to("cpu")[:, None]).to(torch.int64).argmax(dim=-1, keepdim=True)
+    gap = s_sorted - s_sorted.gather(1, rank)
+    before = (torch.cumsum(sorted_p, -1) - sorted_p).clamp(min=0.0)
+    need = torch.maximum(gap, torch.log(before / top_p))
+    positions = torch.arange(need.shape[1]).expand_as(need)
+    need = torch.where(positions <= rank, need, torch.full_like(need, math.inf))
+    return need.min(dim=-1).values.clamp(min=0.0) * temperature
+
+
 def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """The distribution a sampled step draws from for one row of `logits` [V], by token id:
     softmax of logits / temperature cut to the top_p nucleus (chosen as `_sample_row` and
@@ -76,11 +118,10 @@ def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float) -> tor
     exact = torch.softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
     if top_p >= 1.0:  # no nucleus (as in likelihood_ratios)
         return exact
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    sorted_p, order = torch.sort(probs, descending=True, stable=True)
-    keep = _nucleus(sorted_p.to("cpu", torch.float64), top_p)
+    sorted_p, order = _sorted_probs(logits, temperature)
+    keep = _nucleus(sorted_p, top_p)
     out = torch.zeros_like(exact)
-    kept = order.to("cpu")[keep]
+    kept = order[keep]
     out[kept] = exact[kept]
     return out / out.sum()
 
@@ -181,10 +222,7 @@ def likelihood_ratios(
 
     if top_p >= 1.0:  # no nucleus: every token inside, and no order to sort into
         return ratios(logq_full, targets, stops.expand_as(logq_full))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # what _sample_row sorts
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    sorted_p = sorted_p.to("cpu", torch.float64)
-    order = order.to("cpu")
+    sorted_p, order = _sorted_probs(logits, temperature)  # what _sample_row sorts
     logq_sorted = logq_full.gather(1, order)
     keep = _nucleus(sorted_p, top_p)
     positions = torch.arange(order.shape[1]).expand_as(order)

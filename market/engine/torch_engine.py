@@ -40,6 +40,7 @@ from market.engine.framestack import fresh_frame_chunk
 from market.engine.fused import fuse_layers
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
+    edge_distances,
     greedy_ratios,
     likelihood_ratios,
     make_generators,
@@ -429,11 +430,12 @@ class TorchEngine(TextEngine):
         results, pos = [], 0
         for r, o in enumerate(outputs):
             ratios: tuple[float, ...] = ()
+            distances: tuple[float, ...] = ()
             greedy_ratios_: tuple[float, ...] = ()
             rows_hidden, rows_target = picked[pos : pos + len(o)], target[pos : pos + len(o)]
             if sampling is not None and sampling[r][0] > 0:
-                ratios = self._row_ratios(rows_hidden, rows_target, sampling[r], exponents,
-                                          support)
+                ratios, distances = self._row_ratios(rows_hidden, rows_target, sampling[r],
+                                                  exponents, support)
             elif sampling is not None and greedy is not None:
                 greedy_ratios_ = self._row_greedy(rows_hidden, rows_target, greedy)
             results.append(
@@ -442,6 +444,7 @@ class TorchEngine(TextEngine):
                     argmax_ids=tuple(arg_all[pos : pos + len(o)]),
                     top_logprobs=() if sampling is None else tuple(top_all[pos : pos + len(o)]),
                     log_ratios=ratios,
+                    edge_distances=distances,
                     greedy_log_ratios=greedy_ratios_,
                     commitment_checks=checks[r],
                 )
@@ -482,13 +485,20 @@ class TorchEngine(TextEngine):
 
     def _row_ratios(self, hidden: torch.Tensor, targets: torch.Tensor,
                     setting: tuple[float, float], exponents: tuple[float, ...],
-                    support: SupportTest | None = None) -> tuple[float, ...]:
-        """One sampled row's log likelihood ratios, summed over its positions."""
+                    support: SupportTest | None = None
+                    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """One sampled row's log likelihood ratios, summed over its positions, and (under
+        top_p < 1) how far beyond the nucleus' edge each position's token lies
+        (`sampling.edge_distances`)."""
         total = torch.zeros(len(exponents) + (support.width if support else 0),
                             dtype=torch.float64)
+        distances: list[float] = []
+        temperature, top_p = float(setting[0]), float(setting[1])
         for start in range(0, hidden.shape[0], 512):
             logits = self.logits(hidden[start : start + 512])
-            total += likelihood_ratios(logits, targets[start : start + 512], float(setting[0]),
-                                       float(setting[1]), exponents, support,
+            part = targets[start : start + 512]
+            total += likelihood_ratios(logits, part, temperature, top_p, exponents, support,
                                        self.stop_token_ids).sum(0)
-        return tuple(total.tolist())
+            if top_p < 1.0:
+                distances += edge_distances(logits, part, temperature, top_p).tolist()
+        return tuple(total.tolist()), tuple(distances)
