@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
 
 from market.engine.base import (
     GenerationOutput,
@@ -133,6 +135,11 @@ class TorchEngine(TextEngine):
         self.sdpa = config._attn_implementation in SDPA_KINDS
         self.decoder = decoder = self.model.get_decoder()
         self.head = self.model.get_output_embeddings()
+        # a decode step's head as one F.linear call where it is a plain nn.Linear, and the
+        # soft-cap only where the architecture has one (`logits`): on a tiny model the
+        # module call and the config lookup cost as much as the head's matmul
+        self._head_linear = type(self.head) is nn.Linear
+        self._softcapped = getattr(config, "final_logit_softcapping", None) is not None
         self.rotary = rotaries(self.arch, decoder)
         # the plain-torch decode of the Llama family (`market.engine.fused`), None where it
         # does not apply or `fused=False` asks for the modules' path
@@ -213,7 +220,10 @@ class TorchEngine(TextEngine):
         them (lm_head, then the architecture's soft-cap: `market.model.archs.final_logits`);
         the engine runs the decoder and the head apart so the head sees only the positions
         it needs."""
-        return final_logits(self.model.config, self.head(hidden).float())
+        head = self.head
+        out = (F.linear(hidden, head.weight, head.bias) if self._head_linear
+               else head(hidden)).float()
+        return final_logits(self.model.config, out) if self._softcapped else out
 
     def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
                 generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -244,7 +254,7 @@ class TorchEngine(TextEngine):
             cache = DecodeCache(mask, self.windows, width + max(r.max_tokens for r in requests),
                                 self.dtype, self.device, self.sdpa)
             hidden, logits = self._next_logits(ids, positions, cache)
-            next_pos = positions[:, -1] + 1
+            next_pos = positions[:, -1:] + 1  # [B, 1]
             generators = make_generators([requests[i] for i in live])
             live_reqs = [requests[i] for i in live]
             shortest = min(r.max_tokens for r in live_reqs)
@@ -276,7 +286,7 @@ class TorchEngine(TextEngine):
                 live = [live[row] for row in keep]
                 live_reqs = [requests[i] for i in live]
                 shortest = min(r.max_tokens for r in live_reqs)
-            hidden, logits = self._next_logits(chosen.unsqueeze(1), next_pos.unsqueeze(1), cache)
+            hidden, logits = self._next_logits(chosen.unsqueeze(1), next_pos, cache)
             next_pos = next_pos + 1
         self._logprobs(steps, pending)
         tokens, logprobs, states = self._gather_rows(n, steps)
