@@ -23,7 +23,7 @@ None)`), the two alternating round by round on the same engine, same batches.
 The last line printed is one JSON object. `--smoke`: the tiny model only, small batches,
 a few tokens (seconds; figures meaningless). `--threads 1` runs the three-way comparison
 at one thread only (on a loaded machine, several threads per process mostly measure the
-contention).
+contention). `--models 4x128` runs only the named models (comma-separated layers x hidden).
 """
 
 from __future__ import annotations
@@ -219,8 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="",
                     help="thread counts of the three-way comparison, comma-separated "
                          "(default: 1 and all)")
+    ap.add_argument("--models", default="4x128,8x512",
+                    help="models to run, comma-separated layers x hidden (default: both)")
     args = ap.parse_args(argv)
-    models = [(4, 128)] if args.smoke else [(4, 128), (8, 512)]
+    try:
+        picked = [tuple(int(n) for n in m.strip().split("x")) for m in args.models.split(",")
+                  if m.strip()]
+    except ValueError:
+        ap.error(f"--models takes sizes like 4x128,8x512, got {args.models!r}")
+    if not picked or any(len(m) != 2 or min(m) < 1 for m in picked):
+        ap.error(f"--models takes sizes like 4x128,8x512, got {args.models!r}")
+    models = [(4, 128)] if args.smoke else [(m[0], m[1]) for m in picked]
     batches = [1, 2] if args.smoke else [1, 8, 32]
     tokens, rounds = (4, 1) if args.smoke else (args.tokens, args.rounds)
     all_threads = torch.get_num_threads()  # torch's default: one per CPU

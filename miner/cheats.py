@@ -222,17 +222,14 @@ def _noisy_torch_engine(model_dir: Path, engine: TextEngine, *, seed: int, sigma
 
     class NoisyLogits(TorchEngine):
         def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
-                    generators: list[torch.Generator | None]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-            from market.engine.sampling import select_next
+                    generators: list[torch.Generator | None]) -> torch.Tensor:
+            from market.engine.sampling import choose_next
 
             noise = torch.stack([
                 torch.zeros(logits.shape[1]) if sampled_only and r.greedy else
                 torch.randn(logits.shape[1], generator=self._noise_for(r), dtype=torch.float32)
                 for r in requests]).to(logits.device)
-            ids, _ = select_next(logits.float() + sigma * noise, requests, generators)
-            honest_lp = torch.log_softmax(logits.float(), -1).gather(1, ids[:, None])
-            return ids, honest_lp.squeeze(1)
+            return choose_next(logits.float() + sigma * noise, requests, generators)
 
         def _noise_for(self, request: GenerationRequest) -> torch.Generator:
             key = (request.prompt_ids, request.seed)
@@ -265,7 +262,7 @@ def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) 
     it reports are the honest untempered ones of the tokens it chose."""
     import torch
 
-    from market.engine.sampling import nucleus_probs, select_next
+    from market.engine.sampling import choose_next, nucleus_probs
     from market.engine.torch_engine import TorchEngine
 
     family, _, value = mode.rpartition("-")
@@ -273,8 +270,7 @@ def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) 
 
     class Cheat(TorchEngine):
         def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
-                    generators: list[torch.Generator | None]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    generators: list[torch.Generator | None]) -> torch.Tensor:
             raw = logits.float()
             sampled = [i for i, r in enumerate(requests) if not r.greedy]
             if family == "top-k" and sampled:
@@ -282,7 +278,7 @@ def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) 
                 cut = raw.masked_fill(raw < kth, float("-inf"))
                 raw = torch.where(torch.tensor([not r.greedy for r in requests],
                                                device=raw.device)[:, None], cut, raw)
-            ids, _ = select_next(raw, requests, generators)
+            ids = choose_next(raw, requests, generators)
             if family == "likely-end" and sampled and self.stop_token_ids:
                 stops = torch.tensor(sorted(self.stop_token_ids))
                 for i in sampled:
@@ -290,8 +286,7 @@ def _select_cheat(mode: str, model_dir: Path, engine: TextEngine, *, seed: int) 
                     nucleus = nucleus_probs(raw[i], float(r.temperature), float(r.top_p))
                     if float(nucleus[stops].sum()) >= threshold:
                         ids[i] = stops[int(torch.argmax(nucleus[stops]))]
-            honest_lp = torch.log_softmax(logits.float(), -1).gather(1, ids[:, None])
-            return ids, honest_lp.squeeze(1)
+            return ids
 
     return Cheat(model_dir, manifest=engine.manifest, **_engine_options(engine))
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from market.engine import torch_engine
 from market.engine.base import GenerationRequest
 from market.engine.factory import EngineOptionError, UnknownEngine, load_engine
 from market.engine.sampling import SamplingError, make_generators, select_next
@@ -111,6 +112,19 @@ def test_custom_stop_token_mid_batch(model_dir: Path, prompts, greedy) -> None:
     for r, g in zip(res, greedy, strict=True):  # rows that never meet it are unaffected
         if stop not in g.token_ids:
             assert r.token_ids == g.token_ids
+
+
+def test_logprobs_taken_many_steps_at_once_equal_step_by_step(
+        engine: TorchEngine, prompts, monkeypatch) -> None:
+    """The engine keeps each step's logits and takes their tokens' logprobs in one
+    log-softmax at the end; a keep budget of one logit flushes every step, as a per-step
+    `select_next` would: every output identical, rows leaving mid-batch included."""
+    reqs = [GenerationRequest(p, 4 + 3 * i, temperature=0.0 if i % 2 else 0.9, seed=i)
+            for i, p in enumerate(prompts)]
+    batched = engine.generate(reqs)
+    monkeypatch.setattr(torch_engine, "LOGITS_KEPT", 1)
+    assert engine.generate(reqs) == batched
+    assert len({len(o.token_ids) for o in batched}) > 2
 
 
 def test_score_equals_sum_of_generation_logprobs(engine: TorchEngine, prompts, greedy) -> None:

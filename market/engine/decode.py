@@ -44,6 +44,7 @@ class DecodeCache:
                  sdpa: bool) -> None:
         batch, width = pad_mask.shape
         self.windows = list(windows)
+        self._kinds = list(dict.fromkeys(self.windows))  # the distinct windows, once
         self.sdpa = sdpa
         self.dtype = dtype
         self.device = torch.device(device)
@@ -79,7 +80,7 @@ class DecodeCache:
         if end > self.capacity:
             self._grow(end)
         out: dict[int | None, torch.Tensor | None] = {}
-        for window in set(self.windows):
+        for window in self._kinds:
             start = self._start(window, q, end)
             if q == 1:
                 out[window] = None if self._row is None else self._row[..., start:end]

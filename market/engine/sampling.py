@@ -153,6 +153,17 @@ def select_next(
     `requests[i]` and `generators[i]` belong to row i; a sampled request needs its generator
     (from `make_generator(request.seed)`, kept across steps). Logprobs are untempered.
     """
+    ids = choose_next(logits, requests, generators)
+    return ids, chosen_logprobs(logits, ids)
+
+
+def choose_next(
+    logits: torch.Tensor,
+    requests: Sequence[GenerationRequest],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """`select_next`'s token ids alone: a decode loop that keeps its steps' logits takes
+    their logprobs later, many steps in one `chosen_logprobs` call."""
     if logits.dim() != 2:
         raise SamplingError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
     batch = logits.shape[0]
@@ -161,7 +172,6 @@ def select_next(
             f"{batch} logit rows but {len(requests)} requests and {len(generators)} generators"
         )
     raw = logits.float()
-    logprobs = torch.log_softmax(raw, dim=-1)
     ids = torch.argmax(raw, dim=-1)
     for row, request in enumerate(requests):
         if request.greedy:
@@ -170,8 +180,15 @@ def select_next(
         if gen is None:
             raise SamplingError(f"row {row} samples (temperature > 0) but has no generator")
         ids[row] = _sample_row(raw[row], float(request.temperature), float(request.top_p), gen)
-    chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
-    return ids, chosen
+    return ids
+
+
+def chosen_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The untempered logprob [B] of token `ids[i]` under row i of `logits` [B, V]. Each
+    row's value does not depend on the other rows, so rows of many steps stacked give
+    each step's own values."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
 
 
 def likelihood_ratios(

@@ -11,7 +11,8 @@ token is kept in `token_ids` and `logprobs`, not in `text`), at the first token 
 its decoded text contains one of the request's stop strings (`base.text_for`: the ids are
 kept, the text is cut before the stop string), or after `max_tokens`. Only rows with stop
 strings pay for the check: one decode of the row's output per step.
-Tokens are chosen by `sampling.select_next`, so logprobs are untempered. On a CPU the
+Tokens are chosen by `sampling.choose_next`; their logprobs (untempered) are taken
+from the kept logits many steps at a time (`sampling.chosen_logprobs`). On a CPU the
 engine runs with the torch thread count that decodes its model fastest, timed once at load
 (`threads=None`), or the `threads` it is given (`market.engine.threads`).
 
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
 
 from market.engine.base import (
     GenerationOutput,
@@ -40,11 +43,12 @@ from market.engine.framestack import fresh_frame_chunk
 from market.engine.fused import fuse_layers
 from market.engine.quantize import quantize_weights_
 from market.engine.sampling import (
+    choose_next,
+    chosen_logprobs,
     edge_distances,
     greedy_ratios,
     likelihood_ratios,
     make_generators,
-    select_next,
 )
 from market.engine.text import EngineError, TextEngine
 from market.engine.threads import check_threads, engine_threads
@@ -71,6 +75,11 @@ def left_pad(
                         dtype=torch.long).reshape(len(prompts), width)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), mask.to(device), positions.to(device)
+
+
+LOGITS_KEPT = 1 << 22
+"""Logits (floats) a batch keeps before taking their tokens' logprobs: 16 MiB, every step
+of a small vocabulary's batch, one or a few steps of a large one."""
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -127,6 +136,11 @@ class TorchEngine(TextEngine):
         self.sdpa = config._attn_implementation in SDPA_KINDS
         self.decoder = decoder = self.model.get_decoder()
         self.head = self.model.get_output_embeddings()
+        # a decode step's head as one F.linear call where it is a plain nn.Linear, and the
+        # soft-cap only where the architecture has one (`logits`): on a tiny model the
+        # module call and the config lookup cost as much as the head's matmul
+        self._head_linear = type(self.head) is nn.Linear
+        self._softcapped = getattr(config, "final_logit_softcapping", None) is not None
         self.rotary = rotaries(self.arch, decoder)
         # the plain-torch decode of the Llama family (`market.engine.fused`), None where it
         # does not apply or `fused=False` asks for the modules' path
@@ -207,13 +221,17 @@ class TorchEngine(TextEngine):
         them (lm_head, then the architecture's soft-cap: `market.model.archs.final_logits`);
         the engine runs the decoder and the head apart so the head sees only the positions
         it needs."""
-        return final_logits(self.model.config, self.head(hidden).float())
+        head = self.head
+        out = (F.linear(hidden, head.weight, head.bias) if self._head_linear
+               else head(hidden)).float()
+        return final_logits(self.model.config, out) if self._softcapped else out
 
     def _select(self, logits: torch.Tensor, requests: list[GenerationRequest],
-                generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next token of every live row: the protocol's rule (`sampling.select_next`).
-        Only `miner.cheats` overrides it, to serve what the protocol forbids."""
-        return select_next(logits, requests, generators)
+                generators: list[torch.Generator | None]) -> torch.Tensor:
+        """The next token of every live row: the protocol's rule (`sampling.choose_next`).
+        Only `miner.cheats` overrides it, to serve what the protocol forbids; the logprobs
+        recorded are always the honest untempered ones of the tokens it returns."""
+        return choose_next(logits, requests, generators)
 
     @fresh_frame_chunk
     @torch.inference_mode()
@@ -221,10 +239,12 @@ class TorchEngine(TextEngine):
         n = len(requests)
         finish = ["length"] * n
         texts: list[str | None] = [None] * n  # set where a stop string cut the text
-        # Each step's live rows (request indices), chosen tokens, their logprobs and the
-        # hidden states that chose them: a row's outputs are gathered once at the end, so
-        # a step costs no per-row Python unless a row may end there.
-        steps: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        # Each step's live rows (request indices), chosen tokens, their logits (turned into
+        # the tokens' logprobs many steps at a time, `_logprobs`) and the hidden states that
+        # chose them: a row's outputs are gathered once at the end, so a step costs no
+        # per-row Python unless a row may end there.
+        steps: list[list[Any]] = []
+        pending = 0  # steps[pending:] still hold logits
         live = [i for i in range(n) if requests[i].max_tokens > 0]
         stop_tokens: dict[int, list[int]] = {i: [] for i in live if requests[i].stop}
         if live:
@@ -235,14 +255,16 @@ class TorchEngine(TextEngine):
             cache = DecodeCache(mask, self.windows, width + max(r.max_tokens for r in requests),
                                 self.dtype, self.device, self.sdpa)
             hidden, logits = self._next_logits(ids, positions, cache)
-            next_pos = positions[:, -1] + 1
+            next_pos = positions[:, -1:] + 1  # [B, 1]
             generators = make_generators([requests[i] for i in live])
             live_reqs = [requests[i] for i in live]
             shortest = min(r.max_tokens for r in live_reqs)
         made = 0  # tokens every live row has
         while live:
-            chosen, chosen_lp = self._select(logits, live_reqs, generators)
-            steps.append((live, chosen, chosen_lp, hidden))
+            chosen = self._select(logits, live_reqs, generators)
+            steps.append([live, chosen, logits, hidden])
+            if (len(steps) - pending) * logits.numel() >= LOGITS_KEPT:
+                pending = self._logprobs(steps, pending)
             made += 1
             chosen_list = chosen.tolist()
             if stop_tokens:
@@ -265,8 +287,9 @@ class TorchEngine(TextEngine):
                 live = [live[row] for row in keep]
                 live_reqs = [requests[i] for i in live]
                 shortest = min(r.max_tokens for r in live_reqs)
-            hidden, logits = self._next_logits(chosen.unsqueeze(1), next_pos.unsqueeze(1), cache)
+            hidden, logits = self._next_logits(chosen.unsqueeze(1), next_pos, cache)
             next_pos = next_pos + 1
+        self._logprobs(steps, pending)
         tokens, logprobs, states = self._gather_rows(n, steps)
         commitments = (build_commitments(states) if self.commit else [b""] * n)
         return [
@@ -279,6 +302,19 @@ class TorchEngine(TextEngine):
             )
             for i in range(n)
         ]
+
+    @staticmethod
+    def _logprobs(steps: list[list[Any]], start: int) -> int:
+        """Replace the logits of steps[start:] by their chosen tokens' logprobs, one
+        log-softmax over all of them (each row's values as its own step's would be);
+        returns the new count of steps done."""
+        if start < len(steps):
+            todo = steps[start:]
+            lps = chosen_logprobs(torch.cat([s[2] for s in todo]),
+                                  torch.cat([s[1] for s in todo]))
+            for s, lp in zip(todo, lps.split([s[1].shape[0] for s in todo]), strict=True):
+                s[2] = lp
+        return len(steps)
 
     def _still_live(self, live: list[int], chosen: list[int], made: int,
                     requests: list[GenerationRequest], stop_tokens: dict[int, list[int]],
@@ -305,7 +341,7 @@ class TorchEngine(TextEngine):
         return keep
 
     def _gather_rows(self, n: int,
-                     steps: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]]
+                     steps: list[list[Any]]
                      ) -> tuple[list[list[int]], list[list[float]], list[torch.Tensor]]:
         """Each request's tokens, logprobs and (with commitments on) hidden states [T, d]
         from the per-step records of `_generate_batch`."""

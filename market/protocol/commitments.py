@@ -108,6 +108,20 @@ def _inverses() -> np.ndarray:
     return result
 
 
+@functools.cache
+def _powers() -> np.ndarray:
+    """a ** t mod p for every residue a and t < TOPK, as uint16 (residues fit): a 16 MiB
+    table built once, so each interpolation looks its Vandermonde rows up rather than
+    raising its points to every power again."""
+    a = np.arange(MOD_N, dtype=np.int64)
+    table = np.empty((MOD_N, TOPK), dtype=np.uint16)
+    column = np.ones_like(a)
+    for t in range(TOPK):
+        table[:, t] = column
+        column = column * a % MOD_N
+    return table
+
+
 def _injective_modulus(x: np.ndarray) -> int:
     """The largest m <= MOD_N under which the indices `x` stay distinct (TOPLOC's rule)."""
     for m in range(MOD_N, 1 << 15, -1):
@@ -138,15 +152,7 @@ def _interpolate_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     residues stay below 2**53, so float64 matrix products are exact before the final mod."""
     rows, n = x.shape
     x = x % MOD_N
-    powers = np.empty((rows, n, n), dtype=np.int64)  # x_i ** t, t < n
-    powers[:, :, 0] = 1
-    step, span = x, 1
-    while span < n:
-        width = min(span, n - span)
-        powers[:, :, span: span + width] = powers[:, :, :width] * step[:, :, None] % MOD_N
-        step = step * step % MOD_N
-        span *= 2
-    table = powers.astype(np.float64)
+    table = _powers()[x, :n].astype(np.float64)  # x_i ** t, t < n
     a = _from_roots(x)  # [rows, n + 1], a_n = 1
     slope = (a[:, 1:] * np.arange(1, n + 1) % MOD_N).astype(np.float64)  # P'
     at_x = (table @ slope[:, :, None])[..., 0].astype(np.int64) % MOD_N  # P'(x_i) != 0
