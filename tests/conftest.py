@@ -44,6 +44,26 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+TRAINED_MODEL = ROOT / "testmodels" / "quarry-pydoc"
+TRAINED_PROMPTS = (
+    "The built-in function", "A dictionary maps", "Exceptions are raised when",
+    "The module defines the following", "This method returns", "If the argument is",
+    "Changed in version 3.", "The default value of", "An iterator is an object",
+    "Return a new list", "The file is opened", "Strings are immutable",
+)
+"""Prompts in the trained test model's own domain (the Python documentation)."""
+
+
+@pytest.fixture(scope="module")
+def trained_engine() -> Iterator[object]:
+    """The trained test model in fp32 (the reference verifier), loaded once per module."""
+    from market.engine.torch_engine import TorchEngine
+
+    eng = TorchEngine(TRAINED_MODEL, max_batch_size=24)
+    yield eng
+    eng.close()
+
+
 @pytest.fixture(autouse=True)
 def sigint_handler_restored() -> Iterator[None]:
     """Tests that press Ctrl-C (a real SIGINT, or `_thread.interrupt_main`, which does

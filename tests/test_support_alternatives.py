@@ -10,32 +10,22 @@ Real forward passes: honest sampled answers, and the same requests answered by
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TRAINED_MODEL, TRAINED_PROMPTS
 
 from market.engine.base import GenerationRequest
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.timeout(600)]
 
-TRAINED = Path(__file__).resolve().parent.parent / "testmodels" / "quarry-pydoc"
-PROMPTS = (
-    "The built-in function", "A dictionary maps", "Exceptions are raised when",
-    "The module defines the following", "This method returns", "If the argument is",
-    "Changed in version 3.", "The default value of", "An iterator is an object",
-    "Return a new list", "The file is opened", "Strings are immutable",
-)
+TRAINED, PROMPTS = TRAINED_MODEL, TRAINED_PROMPTS
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Any]:
-    from market.engine.torch_engine import TorchEngine
-
-    eng = TorchEngine(TRAINED, max_batch_size=24)
-    yield eng
-    eng.close()
+def engine(trained_engine: Any) -> Any:
+    return trained_engine
 
 
 def _requests(engine: Any, epoch: int) -> list[GenerationRequest]:
