@@ -21,10 +21,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import write_miner_config
 
@@ -82,6 +84,19 @@ def client(stack: LocalStack) -> Iterator[Any]:
         yield c
 
 
+def wait_alive(stack: LocalStack, addresses: set[str], timeout: float = 120) -> None:
+    """Until every one of `addresses` heartbeats to the market (its engine loaded), so a job
+    posted next is open to all of them, however long one took to start."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = {m["address"] for m in httpx.get(f"{stack.market_url}/miners",
+                                                   timeout=10).json() if m["alive"]}
+        if addresses <= alive:
+            return
+        assert time.monotonic() < deadline, f"miners {sorted(addresses - alive)} never alive"
+        time.sleep(0.5)
+
+
 def prompts(n: int, tag: str) -> list[str]:
     return [f"{tag}: tell me about item {i}." for i in range(n)]
 
@@ -99,6 +114,7 @@ def test_job_split_across_two_miners_pays_each_for_its_tokens(
     q = stack.quarry
     procs = [start_miner(stack, cfg) for cfg in miners.values()]
     try:
+        wait_alive(stack, {m.address for m in MINERS.values()})  # else one may take it all
         job = client.submit(prompts(16, "split"), model="quarry-tiny", max_tokens=12,
                             price=PRICE, shard_size=2, deadline=3600,
                             allow_probation=True)
