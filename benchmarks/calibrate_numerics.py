@@ -13,8 +13,11 @@ answer the same greedy requests; each verifier precision (fp32, bf16) re-reads t
 - **Commitment chunks.** Each output's activation commitment against the verifier's own
   hidden states (`market.protocol.commitments.check`): the worst chunk's sign/exponent
   mismatches and mantissa errors, and the mean error that at most `DRIFT_FALSE_RATE` /
-  `DRIFT_SAFETY` (1 in 30) of honest chunks exceed: the drift threshold
-  (`verifier.error_models.DRIFT`, kept for `DRIFT_PAIRS`).
+  `DRIFT_SAFETY` (1 in 30) of honest chunks exceed in every setup: the drift threshold
+  (`verifier.error_models.DRIFT`, kept for `DRIFT_PAIRS`). The threshold is taken over the
+  chunks the verifier tests (`market.protocol.commitments.checked_chunks`: not an output's
+  short last chunk, whose points include ordinary activations that round worse); the
+  tolerance over every chunk, which can only widen it.
 
 - **The nucleus' edge** (`--edge-outputs`). The same honest miners (fp32, bf16 and fp16
   only) answer sampled requests at top_p 0.9 and 0.95 (temperatures 0.5, 0.8 and 1.0);
@@ -178,20 +181,35 @@ def calibrate_edge(args: argparse.Namespace, engines: Engines, models: dict[str,
             "edge_top_ps": list(EDGE_TOP_PS), "edge_temperatures": list(EDGE_TEMPERATURES)}
 
 
-def chunk_summary(checks: list[Any]) -> dict[str, Any]:
+def chunk_summary(checks: list[Any], tested: list[Any]) -> dict[str, Any]:
+    """The worst of `checks` (every chunk) and the drift quantile of `tested` (the chunks a
+    verifier tests; module doc)."""
     if not checks:
         return {"chunks": 0}
     mism = sorted(c.mismatches for c in checks)
     means = sorted(c.mant_err_mean for c in checks)
     medians = sorted(c.mant_err_median for c in checks)
-    from verifier.scoring import DRIFT_FALSE_RATE
-
     q = max(0, math.ceil(0.999 * len(checks)) - 1)
-    d = max(0, math.ceil((1 - DRIFT_FALSE_RATE / DRIFT_SAFETY) * len(checks)) - 1)
     return {"chunks": len(checks), "max_mismatches": mism[-1], "p999_mismatches": mism[q],
-            "drift_quantile_mant_err_mean": round(means[d], 3),
+            **drift_quantile(tested),
             "max_mant_err_mean": round(means[-1], 3), "p999_mant_err_mean": round(means[q], 3),
             "max_mant_err_median": medians[-1]}
+
+
+def drift_quantile(tested: list[Any]) -> dict[str, Any]:
+    """The mean error that at most DRIFT_FALSE_RATE / DRIFT_SAFETY of `tested` exceed."""
+    from verifier.scoring import DRIFT_FALSE_RATE
+
+    if not tested:
+        return {}
+    means = sorted(c.mant_err_mean for c in tested)
+    d = max(0, math.ceil((1 - DRIFT_FALSE_RATE / DRIFT_SAFETY) * len(tested)) - 1)
+    return {"tested_chunks": len(tested), "drift_quantile_mant_err_mean": round(means[d], 3)}
+
+
+def worst_setup(summary: dict[str, Any], drift: float | None) -> dict[str, Any]:
+    """A pair's chunk summary with the drift quantile of its worst setup."""
+    return summary if drift is None else {**summary, "drift_quantile_mant_err_mean": drift}
 
 
 def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[str, Any]:
@@ -211,7 +229,7 @@ def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[st
                        SAFETY * pair.get("max_mant_err_median", 0) + CHUNK_SLACK[2]]}
         if f"{p.label}/fp32" in DRIFT_PAIRS and "drift_quantile_mant_err_mean" in pair:
             fp32_models[p.label]["drift"] = math.ceil(
-                pair["drift_quantile_mant_err_mean"] * 20) / 20  # up to 0.05 ulps
+                pair["drift_quantile_mant_err_mean"] * 100) / 100  # up to 0.01 ulps
     out: dict[str, Any] = {f"{k}/fp32": v for k, v in fp32_models.items()}
     verifier = fp32_models.get("bf16")
     for label, m in fp32_models.items():
@@ -236,6 +254,7 @@ def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[st
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from market.engine.threads import set_threads  # engines loaded later keep it
     from market.model.create import create_model
+    from market.protocol.commitments import checked_chunks
     from market.protocol.precision import parse_precision
     from verifier.scoring import EXPONENTS, MANTISSA_BITS
 
@@ -247,6 +266,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tables: dict[str, FlipTable] = {}
     per_setup: dict[str, dict[str, Any]] = {}
     chunks: dict[str, list[Any]] = {}
+    drift: dict[str, float] = {}  # per pair, the largest drift quantile of any setup
     setups = HONEST_SETUPS if not args.smoke else HONEST_SETUPS[:1] + HONEST_SETUPS[4:5]
     edge = calibrate_edge(args, engines, models) if args.edge_outputs else {}
     for name in args.models if args.outputs else ():
@@ -278,11 +298,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 results = reference.evidence(prompts, ids, [(0.0, 1.0)] * len(ids), EXPONENTS,
                                              commitments=[o.commitment for o in outputs])
                 found = [c for r in results for c in r.commitment_checks]
+                tested = [c for out, r in zip(ids, results, strict=True)
+                          for c, t in zip(r.commitment_checks,
+                                          checked_chunks(len(out), reference.hidden_size),
+                                          strict=True) if t]
                 chunks.setdefault(key, []).extend(found)
+                summary = chunk_summary(found, tested)
+                if "drift_quantile_mant_err_mean" in summary:  # the worst setup's (module doc)
+                    drift[key] = max(drift.get(key, 0.0),
+                                     summary["drift_quantile_mant_err_mean"])
                 per_setup[f"{name}/{setup.label}/{v}"] = {
                     "positions": own.positions, "off_argmax": own.positions - own.argmax,
                     "largest_gap": round(own.largest_gap, 4),
-                    "smallest_beta": own.smallest_beta(), **chunk_summary(found)}
+                    "smallest_beta": own.smallest_beta(), **summary}
             say(f"{name} {setup.label}: {len(lines)} outputs in {gen_s:.0f}s; "
                 + ", ".join(f"{v}: {per_setup[f'{name}/{setup.label}/{v}']['off_argmax']} off "
                             f"argmax, largest gap "
@@ -295,13 +323,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                       "largest_gap": round(table.largest_gap, 4), "smallest_beta": beta,
                       "beta": None if beta is None else round(beta * SAFETY, 6),
                       "observed_by_bin": table.observed,
-                      **chunk_summary(chunks.get(key, []))}
+                      **worst_setup(chunk_summary(chunks.get(key, []), []), drift.get(key))}
     models = error_models(pairs, tables)
     return {"benchmark": "calibrate_numerics", "models": list(args.models),
             "error_models": models, **edge,
             "tables": {k: {"positions": t.positions, "argmax": t.argmax,
                            "observed": t.observed, "expected": t.expected,
-                           "largest_gap": t.largest_gap, "chunks": chunk_summary(chunks[k])}
+                           "largest_gap": t.largest_gap,
+                           "chunks": worst_setup(chunk_summary(chunks[k], []), drift.get(k))}
                        for k, t in tables.items()},
             "outputs_per_setup": args.outputs, "max_tokens": args.max_tokens,
             "safety": SAFETY, "setups": [s.label for s in setups], "pairs": pairs,

@@ -417,8 +417,8 @@ def test_joined_shards_pool_their_evidence_each_judged_for_commitments_alone() -
 
 
 def test_drift_separates_a_cheaper_computation_inside_the_tolerance() -> None:
-    """Chunks that pass the tolerance but drift: honest bf16's rate (2.9% measured, 10%
-    allowed) banks nothing; int8 weights' (46% measured) fails a challenge's worth of
+    """Chunks that pass the tolerance but drift: honest bf16's rate (at most 2.6% measured,
+    10% allowed) banks nothing; int8 weights' (39% measured) fails a challenge's worth of
     chunks, where the tolerance alone sees nothing (none failed)."""
     base = ChallengeScore(greedy=False, tokens=64, log_ratios=(0.0,) * SAMPLED_WIDTH)
     honest = [replace(base, chunks=2, drift_chunks=2, drifted_chunks=int(i % 17 == 0))
