@@ -39,18 +39,21 @@ CALIBRATED: dict[str, dict[str, Pair]] = {
         "fp8/bf16": (0.8428, (40, 9.11, 8.0)),
         "int8/bf16": (0.3125, (28, 6.08, 6.0)),
     },
-    # quarry-pydoc: testmodels/quarry-pydoc, trained on the Python documentation
+    # quarry-pydoc: testmodels/quarry-pydoc, trained on the Python documentation. bf16/fp32's
+    # beta from a second sample (192 other greedy prompts, 2026-11-28): an eager-attention
+    # bf16 miner flipped at a gap of 0.080 nats, smallest fitting scale 0.0154 (the first
+    # sample's largest gap was 0.033, scale 0.0075); the bf16 verifier's pairs recomposed.
     "0xaeb78152202e1fbe78f690da9604a55f771daef719ae3efaa56296ba046afcc0": {
         "fp32/fp32": (0.005, (2, 0.52, 1.0)),
         "fp16/fp32": (0.005, (12, 1.51, 1.0)),
-        "bf16/fp32": (0.015, (22, 2.79, 3.0)),
+        "bf16/fp32": (0.0308, (22, 2.79, 3.0)),
         "fp8/fp32": (0.0974, (32, 7.54, 7.0)),
         "int8/fp32": (0.0411, (24, 3.17, 3.0)),
-        "fp32/bf16": (0.02, (24, 3.31, 4.0)),
-        "fp16/bf16": (0.02, (34, 4.3, 4.0)),
-        "bf16/bf16": (0.03, (44, 5.58, 6.0)),
-        "fp8/bf16": (0.1124, (54, 10.33, 10.0)),
-        "int8/bf16": (0.0561, (46, 5.96, 6.0)),
+        "fp32/bf16": (0.0358, (24, 3.31, 4.0)),
+        "fp16/bf16": (0.0358, (34, 4.3, 4.0)),
+        "bf16/bf16": (0.0616, (44, 5.58, 6.0)),
+        "fp8/bf16": (0.1282, (54, 10.33, 10.0)),
+        "int8/bf16": (0.0719, (46, 5.96, 6.0)),
     },
 }
 

@@ -98,7 +98,8 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   weights over bf16, batch 1, 32 and shuffled batches of 5, sdpa and eager attention), as
   twice the smallest scale under which, beyond every gap, the observed flips stay under
   half of what the bound allows (`verifier.error_models`; bf16 on the trained test model:
-  0.015 nats, where its honest flips reach 0.033).
+  0.0308 nats, where its honest flips reached 0.080 in a second sample of prompts; the
+  first, 0.033, had given 0.015).
 - **Activation commitments** (`market.protocol.commitments`, TOPLOC), where the miner's
   engine made them: each chunk of 32 positions is compared with the verifier's own hidden
   states; a chunk fails when it is further than the declared precision's tolerance
