@@ -14,10 +14,10 @@ answer the same greedy requests; each verifier precision (fp32, bf16) re-reads t
   hidden states (`market.protocol.commitments.check`): the worst chunk's sign/exponent
   mismatches and mantissa errors, and the mean error that at most `DRIFT_FALSE_RATE` /
   `DRIFT_SAFETY` (1 in 30) of honest chunks exceed in every setup: the drift threshold
-  (`verifier.error_models.DRIFT`, kept for `DRIFT_PAIRS`). The threshold is taken over the
-  chunks the verifier tests (`market.protocol.commitments.checked_chunks`: not an output's
-  short last chunk, whose points include ordinary activations that round worse); the
-  tolerance over every chunk, which can only widen it.
+  (`verifier.error_models.DRIFT`, kept for `DRIFT_PAIRS`, times its room). The threshold
+  is taken over the chunks the verifier tests (`market.protocol.commitments.
+  checked_chunks`: not an output's short last chunk, whose points include ordinary
+  activations that round worse); the tolerance over every chunk, which can only widen it.
 
 - **The nucleus' edge** (`--edge-outputs`). The same honest miners (fp32, bf16 and fp16
   only) answer sampled requests at top_p 0.9 and 0.95 (temperatures 0.5, 0.8 and 1.0);
@@ -82,8 +82,12 @@ CHUNK_SLACK = (2, 0.5, 1.0)
 DRIFT_SAFETY = 3
 """The drift threshold leaves this many times fewer honest chunks above it than
 `verifier.scoring.DRIFT_FALSE_RATE` allows."""
-DRIFT_PAIRS = ("bf16/fp32",)
-"""Where a drift threshold is calibrated: where int8 weights hide inside the tolerance."""
+DRIFT_PAIRS = {"bf16/fp32": 1.0, "fp16/fp32": 3.0}
+"""Where a drift threshold is calibrated (where int8 weights hide inside the tolerance), and
+how many times the measured quantile it sits at: room for hardware not measured here (a
+GPU's fp16 products may be reduced in fp16). fp16's cheats sit far above its honest chunks
+(int8 weights' median 0.89 ulps against 0.10), so its line takes three times the quantile;
+bf16's sit just above (0.88 against 0.74), so its line has no room to give."""
 EDGE_SAFETY = 2.0
 """The nucleus-edge margin, as a multiple of the largest honest edge distance."""
 EDGE_FLOOR = 0.005
@@ -227,9 +231,10 @@ def error_models(pairs: dict[str, Any], tables: dict[str, FlipTable]) -> dict[st
             "chunks": [math.ceil(SAFETY * pair.get("max_mismatches", 0)) + CHUNK_SLACK[0],
                        round(SAFETY * pair.get("max_mant_err_mean", 0) + CHUNK_SLACK[1], 2),
                        SAFETY * pair.get("max_mant_err_median", 0) + CHUNK_SLACK[2]]}
-        if f"{p.label}/fp32" in DRIFT_PAIRS and "drift_quantile_mant_err_mean" in pair:
+        room = DRIFT_PAIRS.get(f"{p.label}/fp32")
+        if room is not None and "drift_quantile_mant_err_mean" in pair:
             fp32_models[p.label]["drift"] = math.ceil(
-                pair["drift_quantile_mant_err_mean"] * 100) / 100  # up to 0.01 ulps
+                room * pair["drift_quantile_mant_err_mean"] * 100) / 100  # up to 0.01 ulps
     out: dict[str, Any] = {f"{k}/fp32": v for k, v in fp32_models.items()}
     verifier = fp32_models.get("bf16")
     for label, m in fp32_models.items():
