@@ -6,6 +6,7 @@ whichever engine runs, so these live once here rather than in each engine.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,20 @@ class EngineError(QuarryError):
     """Bad input to an engine (empty prompt, unknown token id, too long a sequence...)."""
 
 
+@functools.cache
+def _plain_fast(kind: type) -> bool:
+    """Whether tokenizers of class `kind` decode as their Rust backend does: a transformers
+    fast tokenizer overriding neither `decode` nor `_decode`, whose decode without
+    clean-up is the backend's. `TextEngine.decode` then calls the backend itself, in half
+    the time (an engine decodes every output, and every step of a row with stop strings)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    return (issubclass(kind, PreTrainedTokenizerFast)
+            and getattr(kind, "_decode", None) is PreTrainedTokenizerFast._decode
+            and getattr(kind, "decode", None) is PreTrainedTokenizerBase.decode)
+
+
 class TextEngine(Engine):
     """An Engine with a Hugging Face tokenizer and (usually) a Quarry manifest.
 
@@ -112,6 +127,9 @@ class TextEngine(Engine):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of token ids, special tokens (EOS, BOS) left out."""
+        if _plain_fast(type(self.tokenizer)):
+            return str(self.tokenizer.backend_tokenizer.decode(list(token_ids),
+                                                               skip_special_tokens=True))
         return str(
             self.tokenizer.decode(
                 list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
