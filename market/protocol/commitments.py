@@ -253,8 +253,10 @@ def build_many(hidden: Sequence[torch.Tensor]) -> list[bytes]:
         idx, bits = _top_rows(torch.stack([chunks[i][1] for i in group]))
         moduli = _moduli(idx)
         coeffs = _interpolate(idx % moduli[:, None], bits)
-        for i, m, c in zip(group, moduli.tolist(), coeffs, strict=True):
-            proofs[i] = int(m).to_bytes(2, "big") + c.astype(">u2").tobytes()
+        packed = np.empty((len(group), 1 + coeffs.shape[1]), dtype=">u2")  # m, coefficients
+        packed[:, 0], packed[:, 1:] = moduli, coeffs
+        for i, proof in zip(group, packed, strict=True):
+            proofs[i] = proof.tobytes()
     parts: list[bytearray] = [bytearray() for _ in hidden]
     for (out, _), proof in zip(chunks, proofs, strict=True):
         parts[out] += proof
