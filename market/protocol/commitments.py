@@ -270,11 +270,13 @@ def _top_rows(chunks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     values = chunks.detach().to("cpu", torch.bfloat16)
     k = min(TOPK, values.shape[1])
     # A bf16 magnitude orders as its bits with the sign cleared (NaNs aside), so top-k over
-    # those int16 keys runs the same selection on the same comparisons, 1.6x faster.
-    keys = values.view(torch.int16) & 0x7FFF
-    if bool((keys > BF16_INF).any()):  # a NaN: torch ranks every NaN alike, the keys do not
-        keys = values.abs()
-    idx = keys.topk(k, dim=1).indices
+    # those int16 keys runs the same selection on the same comparisons, 1.6x faster; in no
+    # particular order (the selection is the same, and the polynomial through a set of
+    # points does not depend on their order).
+    top = (values.view(torch.int16) & 0x7FFF).topk(k, dim=1, sorted=False)
+    if bool(top.values.max() > BF16_INF):  # a NaN: torch ranks every NaN alike, keys do not
+        top = values.abs().topk(k, dim=1, sorted=False)
+    idx = top.indices
     bits = values.gather(1, idx).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
     return idx.numpy().astype(np.int64), bits
 
