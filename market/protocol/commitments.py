@@ -157,20 +157,17 @@ def _interpolate_rows(x: np.ndarray, y: np.ndarray, a: np.ndarray) -> np.ndarray
     polynomials P(X) = prod_j (X - x_j) = sum_m a_m X^m are `a` (`_from_roots`). With
     u_i = y_i / P'(x_i), the interpolant sum_i u_i P(X) / (X - x_i) has coefficients
     c_k = sum_{m > k} a_m s_{m-k-1}, where s_t = sum_i u_i x_i^t. Sums of products of
-    residues stay below 2**53, so float64 matrix products are exact before the final mod."""
+    residues stay below 2**53, so float64 products and sums are exact before the final mod."""
     rows, n = x.shape
-    table = _powers()[x, :n].astype(np.float64)  # x_i ** t, t < n
+    table = np.take(_powers(), x, axis=0)[..., :n].astype(np.float64)  # x_i ** t, t < n
     slope = (a[:, 1:] * np.arange(1, n + 1) % MOD_N).astype(np.float64)  # P'
     at_x = _mod((table @ slope[:, :, None])[..., 0]).astype(np.int64)  # P'(x_i) != 0
     u = (y % MOD_N) * _inverses()[at_x] % MOD_N
     s = _mod((u.astype(np.float64)[:, None, :] @ table)[:, 0])
-    # the Hankel matrix a_{k+t+1} (0 past a_n) as a strided view of a padded copy of a
-    padded = np.zeros((rows, 2 * n), dtype=np.float64)
-    padded[:, :n] = a[:, 1:]
-    stride = padded.strides[1]
-    hankel = np.lib.stride_tricks.as_strided(padded, shape=(rows, n, n),
-                                             strides=(padded.strides[0], stride, stride))
-    return _mod((hankel @ s[:, :, None])[..., 0]).astype(np.int64)
+    # c_k = sum_t a_{k+t+1} s_t: each row's correlation of a_1.. with s, from lag 0 on
+    high = a[:, 1:].astype(np.float64)
+    c = np.stack([np.correlate(high[r], s[r], mode="full")[n - 1:] for r in range(rows)])
+    return _mod(c).astype(np.int64)
 
 
 def _mod(v: np.ndarray) -> np.ndarray:
