@@ -138,3 +138,20 @@ def test_a_commitment_that_does_not_fit_is_an_impossible_output(model_dir: Path)
     empty = replace(requests[0], max_tokens=0)
     (none,) = score_outputs(engine, [empty], [()], commitments=[good[0]])
     assert none.problem == "a commitment for an empty output"
+
+
+@pytest.mark.parametrize("width", [100, 4096, 8192, 40000])
+def test_top_k_over_magnitude_bits_selects_what_bf16_magnitudes_select(width: int) -> None:
+    """`_top_rows` ranks int16 keys (the bf16 bits, sign cleared), unsorted; its selection
+    is torch's top-k of the bf16 magnitudes, ties at the boundary included (values on a
+    coarse grid), on both of torch's selection paths (nth_element, partial sort), and on
+    a row holding NaNs."""
+    gen = torch.Generator().manual_seed(width)
+    rows = (torch.randn(6, width, generator=gen) * 4).round() / 4
+    rows[5, :: max(1, width // 7)] = float("nan")
+    idx, bits = commitments._top_rows(rows)
+    values = rows.to(torch.bfloat16)
+    want = values.abs().topk(min(TOPK, width), dim=1).indices
+    assert (np.sort(idx, axis=1) == np.sort(want.numpy(), axis=1)).all()
+    got = values.gather(1, torch.from_numpy(idx)).view(torch.int16).numpy().astype(np.int64)
+    assert (bits == got & 0xFFFF).all()

@@ -122,9 +122,10 @@ class FusedLayers:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' RMSNorm, op for op (fp32 statistics, weight times the cast back):
-        the layers' norms and the decoder's final one."""
-        if x.dtype == torch.float32:
-            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        the layers' norms and the decoder's final one. In fp32 the ops write into their own
+        temporaries (same kernels, same values, fewer allocations per decode step)."""
+        if x.dtype == torch.float32 == weight.dtype:  # in place on its own temporaries
+            return (x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()).mul_(weight)
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -133,21 +134,24 @@ class FusedLayers:
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """transformers' rotation of the first cos.shape[-1] dims of each head (all of them
-        but on Phi-3's partial rotary)."""
+        but on Phi-3's partial rotary), q * cos + cat(-q2, q1) * sin, with `sin`'s first
+        half negated in the table (`_tables`) rather than q2 at every layer: a product's
+        sign moves exactly, so the values are the same."""
         dim = cos.shape[-1]
         rot = x if dim == x.shape[-1] else x[..., :dim]
         half = dim // 2
-        out = rot * cos + torch.cat((-rot[..., half:], rot[..., :half]), dim=-1) * sin
+        out = (rot * cos).add_(torch.cat((rot[..., half:], rot[..., :half]), dim=-1).mul_(sin))
         return out if rot is x else torch.cat((out, x[..., dim:]), dim=-1)
 
     def _tables(self, h: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [positions, rotary dim] from the model's rotary module, for positions
-        0..need-1 at least (a position's row does not depend on the others: `fuse_layers`
-        admits no length-dependent rotary)."""
+        """cos and sin, the first half of sin negated (`_rope`), [positions, rotary dim]
+        from the model's rotary module, for positions 0..need-1 at least (a position's row
+        does not depend on the others: `fuse_layers` admits no length-dependent rotary)."""
         if self.cos.shape[0] < need or self.cos.dtype != h.dtype or self.cos.device != h.device:
             n = max(need, 2 * self.cos.shape[0], 256)
             cos, sin = self.rotary(h, torch.arange(n, device=h.device)[None])
-            self.cos, self.sin = cos[0], sin[0]
+            half = sin.shape[-1] // 2
+            self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), -1)
         return self.cos, self.sin
 
     def run(self, h: torch.Tensor, position_ids: torch.Tensor, cache: DecodeCache,
@@ -179,9 +183,10 @@ class FusedLayers:
             att = F.scaled_dot_product_attention(
                 qk[:, :, : self.heads].transpose(1, 2), k, v, attn_mask=mask,
                 is_causal=q > 1 and mask is None, scale=self.scaling, enable_gqa=gqa)
-            h = h + F.linear(att.transpose(1, 2).reshape(batch, q, nq), w.o, w.o_bias)
+            # residuals added into the fresh projections (x + y is y + x, bit for bit)
+            h = F.linear(att.transpose(1, 2).reshape(batch, q, nq), w.o, w.o_bias).add_(h)
             gate, up = F.linear(self.norm(h, w.norm2), w.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(self.act(gate) * up, w.down)
+            h = F.linear(self.act(gate).mul_(up), w.down).add_(h)
         cache.advance(q)
         return h
 

@@ -345,14 +345,17 @@ class TorchEngine(TextEngine):
                      ) -> tuple[list[list[int]], list[list[float]], list[torch.Tensor]]:
         """Each request's tokens, logprobs and (with commitments on) hidden states [T, d]
         from the per-step records of `_generate_batch`."""
+        if not steps:
+            return [[] for _ in range(n)], [[] for _ in range(n)], [torch.empty(0, 0)] * n
+        live = steps[0][0]
+        if all(s[0] is live for s in steps):  # no row left early: each record a column
+            return self._gather_columns(n, live, steps)
         at: list[list[int]] = [[] for _ in range(n)]  # each row's entries in the flat steps
         offset = 0
         for live, *_ in steps:
             for row, i in enumerate(live):
                 at[i].append(offset + row)
             offset += len(live)
-        if not steps:
-            return [[] for _ in range(n)], [[] for _ in range(n)], [torch.empty(0, 0)] * n
         ids = torch.cat([s[1] for s in steps]).tolist()
         lps = torch.cat([s[2] for s in steps]).tolist()
         tokens = [[ids[k] for k in row] for row in at]
@@ -363,6 +366,22 @@ class TorchEngine(TextEngine):
             order = torch.tensor([k for row in at for k in row], device=hidden.device)
             states = list(hidden.index_select(0, order).split([len(row) for row in at]))
             states = [h if h.shape[0] else torch.empty(0, 0) for h in states]
+        return tokens, logprobs, states
+
+    def _gather_columns(self, n: int, live: list[int], steps: list[list[Any]]
+                        ) -> tuple[list[list[int]], list[list[float]], list[torch.Tensor]]:
+        """`_gather_rows` where every step had the same live rows: the records stacked
+        side by side are the rows' outputs, with no per-entry indexing."""
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        states: list[torch.Tensor] = [torch.empty(0, 0)] * n
+        ids = torch.stack([s[1] for s in steps], 1).tolist()
+        lps = torch.stack([s[2] for s in steps], 1).tolist()
+        hidden = torch.stack([s[3] for s in steps], 1).unbind(0) if self.commit else ()
+        for row, i in enumerate(live):
+            tokens[i], logprobs[i] = ids[row], lps[row]
+            if self.commit:
+                states[i] = hidden[row]
         return tokens, logprobs, states
 
     # ----------------------------------------------------------------- score
