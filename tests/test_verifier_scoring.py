@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TRAINED_MODEL, TRAINED_PROMPTS
 
 from market.engine.base import GenerationRequest
 from market.engine.sampling import (
@@ -205,6 +206,31 @@ def test_drift_counts_chunks_of_real_commitments(engine: TorchEngine,
     monkeypatch.setitem(DRIFT, key, {"bf16/fp32": 100.0})
     assert all(s.drifted_chunks == 0 and s.drift_chunks == s.chunks - s.failed_chunks
                for s in scored())
+
+
+def test_int8_weights_drift_under_an_fp16_declaration(trained_engine: TorchEngine) -> None:
+    """On the trained model int8 weights' chunks fit inside fp16's tolerance but lie above
+    its drift line, where an honest fp16 miner's stay under it (real forward passes): the
+    commitments alone fail the int8 miner's outputs."""
+    reqs = [GenerationRequest(trained_engine.encode_prompt(p), 64) for p in TRAINED_PROMPTS]
+    found = {}
+    for precision in ("fp16", "int8"):
+        miner = TorchEngine(TRAINED_MODEL, precision=precision)
+        outs = miner.generate(reqs)
+        miner.close()
+        found[precision] = score_outputs(trained_engine, reqs, ids(outs), finish(outs),
+                                         precision="fp16",
+                                         commitments=[o.commitment for o in outs])
+    honest, int8 = found["fp16"], found["int8"]
+    assert sum(s.failed_chunks for s in honest + int8) == 0  # the tolerance sees neither
+    checked = sum(s.drift_chunks for s in int8)
+    assert checked >= len(reqs) and sum(s.drifted_chunks for s in int8) > 0.9 * checked
+    assert sum(s.drifted_chunks for s in honest) <= 1
+    commitments_only = [replace(s, greedy_log_ratios=(0.0,) * len(GREEDY_EXPONENTS))
+                        for s in int8]
+    verdict = judge(commitments_only)
+    assert not verdict.passed and "activation commitments" in verdict.reason
+    assert judge(honest).passed
 
 
 def test_a_short_last_chunk_is_counted_but_never_tested(engine: TorchEngine,
