@@ -26,15 +26,17 @@ from __future__ import annotations
 Pair = tuple[float, tuple[int, float, float]]
 
 CALIBRATED: dict[str, dict[str, Pair]] = {
-    # quarry-tiny: `market model create` with its defaults (the demo's and most tests' model)
+    # quarry-tiny: `market model create` with its defaults (the demo's and most tests' model).
+    # fp16/fp32's beta from a second sample (2026-11-28): largest gap 0.025 where the first
+    # had 0.012 (smallest fitting scale 0.0075); the second sample's other pairs fit.
     "0x6b69454fa9c1856ab18838ed2975cee46a953be718aedb249f7e75e6f664e0fc": {
         "fp32/fp32": (0.005, (6, 0.52, 1.0)),
-        "fp16/fp32": (0.0097, (10, 2.34, 1.0)),
+        "fp16/fp32": (0.015, (10, 2.34, 1.0)),
         "bf16/fp32": (0.1125, (12, 3.16, 3.0)),
         "fp8/fp32": (0.7303, (28, 5.95, 5.0)),
         "int8/fp32": (0.2, (16, 2.92, 3.0)),
         "fp32/bf16": (0.1175, (18, 3.68, 4.0)),
-        "fp16/bf16": (0.1222, (22, 5.5, 4.0)),
+        "fp16/bf16": (0.1275, (22, 5.5, 4.0)),
         "bf16/bf16": (0.225, (24, 6.32, 6.0)),
         "fp8/bf16": (0.8428, (40, 9.11, 8.0)),
         "int8/bf16": (0.3125, (28, 6.08, 6.0)),
