@@ -429,17 +429,21 @@ def test_reading_the_plan_never_writes_nor_asks_the_chain(swarm_factory: Any,
     """`GET /swarms/{id}/plan` re-planned in a write transaction and read the chain's clock
     on every call. Now a member gone silent past the TTL leaves the plan as stored (no
     version, no RPC call) until a member's join re-plans."""
-    s: Swarm = swarm_factory(swarm_member_ttl_s=4.0, rpc_url=rpc_front.url)
+    # A TTL with room for slow joins on a busy machine: the others' second joins must land
+    # after 3 s and before member 4 expires, and they stay alive 3 s past its expiry.
+    ttl = 10.0
+    s: Swarm = swarm_factory(swarm_member_ttl_s=ttl, rpc_url=rpc_front.url)
     s.join(4)
     joined_4 = time.monotonic()  # its last_seen (the market's clock) is no later than this
     for i in (0, 1, 2, 3):
         s.join(i)
     plan = s.api.swarm_plan(s.model_id)
-    time.sleep(2.5)
+    time.sleep(max(0.0, joined_4 + 3.0 - time.monotonic()))
     ts = int(time.time()) + 1
     for i in range(4):  # the others stay; the same declarations re-plan nothing
         assert s.join(i, timestamp=ts)["version"] == plan["version"]
-    time.sleep(max(0.0, joined_4 + 4.5 - time.monotonic()))  # 4 is now past the TTL
+    assert time.monotonic() < joined_4 + ttl, "the others' joins outlasted member 4's TTL"
+    time.sleep(max(0.0, joined_4 + ttl + 0.5 - time.monotonic()))  # 4 is now past the TTL
     rpc_calls, versions = rpc_front.singles + len(rpc_front.batches), _versions(s)
     for _ in range(5):
         assert s.api.swarm_plan(s.model_id) == plan
