@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -615,23 +616,60 @@ def test_rebuild_chunked_and_racing_indexers_agree(devnet: Devnet,
     reset.index(q)
     assert reset.dump() == reference
 
-    # Two indexers (threads, each its own Board on one database) racing from scratch.
+    # Three indexers (threads, each its own Board on one database) racing from scratch, a
+    # block per chunk so that one reads the cursor while another commits (PostgreSQL once
+    # read a cursor and the hash of a later one, outside one snapshot).
     shared = board_at("shared")
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            Board(shared).index(Quarry(net.deployment), max_blocks=3)
+            Board(shared).index(Quarry(net.deployment), max_blocks=1)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=run) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert errors == []
     assert Board(shared).dump() == reference
+
+
+class _InterruptedBoard(Board):
+    """A board whose next read of its cursor lets `interrupt` run first, as when another
+    indexer's chunk commits between two of this one's reads."""
+
+    interrupt: Callable[[], object] | None = None
+
+    def _meta(self, conn: Any, key: str) -> str | None:  # type: ignore[override]
+        value = Board._meta(conn, key)
+        if key == "cursor" and self.interrupt is not None:
+            interrupt, self.interrupt = self.interrupt, None
+            interrupt()
+        return value
+
+
+@pytest.mark.chain
+@pytest.mark.timeout(120)
+def test_an_indexer_reads_its_cursor_and_hash_in_one_snapshot(devnet: Devnet,
+                                                              board_at: BoardPlaces) -> None:
+    """Another indexer advancing the cursor between this one's reads of the cursor and of
+    its block hash is not a chain reset (it once was, on PostgreSQL: CI's racing test)."""
+    net, q = devnet, devnet.q
+    post(net, 2, 1)
+    shared = board_at("shared")
+    mine = _InterruptedBoard(shared)
+    mine.index(q)
+    post(net, 3, 1, tag="later")
+    other = Board(shared)
+    mine.interrupt = lambda: other.index(Quarry(net.deployment))
+    assert mine.index(q) == other.cursor() == q.chain.w3.eth.block_number
+    assert mine.interrupt is None  # it ran
+    reference = Board(board_at("reference"))
+    reference.index(q)
+    assert mine.dump() == reference.dump()
 
 
 @pytest.mark.chain

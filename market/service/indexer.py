@@ -212,7 +212,9 @@ class ChainIndex(BoardBase):
         rpc = q.chain._rpc
         w3 = q.chain.w3
         identity = deployment_identity(q)
-        with self._read() as conn:
+        # One snapshot: on PostgreSQL each statement outside one sees the latest commit, so
+        # a racing indexer's chunk could land between reading the cursor and its hash.
+        with self.snapshot(), self._read() as conn:
             stored_identity = self._meta(conn, "deployment")
             cursor_value = self._meta(conn, "cursor")
             cursor_hash = self._meta(conn, "cursor_hash")
