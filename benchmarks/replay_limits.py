@@ -243,6 +243,7 @@ def collect(args: argparse.Namespace, engines: dict[str, Any], verifier: Any,
     """Every engine's parts per epoch: {name: [{"challenge": part, "audits": part}, ...]}."""
     import torch
 
+    started = time.monotonic()
     rng, audit_rng = random.Random(args.seed), random.Random(args.seed + 2)
     gen = torch.Generator().manual_seed(args.seed)
     seen: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
@@ -255,7 +256,8 @@ def collect(args: argparse.Namespace, engines: dict[str, Any], verifier: Any,
                               _generate(engine, reqs, one_by_one), gen)
                 for part, reqs in (("challenge", challenge), ("audits", audits))})
         say(f"epoch {epoch}: {len(challenge)} sampled challenge requests, {len(audits)} "
-            f"sampled audited ones, {len(engines)} engines")
+            f"sampled audited ones, {len(engines)} engines, "
+            f"{time.monotonic() - started:.0f} s so far")
     return seen
 
 
@@ -285,15 +287,13 @@ def summarise(args: argparse.Namespace, seen: dict[str, list[dict[str, Any]]],
         precision, mode = engines[name][1], engines[name][2]
         m = margins[precision]
         row: dict[str, Any] = {"declared": precision, "margin": m}
-        if not mode:
-            row.update(honest[name])
-        else:
-            row["share_above"] = distance_summary(
-                [d for e in epochs for d in _pool(e, "pooled", "distances")])["share_above"]
+        row.update(honest[name] if not mode else distance_summary(
+            [d for e in epochs for d in _pool(e, "pooled", "distances")]))
         for scope in ("challenge", "pooled"):
-            per_epoch: dict[str, list[Any]] = {"tokens": [], "beyond": [], "replay_best": [],
-                                               "test_best": [], "agree": [],
-                                               "differ_within_margin": []}
+            per_epoch: dict[str, Any] = {"tokens": [], "beyond": [], "replay_best": [],
+                                         "test_best": [], "agree": [],
+                                         "differ_within_margin": [],
+                                         "share_above": {str(g): [] for g in MARGINS}}
             sums = [0.0] * len(ALTERNATIVES)
             if mode and precision == "fp32":
                 per_epoch["exact"], per_epoch["expected"] = [], []
@@ -304,6 +304,9 @@ def summarise(args: argparse.Namespace, seen: dict[str, list[dict[str, Any]]],
                 sums = [a + b for a, b in zip(sums, logs, strict=True)]
                 scores = _pool(e, scope, "scores")
                 own = judge(scores).own[start: start + SAMPLED_WIDTH] if scores else (0.0,)
+                for g in MARGINS:
+                    per_epoch["share_above"][str(g)].append(
+                        round(sum(d > g for d in dist) / len(dist), 4) if dist else None)
                 per_epoch["tokens"].append(len(dist))
                 per_epoch["beyond"].append(beyond)
                 per_epoch["replay_best"].append(round(max(logs), 2))
