@@ -266,6 +266,28 @@ def _pool(epoch: dict[str, Any], scope: str, key: str) -> list[Any]:
     return [x for p in parts for x in epoch[p][key]]
 
 
+def held_out(seen: dict[str, list[dict[str, Any]]], engines: dict[str, Any]
+             ) -> dict[str, Any]:
+    """The in-sample margins make the honest share beyond them 0 by construction; this is
+    the honest share beyond a margin set (the same way) from the first half of the epochs,
+    counted on the second half, per precision."""
+    out: dict[str, Any] = {}
+    half = len(next(iter(seen.values()))) // 2
+    if half < 1:
+        return out
+    for precision in sorted({engines[n][1] for n in seen if not engines[n][2]}):
+        names = [n for n in seen if not engines[n][2] and engines[n][1] == precision]
+        first = [d for n in names for e in seen[n][:half] for d in _pool(e, "pooled",
+                                                                           "distances")]
+        rest = [d for n in names for e in seen[n][half:] for d in _pool(e, "pooled",
+                                                                          "distances")]
+        m = max(MIN_MARGIN, 2 * max(first, default=0.0))
+        out[precision] = {"margin": round(m, 5), "epochs": [1, half],
+                          "tokens_after": len(rest), "beyond_after": sum(d > m for d in rest),
+                          "farthest_after": round(max(rest, default=0.0), 5)}
+    return out
+
+
 def summarise(args: argparse.Namespace, seen: dict[str, list[dict[str, Any]]],
               engines: dict[str, Any]) -> dict[str, Any]:
     """The honest distances, each pair's margin, and per cheat and epoch the replay test's
@@ -335,7 +357,7 @@ def summarise(args: argparse.Namespace, seen: dict[str, list[dict[str, Any]]],
             row["outside_nucleus"] = sum(e[p]["outside_nucleus"] for e in epochs
                                          for p in ("challenge", "audits"))
         results[name] = row
-    return {"margins": margins, "engines": results}
+    return {"margins": margins, "held_out": held_out(seen, engines), "engines": results}
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -392,7 +414,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--client-shards", type=int, default=32)
     parser.add_argument("--audit-rate-bps", type=int, default=1000)
     parser.add_argument("--registered-epochs", type=int, default=3)
-    parser.add_argument("--draws", type=int, default=128,
+    parser.add_argument("--draws", type=int, default=256,
                         help="noise draws per position for the noise cheats' exact ratio")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--threads", type=int, default=1)
