@@ -116,8 +116,10 @@ def replay_distances(logits: Any, targets: Any, uniforms: Any, temperature: floa
     after = torch.cat([from_here[:, 1:], torch.zeros_like(w[:, :1])], -1)  # 1 - through
     u = uniforms.to("cpu", torch.float64)[:, None]
     up = u * top_p
-    lo_need = torch.log(before * (1 - u)) - torch.log(u * from_here)  # -inf at j = 0
-    hi_need = torch.log(up * after) - torch.log(through * (1 - up))  # -inf at the last j
+    lo_need = torch.log(before * (1 - u)) - torch.log(u * from_here)
+    lo_need[:, 0] = -math.inf  # nothing before the first: lo = 0 <= u, even at u = 0
+    hi_need = torch.log(up * after) - torch.log(through * (1 - up))
+    hi_need[:, -1] = -math.inf  # everything through the last: hi = 1 >= u p
     positions = torch.arange(w.shape[1]).expand_as(w)
     inf = torch.full_like(w, math.inf)
     lo = torch.where(positions <= rank, torch.maximum(gap, lo_need), inf).min(-1).values
@@ -195,11 +197,6 @@ def _generate(engine: Any, requests: list[Any], one_by_one: bool) -> list[Any]:
     if one_by_one:
         return [engine.generate([r])[0] for r in requests]
     return list(engine.generate(requests))
-
-
-def _blank() -> dict[str, Any]:
-    return {"distances": [], "agree": [], "exact": [], "expected": [], "test_best": [],
-            "outside_nucleus": 0}
 
 
 def observe(args: argparse.Namespace, verifier: Any, engine: Any, precision: str, mode: str,

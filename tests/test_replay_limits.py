@@ -33,6 +33,7 @@ def test_hand_worked_distances() -> None:
     assert one([0.75, 0.25], 0, 0.9) == pytest.approx(log3)  # needs token 1's mass above
     assert one([0.75, 0.25], 1, 0.5) == pytest.approx(log3)
     assert one([0.75, 0.25], 1, 0.5, temperature=2.0) == pytest.approx(2 * log3)
+    assert one([0.75, 0.25], 0, 0.0) == 0.0 and one([0.75, 0.25], 1, 0.0) == pytest.approx(log3)
     assert one([0.75, 0.25], 0, 0.9, top_p=0.5) == 0.0  # a nucleus of token 0 alone
     assert one([0.75, 0.25], 1, 0.3, top_p=0.5) == pytest.approx(log3)
     # mass through token 1 is 0.8 < u = 0.85: 0.8 e^g / (0.8 e^g + 0.2) = 0.85 at 17 / 12
