@@ -17,6 +17,8 @@ per epoch beside what `verifier.scoring` gathers, on the trained test model:
   tokens are counted apart (`outside_nucleus`, and their expected number under the cheat),
   and the ratio and its expectation cover the tokens inside (the test itself judges an
   outside token against the untruncated distribution: rounding at the edge is no cheat).
+- `top-k-K`: every sampled step draws from the nucleus of the K most likely tokens' own
+  softmax (a subset of the honest nucleus), so its ratio is exact without draws.
 
 Each epoch is what the committee looks at in `benchmarks/detection.py`: one challenge
 (`draw_challenge_set`, the committee's 16 requests x 64 tokens) and the miner's audited
@@ -49,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import detection  # noqa: E402
 
 THRESHOLD = math.log(1e6)
+EXACT_FAMILIES = ("likely-end-", "sampled-noise-", "top-k-")
+"""The cheats whose exact likelihood ratio `exact_log_ratio` computes."""
 AUDIT_REQUESTS = 4
 AUDIT_MAX_TOKENS = 32
 
@@ -97,9 +101,15 @@ def exact_log_ratio(mode: str, logits: Any, tokens: tuple[int, ...], temperature
                 total += -math.log(float(q[best])) if y == best else -math.inf
                 expected += -math.log(float(q[best]))
             continue
-        noise = torch.randn(draws, row.shape[0], generator=gen, dtype=torch.float64)
-        r = _nucleus_rows(row.to(torch.float64)[None] + level * noise, temperature,
-                          top_p).mean(0)
+        if family == "top-k":
+            raw = row.float()
+            kth = torch.topk(raw, int(level)).values[-1]
+            r = _nucleus_rows(raw.masked_fill(raw < kth, float("-inf"))[None], temperature,
+                              top_p)[0]
+        else:
+            noise = torch.randn(draws, row.shape[0], generator=gen, dtype=torch.float64)
+            r = _nucleus_rows(row.to(torch.float64)[None] + level * noise, temperature,
+                              top_p).mean(0)
         inside = q > 0
         outside_mass += float(r[~inside].sum())
         r_in = r * inside / r[inside].sum()
@@ -257,8 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3, help="epochs (3: the target)")
     parser.add_argument("--modes", default="likely-end-0.1,sampled-noise-0.25,"
-                        "sampled-noise-0.5", help="comma-separated likely-end-* and "
-                        "sampled-noise-* modes of miner.cheats")
+                        "sampled-noise-0.5", help="comma-separated likely-end-*, "
+                        "sampled-noise-* and top-k-* modes of miner.cheats")
     parser.add_argument("--requests", type=int, default=committee.challenge_requests)
     parser.add_argument("--max-tokens", type=int, default=committee.challenge_max_tokens)
     parser.add_argument("--client-shards", type=int, default=32,
@@ -277,9 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in args.modes if m not in SAMPLING_MODES
-           or not m.startswith(("likely-end-", "sampled-noise-"))]
+           or not m.startswith(EXACT_FAMILIES)]
     if bad:
-        parser.error(f"not a likely-end or sampled-noise mode: {', '.join(bad)}")
+        parser.error(f"not a likely-end, sampled-noise or top-k mode: {', '.join(bad)}")
     if args.smoke:
         args.epochs, args.requests, args.max_tokens, args.client_shards = 1, 2, 8, 1
         args.draws, args.audit_rate_bps = 8, 10_000
