@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -670,6 +671,55 @@ def test_an_indexer_reads_its_cursor_and_hash_in_one_snapshot(devnet: Devnet,
     reference = Board(board_at("reference"))
     reference.index(q)
     assert mine.dump() == reference.dump()
+
+
+class _StraddledBoard(Board):
+    """A board whose next read runs `interrupt` right after its first statement, as when an
+    indexer's chunk commits between two statements of one answer."""
+
+    interrupt: Callable[[], object] | None = None
+
+    @contextmanager
+    def _read(self) -> Iterator[Any]:
+        with super()._read() as conn:
+            board = self
+
+            class AfterFirst:
+                def execute(self, *args: Any) -> Any:
+                    result = conn.execute(*args)
+                    if board.interrupt is not None:
+                        interrupt, board.interrupt = board.interrupt, None
+                        interrupt()
+                    return result
+
+            yield AfterFirst() if self.interrupt is not None else conn
+
+
+@pytest.mark.chain
+@pytest.mark.timeout(120)
+def test_a_job_is_read_from_one_state_of_the_board(devnet: Devnet,
+                                                    board_at: BoardPlaces) -> None:
+    """A task cancelled and indexed between reading its row and its shards is answered
+    as it was before (cancelled False, shards Open) or after, never half of each."""
+    net, q = devnet, devnet.q
+    task_id, _ = post(net, 4, 2)
+    shared = board_at("shared")
+    board = _StraddledBoard(shared)
+    board.index(q)
+    other = Board(shared)
+
+    def cancel() -> None:
+        q.tasks.cancel_task(net.client, task_id)
+        other.index(q)
+
+    board.interrupt = cancel
+    job = board.job(task_id)
+    assert board.interrupt is None  # it ran
+    assert job is not None and not job["cancelled"]
+    assert [s["state"] for s in job["shards"]] == ["Open", "Open"]
+    after = board.job(task_id)
+    assert after is not None and after["cancelled"]
+    assert [s["state"] for s in after["shards"]] == ["Refunded", "Refunded"]
 
 
 @pytest.mark.chain

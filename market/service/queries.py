@@ -41,8 +41,9 @@ class BoardQueries(BoardBase):
     def job(self, task_id: int) -> dict[str, Any] | None:
         """The task with every shard, dispute, availability challenge and proven billing
         fault, or None when the board has no such task. Shard k covers requests
-        [k*shardSize, min((k+1)*shardSize, numRequests))."""
-        with self._read() as conn:
+        [k*shardSize, min((k+1)*shardSize, numRequests)). One snapshot: a task row and its
+        shards are never from either side of an indexed chunk."""
+        with self.snapshot(), self._read() as conn:
             task = conn.execute("SELECT * FROM tasks WHERE task_id=?", (task_id,)).fetchone()
             if task is None:
                 return None
@@ -62,8 +63,9 @@ class BoardQueries(BoardBase):
         return out
 
     def jobs(self, client: str | None = None) -> list[dict[str, Any]]:
-        """Every task (of `client` when given), oldest first, without its shard list."""
-        with self._read() as conn:
+        """Every task (of `client` when given), oldest first, without its shard list (its
+        shard counts, read in the tasks' snapshot)."""
+        with self.snapshot(), self._read() as conn:
             if client is None:
                 tasks = conn.execute("SELECT * FROM tasks ORDER BY task_id").fetchall()
             else:
@@ -182,7 +184,7 @@ class BoardQueries(BoardBase):
         task, so also not `onProbation` (a new or re-registered miner that has not yet passed
         the committee's challenges, or one that missed too many in a row, may claim only
         tasks that allow it). `standing` says it in a word (`market.standing`)."""
-        with self._read() as conn:
+        with self.snapshot(), self._read() as conn:
             rows = conn.execute(
                 "SELECT m.*, h.timestamp AS hb_time, h.status AS hb_status FROM miners m "
                 "LEFT JOIN heartbeats h ON h.miner = m.address WHERE m.active=1 "
@@ -335,7 +337,7 @@ class BoardQueries(BoardBase):
             "disputes": dict.fromkeys(DISPUTE_STATUS[1:], 0),
             "challenges": dict.fromkeys(CHALLENGE_STATUS[1:], 0),
         }
-        with self._read() as conn:
+        with self.snapshot(), self._read() as conn:
             for state, n in conn.execute("SELECT state, COUNT(*) FROM shards GROUP BY state"):
                 out["shards"][STATE_NAMES[state]] = n
             for status, n in conn.execute("SELECT status, COUNT(*) FROM disputes GROUP BY "
@@ -358,7 +360,7 @@ class BoardQueries(BoardBase):
         keys = {"events": "block, log_index", "tasks": "task_id", "shards": "task_id, shard",
                 "miners": "address", "disputes": "dispute_id", "challenges": "challenge_id",
                 "billing_faults": "task_id, shard"}
-        with self._read() as conn:
+        with self.snapshot(), self._read() as conn:
             return {t: [tuple(r) for r in conn.execute(f"SELECT * FROM {t} ORDER BY {k}")]
                     for t, k in keys.items()}
 
