@@ -221,23 +221,31 @@ def measure(args: argparse.Namespace, mode: str, engines: dict[str, Any], verifi
     return out
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def reference(args: argparse.Namespace, work: Path) -> tuple[Path, Any, Any]:
+    """`args.model`'s directory (the tiny one made in `work`), its manifest and the fp32
+    verifier's engine, with torch at `args.threads` threads."""
     import torch
 
     from market.engine.torch_engine import TorchEngine
     from market.model.create import create_model
     from market.model.manifest import load_manifest
-    from miner.cheats import cheating_engine
 
     torch.set_num_threads(args.threads)
-    started = time.monotonic()
     if args.model == "tiny":
         model_dir = work / "tiny"
         manifest = create_model(model_dir)
     else:
         model_dir = detection.TRAINED_MODEL if args.model == "trained" else Path(args.model)
         manifest = load_manifest(model_dir)
-    verifier = TorchEngine(model_dir, precision="fp32", device="cpu")
+    return model_dir, manifest, TorchEngine(model_dir, precision="fp32", device="cpu")
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from market.engine.torch_engine import TorchEngine
+    from miner.cheats import cheating_engine
+
+    started = time.monotonic()
+    model_dir, manifest, verifier = reference(args, work)
     engines: dict[str, Any] = {"honest": TorchEngine(model_dir, precision="fp32",
                                                      device="cpu")}
     modes: dict[str, Any] = {}

@@ -50,7 +50,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import detection  # noqa: E402
 import evidence_limits  # noqa: E402
 
 THRESHOLD = math.log(1e6)
@@ -358,21 +357,8 @@ def summarise(args: argparse.Namespace, seen: dict[str, list[dict[str, Any]]],
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    import torch
-
-    from market.engine.torch_engine import TorchEngine
-    from market.model.create import create_model
-    from market.model.manifest import load_manifest
-
-    torch.set_num_threads(args.threads)
     started = time.monotonic()
-    if args.model == "tiny":
-        model_dir = work / "tiny"
-        manifest = create_model(model_dir)
-    else:
-        model_dir = detection.TRAINED_MODEL if args.model == "trained" else Path(args.model)
-        manifest = load_manifest(model_dir)
-    verifier = TorchEngine(model_dir, precision="fp32", device="cpu")
+    model_dir, manifest, verifier = evidence_limits.reference(args, work)
     engines = _engines(args, model_dir, work)
     seen = collect(args, engines, verifier, manifest)
     summary = summarise(args, seen, engines)
