@@ -61,6 +61,8 @@ from market.engine.threads import set_threads
 from market.errors import QuarryError
 
 HEARTBEAT_S = 0.25
+ANNOUNCE_LINGER_MS = 30_000
+"""How long a locally spawned stage waits for its announcement to reach the engine."""
 
 
 @dataclass
@@ -97,9 +99,10 @@ class _Control:
             except zmq.Again:
                 pass  # driver gone or slow; heartbeats are best effort
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; `linger_ms` > 0 first waits that long for queued messages to go out."""
         with self._lock:
-            self._sock.close(linger=0)
+            self._sock.close(linger=linger_ms)
 
 
 class StageServer:
@@ -170,8 +173,10 @@ class StageServer:
             # Locally spawned: tell the parent where we listen (the port may have been '*').
             ctl = _Control(self.ctx, announce)
             ctl.send({"t": "announce", "listen": self.listen, "pid": os.getpid()})
-            time.sleep(0.05)
-            ctl.close()
+            # Wait for it to go out: the engine waits for nothing else, and a connection
+            # still being made when a 0-linger close dropped it (a loaded machine starting
+            # four stages at once) left a stage "not started" for good.
+            ctl.close(linger_ms=ANNOUNCE_LINGER_MS)
 
     # -- lifecycle ----------------------------------------------------------------------
     def serve(self) -> None:
