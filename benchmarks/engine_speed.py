@@ -1,13 +1,16 @@
 """How fast the torch engine decodes, against plain transformers `generate` and against a
 minimal hand-written loop near what the CPU allows.
 
-    python benchmarks/engine_speed.py [--smoke] [--tokens N] [--rounds R] [--threads 1,2]
+    python benchmarks/engine_speed.py [--smoke] [--tokens 32,128] [--rounds R] [--threads 1,2]
 
 Two random-init Llama models made by `market model create` into a temporary directory (the
 tiny 4 x 128 and 8 x 512), batch sizes 1, 8 and 32 of random prompts of 9 to 16 tokens
-(left-padded, as a miner's batches are; a batch of 1 has none), greedy,
-a fixed number of new tokens (stop tokens ignored by all three), with one torch thread and
-with all of them. The three contenders run alternately, round after round, in one process,
+(left-padded, as a miner's batches are; a batch of 1 has none), greedy, a fixed number of
+new tokens (stop tokens ignored by all three): 32 and 128 by default, because `generate`'s
+per-step costs grow with the length (each step concatenates its cache and builds its mask
+over every key so far) while a batch's fixed costs (prefill, commitments, texts) shrink per
+token, and batch jobs' outputs run to hundreds of tokens. With one torch thread and with
+all of them. The three contenders run alternately, round after round, in one process,
 so machine noise hits them alike; each figure is the median round's tokens/s (wall clock,
 prefill included), and again in the process's CPU time (one thread: the work done, without
 the time a loaded machine kept the process waiting for a core). Quarry is
@@ -214,7 +217,8 @@ def measure_threads(engine: TorchEngine, batch: int, new_tokens: int, rounds: in
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="seconds; figures meaningless")
-    ap.add_argument("--tokens", type=int, default=32, help="new tokens per row")
+    ap.add_argument("--tokens", default="32,128",
+                    help="new tokens per row, comma-separated lengths (default: 32,128)")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per point")
     ap.add_argument("--threads", default="",
                     help="thread counts of the three-way comparison, comma-separated "
@@ -231,7 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--models takes sizes like 4x128,8x512, got {args.models!r}")
     models = [(4, 128)] if args.smoke else [(m[0], m[1]) for m in picked]
     batches = [1, 2] if args.smoke else [1, 8, 32]
-    tokens, rounds = (4, 1) if args.smoke else (args.tokens, args.rounds)
+    try:
+        lengths = sorted({int(t) for t in args.tokens.split(",") if t.strip()})
+    except ValueError:
+        ap.error(f"--tokens takes lengths like 32,128, got {args.tokens!r}")
+    if not lengths or lengths[0] < 1:
+        ap.error(f"--tokens takes lengths >= 1 like 32,128, got {args.tokens!r}")
+    lengths, rounds = ([4], 1) if args.smoke else (lengths, args.rounds)
     all_threads = torch.get_num_threads()  # torch's default: one per CPU
     try:
         thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()}
@@ -252,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             counts = {"default": all_threads, "picked": engine.threads}
             for batch in batches:
                 point = {"model": name, "load_s": round(load_s, 2),
-                         **measure_threads(engine, batch, tokens, rounds, batch, counts)}
+                         **measure_threads(engine, batch, lengths[0], rounds, batch, counts)}
                 thread_points.append(point)
                 tps = point["tokens_per_s"]
                 print(f"{name:>7} batch {batch:>2}: torch's {all_threads} threads "
@@ -261,22 +271,27 @@ def main(argv: list[str] | None = None) -> int:
             plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
             for threads in thread_counts:
                 torch.set_num_threads(threads)
-                for batch in batches:
-                    point = {"model": name, "threads": threads,
-                             **measure(engine, plain, batch, tokens, rounds, seed=batch)}
-                    points.append(point)
-                    tps = point["tokens_per_s"]
-                    print(f"{name:>7} threads {threads} batch {batch:>2}: quarry "
-                          f"{tps['quarry']:8.1f} tok/s, generate {tps['generate']:8.1f}, hand "
-                          f"{tps['hand']:8.1f}  -> x{point['vs_generate']:.2f} of generate, "
-                          f"x{point['vs_hand']:.2f} of the hand loop; CPU time: "
-                          f"x{point['vs_generate_cpu']:.2f}, x{point['vs_hand_cpu']:.2f}",
-                          flush=True)
+                for tokens in lengths:
+                    for batch in batches:
+                        point = {"model": name, "threads": threads, "new_tokens": tokens,
+                                 **measure(engine, plain, batch, tokens, rounds, seed=batch)}
+                        points.append(point)
+                        _print_point(point)
             torch.set_num_threads(all_threads)
-    print(json.dumps({"benchmark": "engine_speed", "smoke": args.smoke, "new_tokens": tokens,
+    print(json.dumps({"benchmark": "engine_speed", "smoke": args.smoke, "new_tokens": lengths,
                       "prompt_len": PROMPT_LEN, "rounds": rounds, "usable_cpus": usable_cpus(),
                       "points": points, "threads": thread_points}))
     return 0
+
+
+def _print_point(point: dict[str, Any]) -> None:
+    tps = point["tokens_per_s"]
+    print(f"{point['model']:>7} threads {point['threads']} {point['new_tokens']:>3} tokens "
+          f"batch {point['batch']:>2}: quarry "
+          f"{tps['quarry']:8.1f} tok/s, generate {tps['generate']:8.1f}, hand "
+          f"{tps['hand']:8.1f}  -> x{point['vs_generate']:.2f} of generate, "
+          f"x{point['vs_hand']:.2f} of the hand loop; CPU time: "
+          f"x{point['vs_generate_cpu']:.2f}, x{point['vs_hand_cpu']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ from market.errors import QuarryError
 
 HEARTBEAT_S = 0.25
 ANNOUNCE_LINGER_MS = 30_000
-"""How long a locally spawned stage waits for its announcement to reach the engine."""
+"""How long a locally spawned stage's announcement stays queued for the engine's connection
+(zmq's linger: sent once the connection exists, dropped after this)."""
 
 
 @dataclass
@@ -100,7 +101,8 @@ class _Control:
                 pass  # driver gone or slow; heartbeats are best effort
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close; `linger_ms` > 0 first waits that long for queued messages to go out."""
+        """Close at once; with `linger_ms` > 0, zmq's I/O thread keeps sending the queued
+        messages for up to that long (terminating the context waits for them)."""
         with self._lock:
             self._sock.close(linger=linger_ms)
 
