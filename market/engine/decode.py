@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from market.model.archs import Arch, layer_types
@@ -151,8 +152,14 @@ class DecodeCache:
 def embed(embed_tokens: nn.Module, arch: Arch, hidden_size: int, ids: torch.Tensor
           ) -> torch.Tensor:
     """Token embeddings as the model class computes them (Gemma scales them by
-    sqrt(hidden) in the model's dtype)."""
-    h = embed_tokens(ids)
+    sqrt(hidden) in the model's dtype). A plain `nn.Embedding` is looked up with the call its
+    forward makes, without the module call's per-step overhead."""
+    if type(embed_tokens) is nn.Embedding:
+        e = embed_tokens
+        h = F.embedding(ids, e.weight, e.padding_idx, e.max_norm, e.norm_type,
+                        e.scale_grad_by_freq, e.sparse)
+    else:
+        h = embed_tokens(ids)
     if arch.embed_scaled:
         h = h * torch.tensor(hidden_size**0.5, dtype=h.dtype)
     return h
