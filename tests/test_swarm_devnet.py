@@ -16,12 +16,12 @@ One scenario on one module-scoped stack (lean: few requests and tokens):
    `swarmSplit` share (escrow credits to the wei), and every reclaim slashes the penalty
    from that swarm's head alone, never from another member's stake.
 
-Then, on the same stack, three more `miner run` processes serve a 6-layer Gemma 2 model (the
-architecture furthest from Llama: scaled and tied embeddings, sliding-window layers between
-full ones, soft-capped attention and logits) as a swarm of 2 layers each, and a client job's
-outputs equal the single-process engine's. The other architectures' stages are checked in
-process, per architecture (tests/test_archs.py): one devnet per architecture would cost
-about 30 s each.
+Then, on the same stack, every other architecture the engines serve (`market.model.archs`:
+Qwen 2 and 3, Mistral, Gemma 2 and 3, Phi-3) is served by three more `miner run` processes
+as a swarm of 2 of its 6 layers each, and a client job's outputs equal the single-process
+engine's, past the sliding window where the architecture has one. Each architecture's
+members are fresh accounts (a miner registers once); the stack is shared, so each adds only
+its members' start-up and one job.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from typing import Any
 
 import pytest
 from conftest import write_miner_config
+from web3.types import RPCEndpoint
 
-from market.chain.client import anvil_account
+from market.chain.client import Chain, anvil_account
 from market.chain.contracts import ShardState
 from market.local.processes import ManagedProcess, spawn
 from market.local.stack import LocalStack
@@ -53,10 +54,13 @@ CLIENT = anvil_account(1)
 MEMBERS = {"a": (12, 3, 2.0), "b": (13, 5, 1.0), "c": (14, 5, 1.5), "d": (15, 7, 1.0),
            "e": (16, 5, 2.0)}
 FIRST_FOUR = ("a", "b", "c", "d")
-# The Gemma 2 swarm: three members whose caps hold 2 of its 6 layers each (so the plan needs
-# all three, and each stage has a sliding and a full attention layer).
-GEMMA_LAYERS = 6
-GEMMA_MEMBERS = {"g1": (17, 5, 1.0), "g2": (18, 5, 1.5), "g3": (19, 5, 2.0)}
+# The other architectures' swarms: three members each, whose caps hold 2 of the model's 6
+# layers (so the plan needs all three, and on Gemma each stage has a sliding and a full
+# attention layer). Anvil funds accounts 0 to 19; the accounts from 20 on are funded here.
+ARCH_LAYERS = 6
+ARCH_ACCOUNTS = {"gemma2": 17, "qwen2": 20, "qwen3": 23, "mistral": 26, "gemma3_text": 29,
+                 "phi3": 32}
+ARCH_MEMBERS = ((5, 1.0), (5, 1.5), (5, 2.0))  # (memory cap MiB, TFLOP/s)
 
 
 @pytest.fixture(scope="module")
@@ -264,33 +268,45 @@ def _name(address: dict[str, str], addr: str) -> str:
 
 
 @pytest.mark.timeout(240)
-def test_a_gemma2_swarm_serves_the_single_process_engines_tokens(stack: LocalStack) -> None:
-    """Three `miner run` processes serve a Gemma 2 model as one swarm (2 layers each): a job
-    through them gives the single-process engine's tokens, past the sliding window."""
+@pytest.mark.parametrize("arch", list(ARCH_ACCOUNTS))
+def test_each_architecture_serves_as_a_swarm_with_the_single_process_engines_tokens(
+        stack: LocalStack, arch: str) -> None:
+    """Three `miner run` processes serve a 6-layer model of `arch` as one swarm (2 layers
+    each): a job through them gives the single-process engine's tokens, past the sliding
+    window where the architecture has one."""
     from client import Client
     from market.engine.torch_engine import TorchEngine
     from market.model.archs import TINY_SLIDING_WINDOW
     from market.model.create import create_model
 
-    model_dir = stack.home / "gemma2"
-    model_id = create_model(model_dir, name="quarry-tiny-gemma2", arch="gemma2",
-                            layers=GEMMA_LAYERS, hidden=64).model_id
-    configs = register_members(stack, model_dir, GEMMA_MEMBERS)
-    address = {anvil_account(account).address for account, _, _ in GEMMA_MEMBERS.values()}
+    first = ARCH_ACCOUNTS[arch]
+    members = {f"{arch}-{i}": (first + i, cap, tflops)
+               for i, (cap, tflops) in enumerate(ARCH_MEMBERS)}
+    w3 = Chain(stack.rpc_url).w3
+    for account, _, _ in members.values():
+        if account >= 20:  # Anvil funded 0 to 19
+            w3.provider.make_request(RPCEndpoint("anvil_setBalance"),
+                                     [anvil_account(account).address, hex(10**22)])
+    name = f"quarry-tiny-{arch}".replace("_", "-")
+    model_dir = stack.home / arch
+    model_id = create_model(model_dir, name=name, arch=arch, layers=ARCH_LAYERS,
+                            hidden=64).model_id
+    configs = register_members(stack, model_dir, members)
+    address = {anvil_account(account).address for account, _, _ in members.values()}
     procs = [start_member(stack, cfg) for cfg in configs.values()]
     try:
         plan = registered_plan(stack, model_id)
         assert {m["address"] for m in plan["members"]} == address
         assert sorted(tuple(m["layers"]) for m in plan["members"]) == [(0, 2), (2, 4), (4, 6)]
-        texts = prompts(3, "gemma")
+        texts = prompts(3, arch)
         engine = TorchEngine(model_dir)
         reqs = [engine.request_from_body({"prompt": t, "max_tokens": 8}) for t in texts]
         assert all(len(r.prompt_ids) > TINY_SLIDING_WINDOW for r in reqs)
         want = [o.token_ids for o in engine.generate(reqs)]
         engine.close()
         with Client(stack.rpc_url, CLIENT.key, stack.market_url) as client:
-            job = client.submit(texts, model="quarry-tiny-gemma2", max_tokens=8, price=PRICE,
-                                shard_size=2, deadline=3600, allow_probation=True)
+            job = client.submit(texts, model=name, max_tokens=8, price=PRICE, shard_size=2,
+                                deadline=3600, allow_probation=True)
             job.wait(progress=False, timeout=150)
             outputs = job.results()  # every receipt, proof and hash checked
         assert [o.token_ids for o in outputs] == want
