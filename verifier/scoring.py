@@ -67,7 +67,7 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   of 42,468 more: an honest fp16 token on the tiny model 0.0155 beyond a 0.005 margin, so
   1 of 137,206, whose 95% bound is 3.5e-5: the margin is not a hard bound, the rate is
   what the test relies on; that token was a first token, whose tails run heavier, so first
-  tokens were measured apart: 2 of 1,090,000 one-token judgements beyond, at most 1 of
+  tokens were measured apart: 2 of 1,100,000 one-token judgements beyond, at most 1 of
   65,000 for any pair, a 95% bound of 7.3e-5), the factor of each checked token, q / eps
   beyond the edge and (1 - q) / (1 - eps) inside, has expectation r q / eps + (1 - r)
   (1 - q) / (1 - eps) at an honest rate r <= eps, which is 1 at r = eps and grows with r
