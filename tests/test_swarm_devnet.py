@@ -56,7 +56,7 @@ MEMBERS = {"a": (12, 3, 2.0), "b": (13, 5, 1.0), "c": (14, 5, 1.5), "d": (15, 7,
 FIRST_FOUR = ("a", "b", "c", "d")
 # The other architectures' swarms: three members each, whose caps hold 2 of the model's 6
 # layers (so the plan needs all three, and on Gemma each stage has a sliding and a full
-# attention layer). Anvil funds accounts 0 to 19; the accounts from 20 on are funded here.
+# attention layer). Each member's balance is set to 10,000 ETH (Anvil funds only 0 to 19).
 ARCH_LAYERS = 6
 ARCH_ACCOUNTS = {"gemma2": 17, "qwen2": 20, "qwen3": 23, "mistral": 26, "gemma3_text": 29,
                  "phi3": 32}
@@ -283,10 +283,9 @@ def test_each_architecture_serves_as_a_swarm_with_the_single_process_engines_tok
     members = {f"{arch}-{i}": (first + i, cap, tflops)
                for i, (cap, tflops) in enumerate(ARCH_MEMBERS)}
     w3 = Chain(stack.rpc_url).w3
-    for account, _, _ in members.values():
-        if account >= 20:  # Anvil funded 0 to 19
-            w3.provider.make_request(RPCEndpoint("anvil_setBalance"),
-                                     [anvil_account(account).address, hex(10**22)])
+    for account, _, _ in members.values():  # Anvil funds only 0 to 19
+        w3.provider.make_request(RPCEndpoint("anvil_setBalance"),
+                                 [anvil_account(account).address, hex(10**22)])
     name = f"quarry-tiny-{arch}".replace("_", "-")
     model_dir = stack.home / arch
     model_id = create_model(model_dir, name=name, arch=arch, layers=ARCH_LAYERS,
