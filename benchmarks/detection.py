@@ -25,9 +25,10 @@ catch it. Each epoch every miner also serves `--client-shards` client shards (de
 of 4 chat requests each, greedy or sampled at 0.7 or 1.0, top_p drawn as challenges draw
 it: the stated share of client traffic); each is audited at the rate of
 `verifier.audits.audit_rate` (base `--audit-rate-bps`, the committee's default 1000,
-doubled while the miner is young: it registered `--registered-epochs` before the run, its
-probation), and an audited shard that fails `judge` is a fault, which (as in the
-committee's reports) puts the miner under the untrusted line in the next epoch's update.
+each shard counting `YOUNG_WEIGHT` = 4 times while the miner is young: it registered
+`--registered-epochs` before the run, its probation), and an audited shard that fails
+`judge` is a fault, which (as in the committee's reports) puts the miner under the
+untrusted line in the next epoch's update.
 Every audited shard, passed or failed, also joins its miner's evidence in the next epoch's
 `judge` call, as the committee pools the audited shards submitted during the epoch before
 each report (`--no-pool-audits`: judged alone only, the comparison). Only audited shards

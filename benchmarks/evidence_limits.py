@@ -283,7 +283,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="client shards per epoch, as in detection.py (32)")
     parser.add_argument("--audit-rate-bps", type=int, default=1000)
     parser.add_argument("--registered-epochs", type=int, default=3,
-                        help="epochs registered before the run (3: young, audited at 19%%)")
+                        help="epochs registered before the run (3: young, audited at 34%%)")
     parser.add_argument("--draws", type=int, default=256,
                         help="noise draws per position for the noise cheats' distribution")
     parser.add_argument("--seed", type=int, default=2024)

@@ -777,13 +777,13 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
     idle.step()
     assert set(idle.cases) == {(t_honest, 0)} and idle.drawn >= 2
     assert idle.cases[t_honest, 0].status == "passed" and idle.cases[t_honest, 0].dispute_id is None
-    assert idle.rates[t_cheat, 0] == 0  # a young miner's doubling leaves no rate at no rate
+    assert idle.rates[t_cheat, 0] == 0  # a young miner's weighting leaves no rate at no rate
     # The draw is a pure function of the submission's block and the rate the chain gives it:
     # at base rate 5000 a desk audits exactly the shards whose draw is under their rate, as
-    # every other member does; the two new miners' shards count twice (0.75).
+    # every other member does; the two new miners' shards count four times (0.9375).
     half = AuditDesk(q, devnet.verifiers[0], api, stack.scorer, rate_bps=5000)
     half._discover()
-    assert half.rates[t_honest, 0] == 10_000 and half.rates[t_cheat, 0] >= 7500
+    assert half.rates[t_honest, 0] == 10_000 and half.rates[t_cheat, 0] >= 9375
     submitted = {(int(ev["taskId"]), int(ev["shard"])): int(ev["blockNumber"])
                  for ev in q.tasks.events("ResultSubmitted", q.deployment.deploy_block)}
     assert set(half.cases) == {key for key, n in submitted.items() if audit_draw(audit_seed(
@@ -868,9 +868,9 @@ def test_audits_catch_a_miner_honest_only_on_challenges(
 
 def test_audit_rate_rule() -> None:
     """The rate every member computes for a shard: the paid rate or the base, whichever is
-    higher; twice the shards for a young miner; k shards for a budget k >= 2 times the
+    higher; four times the shards for a young miner; k shards for a budget k >= 2 times the
     typical one; never above 100%, and nothing where there is no rate at all."""
-    from verifier.audits import YOUNG_EPOCHS, audit_rate
+    from verifier.audits import YOUNG_EPOCHS, YOUNG_WEIGHT, audit_rate
 
     old, b = YOUNG_EPOCHS, 1_000
 
@@ -881,10 +881,11 @@ def test_audit_rate_rule() -> None:
 
     assert rate(1000) == 1000
     assert rate(1000, paid=5000) == 5000 and rate(1000, paid=500) == 1000
-    assert rate(1000, epochs=old - 1) == 1900  # 1 - 0.9^2
+    assert YOUNG_WEIGHT == 4
+    assert rate(1000, epochs=old - 1) == 3439  # 1 - 0.9^4
     assert rate(1000, budget=2 * b - 1) == 1000  # not well above the typical one
     assert rate(1000, budget=3 * b) == 2710  # 1 - 0.9^3
-    assert rate(1000, epochs=0, budget=2 * b) == 3439  # 1 - 0.81^2
+    assert rate(1000, epochs=0, budget=2 * b) == 5696  # 1 - 0.6561^2
     assert rate(1000, budget=10**9 * b) == 9989  # counted as 64 shards: 1 - 0.9^64, rounded up
     assert rate(1000, paid=10_000, epochs=0, budget=50 * b) == 10_000
     assert rate(1000, budget=b, typical=0) == 1000  # no history: no scaling

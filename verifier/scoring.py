@@ -41,9 +41,10 @@ reference is this verifier's engine in its own precision (fp32 by default, or bf
   What no choice of alternatives fixes (`benchmarks/evidence_limits.py`, trained test
   model, 3 epochs): the evidence a test can expect per epoch is at most the KL divergence
   of the cheat's token distribution from the honest one. Ending wherever the stop mass
-  reaches 0.1 gives 5.2 nats per epoch's challenge (9.1 with the epoch's audited shards
-  pooled), of which the c = 0.1 alternative collects 97%; the mixture over 21 sampled
-  alternatives and 3 kinds costs 4.1 nats, so a challenge alone needs 4 epochs on average.
+  reaches 0.1 gives 5.2 nats per epoch's challenge (12.7 with a young miner's audited
+  shards pooled; 9.1 when they counted twice), of which the c = 0.1 alternative collects
+  97%; the mixture over 21 sampled alternatives and 3 kinds costs 4.1 nats, so a challenge
+  alone needs 4 epochs on average.
   Logit noise of 0.25 (0.5) nats on sampled steps gives 0.37 (1.5) nats per challenge on
   the tokens inside the nucleus: 38 (10) epochs for an exact test. What does show it is
   its tokens outside the honest nucleus under top_p < 1 (13 and 24 in 3 epochs; honest
@@ -164,8 +165,9 @@ pooled_shards`), passed or failed, its own challenges left out: fixed by public 
 (the draw's block hash taken as independent of the outputs' evidence, as the audit draw
 already takes it), each output in one epoch only. So pooling keeps the 1e-6 honest bound
 per epoch and the CUSUM's 10^6-epoch average run unchanged, and adds what the epoch's
-audited shards hold (3 to 6 shards of 4 outputs beside a challenge of 16: likely-end 0.1
-gives 5.2 nats per epoch from the challenge and 9.1 pooled, `benchmarks/evidence_limits.py`).
+audited shards hold (3 to 11 shards of 4 outputs beside a challenge of 16: likely-end 0.1
+gives 5.2 nats per epoch from the challenge, 9.1 pooled at two shards a young miner's
+shard and 12.7 at four, `verifier.audits.YOUNG_WEIGHT`; `benchmarks/evidence_limits.py`).
 
 An output the model cannot have produced fails without a forward pass: a token id outside
 the vocabulary, more tokens than max_tokens, a stop token before the end, an output that
