@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 from conftest import write_miner_config
-from web3.types import RPCEndpoint
 
 from market.chain.client import Chain, anvil_account
 from market.chain.contracts import ShardState
@@ -282,10 +281,9 @@ def test_each_architecture_serves_as_a_swarm_with_the_single_process_engines_tok
     first = ARCH_ACCOUNTS[arch]
     members = {f"{arch}-{i}": (first + i, cap, tflops)
                for i, (cap, tflops) in enumerate(ARCH_MEMBERS)}
-    w3 = Chain(stack.rpc_url).w3
+    chain = Chain(stack.rpc_url)
     for account, _, _ in members.values():  # Anvil funds only 0 to 19
-        w3.provider.make_request(RPCEndpoint("anvil_setBalance"),
-                                 [anvil_account(account).address, hex(10**22)])
+        chain.set_balance(anvil_account(account).address, 10**22)
     name = f"quarry-tiny-{arch}".replace("_", "-")
     model_dir = stack.home / arch
     model_id = create_model(model_dir, name=name, arch=arch, layers=ARCH_LAYERS,
