@@ -25,7 +25,9 @@ from market.model.create import create_model
 
 @pytest.fixture(autouse=True)
 def threads_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each case starts in a process that has chosen no count and picked none."""
+    """Each case starts in a process that has chosen no count and picked none (nor was it
+    started with OMP_NUM_THREADS)."""
+    monkeypatch.delenv(threads.OMP_ENV, raising=False)
     monkeypatch.setattr(threads, "_CHOSEN", None)
     monkeypatch.setattr(threads, "_PICKED", {})
     before = torch.get_num_threads()
@@ -60,6 +62,23 @@ def test_a_bad_count_is_refused_by_name() -> None:
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(ThreadsError, match="threads must be a positive integer"):
             check_threads(bad)
+
+
+def test_omp_num_threads_is_the_process_choice_and_a_bad_one_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "tiny"
+    create_model(d, layers=1, hidden=64)
+    monkeypatch.setenv(threads.OMP_ENV, "1")
+    assert TorchEngine(d, device="cpu").threads == 1 == torch.get_num_threads()
+    assert threads._CHOSEN == 1  # engines loaded later keep it, untimed
+    monkeypatch.setattr(threads, "_CHOSEN", None)
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(threads.OMP_ENV, bad)
+        with pytest.raises(ThreadsError, match=f"OMP_NUM_THREADS must be a positive integer, "
+                                               f"got '{bad}'"):
+            TorchEngine(d, device="cpu")
+    monkeypatch.setenv(threads.OMP_ENV, "")  # set but empty: unset
+    assert TorchEngine(d, device="cpu").threads in candidates(usable_cpus())
 
 
 def test_the_torch_engine_takes_a_count_or_the_process_choice_or_picks_one(

@@ -9,10 +9,12 @@ costs more than the operation (engine_speed.py measured 2 threads 10 to 60 times
 than 1 on a busy 2-core box).
 
 So the count is the process's: a script or role that knows it calls `set_threads` (a
-verifier's `--threads`, a stage's); an engine given `threads=N` does the same; an engine
-given none in a process that has not chosen times a few decode steps of its own model at
-1, 2, 4 ... threads up to the CPUs it may use (`pick_threads`) and keeps the fastest, once
-per process and model width (`engine_threads`).
+verifier's `--threads`, a stage's); an engine given `threads=N` does the same; so does a
+process started with `OMP_NUM_THREADS=N` (the operator's choice, which torch itself
+honours: a machine shared by several engine processes); an engine given none in
+a process that has not chosen times a few decode steps of its own model at 1, 2, 4 ...
+threads up to the CPUs it may use (`pick_threads`) and keeps the fastest, once per process
+and model width (`engine_threads`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from market.errors import QuarryError
 
+OMP_ENV = "OMP_NUM_THREADS"
 _INTEROP_SET = False
 _CHOSEN: int | None = None  # the count this process chose (`set_threads`)
 _PICKED: dict[Hashable, int] = {}
@@ -112,10 +115,24 @@ def pick_threads(step: Callable[[], object], cpus: int | None = None, rounds: in
     return chosen
 
 
+def env_threads() -> int | None:
+    """The count `OMP_NUM_THREADS` sets (None where unset or empty); ThreadsError naming it
+    where it is not a positive integer."""
+    raw = os.environ.get(OMP_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ThreadsError(f"{OMP_ENV} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 def engine_threads(threads: int | None, key: Hashable, step: Callable[[], object]) -> int:
     """The count an engine runs with: `threads` where given (then the process's choice);
-    else what the process chose; else `pick_threads(step)` the first time this process
-    meets `key` (a model's operation sizes), the same count again after."""
+    else what the process chose (`set_threads`, or `OMP_NUM_THREADS` at start); else
+    `pick_threads(step)` the first time this process meets `key` (a model's operation
+    sizes), the same count again after."""
+    if threads is None and _CHOSEN is None:
+        threads = env_threads()
     if threads is not None:
         set_threads(threads)
         return threads
