@@ -108,14 +108,15 @@ test-smoke: setup $(ARTIFACTS_STAMP)
 
 # Two lanes, one per core, each led by a pytest half so that both halves start at once: the
 # rest half (the longest job) alone; the long half then ruff, mypy, the Hardhat suite and the
-# benchmarks' smoke runs. Left to `make -j2`, the short jobs, ready first, took a core before
-# the halves did, and the rest half started minutes late.
+# benchmarks' smoke runs, one at a time. Two plain sub-makes, not `make -j2` over the jobs:
+# there the short jobs, ready first, took the cores and the rest half started minutes late.
 test: setup browser $(ARTIFACTS_STAMP)
-	$(MAKE) --no-print-directory -j2 test-python-rest test-lane-long
+	@$(MAKE) --no-print-directory test-python-rest & rest=$$!; \
+	  $(MAKE) --no-print-directory test-lane-long; long=$$?; \
+	  wait $$rest; rest=$$?; [ $$long = 0 ] && [ $$rest = 0 ]
 
-test-lane-long:
-	$(MAKE) --no-print-directory test-python-long
-	$(MAKE) --no-print-directory lint typecheck test-contracts test-smoke
+test-lane-long: test-python-long
+	@$(MAKE) --no-print-directory lint typecheck test-contracts test-smoke
 
 bench: setup $(ARTIFACTS_STAMP)
 	@set -e; for script in benchmarks/[!_]*.py; do \
