@@ -72,7 +72,10 @@ def test_omp_num_threads_is_the_process_choice_and_a_bad_one_is_refused_by_name(
     assert TorchEngine(d, device="cpu").threads == 1 == torch.get_num_threads()
     assert threads._CHOSEN == 1  # engines loaded later keep it, untimed
     monkeypatch.setattr(threads, "_CHOSEN", None)
-    for bad in ("0", "two", "-1", "1.5"):
+    monkeypatch.setenv(threads.OMP_ENV, "2,1")  # OpenMP's nested levels: the first is ours
+    assert TorchEngine(d, device="cpu").threads == 2 == torch.get_num_threads()
+    monkeypatch.setattr(threads, "_CHOSEN", None)
+    for bad in ("0", "two", "-1", "1.5", ",2"):
         monkeypatch.setenv(threads.OMP_ENV, bad)
         with pytest.raises(ThreadsError, match=f"OMP_NUM_THREADS must be a positive integer, "
                                                f"got '{bad}'"):

@@ -116,14 +116,16 @@ def pick_threads(step: Callable[[], object], cpus: int | None = None, rounds: in
 
 
 def env_threads() -> int | None:
-    """The count `OMP_NUM_THREADS` sets (None where unset or empty); ThreadsError naming it
-    where it is not a positive integer."""
+    """The count `OMP_NUM_THREADS` sets (None where unset or empty): its first level, as
+    OpenMP reads a nested list like "4,2"; ThreadsError naming it where that is not a
+    positive integer."""
     raw = os.environ.get(OMP_ENV, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    first = raw.split(",")[0].strip()
+    if not first.isdigit() or int(first) < 1:
         raise ThreadsError(f"{OMP_ENV} must be a positive integer, got {raw!r}")
-    return int(raw)
+    return int(first)
 
 
 def engine_threads(threads: int | None, key: Hashable, step: Callable[[], object]) -> int:
